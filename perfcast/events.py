@@ -1,0 +1,174 @@
+"""The normalized, columnar form of a trace: `EventTable`.
+
+Every downstream package reads this and never the JSON. One row per complete
+("X") event or memory instant event, across all ranks; columns are NumPy
+arrays and names are interned into `names` (a row stores an index).
+Times are integer nanoseconds on each rank's own clock (`RankInfo.base_ns`
+says how to move them to a common clock).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+import numpy as np
+
+NONE = -1  # missing value in the integer id columns
+
+
+class Kind(enum.IntEnum):
+    """What an event is, independent of the trace generation that wrote it."""
+
+    CPU_OP = 0
+    USER_ANNOTATION = 1
+    PYTHON_FUNCTION = 2
+    RUNTIME = 3  # cuda_runtime / hip runtime calls (launches, syncs, copies)
+    DRIVER = 4  # cuda_driver (cuLaunchKernel from Triton, etc.)
+    KERNEL = 5
+    MEMCPY = 6
+    MEMSET = 7
+    GPU_ANNOTATION = 8  # gpu_user_annotation (ranges drawn on a stream)
+    CUDA_SYNC = 9  # "cuda_sync" events Kineto draws on the GPU side
+    MEMORY = 10  # [memory] instant events: allocations and frees
+    OTHER = 11
+
+
+GPU_KINDS = (Kind.KERNEL, Kind.MEMCPY, Kind.MEMSET)
+CPU_KINDS = (Kind.CPU_OP, Kind.USER_ANNOTATION, Kind.PYTHON_FUNCTION, Kind.RUNTIME, Kind.DRIVER)
+
+
+@dataclass
+class Iteration:
+    """One profiler step (or the whole trace when it has none) on one rank."""
+
+    rank: int
+    name: str
+    start_ns: int
+    end_ns: int
+
+    @property
+    def dur_ns(self) -> int:
+        return self.end_ns - self.start_ns
+
+
+@dataclass
+class RankInfo:
+    """What one trace file told us about the process that wrote it."""
+
+    rank: int
+    path: str
+    device_name: str | None = None
+    world_size: int | None = None
+    backend: str | None = None
+    base_ns: int = 0  # add to a timestamp to get baseTimeNanoseconds-aligned time
+    schema_version: object = None
+    has_steps: bool = True
+    # Salvage information for truncated files: events lost is an estimate.
+    truncated: bool = False
+    salvage_note: str | None = None
+    n_events: int = 0
+    warnings: list[str] = field(default_factory=list)
+
+
+@dataclass
+class EventTable:
+    """Columnar events of one or more ranks.
+
+    Columns (length n):
+      kind int8 (Kind), rank int32, pid int64, tid int64 (GPU rows: device, stream),
+      ts int64 ns, dur int64 ns, name int32 (index into names),
+      correlation int64, external_id int64, seq int64 (sequence number),
+      fwd_tid int64, parent int32 (row of the enclosing CPU event, NONE at top),
+      iteration int32 (index into iterations, NONE outside every step),
+      grid int32 (n, 3), block int32 (n, 3), nbytes int64 (copies, memsets, memory),
+      mem_total int64 (memory events: total allocated), shapes int32 (index into names),
+      coll_name int32 (names), coll_in int64, coll_out int64, coll_group int32,
+      coll_dtype int32 (names), coll_ranks int32 (names).
+    Links (row index pairs): launch_kernel (runtime -> GPU row, by correlation),
+    fwd_bwd (forward op -> backward op).
+    """
+
+    names: list[str]
+    kind: np.ndarray
+    rank: np.ndarray
+    pid: np.ndarray
+    tid: np.ndarray
+    ts: np.ndarray
+    dur: np.ndarray
+    name: np.ndarray
+    correlation: np.ndarray
+    external_id: np.ndarray
+    seq: np.ndarray
+    fwd_tid: np.ndarray
+    parent: np.ndarray
+    iteration: np.ndarray
+    grid: np.ndarray
+    block: np.ndarray
+    nbytes: np.ndarray
+    mem_total: np.ndarray
+    shapes: np.ndarray
+    coll_name: np.ndarray
+    coll_in: np.ndarray
+    coll_out: np.ndarray
+    coll_group: np.ndarray
+    coll_dtype: np.ndarray
+    coll_ranks: np.ndarray
+    launch: np.ndarray  # GPU row -> launching runtime row (NONE if unknown)
+    fwd_bwd: np.ndarray  # (m, 2) rows: forward op, backward op
+    ranks: list[RankInfo]
+    iterations: list[Iteration]
+    # Thread names from "M" metadata events: (rank, pid, tid) -> name.
+    thread_names: dict[tuple[int, int, int], str] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return int(self.kind.shape[0])
+
+    @property
+    def end(self) -> np.ndarray:
+        return self.ts + self.dur
+
+    def name_of(self, row: int) -> str:
+        return self.names[int(self.name[row])]
+
+    def names_of(self, rows: np.ndarray) -> list[str]:
+        names = self.names
+        return [names[i] for i in self.name[rows].tolist()]
+
+    def rows(self, kind: Kind | tuple[Kind, ...], rank: int | None = None) -> np.ndarray:
+        """Row indices of the given kind(s), optionally on one rank."""
+        kinds = (kind,) if isinstance(kind, Kind) else kind
+        mask = np.isin(self.kind, np.array([int(k) for k in kinds], dtype=np.int8))
+        if rank is not None:
+            mask &= self.rank == rank
+        return np.flatnonzero(mask)
+
+    def is_gpu(self) -> np.ndarray:
+        return np.isin(self.kind, np.array([int(k) for k in GPU_KINDS], dtype=np.int8))
+
+    def rank_ids(self) -> list[int]:
+        return [r.rank for r in self.ranks]
+
+    def rank_info(self, rank: int) -> RankInfo:
+        for info in self.ranks:
+            if info.rank == rank:
+                return info
+        raise KeyError(rank)
+
+    def check_invariants(self) -> list[str]:
+        """Problems that would make every later stage wrong; empty when healthy."""
+        problems = []
+        n = len(self)
+        for col in ("rank", "pid", "tid", "ts", "dur", "name", "parent", "iteration", "launch"):
+            if getattr(self, col).shape[0] != n:
+                problems.append(f"column {col} has the wrong length")
+        if n and (self.dur < 0).any():
+            problems.append(f"{int((self.dur < 0).sum())} events with negative duration")
+        if n and ((self.name < 0) | (self.name >= len(self.names))).any():
+            problems.append("name index out of range")
+        gpu = np.flatnonzero(self.launch >= 0)
+        if gpu.size:
+            early = self.ts[gpu] < self.ts[self.launch[gpu]]
+            if early.any():
+                problems.append(f"{int(early.sum())} GPU events start before their launch")
+        return problems

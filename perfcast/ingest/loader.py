@@ -1,0 +1,367 @@
+"""`load(path)`: one trace file or a folder of rank files -> EventTable."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from perfcast.errors import TraceFormatError
+from perfcast.events import NONE, EventTable, Iteration, Kind, RankInfo
+from perfcast.ingest import reader
+from perfcast.ingest.normalize import Interner, RankColumns, extract_rank
+
+_RANK_IN_NAME = re.compile(r"(?:rank|worker|node|gpu|proc)[-_.]?(\d+)", re.IGNORECASE)
+_STEP_PREFIX = "ProfilerStep#"
+_CPU_KINDS = np.array(
+    [Kind.CPU_OP, Kind.USER_ANNOTATION, Kind.PYTHON_FUNCTION, Kind.RUNTIME, Kind.DRIVER],
+    dtype=np.int8,
+)
+_GPU_KINDS = np.array([Kind.KERNEL, Kind.MEMCPY, Kind.MEMSET], dtype=np.int8)
+
+ProgressFn = Callable[[str, int, int], None]
+
+
+def load(path: str | os.PathLike[str], progress: ProgressFn | None = None) -> EventTable:
+    """Load a trace file (.json / .json.gz) or a folder of per-rank trace files."""
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise TraceFormatError("no such file or folder", path=path)
+    if os.path.isdir(path):
+        files = reader.trace_files_in(path)
+        if not files:
+            raise TraceFormatError(
+                "folder holds no trace files",
+                path=path,
+                hint="expected *.json or *.json.gz files written by torch.profiler",
+            )
+    else:
+        files = [path]
+    names = Interner()
+    parts: list[tuple[RankInfo, RankColumns, dict[str, np.ndarray], list[Iteration]]] = []
+    seen: dict[int, str] = {}
+    for i, f in enumerate(files):
+        if progress:
+            progress(f, i, len(files))
+        info, cols = _load_one(f, names, rank_hint=i if len(files) > 1 else None)
+        if info.rank in seen:
+            raise TraceFormatError(
+                f"claims rank {info.rank}, which {seen[info.rank]} already claims",
+                path=f,
+                hint="put one trace per rank in the folder",
+            )
+        seen[info.rank] = f
+        derived, iterations = _derive(cols, names, info)
+        parts.append((info, cols, derived, iterations))
+    if progress:
+        progress("", len(files), len(files))
+    return _concat(parts, names)
+
+
+def _load_one(path: str, names: Interner, rank_hint: int | None) -> tuple[RankInfo, RankColumns]:
+    data, gzip_note = reader.read_bytes(path)
+    decoded = reader.decode(data, path, gzip_note)
+    del data
+    raw = decoded.trace
+    info = RankInfo(rank=0, path=path)
+    dist = raw.distributedInfo if isinstance(raw.distributedInfo, dict) else {}
+    rank = dist.get("rank")
+    if isinstance(rank, int):
+        info.rank = rank
+    else:
+        m = _RANK_IN_NAME.search(os.path.basename(path))
+        if m:
+            info.rank = int(m.group(1))
+        elif rank_hint is not None:
+            info.rank = rank_hint
+    info.world_size = dist.get("world_size") if isinstance(dist.get("world_size"), int) else None
+    info.backend = dist.get("backend") if isinstance(dist.get("backend"), str) else None
+    info.device_name = _device_name(raw.deviceProperties)
+    if isinstance(raw.baseTimeNanoseconds, int):
+        info.base_ns = raw.baseTimeNanoseconds
+    info.schema_version = raw.schemaVersion
+    info.truncated = decoded.truncated
+    info.salvage_note = decoded.note
+    cols = extract_rank(raw, names)
+    info.n_events = len(cols.cols["kind"])
+    if cols.n_dropped:
+        info.warnings.append(f"{cols.n_dropped} events without a readable timestamp were skipped")
+    if info.n_events == 0 and not decoded.truncated:
+        info.warnings.append("the trace holds no complete events")
+    return info, cols
+
+
+def _device_name(props: Any) -> str | None:
+    if isinstance(props, list) and props:
+        first = props[0]
+        if isinstance(first, dict) and isinstance(first.get("name"), str):
+            return first["name"]
+    return None
+
+
+def _derive(
+    rc: RankColumns, names: Interner, info: RankInfo
+) -> tuple[dict[str, np.ndarray], list[Iteration]]:
+    """Per-rank links: parents, launches, forward->backward, iterations (local row ids)."""
+    c = rc.cols
+    n = len(c["kind"])
+    kind = c["kind"]
+    ts = c["ts"]
+    dur = c["dur"]
+    is_cpu = np.isin(kind, _CPU_KINDS)
+    is_gpu = np.isin(kind, _GPU_KINDS)
+
+    parent = _parents(c["pid"], c["tid"], ts, dur, np.flatnonzero(is_cpu), n)
+    launch = _launch_links(c, is_gpu, rc.flows)
+    fwd_bwd = _fwd_bwd_links(c, rc.flows)
+    _inherit_collective_args(c, launch, parent)
+
+    # Iterations: ProfilerStep ranges on the CPU side, one per name.
+    step_rows = [
+        i
+        for i in np.flatnonzero(kind == Kind.USER_ANNOTATION).tolist()
+        + np.flatnonzero(kind == Kind.CPU_OP).tolist()
+        if names.names[c["name"][i]].startswith(_STEP_PREFIX)
+    ]
+    by_name: dict[str, int] = {}
+    for i in sorted(step_rows, key=lambda r: int(ts[r])):
+        by_name.setdefault(names.names[c["name"][i]], i)
+    iterations: list[Iteration] = []
+    if by_name:
+        for nm, i in sorted(by_name.items(), key=lambda kv: int(ts[kv[1]])):
+            iterations.append(Iteration(info.rank, nm, int(ts[i]), int(ts[i] + dur[i])))
+    else:
+        info.has_steps = False
+        activity = is_cpu | is_gpu
+        if activity.any():
+            start = int(ts[activity].min())
+            end = int((ts[activity] + dur[activity]).max())
+            iterations.append(Iteration(info.rank, "whole trace", start, end))
+
+    iteration = np.full(n, NONE, dtype=np.int32)
+    if iterations:
+        starts = np.array([it.start_ns for it in iterations], dtype=np.int64)
+        ends = np.array([it.end_ns for it in iterations], dtype=np.int64)
+        idx = np.searchsorted(starts, ts, side="right") - 1
+        inside = (idx >= 0) & (ts < ends[np.maximum(idx, 0)])
+        # Zero-length events at a step's very end still belong to it.
+        iteration = np.where(inside, idx, NONE).astype(np.int32)
+        # GPU work belongs to the step that launched it, even when it runs later.
+        has_launch = launch >= 0
+        iteration[has_launch] = iteration[launch[has_launch]]
+    return {"parent": parent, "launch": launch, "fwd_bwd": fwd_bwd, "iteration": iteration}, (
+        iterations
+    )
+
+
+def _inherit_collective_args(
+    c: dict[str, np.ndarray], launch: np.ndarray, parent: np.ndarray
+) -> None:
+    """Collective kernels without their own args take them from `record_param_comms` above."""
+    coll_cols = ("coll_name", "coll_in", "coll_out", "coll_group", "coll_dtype", "coll_ranks")
+    kernels = np.flatnonzero((c["kind"] == Kind.KERNEL) & (c["coll_name"] == NONE) & (launch >= 0))
+    if kernels.size == 0 or not (c["coll_name"] >= 0).any():
+        return
+    for k in kernels.tolist():
+        row = int(launch[k])
+        for _ in range(8):  # the op sits a few levels above the launch
+            row = int(parent[row])
+            if row < 0:
+                break
+            if c["coll_name"][row] >= 0:
+                for col in coll_cols:
+                    c[col][k] = c[col][row]
+                break
+
+
+def _parents(
+    pid: np.ndarray, tid: np.ndarray, ts: np.ndarray, dur: np.ndarray, rows: np.ndarray, n: int
+) -> np.ndarray:
+    """Enclosing CPU event of each CPU event (interval nesting per thread)."""
+    parent = np.full(n, NONE, dtype=np.int32)
+    if rows.size == 0:
+        return parent
+    order = rows[np.lexsort((-dur[rows], ts[rows], tid[rows], pid[rows]))]
+    o_pid = pid[order].tolist()
+    o_tid = tid[order].tolist()
+    o_ts = ts[order].tolist()
+    o_end = (ts[order] + dur[order]).tolist()
+    out = parent
+    stack: list[int] = []  # positions in `order`
+    ends: list[int] = []
+    prev_thread = None
+    res = [NONE] * len(o_ts)
+    for k in range(len(o_ts)):
+        thread = (o_pid[k], o_tid[k])
+        if thread != prev_thread:
+            stack.clear()
+            ends.clear()
+            prev_thread = thread
+        t = o_ts[k]
+        while ends and ends[-1] <= t and not (ends[-1] == t and o_ts[stack[-1]] == t):
+            stack.pop()
+            ends.pop()
+        # An event that outlives its would-be parent is not nested in it (bad clocks).
+        while ends and o_end[k] > ends[-1]:
+            stack.pop()
+            ends.pop()
+        if stack:
+            res[k] = stack[-1]
+        stack.append(k)
+        ends.append(o_end[k])
+    res_arr = np.array(res, dtype=np.int64)
+    has = res_arr >= 0
+    out[order[has]] = order[res_arr[has]]
+    return out
+
+
+def _launch_links(
+    c: dict[str, np.ndarray], is_gpu: np.ndarray, flows: dict[str, Any]
+) -> np.ndarray:
+    """GPU row -> runtime row that launched it: by correlation id, else by ac2g flows."""
+    n = len(c["kind"])
+    launch = np.full(n, NONE, dtype=np.int32)
+    kind = c["kind"]
+    corr = c["correlation"]
+    launcher = np.flatnonzero(((kind == Kind.RUNTIME) | (kind == Kind.DRIVER)) & (corr >= 0))
+    gpu = np.flatnonzero(is_gpu & (corr >= 0))
+    if launcher.size and gpu.size:
+        order = launcher[np.argsort(corr[launcher], kind="stable")]
+        keys = corr[order]
+        pos = np.searchsorted(keys, corr[gpu])
+        pos_c = np.minimum(pos, keys.size - 1)
+        hit = keys[pos_c] == corr[gpu]
+        launch[gpu[hit]] = order[pos_c[hit]]
+    # Flows cover traces whose runtime events lack a correlation argument.
+    missing = np.flatnonzero(is_gpu & (launch == NONE))
+    if missing.size and flows["launch_s"] and flows["launch_f"]:
+        at = {
+            (p, t, s): i
+            for i, (p, t, s) in enumerate(
+                zip(c["pid"].tolist(), c["tid"].tolist(), c["ts"].tolist(), strict=False)
+            )
+        }
+        src = {fid: at.get((p, t, s)) for p, t, s, fid in flows["launch_s"]}
+        for p, t, s, fid in flows["launch_f"]:
+            row = at.get((p, t, s))
+            r = src.get(fid)
+            if row is not None and r is not None and is_gpu[row] and launch[row] == NONE:
+                launch[row] = r
+    return launch
+
+
+def _fwd_bwd_links(c: dict[str, np.ndarray], flows: dict[str, Any]) -> np.ndarray:
+    """(forward op, backward op) pairs from fwdbwd flows, else from sequence numbers."""
+    kind = c["kind"]
+    ops = np.flatnonzero(kind == Kind.CPU_OP)
+    pairs: list[tuple[int, int]] = []
+    if flows["fwdbwd_s"] and flows["fwdbwd_f"]:
+        # Ops sorted by start, innermost last, so the dict keeps the innermost at a ts.
+        order = ops[np.lexsort((-c["dur"][ops], c["ts"][ops]))]
+        at = {
+            (p, t, s): i
+            for i, p, t, s in zip(
+                order.tolist(),
+                c["pid"][order].tolist(),
+                c["tid"][order].tolist(),
+                c["ts"][order].tolist(),
+                strict=False,
+            )
+        }
+        src = {fid: at.get((p, t, s)) for p, t, s, fid in flows["fwdbwd_s"]}
+        for p, t, s, fid in flows["fwdbwd_f"]:
+            b = at.get((p, t, s))
+            f = src.get(fid)
+            if b is not None and f is not None:
+                pairs.append((f, b))
+    else:
+        seq = c["seq"]
+        fwd_tid = c["fwd_tid"]
+        first_fwd: dict[int, int] = {}
+        for i in ops[(seq[ops] >= 0) & (fwd_tid[ops] == NONE)].tolist():
+            first_fwd.setdefault(int(seq[i]), i)
+        seen: set[int] = set()
+        for i in ops[(seq[ops] >= 0) & (fwd_tid[ops] != NONE)].tolist():
+            s = int(seq[i])
+            if s in first_fwd and s not in seen:
+                seen.add(s)
+                pairs.append((first_fwd[s], i))
+    return np.array(pairs, dtype=np.int32).reshape(-1, 2)
+
+
+def _concat(
+    parts: list[tuple[RankInfo, RankColumns, dict[str, np.ndarray], list[Iteration]]],
+    names: Interner,
+) -> EventTable:
+    cols: dict[str, list[np.ndarray]] = {}
+    derived: dict[str, list[np.ndarray]] = {
+        "parent": [],
+        "launch": [],
+        "fwd_bwd": [],
+        "iteration": [],
+    }
+    ranks: list[RankInfo] = []
+    iterations: list[Iteration] = []
+    rank_col: list[np.ndarray] = []
+    thread_names: dict[tuple[int, int, int], str] = {}
+    offset = 0
+    for info, rc, d, its in sorted(parts, key=lambda p: p[0].rank):
+        n = len(rc.cols["kind"])
+        for k, v in rc.cols.items():
+            cols.setdefault(k, []).append(v)
+        for k in ("parent", "launch", "fwd_bwd"):
+            v = d[k]
+            derived[k].append(np.where(v >= 0, v + offset, v).astype(np.int32))
+        it = d["iteration"]
+        derived["iteration"].append(np.where(it >= 0, it + len(iterations), it).astype(np.int32))
+        iterations.extend(its)
+        rank_col.append(np.full(n, info.rank, dtype=np.int32))
+        for (p, t), nm in rc.thread_names.items():
+            thread_names[(info.rank, p, t)] = nm
+        ranks.append(info)
+        offset += n
+
+    def cat(key: str, dtype: Any, shape: tuple[int, ...] = ()) -> np.ndarray:
+        arrs = cols.get(key) or derived.get(key) or []
+        if not arrs:
+            return np.zeros((0, *shape), dtype=dtype)
+        return np.concatenate(arrs).astype(dtype, copy=False)
+
+    table = EventTable(
+        names=names.names,
+        kind=cat("kind", np.int8),
+        rank=np.concatenate(rank_col) if rank_col else np.zeros(0, np.int32),
+        pid=cat("pid", np.int64),
+        tid=cat("tid", np.int64),
+        ts=cat("ts", np.int64),
+        dur=cat("dur", np.int64),
+        name=cat("name", np.int32),
+        correlation=cat("correlation", np.int64),
+        external_id=cat("external_id", np.int64),
+        seq=cat("seq", np.int64),
+        fwd_tid=cat("fwd_tid", np.int64),
+        parent=cat("parent", np.int32),
+        iteration=cat("iteration", np.int32),
+        grid=cat("grid", np.int32, (3,)),
+        block=cat("block", np.int32, (3,)),
+        nbytes=cat("nbytes", np.int64),
+        mem_total=cat("mem_total", np.int64),
+        shapes=cat("shapes", np.int32),
+        coll_name=cat("coll_name", np.int32),
+        coll_in=cat("coll_in", np.int64),
+        coll_out=cat("coll_out", np.int64),
+        coll_group=cat("coll_group", np.int32),
+        coll_dtype=cat("coll_dtype", np.int32),
+        coll_ranks=cat("coll_ranks", np.int32),
+        launch=cat("launch", np.int32),
+        fwd_bwd=np.concatenate(derived["fwd_bwd"]).reshape(-1, 2)
+        if derived["fwd_bwd"]
+        else np.zeros((0, 2), np.int32),
+        ranks=ranks,
+        iterations=iterations,
+        thread_names=thread_names,
+    )
+    return table

@@ -1,0 +1,304 @@
+"""RawTrace (decoded structs) -> EventTable columns for one rank.
+
+Column extraction is done with `np.fromiter` over the event list, one column
+at a time: each pass is a tight generator, far cheaper than per-event dict
+work, and only events of the kinds that carry a field are visited for it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from perfcast.events import NONE, Kind
+from perfcast.ingest.schema import (
+    CATEGORY_KIND,
+    FWDBWD_FLOW_CATS,
+    LAUNCH_FLOW_CATS,
+    RawEvent,
+    RawTrace,
+)
+
+_STREAM_RE = re.compile(r"(?:stream|Stream)\s*(\d+)")
+_DIGITS_RE = re.compile(r"-?\d+")
+# String pids/tids that are not numbers ("Spans", "Traces") get ids below this.
+_STRING_ID_BASE = -(1 << 40)
+
+
+class Interner:
+    """Maps strings to small ints; shared across ranks so tables concatenate."""
+
+    def __init__(self) -> None:
+        self.index: dict[str, int] = {}
+        self.names: list[str] = []
+
+    def __call__(self, s: str) -> int:
+        idx = self.index.get(s)
+        if idx is None:
+            idx = len(self.names)
+            self.index[s] = idx
+            self.names.append(s)
+        return idx
+
+
+@dataclass
+class RankColumns:
+    """Columns of one rank before concatenation; see EventTable for meanings."""
+
+    cols: dict[str, np.ndarray]
+    flows: dict[str, Any]
+    thread_names: dict[tuple[int, int], str]
+    n_dropped: int
+
+
+def _to_int_id(value: Any, strings: dict[str, int]) -> int:
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        return int(value)
+    if isinstance(value, str):
+        m = _STREAM_RE.search(value)
+        if m:
+            return int(m.group(1))
+        if _DIGITS_RE.fullmatch(value.strip()):
+            return int(value)
+        idx = strings.get(value)
+        if idx is None:
+            idx = _STRING_ID_BASE - len(strings)
+            strings[value] = idx
+        return idx
+    return 0
+
+
+def _to_opt_int(value: Any) -> int:
+    if value is None or isinstance(value, bool):
+        return NONE
+    if isinstance(value, int):
+        return value
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return NONE
+
+
+def _ts_ns(value: Any) -> float:
+    if isinstance(value, (int, float)):
+        return value * 1000.0
+    try:
+        return float(value) * 1000.0
+    except (TypeError, ValueError):
+        return np.nan
+
+
+def _triple(value: Any) -> tuple[int, int, int]:
+    if isinstance(value, list) and len(value) == 3:
+        try:
+            return int(value[0]), int(value[1]), int(value[2])
+        except (TypeError, ValueError):
+            pass
+    return (0, 0, 0)
+
+
+def classify(ev: RawEvent, kind_cache: dict[tuple[Any, Any, Any], int]) -> int:
+    """Kind of an event, or -1 for events we do not keep as rows."""
+    ph = ev.ph
+    cat = ev.cat
+    key = (ph, cat, ev.name if ph in ("i", "I") else None)
+    kind = kind_cache.get(key)
+    if kind is None:
+        kind = -1
+        if ph == "X":
+            kind = int(CATEGORY_KIND.get(str(cat).lower(), Kind.OTHER)) if cat else int(Kind.OTHER)
+            # The profiler's own span ("Trace" category) is not program activity.
+            if str(cat) == "Trace":
+                kind = -1
+        elif ph in ("i", "I") and ev.name == "[memory]":
+            kind = int(Kind.MEMORY)
+        kind_cache[key] = kind
+    return kind
+
+
+def extract_rank(raw: RawTrace, names: Interner) -> RankColumns:
+    events = raw.traceEvents or []
+    kind_cache: dict[tuple[Any, Any, Any], int] = {}
+    kinds_all = [classify(ev, kind_cache) for ev in events]
+    rows = [ev for ev, k in zip(events, kinds_all, strict=False) if k >= 0]
+    kinds = np.fromiter((k for k in kinds_all if k >= 0), dtype=np.int8, count=len(rows))
+    n = len(rows)
+    strings: dict[str, int] = {}
+
+    ts_f = np.fromiter((_ts_ns(ev.ts) for ev in rows), dtype=np.float64, count=n)
+    dur_f = np.fromiter(
+        (
+            (d * 1000.0 if isinstance(d := ev.dur, (int, float)) else _ts_ns(d) if d else 0.0)
+            for ev in rows
+        ),
+        dtype=np.float64,
+        count=n,
+    )
+    # Rows whose time we cannot read are dropped and counted.
+    bad = ~np.isfinite(ts_f) | ~np.isfinite(dur_f)
+    dur_f[bad] = 0
+    ts_f[bad] = 0
+    n_dropped = int(bad.sum())
+    dur_f = np.maximum(dur_f, 0.0)
+
+    name = np.fromiter(
+        (names(nm if isinstance(nm := ev.name, str) else str(nm)) for ev in rows),
+        dtype=np.int32,
+        count=n,
+    )
+    pid = np.fromiter((_to_int_id(ev.pid, strings) for ev in rows), dtype=np.int64, count=n)
+    tid = np.fromiter((_to_int_id(ev.tid, strings) for ev in rows), dtype=np.int64, count=n)
+
+    args = [ev.args for ev in rows]
+
+    def arg_col(attr: str) -> np.ndarray:
+        return np.fromiter(
+            (_to_opt_int(getattr(a, attr)) if a is not None else NONE for a in args),
+            dtype=np.int64,
+            count=n,
+        )
+
+    correlation = arg_col("correlation")
+    external_id = arg_col("external_id")
+    ext_old = arg_col("external_id_2021")
+    external_id = np.where(external_id == NONE, ext_old, external_id)
+    seq = arg_col("seq")
+    fwd_tid = arg_col("fwd_tid")
+
+    is_gpu = np.isin(kinds, [Kind.KERNEL, Kind.MEMCPY, Kind.MEMSET, Kind.GPU_ANNOTATION])
+    # GPU rows: pid is the device, tid the stream; prefer the explicit args.
+    gpu_idx = np.flatnonzero(is_gpu)
+    if gpu_idx.size:
+        dev = np.fromiter(
+            (_to_opt_int(args[i].device) if args[i] is not None else NONE for i in gpu_idx),
+            dtype=np.int64,
+            count=gpu_idx.size,
+        )
+        stream = np.fromiter(
+            (_to_opt_int(args[i].stream) if args[i] is not None else NONE for i in gpu_idx),
+            dtype=np.int64,
+            count=gpu_idx.size,
+        )
+        pid[gpu_idx] = np.where(dev >= 0, dev, pid[gpu_idx])
+        tid[gpu_idx] = np.where(stream >= 0, stream, tid[gpu_idx])
+
+    grid = np.zeros((n, 3), dtype=np.int32)
+    block = np.zeros((n, 3), dtype=np.int32)
+    kern_idx = np.flatnonzero(kinds == Kind.KERNEL)
+    for i in kern_idx.tolist():
+        a = args[i]
+        if a is not None:
+            grid[i] = _triple(a.grid)
+            block[i] = _triple(a.block)
+
+    nbytes = np.full(n, NONE, dtype=np.int64)
+    mem_total = np.full(n, NONE, dtype=np.int64)
+    for i in np.flatnonzero((kinds == Kind.MEMCPY) | (kinds == Kind.MEMSET)).tolist():
+        a = args[i]
+        if a is not None:
+            nbytes[i] = _to_opt_int(a.nbytes)
+    for i in np.flatnonzero(kinds == Kind.MEMORY).tolist():
+        a = args[i]
+        if a is not None:
+            nbytes[i] = _to_opt_int(a.mem_bytes)
+            mem_total[i] = _to_opt_int(a.mem_total)
+
+    shapes = np.full(n, NONE, dtype=np.int32)
+    for i in np.flatnonzero(kinds == Kind.CPU_OP).tolist():
+        a = args[i]
+        if a is not None and a.input_dims is not None:
+            shapes[i] = names(_compact(a.input_dims))
+
+    coll_name = np.full(n, NONE, dtype=np.int32)
+    coll_in = np.full(n, NONE, dtype=np.int64)
+    coll_out = np.full(n, NONE, dtype=np.int64)
+    coll_group = np.full(n, NONE, dtype=np.int32)
+    coll_dtype = np.full(n, NONE, dtype=np.int32)
+    coll_ranks = np.full(n, NONE, dtype=np.int32)
+    for i, a in enumerate(args):
+        if a is not None and a.coll_name is not None:
+            coll_name[i] = names(str(a.coll_name))
+            coll_in[i] = _to_opt_int(a.coll_in)
+            coll_out[i] = _to_opt_int(a.coll_out)
+            coll_group[i] = _to_opt_int(a.coll_group)
+            if a.coll_dtype is not None:
+                coll_dtype[i] = names(str(a.coll_dtype))
+            if a.coll_ranks is not None:
+                coll_ranks[i] = names(_compact(a.coll_ranks))
+
+    cols = {
+        "kind": kinds,
+        "pid": pid,
+        "tid": tid,
+        "ts": np.rint(ts_f).astype(np.int64),
+        "dur": np.rint(dur_f).astype(np.int64),
+        "name": name,
+        "correlation": correlation,
+        "external_id": external_id,
+        "seq": seq,
+        "fwd_tid": fwd_tid,
+        "grid": grid,
+        "block": block,
+        "nbytes": nbytes,
+        "mem_total": mem_total,
+        "shapes": shapes,
+        "coll_name": coll_name,
+        "coll_in": coll_in,
+        "coll_out": coll_out,
+        "coll_group": coll_group,
+        "coll_dtype": coll_dtype,
+        "coll_ranks": coll_ranks,
+    }
+    if n_dropped:
+        keep = ~bad
+        cols = {k: v[keep] for k, v in cols.items()}
+
+    flows = _extract_flows(events, strings)
+    thread_names = _thread_names(events, strings)
+    return RankColumns(cols=cols, flows=flows, thread_names=thread_names, n_dropped=n_dropped)
+
+
+def _compact(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    return repr(value)
+
+
+def _extract_flows(events: list[RawEvent], strings: dict[str, int]) -> dict[str, Any]:
+    """Flow endpoints: (pid, tid, ts_ns, id) for launch and forward/backward flows."""
+    launch_s: list[tuple[int, int, int, int]] = []
+    launch_f: list[tuple[int, int, int, int]] = []
+    fb_s: list[tuple[int, int, int, int]] = []
+    fb_f: list[tuple[int, int, int, int]] = []
+    for ev in events:
+        ph = ev.ph
+        if ph not in ("s", "f", "t"):
+            continue
+        cat = ev.cat
+        fid = _to_opt_int(ev.id)
+        if fid == NONE:
+            continue
+        ts = _ts_ns(ev.ts)
+        if not np.isfinite(ts):
+            continue
+        rec = (_to_int_id(ev.pid, strings), _to_int_id(ev.tid, strings), round(ts), fid)
+        if cat in LAUNCH_FLOW_CATS:
+            (launch_s if ph == "s" else launch_f).append(rec)
+        elif cat in FWDBWD_FLOW_CATS:
+            (fb_s if ph == "s" else fb_f).append(rec)
+    return {"launch_s": launch_s, "launch_f": launch_f, "fwdbwd_s": fb_s, "fwdbwd_f": fb_f}
+
+
+def _thread_names(events: list[RawEvent], strings: dict[str, int]) -> dict[tuple[int, int], str]:
+    out: dict[tuple[int, int], str] = {}
+    for ev in events:
+        if ev.ph == "M" and ev.name == "thread_name" and ev.args is not None:
+            value = ev.args.name
+            if isinstance(value, str):
+                out[(_to_int_id(ev.pid, strings), _to_int_id(ev.tid, strings))] = value
+    return out
