@@ -84,7 +84,8 @@ class EventTable:
       grid int32 (n, 3), block int32 (n, 3), nbytes int64 (copies, memsets, memory),
       mem_total int64 (memory events: total allocated), shapes int32 (index into names),
       coll_name int32 (names), coll_in int64, coll_out int64, coll_group int32,
-      coll_dtype int32 (names), coll_ranks int32 (names).
+      coll_dtype int32 (names), coll_ranks int32 (names),
+      wait_stream int64 and wait_corr int64 (cuda_sync rows: what a stream waits on).
     Links (row index pairs): launch_kernel (runtime -> GPU row, by correlation),
     fwd_bwd (forward op -> backward op).
     """
@@ -108,6 +109,8 @@ class EventTable:
     nbytes: np.ndarray
     mem_total: np.ndarray
     shapes: np.ndarray
+    wait_stream: np.ndarray  # cuda_sync rows: the stream waited on
+    wait_corr: np.ndarray  # cuda_sync rows: correlation of the cudaEventRecord waited on
     coll_name: np.ndarray
     coll_in: np.ndarray
     coll_out: np.ndarray

@@ -69,14 +69,13 @@ def _load_one(path: str, names: Interner, rank_hint: int | None) -> tuple[RankIn
     info = RankInfo(rank=0, path=path)
     dist = raw.distributedInfo if isinstance(raw.distributedInfo, dict) else {}
     rank = dist.get("rank")
-    if isinstance(rank, int):
+    m = _RANK_IN_NAME.search(os.path.basename(path))
+    if isinstance(rank, int) and 0 <= rank < 1 << 31:  # the rank column is int32
         info.rank = rank
-    else:
-        m = _RANK_IN_NAME.search(os.path.basename(path))
-        if m:
-            info.rank = int(m.group(1))
-        elif rank_hint is not None:
-            info.rank = rank_hint
+    elif m and int(m.group(1)) < 1 << 31:
+        info.rank = int(m.group(1))
+    elif rank_hint is not None:
+        info.rank = rank_hint
     info.world_size = dist.get("world_size") if isinstance(dist.get("world_size"), int) else None
     info.backend = dist.get("backend") if isinstance(dist.get("backend"), str) else None
     info.device_name = _device_name(raw.deviceProperties)
@@ -135,7 +134,10 @@ def _derive(
             iterations.append(Iteration(info.rank, nm, int(ts[i]), int(ts[i] + dur[i])))
     else:
         info.has_steps = False
-        activity = is_cpu | is_gpu
+        # The same kinds the dependency graph replays, so replay and summary agree.
+        activity = is_gpu | np.isin(
+            kind, [Kind.CPU_OP, Kind.USER_ANNOTATION, Kind.RUNTIME, Kind.DRIVER]
+        )
         if activity.any():
             start = int(ts[activity].min())
             end = int((ts[activity] + dur[activity]).max())
@@ -238,17 +240,21 @@ def _launch_links(
     # Flows cover traces whose runtime events lack a correlation argument.
     missing = np.flatnonzero(is_gpu & (launch == NONE))
     if missing.size and flows["launch_s"] and flows["launch_f"]:
-        at = {
-            (p, t, s): i
-            for i, (p, t, s) in enumerate(
-                zip(c["pid"].tolist(), c["tid"].tolist(), c["ts"].tolist(), strict=False)
-            )
-        }
-        src = {fid: at.get((p, t, s)) for p, t, s, fid in flows["launch_s"]}
+        # A flow starts on a runtime/driver call and ends on a GPU row; other rows can share
+        # the (pid, tid, ts) of an end point (the op around a launch, a gpu_user_annotation
+        # starting with its first kernel), so each end is looked up among its own kinds only.
+        def at(rows: np.ndarray) -> dict[tuple[int, int, int], int]:
+            cols = (c["pid"][rows].tolist(), c["tid"][rows].tolist(), c["ts"][rows].tolist())
+            keys = zip(*cols, strict=True)
+            return dict(zip(keys, rows.tolist(), strict=True))
+
+        src_at = at(np.flatnonzero((kind == Kind.RUNTIME) | (kind == Kind.DRIVER)))
+        dst_at = at(missing)
+        src = {fid: src_at.get((p, t, s)) for p, t, s, fid in flows["launch_s"]}
         for p, t, s, fid in flows["launch_f"]:
-            row = at.get((p, t, s))
+            row = dst_at.get((p, t, s))
             r = src.get(fid)
-            if row is not None and r is not None and is_gpu[row] and launch[row] == NONE:
+            if row is not None and r is not None and launch[row] == NONE:
                 launch[row] = r
     return launch
 
@@ -350,6 +356,8 @@ def _concat(
         nbytes=cat("nbytes", np.int64),
         mem_total=cat("mem_total", np.int64),
         shapes=cat("shapes", np.int32),
+        wait_stream=cat("wait_stream", np.int64),
+        wait_corr=cat("wait_corr", np.int64),
         coll_name=cat("coll_name", np.int32),
         coll_in=cat("coll_in", np.int64),
         coll_out=cat("coll_out", np.int64),

@@ -26,6 +26,11 @@ _STREAM_RE = re.compile(r"(?:stream|Stream)\s*(\d+)")
 _DIGITS_RE = re.compile(r"-?\d+")
 # String pids/tids that are not numbers ("Spans", "Traces") get ids below this.
 _STRING_ID_BASE = -(1 << 40)
+# Integers outside int64 (a corrupt or hand-edited file) are treated as missing.
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
+# Times beyond ~146 years in ns are garbage; the bound also keeps ts + dur inside int64.
+_TIME_LIMIT = 1 << 62
+_BAD_TIME = _INT64_MIN  # marks an unreadable time (never a valid value under the limit)
 
 
 class Interner:
@@ -55,15 +60,15 @@ class RankColumns:
 
 
 def _to_int_id(value: Any, strings: dict[str, int]) -> int:
-    if isinstance(value, int):
-        return value
-    if isinstance(value, float):
+    if isinstance(value, (int, float)) and _INT64_MIN <= value < _INT64_MAX:
         return int(value)
+    if isinstance(value, (int, float)):
+        value = str(value)  # out of range (or nan): a named id like the strings below
     if isinstance(value, str):
         m = _STREAM_RE.search(value)
         if m:
             return int(m.group(1))
-        if _DIGITS_RE.fullmatch(value.strip()):
+        if _DIGITS_RE.fullmatch(value.strip()) and _INT64_MIN <= int(value) < _INT64_MAX:
             return int(value)
         idx = strings.get(value)
         if idx is None:
@@ -73,32 +78,46 @@ def _to_int_id(value: Any, strings: dict[str, int]) -> int:
     return 0
 
 
-def _to_opt_int(value: Any) -> int:
+def _to_opt_int(value: Any, lo: int = _INT64_MIN, hi: int = _INT64_MAX) -> int:
     if value is None or isinstance(value, bool):
         return NONE
-    if isinstance(value, int):
-        return value
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        return NONE
+    if not isinstance(value, int):
+        try:
+            value = int(value)
+        except (TypeError, ValueError, OverflowError):
+            return NONE
+    return value if lo <= value <= hi else NONE
 
 
-def _ts_ns(value: Any) -> float:
-    if isinstance(value, (int, float)):
-        return value * 1000.0
-    try:
-        return float(value) * 1000.0
-    except (TypeError, ValueError):
-        return np.nan
+def _to_opt_int32(value: Any) -> int:
+    return _to_opt_int(value, -(1 << 31), (1 << 31) - 1)
+
+
+def _time_ns(value: Any) -> int:
+    """Microseconds -> integer nanoseconds, exact for integers; _BAD_TIME if unreadable.
+
+    Integer µs (2021-2023 traces: epoch-based, ~1.7e15) must not go through float64:
+    at 1.7e18 ns a double's spacing is 256 ns.
+    """
+    if type(value) is int:
+        ns = value * 1000
+        return ns if -_TIME_LIMIT < ns < _TIME_LIMIT else _BAD_TIME
+    if type(value) is not float:
+        if value is None or isinstance(value, bool):
+            return _BAD_TIME
+        try:
+            value = float(value)
+        except (TypeError, ValueError):
+            return _BAD_TIME
+    ns_f = value * 1000.0
+    return round(ns_f) if -_TIME_LIMIT < ns_f < _TIME_LIMIT else _BAD_TIME  # False for nan
 
 
 def _triple(value: Any) -> tuple[int, int, int]:
     if isinstance(value, list) and len(value) == 3:
-        try:
-            return int(value[0]), int(value[1]), int(value[2])
-        except (TypeError, ValueError):
-            pass
+        t = (_to_opt_int32(value[0]), _to_opt_int32(value[1]), _to_opt_int32(value[2]))
+        if NONE not in t:
+            return t
     return (0, 0, 0)
 
 
@@ -130,21 +149,16 @@ def extract_rank(raw: RawTrace, names: Interner) -> RankColumns:
     n = len(rows)
     strings: dict[str, int] = {}
 
-    ts_f = np.fromiter((_ts_ns(ev.ts) for ev in rows), dtype=np.float64, count=n)
-    dur_f = np.fromiter(
-        (
-            (d * 1000.0 if isinstance(d := ev.dur, (int, float)) else _ts_ns(d) if d else 0.0)
-            for ev in rows
-        ),
-        dtype=np.float64,
-        count=n,
+    ts = np.fromiter((_time_ns(ev.ts) for ev in rows), dtype=np.int64, count=n)
+    dur = np.fromiter(
+        ((_time_ns(d) if (d := ev.dur) else 0) for ev in rows), dtype=np.int64, count=n
     )
     # Rows whose time we cannot read are dropped and counted.
-    bad = ~np.isfinite(ts_f) | ~np.isfinite(dur_f)
-    dur_f[bad] = 0
-    ts_f[bad] = 0
+    bad = (ts == _BAD_TIME) | (dur == _BAD_TIME)
+    dur[bad] = 0
+    ts[bad] = 0
     n_dropped = int(bad.sum())
-    dur_f = np.maximum(dur_f, 0.0)
+    dur = np.maximum(dur, 0)
 
     name = np.fromiter(
         (names(nm if isinstance(nm := ev.name, str) else str(nm)) for ev in rows),
@@ -170,7 +184,9 @@ def extract_rank(raw: RawTrace, names: Interner) -> RankColumns:
     seq = arg_col("seq")
     fwd_tid = arg_col("fwd_tid")
 
-    is_gpu = np.isin(kinds, [Kind.KERNEL, Kind.MEMCPY, Kind.MEMSET, Kind.GPU_ANNOTATION])
+    is_gpu = np.isin(
+        kinds, [Kind.KERNEL, Kind.MEMCPY, Kind.MEMSET, Kind.GPU_ANNOTATION, Kind.CUDA_SYNC]
+    )
     # GPU rows: pid is the device, tid the stream; prefer the explicit args.
     gpu_idx = np.flatnonzero(is_gpu)
     if gpu_idx.size:
@@ -208,6 +224,14 @@ def extract_rank(raw: RawTrace, names: Interner) -> RankColumns:
             nbytes[i] = _to_opt_int(a.mem_bytes)
             mem_total[i] = _to_opt_int(a.mem_total)
 
+    wait_stream = np.full(n, NONE, dtype=np.int64)
+    wait_corr = np.full(n, NONE, dtype=np.int64)
+    for i in np.flatnonzero(kinds == Kind.CUDA_SYNC).tolist():
+        a = args[i]
+        if a is not None:
+            wait_stream[i] = _to_opt_int(a.wait_on_stream)
+            wait_corr[i] = _to_opt_int(a.wait_on_corr)
+
     shapes = np.full(n, NONE, dtype=np.int32)
     for i in np.flatnonzero(kinds == Kind.CPU_OP).tolist():
         a = args[i]
@@ -225,7 +249,7 @@ def extract_rank(raw: RawTrace, names: Interner) -> RankColumns:
             coll_name[i] = names(str(a.coll_name))
             coll_in[i] = _to_opt_int(a.coll_in)
             coll_out[i] = _to_opt_int(a.coll_out)
-            coll_group[i] = _to_opt_int(a.coll_group)
+            coll_group[i] = _to_opt_int32(a.coll_group)
             if a.coll_dtype is not None:
                 coll_dtype[i] = names(str(a.coll_dtype))
             if a.coll_ranks is not None:
@@ -235,8 +259,8 @@ def extract_rank(raw: RawTrace, names: Interner) -> RankColumns:
         "kind": kinds,
         "pid": pid,
         "tid": tid,
-        "ts": np.rint(ts_f).astype(np.int64),
-        "dur": np.rint(dur_f).astype(np.int64),
+        "ts": ts,
+        "dur": dur,
         "name": name,
         "correlation": correlation,
         "external_id": external_id,
@@ -247,6 +271,8 @@ def extract_rank(raw: RawTrace, names: Interner) -> RankColumns:
         "nbytes": nbytes,
         "mem_total": mem_total,
         "shapes": shapes,
+        "wait_stream": wait_stream,
+        "wait_corr": wait_corr,
         "coll_name": coll_name,
         "coll_in": coll_in,
         "coll_out": coll_out,
@@ -283,10 +309,10 @@ def _extract_flows(events: list[RawEvent], strings: dict[str, int]) -> dict[str,
         fid = _to_opt_int(ev.id)
         if fid == NONE:
             continue
-        ts = _ts_ns(ev.ts)
-        if not np.isfinite(ts):
+        ts = _time_ns(ev.ts)
+        if ts == _BAD_TIME:
             continue
-        rec = (_to_int_id(ev.pid, strings), _to_int_id(ev.tid, strings), round(ts), fid)
+        rec = (_to_int_id(ev.pid, strings), _to_int_id(ev.tid, strings), ts, fid)
         if cat in LAUNCH_FLOW_CATS:
             (launch_s if ph == "s" else launch_f).append(rec)
         elif cat in FWDBWD_FLOW_CATS:

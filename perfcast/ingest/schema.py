@@ -29,6 +29,9 @@ class RawArgs(msgspec.Struct, gc=False):
     grid: Any = None
     block: Any = None
     nbytes: Any = field(default=None, name="bytes")
+    # cuda_sync events (Kineto 2023+): which stream/event a stream waits on.
+    wait_on_stream: Any = None
+    wait_on_corr: Any = field(default=None, name="wait_on_cuda_event_record_corr_id")
     # [memory] instant events.
     mem_bytes: Any = field(default=None, name="Bytes")
     mem_total: Any = field(default=None, name="Total Allocated")

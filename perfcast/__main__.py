@@ -1,0 +1,3 @@
+from perfcast.cli.main import entry
+
+entry()

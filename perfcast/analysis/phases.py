@@ -1,0 +1,106 @@
+"""Which phase of a training step each event belongs to.
+
+A CPU event takes the phase of its nearest enclosing event that names one
+(the DataLoader's `__next__`, `Optimizer.step`, an autograd backward
+function, a collective); GPU work takes the phase of the call that launched
+it. What names no phase inside a step is forward.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+
+import numpy as np
+
+from perfcast.events import NONE, EventTable, Kind
+
+
+class Phase(enum.IntEnum):
+    NONE = -1
+    DATALOADER = 0
+    FORWARD = 1
+    BACKWARD = 2
+    OPTIMIZER = 3
+    COMMUNICATION = 4
+
+
+PHASE_LABELS = {
+    Phase.DATALOADER: "data loading",
+    Phase.FORWARD: "forward",
+    Phase.BACKWARD: "backward",
+    Phase.OPTIMIZER: "optimizer",
+    Phase.COMMUNICATION: "communication",
+}
+
+_PATTERNS: list[tuple[Phase, re.Pattern[str]]] = [
+    (Phase.DATALOADER, re.compile(r"DataLoader|dataloader|_DataLoaderIter|data_load")),
+    (
+        Phase.OPTIMIZER,
+        re.compile(r"^Optimizer\.(step|zero_grad)|optimizer[._ ]?step|zero_grad|^## optimizer"),
+    ),
+    (
+        Phase.BACKWARD,
+        re.compile(r"^autograd::engine::evaluate_function|Backward\d*$|^## backward|backward"),
+    ),
+    (
+        Phase.COMMUNICATION,
+        re.compile(r"^nccl:|^c10d::|record_param_comms|^gloo:|allreduce|all_reduce|all_gather"),
+    ),
+    (Phase.FORWARD, re.compile(r"^## forward|^forward$|\.forward$")),
+]
+
+
+def phase_of_name(name: str) -> Phase:
+    for phase, pat in _PATTERNS:
+        if pat.search(name):
+            return phase
+    return Phase.NONE
+
+
+def event_phases(table: EventTable) -> np.ndarray:
+    """Phase per row (int8, Phase values)."""
+    name_phase = np.array([phase_of_name(n) for n in table.names], dtype=np.int8)
+    n = len(table)
+    own = name_phase[table.name] if n else np.zeros(0, np.int8)
+    # GPU-side annotations and kernels do not name phases by themselves here.
+    own = np.where(np.isin(table.kind, [Kind.KERNEL, Kind.GPU_ANNOTATION]), Phase.NONE, own)
+    phase = own.astype(np.int8)
+    parent = table.parent
+    # Pointer jumping: each pass lets unnamed rows look one more level up.
+    look = parent.copy()
+    for _ in range(64):
+        pending = (phase == Phase.NONE) & (look >= 0)
+        if not pending.any():
+            break
+        idx = np.flatnonzero(pending)
+        phase[idx] = phase[look[idx]]
+        look[idx] = parent[look[idx]]
+    launched = table.launch >= 0
+    phase[launched] = phase[table.launch[launched]]
+    # Collective kernels are communication whatever launched them.
+    phase[collective_kernel_mask(table)] = Phase.COMMUNICATION
+    # Inside a step, CPU work that names nothing is forward (the model's own code);
+    # the step markers themselves span every phase and take none.
+    is_step = np.array([n.startswith("ProfilerStep#") for n in table.names], dtype=bool)
+    in_step = (phase == Phase.NONE) & (table.iteration != NONE) & ~is_step[table.name]
+    phase[in_step] = Phase.FORWARD
+    return phase
+
+
+def collective_kernel_mask(table: EventTable) -> np.ndarray:
+    """Rows that are communication kernels (NCCL/RCCL, or carrying collective args)."""
+    is_coll_name = np.array(
+        [
+            bool(
+                re.search(
+                    r"nccl|rccl|AllReduce|AllGather|ReduceScatter|all_reduce", nm, re.IGNORECASE
+                )
+            )
+            for nm in table.names
+        ],
+        dtype=bool,
+    )
+    if len(table) == 0:
+        return np.zeros(0, dtype=bool)
+    return (table.kind == Kind.KERNEL) & (is_coll_name[table.name] | (table.coll_name >= 0))

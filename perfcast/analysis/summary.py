@@ -1,0 +1,225 @@
+"""Where the time of each step goes: the `perfcast summary` result.
+
+GPU time of a step window is split so the parts add up to the step time:
+compute (any non-communication kernel running), communication not hidden by
+compute, memory copies/sets hidden by neither, and idle (nothing on any stream).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from perfcast.analysis import intervals as iv
+from perfcast.analysis.phases import Phase, collective_kernel_mask, event_phases
+from perfcast.events import NONE, EventTable, Kind
+
+NS_PER_MS = 1e6
+
+
+@dataclass
+class GpuBreakdown:
+    compute_ms: float
+    communication_exposed_ms: float
+    memcpy_exposed_ms: float
+    idle_ms: float
+    communication_ms: float  # all communication, hidden or not
+    communication_overlap_pct: float | None  # share of communication overlapped by compute
+    busy_ms: float
+
+
+@dataclass
+class CpuBreakdown:
+    dataloader_ms: float
+    forward_ms: float
+    backward_ms: float
+    optimizer_ms: float
+    communication_ms: float
+
+
+@dataclass
+class IterationSummary:
+    name: str
+    measured_ms: float
+    start_ms: float
+    gpu: GpuBreakdown | None
+    cpu: CpuBreakdown
+    kernels: int
+
+
+@dataclass
+class NamedTime:
+    name: str
+    count: int
+    total_ms: float
+    pct: float
+
+
+@dataclass
+class RankSummary:
+    rank: int
+    device: str | None
+    path: str
+    has_steps: bool
+    truncated: bool
+    iterations: list[IterationSummary]
+    top_kernels: list[NamedTime]
+    top_ops: list[NamedTime]
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Summary:
+    ranks: list[RankSummary]
+    notes: list[str] = field(default_factory=list)
+
+
+def summarize(table: EventTable, top: int = 10) -> Summary:
+    phases = event_phases(table)
+    coll = collective_kernel_mask(table)
+    kind = table.kind
+    gpu_rows = np.flatnonzero(table.is_gpu())
+    out = Summary(ranks=[])
+    for info in table.ranks:
+        rank = info.rank
+        notes = list(info.warnings)
+        if info.truncated:
+            notes.append(f"truncated trace: {info.salvage_note}")
+        if not info.has_steps:
+            notes.append("no ProfilerStep#N in this trace: the whole trace is one window")
+        on_rank = table.rank == rank
+        g = gpu_rows[on_rank[gpu_rows]]
+        g_start = table.ts[g]
+        g_end = g_start + table.dur[g]
+        g_coll = coll[g]
+        g_copy = kind[g] != Kind.KERNEL
+        cpu_rows = np.flatnonzero(
+            on_rank
+            & np.isin(kind, [Kind.CPU_OP, Kind.USER_ANNOTATION, Kind.PYTHON_FUNCTION, Kind.RUNTIME])
+        )
+        its = []
+        for it_idx, it in enumerate(table.iterations):
+            if it.rank != rank:
+                continue
+            lo, hi = it.start_ns, it.end_ns
+            gpu = None
+            if g.size:
+                gpu = _gpu_breakdown(g_start, g_end, g_coll, g_copy, lo, hi)
+            cpu = _cpu_breakdown(table, phases, cpu_rows, lo, hi)
+            n_kern = int(((kind[g] == Kind.KERNEL) & (table.iteration[g] == it_idx)).sum())
+            its.append(
+                IterationSummary(
+                    name=it.name,
+                    measured_ms=(hi - lo) / NS_PER_MS,
+                    start_ms=lo / NS_PER_MS,
+                    gpu=gpu,
+                    cpu=cpu,
+                    kernels=n_kern,
+                )
+            )
+        in_steps = g[table.iteration[g] != NONE] if info.has_steps else g
+        kern = in_steps[kind[in_steps] == Kind.KERNEL]
+        tops = _top_by_name(table, kern, top)
+        ops = cpu_rows[(kind[cpu_rows] == Kind.CPU_OP) & (table.iteration[cpu_rows] != NONE)]
+        # Outermost ops only, so nested calls are not counted twice.
+        parent = table.parent[ops]
+        outer = ops[(parent < 0) | (kind[np.maximum(parent, 0)] != Kind.CPU_OP)]
+        out.ranks.append(
+            RankSummary(
+                rank=rank,
+                device=info.device_name,
+                path=info.path,
+                has_steps=info.has_steps,
+                truncated=info.truncated,
+                iterations=its,
+                top_kernels=tops,
+                top_ops=_top_by_name(table, outer, top),
+                notes=notes,
+            )
+        )
+    return out
+
+
+def _gpu_breakdown(
+    g_start: np.ndarray, g_end: np.ndarray, g_coll: np.ndarray, g_copy: np.ndarray, lo: int, hi: int
+) -> GpuBreakdown:
+    window = hi - lo
+    comp_s, comp_e = iv.clip(g_start[~g_coll & ~g_copy], g_end[~g_coll & ~g_copy], lo, hi)
+    comm_s, comm_e = iv.clip(g_start[g_coll], g_end[g_coll], lo, hi)
+    copy_s, copy_e = iv.clip(g_start[g_copy & ~g_coll], g_end[g_copy & ~g_coll], lo, hi)
+    compute = iv.union_length(comp_s, comp_e)
+    comm = iv.union_length(comm_s, comm_e)
+    comp_comm = iv.union_length(np.concatenate([comp_s, comm_s]), np.concatenate([comp_e, comm_e]))
+    busy = iv.union_length(
+        np.concatenate([comp_s, comm_s, copy_s]), np.concatenate([comp_e, comm_e, copy_e])
+    )
+    overlap = compute + comm - comp_comm
+    return GpuBreakdown(
+        compute_ms=compute / NS_PER_MS,
+        communication_exposed_ms=(comp_comm - compute) / NS_PER_MS,
+        memcpy_exposed_ms=(busy - comp_comm) / NS_PER_MS,
+        idle_ms=(window - busy) / NS_PER_MS,
+        communication_ms=comm / NS_PER_MS,
+        communication_overlap_pct=(100.0 * overlap / comm) if comm else None,
+        busy_ms=busy / NS_PER_MS,
+    )
+
+
+def _cpu_breakdown(
+    table: EventTable, phases: np.ndarray, cpu_rows: np.ndarray, lo: int, hi: int
+) -> CpuBreakdown:
+    """CPU time per phase: the outermost events of each phase, clipped to the window."""
+    s = table.ts[cpu_rows]
+    inside = (s < hi) & (s + table.dur[cpu_rows] > lo)
+    rows = cpu_rows[inside]
+    ph = phases[rows]
+    parent = table.parent[rows]
+    parent_phase = np.where(parent >= 0, phases[np.maximum(parent, 0)], Phase.NONE)
+    outermost = ph != parent_phase
+    result = {}
+    for p in (
+        Phase.DATALOADER,
+        Phase.FORWARD,
+        Phase.BACKWARD,
+        Phase.OPTIMIZER,
+        Phase.COMMUNICATION,
+    ):
+        sel = rows[outermost & (ph == p)]
+        st = np.maximum(table.ts[sel], lo)
+        en = np.minimum(table.ts[sel] + table.dur[sel], hi)
+        # Per thread union: two threads busy at once count twice (CPU time, not wall time).
+        total = 0
+        threads = table.tid[sel]
+        for t in np.unique(threads):
+            m = threads == t
+            total += iv.union_length(st[m], en[m])
+        result[p] = total / NS_PER_MS
+    return CpuBreakdown(
+        dataloader_ms=result[Phase.DATALOADER],
+        forward_ms=result[Phase.FORWARD],
+        backward_ms=result[Phase.BACKWARD],
+        optimizer_ms=result[Phase.OPTIMIZER],
+        communication_ms=result[Phase.COMMUNICATION],
+    )
+
+
+def _top_by_name(table: EventTable, rows: np.ndarray, top: int) -> list[NamedTime]:
+    if rows.size == 0:
+        return []
+    names = table.name[rows]
+    durs = table.dur[rows]
+    uniq, inv = np.unique(names, return_inverse=True)
+    totals = np.bincount(inv, weights=durs)
+    counts = np.bincount(inv)
+    grand = float(totals.sum()) or 1.0
+    order = np.argsort(-totals)[:top]
+    return [
+        NamedTime(
+            name=table.names[int(uniq[i])],
+            count=int(counts[i]),
+            total_ms=float(totals[i]) / NS_PER_MS,
+            pct=100.0 * float(totals[i]) / grand,
+        )
+        for i in order
+    ]

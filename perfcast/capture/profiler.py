@@ -1,0 +1,473 @@
+"""Capture Kineto traces of a PyTorch training loop.
+
+``capture()`` wraps ``torch.profiler.profile`` with a wait/warmup/active schedule and writes
+one gzipped Chrome/Kineto trace per rank.  Training-step boundaries come either from explicit
+``perfcast.capture.step()`` calls or, when the user never makes one, from a global optimizer
+step post-hook, so an unmodified training script can be profiled (see ``run_profile``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import os
+import runpy
+import shutil
+import sys
+import traceback
+import warnings
+import weakref
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+__all__ = ["Capture", "MaxStepsReached", "active_capture", "capture", "run_profile", "step"]
+
+# The capture currently inside its ``with`` block; torch cannot nest profilers, so one suffices.
+_ACTIVE: Capture | None = None
+
+
+class MaxStepsReached(SystemExit):
+    """Raised from a step boundary to end a profiled script once ``max_steps`` is reached."""
+
+
+def _current_rank() -> int:
+    # Looked up when a trace is written, not at start: scripts usually initialise the
+    # process group after the capture has begun (always so under ``perfcast profile``).
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return int(dist.get_rank())
+    except Exception:  # a broken distributed build must not lose the trace
+        pass
+    try:
+        return int(os.environ.get("RANK", "0"))
+    except ValueError:
+        return 0
+
+
+def _resolve_activities(activities: Iterable[Any] | None) -> list[Any]:
+    from torch.profiler import ProfilerActivity
+
+    if activities is None:
+        import torch
+
+        acts = [ProfilerActivity.CPU]
+        if torch.cuda.is_available():
+            acts.append(ProfilerActivity.CUDA)
+        return acts
+    resolved = []
+    for act in activities:
+        if isinstance(act, str):
+            try:
+                act = getattr(ProfilerActivity, act.upper())
+            except AttributeError:
+                raise ValueError(f"unknown profiler activity {act!r}") from None
+        resolved.append(act)
+    return resolved
+
+
+class Capture:
+    """A profiling session; use through ``capture()`` as a context manager.
+
+    After the ``with`` block, ``trace_paths`` lists the gzipped traces written, in order.
+    """
+
+    def __init__(
+        self,
+        out_dir: str | os.PathLike[str],
+        *,
+        wait: int = 1,
+        warmup: int = 1,
+        active: int = 3,
+        repeat: int = 1,
+        record_shapes: bool = True,
+        with_stack: bool = False,
+        with_modules: bool = False,
+        profile_memory: bool = False,
+        activities: Iterable[Any] | None = None,
+        max_steps: int | None = None,
+    ) -> None:
+        if wait < 0 or warmup < 0 or active < 1 or repeat < 0:
+            raise ValueError("need wait >= 0, warmup >= 0, active >= 1 and repeat >= 0")
+        if max_steps is not None and max_steps < 1:
+            raise ValueError("max_steps must be >= 1")
+        self.out_dir = Path(out_dir)
+        self.wait, self.warmup, self.active, self.repeat = wait, warmup, active, repeat
+        self.record_shapes = record_shapes
+        self.with_stack = with_stack
+        self.with_modules = with_modules
+        self.profile_memory = profile_memory
+        self.activities = activities
+        self.max_steps = max_steps
+        self.trace_paths: list[Path] = []
+        #: training steps seen so far (explicit or from the optimizer hook)
+        self.steps = 0
+        #: trace cycles that ran to the end of their active phase
+        self.cycles_completed = 0
+        self._stopping = False
+        self._prof: Any = None
+        self._hook: Any = None
+        self._explicit = False
+        # Only one optimizer drives automatic steps, so a loop that steps two optimizers
+        # (e.g. sparse + dense) still counts one training step per iteration.
+        self._driver: weakref.ref[Any] | None = None
+
+    @property
+    def schedule_steps(self) -> int | None:
+        """Steps the schedule needs to finish all cycles; None when it repeats forever."""
+        if self.repeat == 0:
+            return None
+        return (self.wait + self.warmup + self.active) * self.repeat
+
+    @property
+    def finished(self) -> bool:
+        """True once every scheduled trace cycle has been written."""
+        return self.repeat > 0 and self.cycles_completed >= self.repeat
+
+    @property
+    def automatic(self) -> bool:
+        """Whether steps are still taken from the optimizer hook."""
+        return not self._explicit
+
+    def __enter__(self) -> Capture:
+        global _ACTIVE
+        import torch.profiler
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        if _ACTIVE is not None:
+            raise RuntimeError("a perfcast capture is already active; captures cannot nest")
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        if self.repeat != 1:
+            # Each cycle goes to its own file, so torch's "clears events" warning is noise.
+            warnings.filterwarnings("ignore", message="Warning: Profiler clears events")
+        self._prof = torch.profiler.profile(
+            activities=_resolve_activities(self.activities),
+            schedule=torch.profiler.schedule(
+                wait=self.wait, warmup=self.warmup, active=self.active, repeat=self.repeat
+            ),
+            on_trace_ready=self._on_trace_ready,
+            record_shapes=self.record_shapes,
+            with_stack=self.with_stack,
+            with_modules=self.with_modules,
+            profile_memory=self.profile_memory,
+        )
+        self._prof.__enter__()
+        self._hook = register_optimizer_step_post_hook(self._optimizer_hook)
+        _ACTIVE = self
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        global _ACTIVE
+        _ACTIVE = None
+        self._remove_hook()
+        prof, self._prof = self._prof, None
+        if prof is not None:
+            # Stopping mid-cycle still flushes a partial trace through _on_trace_ready.
+            self._stopping = True
+            try:
+                prof.__exit__(exc_type, exc, tb)
+            finally:
+                self._stopping = False
+
+    def step(self) -> None:
+        """Mark the end of one training step (explicit mode)."""
+        if not self._explicit:
+            # The user marks steps themselves; the optimizer hook would double count.
+            self._explicit = True
+            self._remove_hook()
+            if self.steps > 0:
+                # The hook already closed this iteration at its optimizer.step() (the usual
+                # `opt.step(); perfcast.capture.step()` loop); advancing again would leave an
+                # empty profiler step.
+                return
+        self._advance()
+
+    def _remove_hook(self) -> None:
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
+
+    def _optimizer_hook(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if self._explicit:
+            return
+        driver = self._driver() if self._driver is not None else None
+        if driver is None:
+            # First optimizer seen (or the previous one was garbage collected) drives steps.
+            self._driver = weakref.ref(optimizer)
+        elif driver is not optimizer:
+            return
+        # This runs inside the optimizer's "Optimizer.step#..." record_function, so that range
+        # ends a few microseconds after the ProfilerStep it belongs to; explicit step() calls
+        # give exact boundaries.
+        self._advance()
+
+    def _advance(self) -> None:
+        if self._prof is None:
+            return
+        self.steps += 1
+        self._prof.step()
+        if (
+            self.max_steps is not None
+            and self.steps >= self.max_steps
+            and (self.finished or self.repeat == 0)
+        ):
+            raise MaxStepsReached(0)
+
+    def _trace_name(self, step_num: int) -> str:
+        rank = _current_rank()
+        if self.repeat == 1:
+            return f"rank{rank}.json.gz"
+        # Several cycles per rank: the step number keeps their files apart.
+        return f"rank{rank}.step{step_num}.json.gz"
+
+    def _on_trace_ready(self, prof: Any) -> None:
+        final = self.out_dir / self._trace_name(int(prof.step_num))
+        tmp_json = final.with_name(f".{final.name}.{os.getpid()}.json")
+        tmp_gz = final.with_name(f".{final.name}.{os.getpid()}.tmp")
+        try:
+            prof.export_chrome_trace(str(tmp_json))
+            with open(tmp_json, "rb") as src, gzip.open(tmp_gz, "wb", compresslevel=6) as dst:
+                shutil.copyfileobj(src, dst, 1 << 20)
+            # Atomic rename: readers never see a half-written trace.
+            os.replace(tmp_gz, final)
+        finally:
+            for leftover in (tmp_json, tmp_gz):
+                leftover.unlink(missing_ok=True)
+        self.trace_paths.append(final)
+        if not self._stopping:
+            self.cycles_completed += 1
+
+
+def capture(
+    out_dir: str | os.PathLike[str],
+    *,
+    wait: int = 1,
+    warmup: int = 1,
+    active: int = 3,
+    repeat: int = 1,
+    record_shapes: bool = True,
+    with_stack: bool = False,
+    with_modules: bool = False,
+    profile_memory: bool = False,
+    activities: Iterable[Any] | None = None,
+    max_steps: int | None = None,
+) -> Capture:
+    """Profile the enclosed training loop into ``out_dir/rank{R}.json.gz``.
+
+    Use as ``with capture("traces") as cap: ...``; steps are marked by ``step()`` or, if it is
+    never called, by every ``optimizer.step()`` of the first optimizer seen.  ``activities``
+    defaults to CPU plus CUDA when available (ProfilerActivity values or "cpu"/"cuda").
+    ``max_steps`` ends the program (``MaxStepsReached``, a SystemExit) once that many steps
+    ran and the schedule is complete.
+    """
+    return Capture(
+        out_dir,
+        wait=wait,
+        warmup=warmup,
+        active=active,
+        repeat=repeat,
+        record_shapes=record_shapes,
+        with_stack=with_stack,
+        with_modules=with_modules,
+        profile_memory=profile_memory,
+        activities=activities,
+        max_steps=max_steps,
+    )
+
+
+def active_capture() -> Capture | None:
+    """The capture currently running, if any."""
+    return _ACTIVE
+
+
+def step() -> None:
+    """Mark the end of a training step for the active capture; a no-op without one.
+
+    The first call switches the capture from optimizer-hook steps to explicit steps.
+    """
+    if _ACTIVE is not None:
+        _ACTIVE.step()
+
+
+# ---------------------------------------------------------------------------------------------
+# perfcast profile [options] -- python train.py args...
+
+# Interpreter flags that take a value as the next argument (python -W error train.py).
+_PY_FLAGS_WITH_VALUE = {"-W", "-X", "--check-hash-based-pycs"}
+
+
+def _fail(msg: str) -> int:
+    print(f"perfcast profile: {msg}", file=sys.stderr)
+    return 2
+
+
+def _parse_target(cmd: Sequence[str]) -> tuple[str, str, list[str]]:
+    """Split ``python [flags] script.py args`` into (kind, target, args).
+
+    kind is "path" or "module"; the leading interpreter is optional.
+    """
+    args = list(cmd)
+    if args and Path(args[0]).name.startswith("python") and not args[0].endswith(".py"):
+        args.pop(0)
+        while args and args[0].startswith("-") and args[0] != "-":
+            flag = args.pop(0)
+            if flag == "-m":
+                if not args:
+                    raise ValueError("-m needs a module name")
+                return "module", args[0], args[1:]
+            if flag.startswith("-m"):  # python -mpkg.mod
+                return "module", flag[2:], args
+            if flag == "-c":
+                raise ValueError("python -c is not supported; profile a script or a module")
+            if flag in _PY_FLAGS_WITH_VALUE:
+                if not args:
+                    raise ValueError(f"{flag} needs a value")
+                args.pop(0)
+            # Other interpreter flags (-u, -O, -B, ...) do not matter in-process.
+    if not args:
+        raise ValueError("no script given after '--' (expected: -- python train.py ...)")
+    return "path", args[0], args[1:]
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="perfcast profile",
+        description="Run a training script in-process under the PyTorch profiler and write "
+        "one gzipped Kineto trace per rank.",
+        usage="perfcast profile [options] -- python train.py [args...]",
+    )
+    parser.add_argument("-o", "--out", default="./perfcast-traces", help="trace folder")
+    parser.add_argument("--wait", type=int, default=1, help="steps skipped per cycle")
+    parser.add_argument("--warmup", type=int, default=1, help="profiler warm-up steps")
+    parser.add_argument("--active", type=int, default=3, help="steps recorded per cycle")
+    parser.add_argument("--repeat", type=int, default=1, help="cycles (0: until the end)")
+    parser.add_argument("--with-stack", action="store_true", help="record Python stacks")
+    parser.add_argument("--with-modules", action="store_true", help="record nn.Module scopes")
+    parser.add_argument("--memory", action="store_true", help="profile memory allocations")
+    parser.add_argument(
+        "--max-steps",
+        type=int,
+        default=None,
+        metavar="N",
+        help="end the script after N steps (never before the capture finished)",
+    )
+    parser.add_argument("command", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    return parser
+
+
+def run_profile(argv: list[str]) -> int:
+    """Implement ``perfcast profile [options] -- python train.py args...``; returns exit code."""
+    if "--" in argv:
+        cut = argv.index("--")
+        opt_argv, cmd = argv[:cut], argv[cut + 1 :]
+    else:
+        opt_argv, cmd = argv, None
+    ns = _build_parser().parse_args(opt_argv)
+    if cmd is None:
+        cmd = list(ns.command)
+    elif ns.command:
+        return _fail(f"unexpected arguments before '--': {' '.join(ns.command)}")
+    try:
+        kind, target, script_args = _parse_target(cmd)
+    except ValueError as exc:
+        return _fail(str(exc))
+
+    try:
+        # Validate the schedule before running anything.
+        cap = capture(
+            ns.out,
+            wait=ns.wait,
+            warmup=ns.warmup,
+            active=ns.active,
+            repeat=ns.repeat,
+            with_stack=ns.with_stack,
+            with_modules=ns.with_modules,
+            profile_memory=ns.memory,
+            max_steps=ns.max_steps,
+        )
+    except ValueError as exc:
+        return _fail(str(exc))
+
+    if kind == "path":
+        script = Path(target)
+        if not script.is_file():
+            return _fail(f"script not found: {target}")
+        sys_path0 = str(script.resolve().parent)
+        argv0 = str(script)
+    else:
+        import importlib.util
+
+        sys_path0 = os.getcwd()
+        sys.path.insert(0, sys_path0)
+        try:
+            found = importlib.util.find_spec(target) is not None
+        except (ImportError, ValueError):
+            found = False
+        finally:
+            sys.path.remove(sys_path0)
+        if not found:
+            return _fail(f"module not found: {target}")
+        argv0 = target
+
+    saved_argv, saved_path = sys.argv, list(sys.path)
+    # Mirror what `python script.py` would see: its own argv and its folder on sys.path.
+    sys.argv = [argv0, *script_args]
+    sys.path.insert(0, sys_path0)
+    rc = 0
+    try:
+        with cap:
+            try:
+                if kind == "path":
+                    runpy.run_path(str(script), run_name="__main__")
+                else:
+                    runpy.run_module(target, run_name="__main__", alter_sys=True)
+            except MaxStepsReached:
+                pass
+            except SystemExit as exc:
+                rc = _exit_code(exc)
+    except Exception:
+        # The script failed: show its traceback like python would; traces are still flushed.
+        traceback.print_exc()
+        rc = 1
+    finally:
+        sys.argv = saved_argv
+        sys.path[:] = saved_path
+
+    out = Path(ns.out)
+    if cap.steps == 0:
+        return _fail(
+            "no training steps seen (no optimizer.step() or perfcast.capture.step() call); "
+            f"trace in {out} is possibly empty"
+        )
+    if not cap.trace_paths:
+        need = ns.wait + ns.warmup + 1
+        return _fail(f"no trace written: only {cap.steps} step(s) ran, the schedule needs {need}+")
+    names = ", ".join(p.name for p in cap.trace_paths)
+    print(
+        f"perfcast: {cap.steps} steps seen; wrote {len(cap.trace_paths)} trace(s) to {out}: {names}"
+    )
+    if cap.schedule_steps is not None and not cap.finished:
+        print(
+            f"perfcast: warning: the script ended before the schedule finished "
+            f"({cap.steps}/{cap.schedule_steps} steps); the last trace is partial",
+            file=sys.stderr,
+        )
+    return rc
+
+
+def _exit_code(exc: SystemExit) -> int:
+    code = exc.code
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)  # sys.exit("message") prints the message and exits 1
+    return 1

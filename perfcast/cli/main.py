@@ -1,0 +1,140 @@
+"""The `perfcast` command. Every subcommand is `fn(args, ui) -> int`, testable in-process."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import msgspec
+from rich.console import Console
+
+from perfcast import __version__
+from perfcast.errors import PerfcastError
+
+
+class UI:
+    """Where output goes: results to stdout, progress and notes to stderr."""
+
+    def __init__(self, quiet: bool = False, json_mode: bool = False) -> None:
+        self.quiet = quiet
+        self.json_mode = json_mode
+        self.out = Console(highlight=False, soft_wrap=False)
+        self.err = Console(stderr=True, highlight=False)
+
+    def note(self, text: str) -> None:
+        if not self.quiet:
+            self.err.print(text, style="yellow", markup=False, highlight=False)
+
+    def emit_json(self, obj: Any) -> None:
+        sys.stdout.write(msgspec.json.format(msgspec.json.encode(obj), indent=2).decode())
+        sys.stdout.write("\n")
+
+    def load(self, path: str):
+        """Load a trace with a spinner on a terminal (loads can take seconds)."""
+        from perfcast.ingest import load
+
+        if self.quiet or not self.err.is_terminal:
+            return load(path)
+        size = _input_size(path)
+        if size < 5_000_000:
+            return load(path)
+        with self.err.status(f"loading {path} ({size / 1e6:.0f} MB)…"):
+            return load(path)
+
+
+def _input_size(path: str) -> int:
+    if os.path.isdir(path):
+        return sum(
+            os.path.getsize(os.path.join(path, f))
+            for f in os.listdir(path)
+            if os.path.isfile(os.path.join(path, f))
+        )
+    return os.path.getsize(path) if os.path.exists(path) else 0
+
+
+def cmd_summary(args: argparse.Namespace, ui: UI) -> int:
+    from perfcast.analysis.summary import summarize
+    from perfcast.report.terminal import render_summary
+
+    table = ui.load(args.path)
+    summary = summarize(table, top=args.top)
+    if args.json:
+        ui.emit_json(summary)
+    else:
+        render_summary(summary, ui.out, top=args.top)
+    return 0
+
+
+def _add_common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="print the machine-readable result")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress or notes on stderr")
+
+
+COMMANDS: dict[str, Callable[[argparse.Namespace, UI], int]] = {"summary": cmd_summary}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="perfcast",
+        description="Predict how much faster a PyTorch training step gets, from its profiler "
+        "trace (Kineto JSON, one file per rank).",
+    )
+    parser.add_argument("--version", action="version", version=f"perfcast {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    p = sub.add_parser("summary", help="where the time of each step goes, per rank")
+    p.add_argument("path", help="trace file (.json/.json.gz) or folder of rank files")
+    p.add_argument("--top", type=int, default=10, help="how many top kernels/ops to list")
+    _add_common(p)
+    _register_extra_commands(sub)
+    return parser
+
+
+def _register_extra_commands(sub: Any) -> None:
+    """Subcommands defined in other modules add themselves here."""
+    from perfcast.cli import commands
+
+    commands.register(sub, _add_common, COMMANDS)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # `perfcast profile -- python train.py` passes everything after the command through.
+    if argv and argv[0] == "profile":
+        from perfcast.capture.profiler import run_profile
+
+        return _guard(lambda: run_profile(argv[1:]), UI())
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not args.command:
+        parser.print_help()
+        return 2
+    ui = UI(quiet=getattr(args, "quiet", False), json_mode=getattr(args, "json", False))
+    return _guard(lambda: COMMANDS[args.command](args, ui), ui)
+
+
+def _guard(fn: Callable[[], int], ui: UI) -> int:
+    try:
+        return fn()
+    except PerfcastError as exc:
+        print(f"perfcast: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("perfcast: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+    except MemoryError:
+        print("perfcast: error: out of memory while processing the trace", file=sys.stderr)
+        return 1
+
+
+def entry() -> None:
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    entry()

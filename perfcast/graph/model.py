@@ -1,0 +1,252 @@
+"""The dependency graph that the simulator replays and what-ifs transform.
+
+Nodes live in lanes: a lane is one CPU thread or one GPU stream of a rank.
+A CPU thread is cut into a gap-free chain of nodes: runtime calls, and the
+CPU work between them (segments), split at every op boundary so each segment
+belongs to one op. GPU lanes hold kernels, copies and memsets in stream order.
+
+Only dependencies that cannot be recomputed from the lanes are stored as
+edges (cross-stream waits, cross-thread waits, collectives). Thread order,
+stream order, launch -> kernel and "this sync waits for the last work on its
+stream" are derived by `perfcast.sim.lower` from the graph as it is at replay
+time, so a transformed graph (work added, removed, reordered) replays right.
+
+Every node keeps where its duration comes from (`source`): measured from the
+trace, scaled by a rule, or modelled by a formula.
+"""
+
+from __future__ import annotations
+
+import copy
+import enum
+from dataclasses import dataclass, field
+
+import numpy as np
+
+NONE = -1
+
+
+class NodeKind(enum.IntEnum):
+    CPU = 0  # CPU work between runtime calls (inside an op, or an idle gap)
+    LAUNCH = 1  # runtime call that enqueues GPU work
+    SYNC = 2  # runtime call that blocks the thread until GPU work is done
+    RUNTIME = 3  # any other runtime call (malloc, event record, ...)
+    GPU = 4  # kernel, copy or memset on a stream
+    WAIT = 5  # CPU gap that waits for another thread
+
+
+class GpuKind(enum.IntEnum):
+    NONE = -1
+    KERNEL = 0
+    MEMCPY = 1
+    MEMSET = 2
+
+
+class SyncKind(enum.IntEnum):
+    NONE = -1
+    STREAM = 0  # waits for the last work enqueued on one stream
+    DEVICE = 1  # waits for the last work on every stream of the device
+    COPY = 2  # a blocking copy: waits for its own copy
+
+
+class Source(enum.IntEnum):
+    MEASURED = 0
+    SCALED = 1
+    MODELLED = 2
+
+
+class EdgeType(enum.IntEnum):
+    CROSS_STREAM = 0  # event record -> stream wait event (GPU to GPU)
+    CROSS_THREAD = 1  # a thread resumes when another thread's work ends
+    COLLECTIVE = 2  # the same collective on two ranks
+    DATA = 3  # added by a what-if
+
+
+@dataclass
+class Lane:
+    rank: int
+    is_gpu: bool
+    pid: int  # process id, or device for GPU lanes
+    tid: int  # thread id, or stream for GPU lanes
+    name: str
+
+
+@dataclass
+class IterationSpan:
+    rank: int
+    name: str
+    measured_ns: int
+    start_node: int  # first node of the step on its thread (NONE: whole-trace window)
+    end_node: int
+
+
+# Node columns and their dtypes; `Graph.append` and `Graph.take` rely on this list.
+NODE_COLUMNS: dict[str, type] = {
+    "kind": np.int8,
+    "lane": np.int32,
+    "order": np.float64,  # position in its lane (measured start, or between neighbours)
+    "launch_order": np.float64,  # GPU: when it was enqueued (its launch's position)
+    "dur": np.int64,  # duration the simulator uses (ns)
+    "dur_measured": np.int64,
+    "start_measured": np.int64,  # relative to the rank's origin
+    "source": np.int8,
+    "event": np.int32,  # row in the EventTable, NONE for inserted nodes
+    "op": np.int32,  # enclosing CPU op row (what the node is attributed to)
+    "phase": np.int8,
+    "iteration": np.int32,
+    "name": np.int32,  # index into Graph.names
+    "gpu_kind": np.int8,
+    "klass": np.int8,  # hardware.classify.KernelClass, NONE when unknown
+    "launch": np.int32,  # GPU: node of the launching call
+    "launch_w": np.int64,  # GPU start >= launch end + launch_w
+    "stream_w": np.int64,  # GPU start >= stream predecessor end + stream_w
+    "release": np.int64,  # earliest start when nothing else constrains it
+    "sync_kind": np.int8,
+    "sync_lane": np.int32,  # SYNC on a stream: which lane
+    "sync_w": np.int64,  # SYNC end >= waited work end + sync_w
+    "nbytes": np.int64,
+    "rank": np.int32,
+}
+
+NO_RELEASE = np.iinfo(np.int64).min // 4
+
+
+@dataclass
+class Graph:
+    """Node columns (arrays of equal length), lanes, extra edges, iteration spans."""
+
+    cols: dict[str, np.ndarray]
+    lanes: list[Lane]
+    names: list[str]
+    edge_src: np.ndarray
+    edge_dst: np.ndarray
+    edge_w: np.ndarray
+    edge_type: np.ndarray
+    edge_at_end: np.ndarray  # True: the edge bounds the destination's end, not its start
+    iterations: list[IterationSpan]
+    rank_origin_ns: dict[int, int]
+    device_names: dict[int, str | None]
+    unresolved: dict[str, int] = field(default_factory=dict)
+    assumptions: list[str] = field(default_factory=list)
+    removed: np.ndarray | None = None
+    _name_index: dict[str, int] = field(default_factory=dict, repr=False)
+
+    def __len__(self) -> int:
+        return int(self.cols["kind"].shape[0])
+
+    def __getattr__(self, key: str) -> np.ndarray:
+        cols = self.__dict__.get("cols")
+        if cols is not None and key in cols:
+            return cols[key]
+        raise AttributeError(key)
+
+    @property
+    def alive(self) -> np.ndarray:
+        if self.removed is None:
+            return np.ones(len(self), dtype=bool)
+        return ~self.removed
+
+    def copy(self) -> Graph:
+        """A deep copy; what-ifs never modify the graph they are given."""
+        g = copy.copy(self)
+        g.cols = {k: v.copy() for k, v in self.cols.items()}
+        g.lanes = list(self.lanes)
+        g.names = list(self.names)
+        g._name_index = dict(self._name_index)
+        g.edge_src = self.edge_src.copy()
+        g.edge_dst = self.edge_dst.copy()
+        g.edge_w = self.edge_w.copy()
+        g.edge_type = self.edge_type.copy()
+        g.edge_at_end = self.edge_at_end.copy()
+        g.iterations = list(self.iterations)
+        g.unresolved = dict(self.unresolved)
+        g.assumptions = list(self.assumptions)
+        g.removed = None if self.removed is None else self.removed.copy()
+        return g
+
+    def intern(self, name: str) -> int:
+        """Index of a name in `names`, adding it if new."""
+        if len(self._name_index) != len(self.names):
+            self._name_index = {n: i for i, n in enumerate(self.names)}
+        idx = self._name_index.get(name)
+        if idx is None:
+            idx = len(self.names)
+            self.names.append(name)
+            self._name_index[name] = idx
+        return idx
+
+    def name_of(self, node: int) -> str:
+        return self.names[int(self.cols["name"][node])]
+
+    def append(self, **values: np.ndarray | int | float) -> np.ndarray:
+        """Add nodes; columns not given take defaults. Returns the new node ids."""
+        lengths = {np.size(v) for v in values.values()}
+        m = max(lengths) if lengths else 0
+        start = len(self)
+        for key, dtype in NODE_COLUMNS.items():
+            default = NONE
+            if key in (
+                "dur",
+                "dur_measured",
+                "start_measured",
+                "launch_w",
+                "stream_w",
+                "sync_w",
+                "nbytes",
+            ):
+                default = 0
+            if key == "release":
+                default = NO_RELEASE
+            if key == "source":
+                default = int(Source.MODELLED)
+            v = values.get(key, default)
+            arr = np.broadcast_to(np.asarray(v, dtype=dtype), (m,))
+            self.cols[key] = np.concatenate([self.cols[key], arr])
+        if self.removed is not None:
+            self.removed = np.concatenate([self.removed, np.zeros(m, dtype=bool)])
+        return np.arange(start, start + m)
+
+    def remove(self, nodes: np.ndarray) -> None:
+        if self.removed is None:
+            self.removed = np.zeros(len(self), dtype=bool)
+        self.removed[nodes] = True
+
+    def add_edges(
+        self,
+        src: np.ndarray,
+        dst: np.ndarray,
+        w: np.ndarray | int,
+        etype: EdgeType,
+        at_end: bool = False,
+    ) -> None:
+        src = np.atleast_1d(np.asarray(src, dtype=np.int32))
+        dst = np.atleast_1d(np.asarray(dst, dtype=np.int32))
+        self.edge_src = np.concatenate([self.edge_src, src])
+        self.edge_dst = np.concatenate([self.edge_dst, dst])
+        self.edge_w = np.concatenate(
+            [self.edge_w, np.broadcast_to(np.asarray(w, dtype=np.int64), src.shape)]
+        )
+        self.edge_type = np.concatenate(
+            [self.edge_type, np.full(src.shape, int(etype), dtype=np.int8)]
+        )
+        self.edge_at_end = np.concatenate(
+            [self.edge_at_end, np.full(src.shape, at_end, dtype=bool)]
+        )
+
+    def check_invariants(self) -> list[str]:
+        problems = []
+        n = len(self)
+        for k, v in self.cols.items():
+            if v.shape[0] != n:
+                problems.append(f"column {k} has length {v.shape[0]}, expected {n}")
+        if (self.cols["dur"] < 0).any():
+            problems.append("negative durations")
+        gpu = np.flatnonzero(self.cols["kind"] == NodeKind.GPU)
+        bad_lane = [int(i) for i in gpu if not self.lanes[int(self.cols["lane"][i])].is_gpu]
+        if bad_lane:
+            problems.append(f"{len(bad_lane)} GPU nodes on CPU lanes")
+        if self.edge_src.size and (
+            (self.edge_src < 0).any() or (self.edge_src >= n).any() or (self.edge_dst >= n).any()
+        ):
+            problems.append("edge endpoints out of range")
+        return problems

@@ -1,0 +1,77 @@
+"""Rich tables for the terminal. Renderers only format: they never compute."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from perfcast.analysis.summary import NamedTime, Summary
+
+
+def _ms(x: float | None) -> str:
+    return "-" if x is None else f"{x:,.2f}"
+
+
+def _short(name: str, width: int = 70) -> str:
+    return name if len(name) <= width else name[: width - 1] + "…"
+
+
+def render_summary(summary: Summary, console: Console, top: int = 5) -> None:
+    for note in summary.notes:
+        console.print(Text(f"note: {note}", style="yellow"))
+    for rs in summary.ranks:
+        title = f"rank {rs.rank}" + (f" · {rs.device}" if rs.device else "") + f" · {rs.path}"
+        table = Table(title=Text(title), title_justify="left", show_lines=False)
+        table.caption = "GPU columns split the step: compute + comm + copies + idle = step"
+        for col in ("step", "ms", "GPU compute", "comm", "copies", "idle", "overlap"):
+            table.add_column(col, justify="left" if col == "step" else "right", no_wrap=True)
+        cpu = Table(title="CPU time by phase (ms)", title_justify="left")
+        for col in ("step", "data loading", "forward", "backward", "optimizer", "comm", "kernels"):
+            cpu.add_column(col, justify="left" if col == "step" else "right", no_wrap=True)
+        for it in rs.iterations:
+            g = it.gpu
+            c = it.cpu
+            label = Text(it.name.replace("ProfilerStep", "step "))
+            table.add_row(
+                label,
+                _ms(it.measured_ms),
+                _ms(g.compute_ms) if g else "-",
+                _ms(g.communication_exposed_ms) if g else "-",
+                _ms(g.memcpy_exposed_ms) if g else "-",
+                _ms(g.idle_ms) if g else "-",
+                (
+                    f"{g.communication_overlap_pct:.0f}%"
+                    if g and g.communication_overlap_pct is not None
+                    else "-"
+                ),
+            )
+            cpu.add_row(
+                label,
+                _ms(c.dataloader_ms),
+                _ms(c.forward_ms),
+                _ms(c.backward_ms),
+                _ms(c.optimizer_ms),
+                _ms(c.communication_ms),
+                str(it.kernels),
+            )
+        console.print(table)
+        console.print(cpu)
+        for note in rs.notes:
+            console.print(Text(f"  note: {note}", style="yellow"))
+        _render_top(console, "top kernels", rs.top_kernels[:top])
+        _render_top(console, "top CPU ops", rs.top_ops[:top])
+        console.print()
+
+
+def _render_top(console: Console, title: str, rows: list[NamedTime]) -> None:
+    if not rows:
+        return
+    t = Table(title=title, title_justify="left", show_header=True, box=None, pad_edge=False)
+    t.add_column("total ms", justify="right")
+    t.add_column("%", justify="right")
+    t.add_column("count", justify="right")
+    t.add_column("name")
+    for r in rows:
+        t.add_row(_ms(r.total_ms), f"{r.pct:.1f}", str(r.count), Text(_short(r.name)))
+    console.print(t)

@@ -1,0 +1,132 @@
+"""Graph -> flat dependency arrays the replay loop runs over.
+
+Derived here, from the graph as it is now: thread order, stream order,
+launch -> GPU task, and what each synchronization waits for.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from perfcast.graph.model import NO_RELEASE, Graph, NodeKind, SyncKind
+from perfcast.graph.resolve import resolve_sync_targets
+
+
+@dataclass
+class Lowered:
+    n: int
+    nodes: np.ndarray  # compact index -> graph node id
+    dur: np.ndarray
+    release: np.ndarray
+    # Dependencies grouped by destination (CSR): start deps and end deps.
+    s_ptr: np.ndarray
+    s_src: np.ndarray
+    s_w: np.ndarray
+    e_ptr: np.ndarray
+    e_src: np.ndarray
+    e_w: np.ndarray
+
+
+def _csr(dst: np.ndarray, src: np.ndarray, w: np.ndarray, n: int):
+    order = np.argsort(dst, kind="stable")
+    ptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(dst, minlength=n), out=ptr[1:])
+    return ptr, src[order].astype(np.int64), w[order].astype(np.int64)
+
+
+def lower(graph: Graph) -> Lowered:
+    c = graph.cols
+    alive = graph.alive
+    nodes = np.flatnonzero(alive)
+    n = nodes.size
+    compact = np.full(len(graph), -1, dtype=np.int64)
+    compact[nodes] = np.arange(n)
+    kind = c["kind"][nodes]
+    lane = c["lane"][nodes]
+
+    s_dst, s_src, s_w = [], [], []
+    e_dst, e_src, e_w = [], [], []
+
+    # Lane order: each node after the previous one on its thread or stream.
+    o = np.lexsort((c["order"][nodes], lane))
+    same = lane[o][1:] == lane[o][:-1]
+    prev_c = o[:-1][same]
+    next_c = o[1:][same]
+    is_gpu_next = kind[next_c] == NodeKind.GPU
+    s_dst.append(next_c)
+    s_src.append(prev_c)
+    s_w.append(np.where(is_gpu_next, c["stream_w"][nodes[next_c]], 0))
+
+    # Launch -> GPU task.
+    gpu_c = np.flatnonzero(kind == NodeKind.GPU)
+    lnode = c["launch"][nodes[gpu_c]]
+    ok = lnode >= 0
+    ok[ok] = compact[lnode[ok]] >= 0
+    s_dst.append(gpu_c[ok])
+    s_src.append(compact[lnode[ok]])
+    s_w.append(c["launch_w"][nodes[gpu_c[ok]]])
+
+    # Synchronizations wait for what is now last on their stream(s).
+    sync = nodes[c["sync_kind"][nodes] != SyncKind.NONE]
+    if sync.size:
+        targets, _ = resolve_sync_targets(graph, sync)
+        for node, t in zip(sync.tolist(), targets):
+            for x in t:
+                e_dst.append(np.array([compact[node]]))
+                e_src.append(np.array([compact[x]]))
+                e_w.append(np.array([c["sync_w"][node]]))
+
+    # Stored edges; a removed source hands the edge to its lane predecessor.
+    if graph.edge_src.size:
+        src = graph.edge_src.astype(np.int64)
+        dst = graph.edge_dst.astype(np.int64)
+        src = _redirect_removed(graph, src, alive)
+        keep = (src >= 0) & alive[dst]
+        src, dst = src[keep], dst[keep]
+        w = graph.edge_w[keep]
+        at_end = graph.edge_at_end[keep]
+        s_dst.append(compact[dst[~at_end]])
+        s_src.append(compact[src[~at_end]])
+        s_w.append(w[~at_end])
+        e_dst.append(compact[dst[at_end]])
+        e_src.append(compact[src[at_end]])
+        e_w.append(w[at_end])
+
+    def cat(parts: list[np.ndarray]) -> np.ndarray:
+        return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
+
+    s_ptr, s_src_a, s_w_a = _csr(cat(s_dst), cat(s_src), cat(s_w), n)
+    e_ptr, e_src_a, e_w_a = _csr(cat(e_dst), cat(e_src), cat(e_w), n)
+    release = c["release"][nodes].copy()
+    # Inserted nodes with nothing before them start at time zero of their rank.
+    no_dep = (np.diff(s_ptr) == 0) & (release == NO_RELEASE)
+    release[no_dep] = 0
+    return Lowered(
+        n=n,
+        nodes=nodes,
+        dur=c["dur"][nodes].astype(np.int64),
+        release=release.astype(np.int64),
+        s_ptr=s_ptr,
+        s_src=s_src_a,
+        s_w=s_w_a,
+        e_ptr=e_ptr,
+        e_src=e_src_a,
+        e_w=e_w_a,
+    )
+
+
+def _redirect_removed(graph: Graph, src: np.ndarray, alive: np.ndarray) -> np.ndarray:
+    """Removed edge sources -> the nearest earlier live node on the same lane."""
+    dead = ~alive[src]
+    if not dead.any():
+        return src
+    c = graph.cols
+    out = src.copy()
+    for i in np.flatnonzero(dead).tolist():
+        s = int(src[i])
+        lane_nodes = np.flatnonzero((c["lane"] == c["lane"][s]) & alive)
+        before = lane_nodes[c["order"][lane_nodes] < c["order"][s]]
+        out[i] = int(before[np.argmax(c["order"][before])]) if before.size else -1
+    return out
