@@ -40,16 +40,25 @@ CPU_KINDS = (Kind.CPU_OP, Kind.USER_ANNOTATION, Kind.PYTHON_FUNCTION, Kind.RUNTI
 
 @dataclass
 class Iteration:
-    """One profiler step (or the whole trace when it has none) on one rank."""
+    """One profiler step (or the whole trace when it has none) on one rank.
+
+    A step is complete when its CPU range has ended and all GPU work it
+    launched has finished. Its time is measured from the previous step's
+    completion (its own start for the first step) to its own completion, so
+    consecutive steps tile the timeline and their times add up to the total,
+    however far the CPU runs ahead of the GPU.
+    """
 
     rank: int
     name: str
-    start_ns: int
-    end_ns: int
+    start_ns: int  # the ProfilerStep range's start on the CPU
+    end_ns: int  # completion: CPU range end or end of its GPU work, whichever is later
+    cpu_end_ns: int = 0
+    window_start_ns: int = 0  # previous step's completion (or start_ns)
 
     @property
     def dur_ns(self) -> int:
-        return self.end_ns - self.start_ns
+        return self.end_ns - self.window_start_ns
 
 
 @dataclass

@@ -104,3 +104,39 @@ def collective_kernel_mask(table: EventTable) -> np.ndarray:
     if len(table) == 0:
         return np.zeros(0, dtype=bool)
     return (table.kind == Kind.KERNEL) & (is_coll_name[table.name] | (table.coll_name >= 0))
+
+
+_SCOPE_RE = re.compile(r"^nn\.Module: |^## ")
+
+
+def enclosing_scopes(table: EventTable) -> np.ndarray:
+    """Per row, the name index of the nearest enclosing module or user scope.
+
+    Modules come from `with_modules`/`with_stack` traces (python_function events
+    named "nn.Module: Linear_0"); scopes from record_function annotations.
+    ProfilerStep ranges are not scopes.
+    """
+    n = len(table)
+    if n == 0:
+        return np.zeros(0, np.int32)
+    is_scope_name = np.array(
+        [bool(_SCOPE_RE.search(nm)) or (not nm.startswith("ProfilerStep#")) for nm in table.names],
+        dtype=bool,
+    )
+    is_scope = (
+        (table.kind == Kind.PYTHON_FUNCTION)
+        & np.array([nm.startswith("nn.Module: ") for nm in table.names], dtype=bool)[table.name]
+    ) | ((table.kind == Kind.USER_ANNOTATION) & is_scope_name[table.name])
+    scope = np.where(is_scope, table.name, NONE).astype(np.int32)
+    own = scope.copy()
+    look = table.parent.copy()
+    for _ in range(64):
+        pending = (scope == NONE) & (look >= 0)
+        if not pending.any():
+            break
+        idx = np.flatnonzero(pending)
+        scope[idx] = own[look[idx]]
+        look[idx] = table.parent[look[idx]]
+    launched = table.launch >= 0
+    scope[launched] = scope[table.launch[launched]]
+    return scope

@@ -102,7 +102,7 @@ def summarize(table: EventTable, top: int = 10) -> Summary:
         for it_idx, it in enumerate(table.iterations):
             if it.rank != rank:
                 continue
-            lo, hi = it.start_ns, it.end_ns
+            lo, hi = it.window_start_ns, it.end_ns
             gpu = None
             if g.size:
                 gpu = _gpu_breakdown(g_start, g_end, g_coll, g_copy, lo, hi)

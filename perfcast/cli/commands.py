@@ -2,10 +2,157 @@
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Callable
 from typing import Any
+
+from rich.text import Text
+
+from perfcast.errors import PerfcastError
 
 
 def register(sub: Any, add_common: Callable[[Any], None], table: dict[str, Any]) -> None:
     """Add this module's subcommands to the parser and the dispatch table."""
-    return None
+    p = sub.add_parser("replay", help="replay the trace in the simulator: measured vs simulated")
+    p.add_argument("path", help="trace file or folder of rank files")
+    p.add_argument(
+        "--export-trace",
+        metavar="OUT.json",
+        help="write the simulated timeline for Perfetto (.json or .json.gz)",
+    )
+    p.add_argument(
+        "--engine",
+        choices=["fast", "reference"],
+        default="fast",
+        help="replay loop: compiled (default) or the pure-Python oracle",
+    )
+    add_common(p)
+    table["replay"] = cmd_replay
+
+    p = sub.add_parser("whatif", help="predict the step time after one or more optimizations")
+    p.add_argument("path", help="trace file or folder of rank files")
+    p.add_argument(
+        "--apply",
+        action="append",
+        default=[],
+        metavar="NAME[:key=value,...]",
+        help="optimization to apply (repeat to compose, in order); "
+        "`perfcast whatif --list` shows them",
+    )
+    p.add_argument("--list", action="store_true", help="list the available optimizations")
+    p.add_argument(
+        "--export-trace",
+        metavar="OUT.json",
+        help="write baseline and predicted timelines side by side for Perfetto",
+    )
+    add_common(p)
+    table["whatif"] = cmd_whatif
+
+    p = sub.add_parser("advise", help="rank every applicable optimization by predicted gain")
+    p.add_argument("path", help="trace file or folder of rank files")
+    p.add_argument("--device", help="also evaluate moving to this GPU (e.g. h100)")
+    add_common(p)
+    table["advise"] = cmd_advise
+
+    p = sub.add_parser("report", help="write a self-contained HTML report")
+    p.add_argument("path", help="trace file or folder of rank files")
+    p.add_argument("-o", "--output", required=True, help="HTML file to write")
+    add_common(p)
+    table["report"] = cmd_report
+
+
+def _check_output(path: str | None, inputs: str) -> None:
+    """Refuse to overwrite the user's input."""
+    import os
+
+    if path is None:
+        return
+    if os.path.exists(inputs) and os.path.exists(path) and os.path.samefile(path, inputs):
+        raise PerfcastError(
+            "refusing to overwrite the input trace", path=path, hint="choose another output file"
+        )
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise PerfcastError("output folder does not exist", path=path)
+
+
+def cmd_replay(args: argparse.Namespace, ui: Any) -> int:
+    from perfcast.analysis.replay import replay_result
+    from perfcast.graph import build_graph
+    from perfcast.sim import simulate
+
+    _check_output(args.export_trace, args.path)
+    table = ui.load(args.path)
+    graph = build_graph(table)
+    tl = simulate(graph, engine=args.engine)
+    result = replay_result(tl)
+    if args.export_trace:
+        from perfcast.report.perfetto import export_timelines
+
+        export_timelines([("simulated", tl)], args.export_trace)
+        ui.note(f"wrote {args.export_trace} (open it at ui.perfetto.dev)")
+    if args.json:
+        ui.emit_json(result)
+        return 0
+    from perfcast.report.terminal import render_replay
+
+    render_replay(result, ui.out)
+    return 0
+
+
+def cmd_whatif(args: argparse.Namespace, ui: Any) -> int:
+    from perfcast.whatif.registry import describe_models, parse_spec
+    from perfcast.whatif.runner import run_whatif
+
+    if args.list:
+        for name, doc in describe_models():
+            ui.out.print(Text(f"{name:24s} {doc}"))
+        return 0
+    if not args.apply:
+        raise PerfcastError(
+            "nothing to apply", hint="add --apply NAME, see `perfcast whatif --list`"
+        )
+    specs = [parse_spec(s) for s in args.apply]
+    _check_output(args.export_trace, args.path)
+    table = ui.load(args.path)
+    result, base_tl, pred_tl = run_whatif(table, specs)
+    if args.export_trace:
+        from perfcast.report.perfetto import export_timelines
+
+        export_timelines(
+            [("baseline (simulated)", base_tl), ("predicted", pred_tl)], args.export_trace
+        )
+        ui.note(f"wrote {args.export_trace} (open it at ui.perfetto.dev)")
+    if args.json:
+        ui.emit_json(result)
+        return 0
+    from perfcast.report.terminal import render_whatif
+
+    render_whatif(result, ui.out)
+    return 0
+
+
+def cmd_advise(args: argparse.Namespace, ui: Any) -> int:
+    from perfcast.analysis.advisor import advise
+
+    table = ui.load(args.path)
+    result = advise(table, target_device=args.device)
+    if args.json:
+        ui.emit_json(result)
+        return 0
+    from perfcast.report.terminal import render_advice
+
+    render_advice(result, ui.out)
+    return 0
+
+
+def cmd_report(args: argparse.Namespace, ui: Any) -> int:
+    from perfcast.report.html import write_report
+
+    _check_output(args.output, args.path)
+    table = ui.load(args.path)
+    write_report(table, args.output)
+    ui.note(f"wrote {args.output}")
+    if args.json:
+        ui.emit_json({"output": args.output})
+    return 0

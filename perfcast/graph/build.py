@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from perfcast.analysis.phases import Phase, event_phases
+from perfcast.analysis.phases import Phase, enclosing_scopes, event_phases
 from perfcast.events import NONE, EventTable, Kind
 from perfcast.graph.model import (
     NO_RELEASE,
@@ -43,7 +43,7 @@ DEFAULT_LAUNCH_LATENCY_NS = 5_000
 DEFAULT_STREAM_GAP_NS = 1_000
 SYNC_MIN_NS = 2_000  # CPU cost of a synchronization that did not have to wait
 UNEXPLAINED_TOL_NS = 20_000
-CROSS_THREAD_TOL_NS = 50_000
+CROSS_THREAD_TOL_NS = 500_000
 MIN_WAIT_GAP_NS = 20_000
 
 _CPU_LANE_KINDS = np.array(
@@ -97,6 +97,7 @@ def _default(key: str) -> int:
 def build_graph(table: EventTable) -> Graph:
     """The dependency graph of every rank in the table."""
     phases = event_phases(table)
+    scopes = enclosing_scopes(table)
     klass = _kernel_classes(table)
     acc = _Acc(parts={})
     lanes: list[Lane] = []
@@ -140,7 +141,9 @@ def build_graph(table: EventTable) -> Graph:
         unresolved=unresolved,
     )
     graph.names = list(table.names)
+    graph.table = table
     _link_launches(table, graph, row_to_node)
+    _attribute_names(table, graph, scopes)
     _classify_runtime(table, graph, row_to_node)
     _split_blocking_copies(graph)
     cross = _cross_stream_edges(table, graph, row_to_node)
@@ -364,6 +367,21 @@ def _link_launches(table: EventTable, graph: Graph, row_to_node: np.ndarray) -> 
     launched_phase = c["phase"][lnode[has]]
     own = c["phase"][gpu[has]]
     c["phase"][gpu[has]] = np.where(own == Phase.COMMUNICATION, own, launched_phase)
+
+
+def _attribute_names(table: EventTable, graph: Graph, scopes: np.ndarray) -> None:
+    """Op name and module/annotation scope of every node (GPU work: its launcher's)."""
+    c = graph.cols
+    op = c["op"]
+    has = op >= 0
+    c["op_name"][has] = table.name[op[has]]
+    c["scope"][has] = scopes[op[has]]
+    ev = c["event"]
+    own = (ev >= 0) & (c["kind"] != NodeKind.GPU)
+    c["scope"][own] = np.where(scopes[ev[own]] >= 0, scopes[ev[own]], c["scope"][own])
+    gpu = np.flatnonzero((c["kind"] == NodeKind.GPU) & (c["launch"] >= 0))
+    c["op_name"][gpu] = c["op_name"][c["launch"][gpu]]
+    c["scope"][gpu] = c["scope"][c["launch"][gpu]]
 
 
 def _classify_runtime(table: EventTable, graph: Graph, row_to_node: np.ndarray) -> None:
@@ -605,6 +623,7 @@ def _gpu_weights(
     unresolved["gpu_start_unexplained"] += int(((slack > UNEXPLAINED_TOL_NS) & ~none).sum())
     if has_x.any():
         edges.append((x_src[has_x], g[has_x], x_w[has_x], int(EdgeType.CROSS_STREAM), False))
+    graph.nominal.update(launch_latency_ns=lat, stream_gap_ns=gap)
     graph.assumptions.append(
         f"launch latency {lat / 1000:.1f} µs and back-to-back kernel gap {gap / 1000:.1f} µs "
         "(medians measured on this trace)"
@@ -646,9 +665,20 @@ def _cross_thread_waits(
     graph: Graph,
     edges: list[tuple[np.ndarray, np.ndarray, np.ndarray, int, bool]],
 ) -> None:
-    """A thread idle until just after another thread's work ended waited for that work."""
+    """Hand-offs between threads: one goes idle, another resumes right after.
+
+    A thread idle until shortly after another thread finished its work and
+    itself went idle (the autograd thread ending backward, the main thread
+    calling it) is taken to have waited for that work. Requiring the source
+    thread to go idle keeps busy neighbours from being mistaken for causes.
+    """
     c = graph.cols
-    cpu_kinds = np.isin(c["kind"], [NodeKind.CPU, NodeKind.LAUNCH, NodeKind.SYNC, NodeKind.RUNTIME])
+    cpu = np.flatnonzero(
+        np.isin(c["kind"], [NodeKind.CPU, NodeKind.LAUNCH, NodeKind.SYNC, NodeKind.RUNTIME])
+        & graph.alive
+    )
+    if cpu.size == 0:
+        return
     start = c["start_measured"]
     end = start + c["dur"]
     op = c["op"]
@@ -657,12 +687,17 @@ def _cross_thread_waits(
         & ((op < 0) | (table.kind[np.maximum(op, 0)] == Kind.USER_ANNOTATION))
         & (c["dur"] >= MIN_WAIT_GAP_NS)
     )
-    work = cpu_kinds & ~is_gap
+    # Per lane order: which work nodes are followed by idleness (or end their lane).
+    o = cpu[np.lexsort((c["order"][cpu], c["lane"][cpu]))]
+    lane_o = c["lane"][o]
+    nxt_gap = np.ones(o.size, dtype=bool)
+    same = lane_o[1:] == lane_o[:-1]
+    nxt_gap[:-1] = np.where(same, is_gap[o[1:]], True)
+    handoff = o[nxt_gap & ~is_gap[o]]
     srcs, dsts, ws = [], [], []
-    for rank in np.unique(c["rank"]).tolist():
-        on_rank = c["rank"] == rank
-        cand = np.flatnonzero(work & on_rank)
-        gaps = np.flatnonzero(is_gap & on_rank)
+    for rank in np.unique(c["rank"][cpu]).tolist():
+        cand = handoff[c["rank"][handoff] == rank]
+        gaps = cpu[is_gap[cpu] & (c["rank"][cpu] == rank)]
         if cand.size == 0 or gaps.size == 0:
             continue
         cand = cand[np.argsort(end[cand], kind="stable")]
@@ -695,13 +730,13 @@ def _iteration_spans(
     start = c["start_measured"]
     end = start + c["dur_measured"]
     step_rows = np.flatnonzero(np.isin(table.kind, _OP_KINDS))
-    for it in table.iterations:
+    for index, it in enumerate(table.iterations):
         info = table.rank_info(it.rank)
         origin = graph.rank_origin_ns.get(it.rank)
         if origin is None:
             continue
         if not info.has_steps:
-            spans.append(IterationSpan(it.rank, it.name, it.dur_ns, NONE, NONE))
+            spans.append(IterationSpan(it.rank, it.name, it.dur_ns, NONE, NONE, index))
             continue
         rows = step_rows[(table.rank[step_rows] == it.rank) & (table.ts[step_rows] == it.start_ns)]
         rows = [r for r in rows.tolist() if table.name_of(r) == it.name]
@@ -722,7 +757,7 @@ def _iteration_spans(
         if lane is None:
             continue
         nodes = np.flatnonzero(c["lane"] == lane)
-        s0, e0 = it.start_ns - origin, it.end_ns - origin
+        s0, e0 = it.start_ns - origin, it.cpu_end_ns - origin
         first = nodes[start[nodes] >= s0]
         last = nodes[end[nodes] <= e0]
         if first.size == 0 or last.size == 0:
@@ -734,6 +769,7 @@ def _iteration_spans(
                 it.dur_ns,
                 int(first[np.argmin(start[first])]),
                 int(last[np.argmax(end[last])]),
+                index,
             )
         )
     return spans

@@ -20,6 +20,7 @@ from __future__ import annotations
 import copy
 import enum
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -73,11 +74,14 @@ class Lane:
 
 @dataclass
 class IterationSpan:
+    """A step as the replay sees it: see events.Iteration for how its time is counted."""
+
     rank: int
     name: str
     measured_ns: int
     start_node: int  # first node of the step on its thread (NONE: whole-trace window)
-    end_node: int
+    end_node: int  # last node of the step's CPU range
+    index: int = NONE  # iteration index (the nodes' `iteration` column)
 
 
 # Node columns and their dtypes; `Graph.append` and `Graph.take` rely on this list.
@@ -92,6 +96,8 @@ NODE_COLUMNS: dict[str, type] = {
     "source": np.int8,
     "event": np.int32,  # row in the EventTable, NONE for inserted nodes
     "op": np.int32,  # enclosing CPU op row (what the node is attributed to)
+    "op_name": np.int32,  # that op's name (index into Graph.names)
+    "scope": np.int32,  # enclosing nn.Module / record_function scope name, NONE if none
     "phase": np.int8,
     "iteration": np.int32,
     "name": np.int32,  # index into Graph.names
@@ -129,6 +135,10 @@ class Graph:
     unresolved: dict[str, int] = field(default_factory=dict)
     assumptions: list[str] = field(default_factory=list)
     removed: np.ndarray | None = None
+    # Latencies measured on the trace at build time (launch latency, stream gap).
+    nominal: dict[str, int] = field(default_factory=dict)
+    # The EventTable it was built from (shapes, device properties); shared, never modified.
+    table: Any = field(default=None, repr=False)
     _name_index: dict[str, int] = field(default_factory=dict, repr=False)
 
     def __len__(self) -> int:
@@ -160,6 +170,7 @@ class Graph:
         g.edge_at_end = self.edge_at_end.copy()
         g.iterations = list(self.iterations)
         g.unresolved = dict(self.unresolved)
+        g.nominal = dict(self.nominal)
         g.assumptions = list(self.assumptions)
         g.removed = None if self.removed is None else self.removed.copy()
         return g

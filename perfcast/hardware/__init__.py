@@ -25,7 +25,13 @@ from perfcast.hardware.collectives import (
     reduce_time_us,
     sendrecv_time_us,
 )
-from perfcast.hardware.devices import DTYPES, DeviceSpec, list_devices, lookup_device
+from perfcast.hardware.devices import (
+    DTYPES,
+    DeviceSpec,
+    list_devices,
+    lookup_device,
+    lookup_device_properties,
+)
 from perfcast.hardware.interconnects import (
     LinkSpec,
     default_intra_node_link,
@@ -55,6 +61,7 @@ __all__ = [
     "list_devices",
     "list_links",
     "lookup_device",
+    "lookup_device_properties",
     "lookup_link",
     "reduce_scatter_time_us",
     "reduce_time_us",

@@ -49,14 +49,14 @@ _PATTERNS: dict[KernelClass, str] = {
     KernelClass.MEMSET: r"memset|FillFunctor|fillBuffer",
     KernelClass.COPY: (
         r"memcpy|copy_kernel|CatArrayBatchedCopy|direct_copy|copyBuffer|nchwToNhwc|nhwcToNchw"
-        r"|cast_transpose|(?<![a-z])transpose_kernel"
+        r"|batched_transpose|^(?:void )?transpose|reshape_and_cache|store_kvcache|copy_page"
     ),
     KernelClass.ATTENTION: (
         r"flash_?(?:fwd|bwd|attn|fprop|bprop|decoding)|flash::|pytorch_flash|fmha|attention"
-        r"|(?<![a-z])attn|sdpa|(?<![a-z])mha(?![a-z])|mha_(?:fwd|bwd)|flashinfer"
+        r"|(?<![a-z])attn|sdpa|(?<![a-z])mha(?![a-z])|mha_(?:fwd|bwd)"
     ),
     KernelClass.OPTIMIZER: (
-        r"multi_tensor_apply|multi_tensor_|fused_?adam|(?<![a-z])adamw?(?![a-z])"
+        r"multi_tensor_|fused_?adam|(?<![a-z])adamw?(?![a-z])"
         r"|fused_?sgd|sgd_kernel|fused_?lamb|adagrad|rmsprop|amp_update_scale"
         r"|amp_non_finite|optimizer"
     ),
@@ -67,24 +67,26 @@ _PATTERNS: dict[KernelClass, str] = {
     ),
     KernelClass.SOFTMAX: r"softmax",
     KernelClass.EMBEDDING: (
-        r"embedding|indexSelect|index_select|fbgemm(?!.*gemm)|krn_partials_per_segment"
-        r"|krn_partial_segment_offset|compute_num_of_partial_segments"
+        r"(?<!rotary_)embedding|indexSelect|index_select|fbgemm(?!.*gemm)|pooled_embs"
+        r"|krn_partials_per_segment|krn_partial_segment_offset|compute_num_of_partial_segments"
     ),
     KernelClass.REDUCTION: (
         r"(?<![a-z])reduce_kernel|DeviceReduce|DeviceSegmentedReduce|pool|nll_loss"
-        r"|cumsum|cumprod"
+        r"|cumsum|cumprod|DeviceScan|moe::dev::finalize|moe_sum"
     ),
     KernelClass.CONV: (
         r"conv(?!ert|ersion)|winograd|fprop|dgrad|wgrad|implicit_gemm|cudnn|(?<![a-z])igemm"
         r"|miopen|fft\dd_(?:r2c|c2r|c2c)|flip_filter|im2col|col2im|vol2col|col2vol"
     ),
     KernelClass.MATMUL: (
-        r"gemm|gemv|nvjet|cijk_|cublas|cutlass|xmma|matmul|hipblaslt|rocblas|tensorop|wgmma"
-        r"|(?<![a-z])bmm|dot_kernel|aten::(?:mm|addmm|bmm|baddbmm|linear|_scaled_mm)$"
+        r"gemm|gemv|nvjet|cijk_|cublas|xmma|matmul|hipblaslt|rocblas|_tensorop_|wgmma"
+        r"|cutlass::(?:Kernel|device_kernel)|cutlass_|(?<![a-z])bmm|dot_kernel"
+        r"|aten::(?:mm|addmm|bmm|baddbmm|linear|_scaled_mm)$"
     ),
     KernelClass.ELEMENTWISE: (
         r"elementwise|pointwise|_foreach_|dropout|(?<![a-z])(?:relu|gelu|silu|sigmoid|tanh)"
-        r"_kernel|where_kernel|masked_fill"
+        r"_kernel|where_kernel|masked_fill|rotary|act_and_mul|upsample|quant"
+        r"|SubTensorOp|OpTensor|Op\dd?Tensor|gather_kernel"
     ),
 }
 
@@ -94,61 +96,77 @@ _ORDER: tuple[KernelClass, ...] = (
     KernelClass.MEMSET,
     KernelClass.COPY,
     KernelClass.ATTENTION,
+    KernelClass.EMBEDDING,  # before OPTIMIZER: fbgemm fuses the optimizer into TBE backward
     KernelClass.OPTIMIZER,
     KernelClass.NORM,
     KernelClass.SOFTMAX,
-    KernelClass.EMBEDDING,
     KernelClass.REDUCTION,  # before CONV so cuDNN pooling is not a convolution
     KernelClass.CONV,  # before MATMUL: conv kernels are implicit GEMMs
     KernelClass.MATMUL,
     KernelClass.ELEMENTWISE,
 )
 
+
+def _lower_pattern(pattern: str) -> re.Pattern[str]:
+    # Names are lower-cased once and matched case-sensitively: re.IGNORECASE makes these
+    # alternations about 5x slower. Patterns keep their CamelCase above for readability.
+    return re.compile(pattern.lower())
+
+
 _COMPILED: tuple[tuple[KernelClass, re.Pattern[str]], ...] = tuple(
-    (cls, re.compile(_PATTERNS[cls], re.IGNORECASE)) for cls in _ORDER
+    (cls, _lower_pattern(_PATTERNS[cls])) for cls in _ORDER
 )
 
 # Inductor's kernel prefix states the kernel's shape better than the fused op names after it
 # ("triton_poi_fused__scaled_dot_product_efficient_attention_0" is a layout copy, not SDPA).
-_TRITON = re.compile(r"(?:^|[^a-z])triton_(poi|red|per|tem|for)_", re.IGNORECASE)
+_TRITON = re.compile(r"(?:^|[^a-z])triton_(poi|red|per|tem|for)_")
 _BY_CLASS: dict[KernelClass, re.Pattern[str]] = dict(_COMPILED)
 
 
-def _classify_triton(kind: str, name: str) -> KernelClass:
+def _classify_triton(kind: str, lowered: str) -> KernelClass:
     if kind == "poi":
         return KernelClass.ELEMENTWISE
     if kind in ("red", "per"):
         for cls in (KernelClass.NORM, KernelClass.SOFTMAX):
-            if _BY_CLASS[cls].search(name):
+            if _BY_CLASS[cls].search(lowered):
                 return cls
         return KernelClass.REDUCTION
     if kind == "tem":  # Inductor templates: mm/bmm/addmm, convolution, flex attention
-        if re.search(r"convolution", name, re.IGNORECASE):
+        if "convolution" in lowered:
             return KernelClass.CONV
-        if re.search(r"attention|flex", name, re.IGNORECASE):
+        if "attention" in lowered or "flex" in lowered:
             return KernelClass.ATTENTION
         return KernelClass.MATMUL
     # "for": horizontally fused foreach kernels, which compiled optimizers produce.
-    optimizer = _BY_CLASS[KernelClass.OPTIMIZER].search(name)
+    optimizer = _BY_CLASS[KernelClass.OPTIMIZER].search(lowered)
     return KernelClass.OPTIMIZER if optimizer else KernelClass.ELEMENTWISE
 
 
 @functools.lru_cache(maxsize=1 << 16)
 def classify_kernel(name: str) -> KernelClass:
     """Class of a GPU kernel (or runtime activity) from its name; OTHER when unknown."""
-    triton = _TRITON.search(name)
+    lowered = name.lower()
+    triton = _TRITON.search(lowered)
     if triton:
-        return _classify_triton(triton.group(1).lower(), name)
+        return _classify_triton(triton.group(1), lowered)
     for cls, pattern in _COMPILED:
-        if pattern.search(name):
+        if pattern.search(lowered):
             return cls
     return KernelClass.OTHER
 
 
 def classify_names(names: Iterable[str]) -> np.ndarray:
-    """`classify_kernel` over many names, as an int8 array of `KernelClass` values."""
+    """`classify_kernel` over many names, as an int8 array of `KernelClass` values.
+
+    Non-string entries (e.g. None for a missing name) are OTHER.
+    """
     items = names if isinstance(names, (list, tuple)) else list(names)
-    return np.fromiter((classify_kernel(n) for n in items), dtype=np.int8, count=len(items))
+    other = KernelClass.OTHER
+    return np.fromiter(
+        (classify_kernel(n) if isinstance(n, str) else other for n in items),
+        dtype=np.int8,
+        count=len(items),
+    )
 
 
 def is_compute_bound_class(cls: KernelClass | int) -> bool:
@@ -160,14 +178,15 @@ def is_compute_bound_class(cls: KernelClass | int) -> bool:
 # mixed-precision name mentions its fp32 accumulator, and fp32 foreach kernels carry their
 # scalar arguments as double.
 _DTYPE_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
-    (dtype, re.compile(pattern, re.IGNORECASE))
+    (dtype, _lower_pattern(pattern))
     for dtype, pattern in (
         ("fp8", r"e4m3|e5m2|fp8|float8|f8f8|(?<![a-z0-9])f8(?![0-9])"),
-        ("bf16", r"bf16|bfloat16"),
-        ("tf32", r"tf32|xf32"),
-        ("fp16", r"f16|fp16|half|(?<![a-z])h\d{3,5}gemm|hgemm"),
-        ("fp32", r"f32|fp32|float|sgemm|scudnn|ffma|(?<![a-z])s\d{3,5}gemm"),
-        ("fp64", r"f64|fp64|double|dgemm|(?<![a-z])d\d{3,5}gemm"),
+        ("bf16", r"bf16|bfloat16|DF16b"),  # DF16b: Itanium mangling of __bf16
+        # CUTLASS "tensorop_s1688gemm" with no other type token is fp32 data on TF32 units.
+        ("tf32", r"tf32|xf32|tensorop_s1688(?:gemm|fprop|dgrad|wgrad)_\d"),
+        ("fp16", r"(?<![a-z])f16|fp16|half|(?<![a-z])h\d{3,5}gemm|hgemm"),
+        ("fp32", r"(?<![a-z])f32|fp32|float|sgemm|scudnn|ffma|(?<![a-z])s\d{3,5}gemm"),
+        ("fp64", r"(?<![a-z])f64|fp64|double|dgemm|(?<![a-z])d\d{3,5}gemm"),
     )
 )
 
@@ -200,8 +219,9 @@ def dtype_from_kernel_name(name: str) -> str | None:
         first = nvjet.group(1)[0].lower()
         if first in _NVJET_FIRST:
             return _NVJET_FIRST[first]
+    lowered = name.lower()
     for dtype, pattern in _DTYPE_PATTERNS:
-        if pattern.search(name):
+        if pattern.search(lowered):
             return dtype
     return None
 

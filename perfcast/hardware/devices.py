@@ -26,6 +26,7 @@ compute, memory capacity and memory bandwidth.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 DTYPES: tuple[str, ...] = ("fp64", "fp32", "tf32", "bf16", "fp16", "fp8")
@@ -414,7 +415,7 @@ _RULES: tuple[tuple[re.Pattern[str], str], ...] = tuple(
         (r"a100", "A100-SXM4-40GB"),  # incl. PG509-200, Meta's A100 40GB SXM board
         (r"^a10(?![0-9g])", "A10"),  # not A100, not the lower-clocked AWS A10G
         (r"^l4(?![0-9])", "L4"),  # not L40 / L40S
-        (r"v100s", "V100S-PCIe-32GB"),
+        (r"v100s(?!xm)", "V100S-PCIe-32GB"),  # not "V100-SXM2"
         (r"v100.*pcie", "V100-PCIe-32GB"),
         (r"v100", "V100-SXM2-32GB"),
         (r"2080ti", "RTX-2080-Ti"),
@@ -447,6 +448,34 @@ def lookup_device(name: str) -> DeviceSpec | None:
         if pattern.search(key):
             return _BY_NAME[device]
     return None
+
+
+_GIB = 1 << 30
+
+
+def lookup_device_properties(props: Mapping[str, object]) -> DeviceSpec | None:
+    """Spec for one `deviceProperties[]` entry of a Kineto trace.
+
+    Tries the name first. Some ROCm builds report every GPU as "AMD Radeon Graphics"; for
+    those (AMD or empty names only) the compute-unit count `numSms` and `totalGlobalMem` pick
+    the device when exactly one AMD entry has that CU count and a memory size within 10 %.
+    NVIDIA names are never guessed from counts: e.g. an H800 would pass as an H100.
+    """
+    name = props.get("name")
+    name = name if isinstance(name, str) else ""
+    found = lookup_device(name) if name else None
+    if found is not None or not (name == "" or re.search(r"amd|radeon", name, re.I)):
+        return found
+    sms, mem = props.get("numSms"), props.get("totalGlobalMem")
+    if not isinstance(sms, (int, float)) or not isinstance(mem, (int, float)) or mem <= 0:
+        return None
+    mem_gib = mem / _GIB  # vendors' "GB" capacities are binary in practice (80 GB = 80 GiB)
+    matches = [
+        d
+        for d in _DEVICES
+        if d.vendor == "AMD" and d.sm_count == sms and abs(d.mem_gb - mem_gib) <= 0.1 * d.mem_gb
+    ]
+    return matches[0] if len(matches) == 1 else None
 
 
 def list_devices() -> list[DeviceSpec]:

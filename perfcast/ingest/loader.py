@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 from collections.abc import Callable
@@ -84,6 +85,8 @@ def _load_one(path: str, names: Interner, rank_hint: int | None) -> tuple[RankIn
     info.schema_version = raw.schemaVersion
     info.truncated = decoded.truncated
     info.salvage_note = decoded.note
+    if decoded.warning:
+        info.warnings.append(decoded.warning)
     cols = extract_rank(raw, names)
     info.n_events = len(cols.cols["kind"])
     if cols.n_dropped:
@@ -115,6 +118,16 @@ def _derive(
 
     parent = _parents(c["pid"], c["tid"], ts, dur, np.flatnonzero(is_cpu), n)
     launch = _launch_links(c, is_gpu, rc.flows)
+    # GPU work cannot start before the call that launched it; where the clocks say so
+    # (CPU/GPU clock skew, a corrupt time) the link is dropped rather than trusted.
+    linked = np.flatnonzero(launch >= 0)
+    early = linked[ts[linked] < ts[launch[linked]]]
+    if early.size:
+        launch[early] = NONE
+        info.warnings.append(
+            f"{early.size} GPU events start before the call that launched them "
+            "(CPU/GPU clock skew?); their launch links were dropped"
+        )
     fwd_bwd = _fwd_bwd_links(c, rc.flows)
     _inherit_collective_args(c, launch, parent)
 
@@ -131,7 +144,8 @@ def _derive(
     iterations: list[Iteration] = []
     if by_name:
         for nm, i in sorted(by_name.items(), key=lambda kv: int(ts[kv[1]])):
-            iterations.append(Iteration(info.rank, nm, int(ts[i]), int(ts[i] + dur[i])))
+            s, e = int(ts[i]), int(ts[i] + dur[i])
+            iterations.append(Iteration(info.rank, nm, s, e, cpu_end_ns=e, window_start_ns=s))
     else:
         info.has_steps = False
         # The same kinds the dependency graph replays, so replay and summary agree.
@@ -141,7 +155,11 @@ def _derive(
         if activity.any():
             start = int(ts[activity].min())
             end = int((ts[activity] + dur[activity]).max())
-            iterations.append(Iteration(info.rank, "whole trace", start, end))
+            iterations.append(
+                Iteration(
+                    info.rank, "whole trace", start, end, cpu_end_ns=end, window_start_ns=start
+                )
+            )
 
     iteration = np.full(n, NONE, dtype=np.int32)
     if iterations:
@@ -154,6 +172,15 @@ def _derive(
         # GPU work belongs to the step that launched it, even when it runs later.
         has_launch = launch >= 0
         iteration[has_launch] = iteration[launch[has_launch]]
+        # Completion: the step is done when the GPU work it launched is done.
+        gpu_in = np.flatnonzero(is_gpu & (iteration >= 0))
+        if gpu_in.size:
+            gpu_end = np.zeros(len(iterations), dtype=np.int64)
+            np.maximum.at(gpu_end, iteration[gpu_in], ts[gpu_in] + dur[gpu_in])
+            for k, it in enumerate(iterations):
+                it.end_ns = max(it.cpu_end_ns, int(gpu_end[k]))
+        for prev, it in itertools.pairwise(iterations):
+            it.window_start_ns = prev.end_ns
     return {"parent": parent, "launch": launch, "fwd_bwd": fwd_bwd, "iteration": iteration}, (
         iterations
     )

@@ -21,6 +21,7 @@ _GZIP_MAGIC = b"\x1f\x8b"
 _CHUNK = 1 << 22
 _MAX_SALVAGE_TRIES = 40
 _TRAILER = re.compile(rb"\}\s*(?:,|\]|$)")
+_ERROR_AT = re.compile(r"\(byte (\d+)\)")  # msgspec: "JSON is malformed: ... (byte 123)"
 
 
 @dataclass
@@ -28,6 +29,7 @@ class Decoded:
     trace: RawTrace
     truncated: bool = False
     note: str | None = None
+    warning: str | None = None  # data kept but altered (invalid UTF-8 replaced)
 
 
 def read_bytes(path: str) -> tuple[bytes | bytearray, str | None]:
@@ -110,7 +112,10 @@ def decode(data: bytes | bytearray, path: str, gzip_note: str | None = None) -> 
             hint="expected an object with a 'traceEvents' list, as torch.profiler writes",
         ) from None
     except msgspec.DecodeError as exc:
-        salvaged = _salvage(data, is_list, path)
+        # Nothing after the byte the parser choked on can be kept (a cut, or a corrupt byte
+        # in the middle): search backwards from there, not from the end of the data.
+        m = _ERROR_AT.search(str(exc))
+        salvaged = _salvage(data, is_list, path, int(m.group(1)) if m else len(data))
         if salvaged is None:
             where = str(exc)
             raise TraceFormatError(
@@ -126,6 +131,15 @@ def decode(data: bytes | bytearray, path: str, gzip_note: str | None = None) -> 
             f"dropped the last {lost:,} bytes ({100.0 * lost / max(len(data), 1):.1f}% of the data)"
         )
         return Decoded(trace, truncated=True, note=note)
+    except UnicodeDecodeError as exc:
+        # msgspec raises this (not DecodeError) for invalid UTF-8 inside a string: a name cut
+        # mid-character, a flipped bit. Keep every event, with U+FFFD for the bad bytes.
+        fixed = bytes(data).decode("utf-8", errors="replace").encode()
+        if fixed == data:  # valid UTF-8 after all (and no endless recursion)
+            raise TraceFormatError(f"is not valid JSON ({exc})", path=path) from None
+        decoded = decode(fixed, path, gzip_note)
+        decoded.warning = "invalid UTF-8 in strings was replaced by U+FFFD"
+        return decoded
 
 
 def _decode_whole(data: bytes | bytearray, is_list: bool) -> RawTrace:
@@ -143,7 +157,9 @@ def _check_shape(trace: RawTrace, path: str) -> None:
         )
 
 
-def _salvage(data: bytes | bytearray, is_list: bool, path: str) -> tuple[RawTrace, int] | None:
+def _salvage(
+    data: bytes | bytearray, is_list: bool, path: str, error_at: int
+) -> tuple[RawTrace, int] | None:
     """Cut after the last complete event and close the brackets; None if impossible."""
     view = bytes(data) if isinstance(data, bytearray) else data
     if is_list:
@@ -157,7 +173,7 @@ def _salvage(data: bytes | bytearray, is_list: bool, path: str) -> tuple[RawTrac
         if start < 0:
             return None
         closing = b"]}"
-    limit = len(view)
+    limit = min(error_at, len(view))
     for _ in range(_MAX_SALVAGE_TRIES):
         cut = view.rfind(b"}", start, limit)
         if cut < 0:
@@ -169,7 +185,7 @@ def _salvage(data: bytes | bytearray, is_list: bool, path: str) -> tuple[RawTrac
         candidate = view[: cut + 1] + closing
         try:
             trace = _decode_whole(candidate, is_list)
-        except (msgspec.DecodeError, msgspec.ValidationError):
+        except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError):
             continue
         if trace.traceEvents is None:
             return None

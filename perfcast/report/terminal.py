@@ -6,6 +6,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from perfcast.analysis.replay import ReplayResult
 from perfcast.analysis.summary import NamedTime, Summary
 
 
@@ -75,3 +76,35 @@ def _render_top(console: Console, title: str, rows: list[NamedTime]) -> None:
     for r in rows:
         t.add_row(_ms(r.total_ms), f"{r.pct:.1f}", str(r.count), Text(_short(r.name)))
     console.print(t)
+
+
+def render_replay(result: ReplayResult, console: Console) -> None:
+    t = Table(title="replay: measured vs simulated step time", title_justify="left")
+    for col in ("rank", "step", "measured ms", "simulated ms", "error"):
+        t.add_column(col, justify="left" if col == "step" else "right", no_wrap=True)
+    for rr in result.ranks:
+        for it in rr.iterations:
+            style = "red" if abs(it.error_pct) > 1.0 else None
+            t.add_row(
+                str(rr.rank),
+                Text(it.name),
+                _ms(it.measured_ms),
+                _ms(it.simulated_ms),
+                Text(f"{it.error_pct:+.2f}%", style=style or ""),
+            )
+    console.print(t)
+    console.print(
+        f"{result.nodes:,} nodes; worst error {result.max_abs_error_pct:.2f}%; "
+        f"{result.unresolved_dependencies:,} dependencies resolved by heuristic",
+        highlight=False,
+    )
+    for kind, n in result.unresolved_by_kind.items():
+        if n:
+            console.print(f"  {kind.replace('_', ' ')}: {n:,}", highlight=False)
+    for cp in result.critical_paths[:4]:
+        parts = ", ".join(f"{k} {v:.2f}" for k, v in cp.by_category_ms.items() if v > 0.0005)
+        console.print(
+            Text(f"critical path of rank {cp.rank} {cp.iteration} ({cp.total_ms:.2f} ms): {parts}")
+        )
+        for cat, name, ms in cp.top_items[:3]:
+            console.print(Text(f"    {ms:9.2f} ms  {cat:18s} {_short(name, 60)}"))

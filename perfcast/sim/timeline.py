@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from perfcast.graph.model import NONE, Graph
+from perfcast.graph.model import NONE, Graph, NodeKind
 from perfcast.sim.engine import Replay, replay_fast, replay_reference
 from perfcast.sim.lower import Lowered, lower
 
@@ -20,16 +20,34 @@ class Timeline:
     end: np.ndarray
 
     def iteration_ns(self) -> list[tuple[int, str, int, int]]:
-        """(rank, name, measured ns, simulated ns) for every iteration."""
+        """(rank, name, measured ns, simulated ns) for every iteration.
+
+        A step completes when its CPU range ends and its GPU work is done; its
+        time runs from the previous step's completion (see events.Iteration).
+        """
         g = self.graph
+        c = g.cols
         out = []
         alive = g.alive
+        gpu = np.flatnonzero((c["kind"] == NodeKind.GPU) & alive)
+        gpu_end: dict[int, int] = {}
+        if gpu.size:
+            its = c["iteration"][gpu]
+            ok = its >= 0
+            if ok.any():
+                ends = np.full(int(its.max()) + 1, -1, dtype=np.int64)
+                np.maximum.at(ends, its[ok], self.end[gpu[ok]])
+                gpu_end = {i: int(e) for i, e in enumerate(ends.tolist()) if e >= 0}
+        prev_done: dict[int, int] = {}
         for span in g.iterations:
             if span.start_node == NONE:
-                on_rank = (g.cols["rank"] == span.rank) & alive
+                on_rank = (c["rank"] == span.rank) & alive
                 sim = int(self.end[on_rank].max() - self.start[on_rank].min())
             else:
-                sim = int(self.end[span.end_node] - self.start[span.start_node])
+                done = max(int(self.end[span.end_node]), gpu_end.get(span.index, -1))
+                begin = prev_done.get(span.rank, int(self.start[span.start_node]))
+                prev_done[span.rank] = done
+                sim = done - begin
             out.append((span.rank, span.name, span.measured_ns, sim))
         return out
 

@@ -1,0 +1,267 @@
+"""Graph transformation primitives: select, scale, remove, insert, fuse, reschedule, add lanes.
+
+Every optimization model is written with these. They edit the graph they are
+given in place: `perfcast.whatif.runner` hands each model a copy.
+
+A custom what-if in a few lines:
+
+    from perfcast.whatif import primitives as P
+    g = graph.copy()
+    P.scale(g, P.select(g, name=r"gemm|matmul"), 0.5)      # GEMMs twice as fast
+    P.remove(g, P.select(g, op=r"aten::_local_scalar_dense", kind="sync"))
+    timeline = perfcast.sim.simulate(g)
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+import numpy as np
+
+from perfcast.analysis.phases import Phase
+from perfcast.graph.model import NONE, Graph, Lane, NodeKind, Source
+
+_KIND_NAMES = {
+    "cpu": (NodeKind.CPU,),
+    "launch": (NodeKind.LAUNCH,),
+    "sync": (NodeKind.SYNC,),
+    "runtime": (NodeKind.RUNTIME, NodeKind.LAUNCH, NodeKind.SYNC),
+    "gpu": (NodeKind.GPU,),
+    "kernel": (NodeKind.GPU,),
+    "wait": (NodeKind.WAIT,),
+    "host": (NodeKind.CPU, NodeKind.LAUNCH, NodeKind.SYNC, NodeKind.RUNTIME, NodeKind.WAIT),
+}
+_PHASE_NAMES = {
+    "dataloader": Phase.DATALOADER,
+    "data": Phase.DATALOADER,
+    "forward": Phase.FORWARD,
+    "backward": Phase.BACKWARD,
+    "optimizer": Phase.OPTIMIZER,
+    "communication": Phase.COMMUNICATION,
+}
+
+
+def _name_mask(names: list[str], pattern: str | None) -> np.ndarray:
+    if pattern is None:
+        return np.ones(len(names), dtype=bool)
+    pat = re.compile(pattern)
+    return np.array([bool(pat.search(n)) for n in names], dtype=bool)
+
+
+def select(
+    graph: Graph,
+    *,
+    name: str | None = None,
+    op: str | None = None,
+    module: str | None = None,
+    kind: str | Iterable[str] | None = None,
+    klass: Iterable[int] | None = None,
+    phase: str | Iterable[str] | None = None,
+    lane: int | Iterable[int] | None = None,
+    stream: int | None = None,
+    rank: int | None = None,
+    iteration: int | None = None,
+    alive_only: bool = True,
+) -> np.ndarray:
+    """Node ids matching every given criterion.
+
+    name/op/module are regular expressions on the node's own name, on the name
+    of the CPU op it is attributed to, and on its enclosing nn.Module or
+    record_function scope; kind is one of cpu, launch, sync, runtime,
+    gpu/kernel, wait, host; phase is dataloader, forward, backward, optimizer
+    or communication; klass takes hardware.classify.KernelClass values.
+    """
+    c = graph.cols
+    n = len(graph)
+    mask = graph.alive.copy() if alive_only else np.ones(n, dtype=bool)
+    if name is not None:
+        nm = _name_mask(graph.names, name)
+        idx = c["name"]
+        mask &= (idx >= 0) & nm[np.maximum(idx, 0)]
+    if op is not None:
+        mask &= _op_mask(graph, op)
+    if module is not None:
+        mask &= _scope_mask(graph, module)
+    if kind is not None:
+        kinds = [kind] if isinstance(kind, str) else list(kind)
+        allowed = [int(k) for kn in kinds for k in _KIND_NAMES[kn]]
+        mask &= np.isin(c["kind"], allowed)
+    if klass is not None:
+        mask &= np.isin(c["klass"], [int(k) for k in klass])
+    if phase is not None:
+        phases = [phase] if isinstance(phase, str) else list(phase)
+        mask &= np.isin(c["phase"], [int(_PHASE_NAMES[p]) for p in phases])
+    if lane is not None:
+        mask &= np.isin(c["lane"], np.atleast_1d(lane))
+    if stream is not None:
+        lanes = [i for i, ln in enumerate(graph.lanes) if ln.is_gpu and ln.tid == stream]
+        mask &= np.isin(c["lane"], lanes)
+    if rank is not None:
+        mask &= c["rank"] == rank
+    if iteration is not None:
+        mask &= c["iteration"] == iteration
+    return np.flatnonzero(mask)
+
+
+def _op_mask(graph: Graph, pattern: str) -> np.ndarray:
+    """Nodes attributed to an op whose name matches (GPU work: the op that launched it)."""
+    idx = graph.cols["op_name"]
+    nm = _name_mask(graph.names, pattern)
+    return (idx >= 0) & nm[np.maximum(idx, 0)]
+
+
+def _scope_mask(graph: Graph, pattern: str) -> np.ndarray:
+    """Nodes inside a module or record_function scope whose name matches."""
+    idx = graph.cols["scope"]
+    nm = _name_mask(graph.names, pattern)
+    return (idx >= 0) & nm[np.maximum(idx, 0)]
+
+
+def scale(
+    graph: Graph, nodes: np.ndarray, factor: float | np.ndarray, source: Source = Source.SCALED
+) -> None:
+    """Multiply node durations by `factor` (0.5 = twice as fast)."""
+    c = graph.cols
+    nodes = np.asarray(nodes, dtype=np.int64)
+    new = np.rint(c["dur"][nodes] * np.asarray(factor, dtype=np.float64)).astype(np.int64)
+    set_duration(graph, nodes, new, source)
+
+
+def set_duration(
+    graph: Graph, nodes: np.ndarray, dur: np.ndarray | int, source: Source = Source.MODELLED
+) -> None:
+    c = graph.cols
+    nodes = np.asarray(nodes, dtype=np.int64)
+    c["dur"][nodes] = np.maximum(np.asarray(dur, dtype=np.int64), 0)
+    c["source"][nodes] = np.maximum(c["source"][nodes], int(source))
+
+
+def protected(graph: Graph) -> np.ndarray:
+    """Nodes that mark where steps start and end: zeroed, never removed."""
+    ids = [s.start_node for s in graph.iterations if s.start_node >= 0]
+    ids += [s.end_node for s in graph.iterations if s.end_node >= 0]
+    return np.array(ids, dtype=np.int64)
+
+
+def remove(graph: Graph, nodes: np.ndarray) -> None:
+    """Take nodes out of the graph. Their lanes close up; edges from them pass to
+    their lane predecessor. Step boundary nodes keep their place with zero time."""
+    nodes = np.asarray(nodes, dtype=np.int64)
+    if nodes.size == 0:
+        return
+    keep = np.isin(nodes, protected(graph))
+    if keep.any():
+        set_duration(graph, nodes[keep], 0, Source.MODELLED)
+        graph.cols["sync_kind"][nodes[keep]] = NONE
+    graph.remove(nodes[~keep])
+
+
+def remove_gpu_work(graph: Graph, gpu_nodes: np.ndarray, remove_launches: bool = True) -> None:
+    """Remove GPU tasks and, when all their work is gone, the calls that launched them."""
+    c = graph.cols
+    gpu_nodes = np.asarray(gpu_nodes, dtype=np.int64)
+    remove(graph, gpu_nodes)
+    if not remove_launches or gpu_nodes.size == 0:
+        return
+    launches = np.unique(c["launch"][gpu_nodes])
+    launches = launches[launches >= 0]
+    if launches.size == 0:
+        return
+    alive = graph.alive
+    gpu_alive = np.flatnonzero((c["kind"] == NodeKind.GPU) & alive)
+    still = np.unique(c["launch"][gpu_alive])
+    remove(graph, launches[~np.isin(launches, still)])
+
+
+def insert(
+    graph: Graph,
+    *,
+    lane: int,
+    after: int | None = None,
+    before: int | None = None,
+    dur: int | np.ndarray,
+    kind: NodeKind,
+    name: str,
+    count: int = 1,
+    source: Source = Source.MODELLED,
+    like: int | None = None,
+    **cols: np.ndarray | int | float,
+) -> np.ndarray:
+    """Insert `count` nodes on `lane`, in order, right after `after` or right before `before`.
+
+    `like` copies attribution (op, phase, iteration, rank) from an existing node.
+    """
+    c = graph.cols
+    lane_nodes = np.flatnonzero((c["lane"] == lane) & graph.alive)
+    orders = np.sort(c["order"][lane_nodes])
+    if after is not None:
+        lo = float(c["order"][after])
+        nxt = orders[orders > lo]
+        hi = float(nxt[0]) if nxt.size else lo + 1.0
+    elif before is not None:
+        hi = float(c["order"][before])
+        prv = orders[orders < hi]
+        lo = float(prv[-1]) if prv.size else hi - 1.0
+    else:
+        lo = float(orders[-1]) if orders.size else 0.0
+        hi = lo + 1.0
+    # Evenly spaced between the neighbours, so later insertions still find room.
+    pos = lo + (hi - lo) * (np.arange(1, count + 1) / (count + 1))
+    values: dict[str, np.ndarray | int | float] = {
+        "kind": int(kind),
+        "lane": lane,
+        "order": pos,
+        "dur": dur,
+        "source": int(source),
+        "name": graph.intern(name),
+        "rank": graph.lanes[lane].rank,
+    }
+    if like is not None:
+        for key in ("op", "op_name", "scope", "phase", "iteration", "rank", "klass", "gpu_kind"):
+            values[key] = int(c[key][like])
+    values.update(cols)
+    if "launch_order" not in values:
+        values["launch_order"] = pos
+    return graph.append(**values)
+
+
+def fuse(
+    graph: Graph, nodes: np.ndarray, dur: int, name: str, source: Source = Source.MODELLED
+) -> int:
+    """Replace a group of nodes on one lane by one node at the first one's place."""
+    c = graph.cols
+    nodes = np.asarray(nodes, dtype=np.int64)
+    first = int(nodes[np.argmin(c["order"][nodes])])
+    set_duration(graph, np.array([first]), dur, source)
+    c["name"][first] = graph.intern(name)
+    rest = nodes[nodes != first]
+    if c["kind"][first] == NodeKind.GPU:
+        remove_gpu_work(graph, rest)
+    else:
+        remove(graph, rest)
+    return first
+
+
+def reschedule(graph: Graph, nodes: np.ndarray, new_order: np.ndarray) -> None:
+    """Change nodes' positions in their lanes (e.g. to prioritize communication)."""
+    graph.cols["order"][np.asarray(nodes)] = np.asarray(new_order, dtype=np.float64)
+
+
+def add_lane(graph: Graph, rank: int, is_gpu: bool, pid: int, tid: int, name: str) -> int:
+    """A new stream or thread (e.g. a communication stream); returns its lane id."""
+    graph.lanes.append(Lane(rank=rank, is_gpu=is_gpu, pid=pid, tid=tid, name=name))
+    return len(graph.lanes) - 1
+
+
+def move(graph: Graph, nodes: np.ndarray, lane: int) -> None:
+    """Run nodes on another lane (keeping their order keys)."""
+    graph.cols["lane"][np.asarray(nodes)] = lane
+
+
+def median_launch_ns(graph: Graph, default: int = 5_000) -> int:
+    c = graph.cols
+    launches = np.flatnonzero((c["kind"] == NodeKind.LAUNCH) & graph.alive)
+    if launches.size == 0:
+        return default
+    return int(np.median(c["dur_measured"][launches]))

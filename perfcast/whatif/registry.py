@@ -1,0 +1,109 @@
+"""Optimization models by name, and `NAME:key=value,...` option parsing."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import types
+from typing import Any, get_type_hints
+
+from perfcast.errors import PerfcastError
+
+# name -> module under perfcast.whatif.models; each module defines
+# SUMMARY (one line), Options (a dataclass) and apply(graph, options) -> Graph.
+MODEL_MODULES: dict[str, str] = {
+    "faster-op": "faster_op",
+    "amp": "amp",
+    "fused-optimizer": "fused_optimizer",
+    "cuda-graphs": "cuda_graphs",
+    "fuse-elementwise": "fuse_elementwise",
+    "dataloader-overlap": "dataloader_overlap",
+    "remove-host-sync": "remove_host_sync",
+    "device": "device",
+    "ddp": "ddp",
+    "activation-checkpointing": "activation_checkpointing",
+    "batch-size": "batch_size",
+}
+
+
+def get_model(name: str) -> types.ModuleType:
+    mod = MODEL_MODULES.get(name)
+    if mod is None:
+        known = ", ".join(sorted(MODEL_MODULES))
+        raise PerfcastError(f"unknown optimization '{name}'", hint=f"known: {known}")
+    try:
+        return importlib.import_module(f"perfcast.whatif.models.{mod}")
+    except ModuleNotFoundError as exc:
+        raise PerfcastError(
+            f"optimization '{name}' is not available in this build ({exc})"
+        ) from None
+
+
+def describe_models() -> list[tuple[str, str]]:
+    out = []
+    for name in MODEL_MODULES:
+        try:
+            out.append((name, get_model(name).SUMMARY))
+        except PerfcastError:
+            continue
+    return out
+
+
+@dataclasses.dataclass
+class Spec:
+    name: str
+    options: dict[str, str]
+
+    def __str__(self) -> str:
+        if not self.options:
+            return self.name
+        return self.name + ":" + ",".join(f"{k}={v}" for k, v in self.options.items())
+
+
+def parse_spec(text: str) -> Spec:
+    """`amp:dtype=bf16,device=h100` -> Spec("amp", {"dtype": "bf16", "device": "h100"})."""
+    name, _, rest = text.partition(":")
+    options: dict[str, str] = {}
+    for part in filter(None, (p.strip() for p in rest.split(","))):
+        key, eq, value = part.partition("=")
+        if not eq:
+            raise PerfcastError(
+                f"option '{part}' in '{text}' is not key=value",
+                hint="write NAME:key=value,key2=value2",
+            )
+        options[key.strip().replace("-", "_")] = value.strip()
+    get_model(name.strip())  # fail early on unknown names
+    return Spec(name.strip(), options)
+
+
+def build_options(name: str, raw: dict[str, Any]) -> Any:
+    """The model's Options dataclass from string (or typed) values."""
+    module = get_model(name)
+    cls = module.Options
+    hints = get_type_hints(cls)
+    fields = {f.name for f in dataclasses.fields(cls)}
+    kwargs: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key not in fields:
+            raise PerfcastError(
+                f"'{name}' has no option '{key}'",
+                hint="options: " + (", ".join(sorted(fields)) or "none"),
+            )
+        kwargs[key] = _convert(name, key, value, hints[key])
+    return cls(**kwargs)
+
+
+def _convert(model: str, key: str, value: Any, hint: Any) -> Any:
+    if not isinstance(value, str):
+        return value
+    text = str(hint)
+    try:
+        if hint is bool or text == "bool":
+            return value.lower() in ("1", "true", "yes", "on")
+        if hint is int or text in ("int", "int | None"):
+            return int(value)
+        if hint is float or text in ("float", "float | None"):
+            return float(value)
+    except ValueError:
+        raise PerfcastError(f"option {key}={value} of '{model}' is not a number") from None
+    return value
