@@ -7,6 +7,7 @@ each stretch of it is charged to what was running or waiting then.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -41,38 +42,96 @@ class CriticalPath:
     by_category_ms: dict[str, float]
     top_items: list[tuple[str, str, float]]  # (category, name, ms)
     steps: list[PathStep] = field(default_factory=list)
+    # The same path as arrays (graph node, nanoseconds charged), latest first.
+    path_nodes: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64), repr=False)
+    path_ns: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64), repr=False)
 
 
-def _category(tl: Timeline, node: int, comm_names: np.ndarray) -> str:
+_CAT_CODE = {name: i for i, name in enumerate(CATEGORIES)}
+
+
+def _node_categories(tl: Timeline) -> np.ndarray:
+    """Category code of each graph node when it runs (not when it waits)."""
     c = tl.graph.cols
-    kind = int(c["kind"][node])
-    if kind == NodeKind.GPU:
-        if c["gpu_kind"][node] in (GpuKind.MEMCPY, GpuKind.MEMSET):
-            return "gpu copy"
-        if comm_names[int(c["name"][node])]:
-            return "gpu communication"
-        return "gpu compute"
-    if kind in (NodeKind.LAUNCH, NodeKind.RUNTIME, NodeKind.SYNC):
-        return "runtime"
-    if kind == NodeKind.WAIT:
-        return "sync wait"
-    return "cpu"
+    comm = _comm_names(tl.graph.names)
+    kind = c["kind"]
+    cat = np.full(len(tl.graph), _CAT_CODE["cpu"], dtype=np.int8)
+    cat[np.isin(kind, [NodeKind.LAUNCH, NodeKind.RUNTIME, NodeKind.SYNC])] = _CAT_CODE["runtime"]
+    cat[kind == NodeKind.WAIT] = _CAT_CODE["sync wait"]
+    gpu = kind == NodeKind.GPU
+    name = c["name"]
+    is_comm = (name >= 0) & comm[np.maximum(name, 0)]
+    cat[gpu] = _CAT_CODE["gpu compute"]
+    cat[gpu & is_comm] = _CAT_CODE["gpu communication"]
+    cat[gpu & np.isin(c["gpu_kind"], [GpuKind.MEMCPY, GpuKind.MEMSET])] = _CAT_CODE["gpu copy"]
+    return cat
 
 
 def _comm_names(names: list[str]) -> np.ndarray:
-    import re
-
     pat = re.compile(r"nccl|rccl|AllReduce|AllGather|ReduceScatter|all_reduce", re.IGNORECASE)
     return np.array([bool(pat.search(n)) for n in names], dtype=bool)
 
 
-def critical_paths(tl: Timeline, top: int = 8) -> list[CriticalPath]:
+def _walk_kernel(v, lo, start, end, sb, eb, out_node, out_s, out_e, out_t):
+    """Walk binding dependencies back from v; t: 0 = ran, 1 = waited, 2 = latency."""
+    k = 0
+    while v >= 0 and k + 2 < out_node.shape[0]:
+        if eb[v] >= 0:
+            u = eb[v]
+            out_node[k] = v
+            out_s[k] = max(end[u], lo)
+            out_e[k] = end[v]
+            out_t[k] = 1
+            k += 1
+            if end[u] <= lo:
+                break
+            v = u
+            continue
+        s = start[v]
+        out_node[k] = v
+        out_s[k] = max(s, lo)
+        out_e[k] = end[v]
+        out_t[k] = 0
+        k += 1
+        if s <= lo:
+            break
+        u = sb[v]
+        if u < 0:
+            break
+        if end[u] < s:
+            out_node[k] = v
+            out_s[k] = max(end[u], lo)
+            out_e[k] = s
+            out_t[k] = 2
+            k += 1
+        v = u
+    return k
+
+
+_walk_compiled = None
+
+
+def _walk_fn():
+    global _walk_compiled
+    if _walk_compiled is None:
+        from perfcast.sim.engine import HAVE_NUMBA
+
+        if HAVE_NUMBA:
+            import numba
+
+            _walk_compiled = numba.njit(cache=True, nogil=True)(_walk_kernel)
+        else:  # pragma: no cover
+            _walk_compiled = _walk_kernel
+    return _walk_compiled
+
+
+def critical_paths(tl: Timeline, top: int = 8, keep_steps: bool = True) -> list[CriticalPath]:
     """One critical path per iteration of the timeline."""
     g = tl.graph
     low = tl.lowered
     compact = np.full(len(g), -1, dtype=np.int64)
     compact[low.nodes] = np.arange(low.n)
-    comm = _comm_names(g.names)
+    cats = _node_categories(tl)
     out = []
     alive = g.alive
     for span in g.iterations:
@@ -85,64 +144,67 @@ def critical_paths(tl: Timeline, top: int = 8) -> list[CriticalPath]:
         else:
             end_node = span.end_node
             lo = int(tl.start[span.start_node])
-        out.append(_walk(tl, compact, comm, span.rank, span.name, end_node, lo, top))
+        out.append(_walk(tl, compact, cats, span.rank, span.name, end_node, lo, top, keep_steps))
     return out
 
 
 def _walk(
     tl: Timeline,
     compact: np.ndarray,
-    comm: np.ndarray,
+    cats: np.ndarray,
     rank: int,
     name: str,
     end_node: int,
     lo: int,
     top: int,
+    keep_steps: bool,
 ) -> CriticalPath:
     g = tl.graph
     rep = tl.replay
     nodes = tl.lowered.nodes
     v = int(compact[end_node])
-    steps: list[PathStep] = []
-    hi = int(rep.end[v])
-    guard = tl.lowered.n + 1
-    while v >= 0 and guard > 0:
-        guard -= 1
-        node = int(nodes[v])
-        e = int(rep.end[v])
-        if rep.end_by[v] >= 0:
-            u = int(rep.end_by[v])
-            steps.append(PathStep(node, max(int(rep.end[u]), lo), e, "sync wait"))
-            if rep.end[u] <= lo:
-                break
-            v = u
-            continue
-        s = int(rep.start[v])
-        steps.append(PathStep(node, max(s, lo), e, _category(tl, node, comm)))
-        if s <= lo:
-            break
-        u = int(rep.start_by[v])
-        if u < 0:
-            break
-        if rep.end[u] < s:
-            steps.append(PathStep(node, max(int(rep.end[u]), lo), s, "latency"))
-        v = u
-    by_cat = dict.fromkeys(CATEGORIES, 0.0)
-    items: dict[tuple[str, str], float] = {}
-    for st in steps:
-        ms = max(st.end_ns - st.start_ns, 0) / 1e6
-        by_cat[st.category] += ms
-        if st.category != "latency" and ms > 0:
-            nm = g.name_of(st.node) if g.cols["name"][st.node] >= 0 else "(CPU gap)"
-            key = (st.category, nm)
-            items[key] = items.get(key, 0.0) + ms
-    steps.reverse()
-    ranked = sorted(items.items(), key=lambda kv: -kv[1])[:top]
+    cap = 3 * tl.lowered.n + 3
+    out_node = np.empty(cap, np.int64)
+    out_s = np.empty(cap, np.int64)
+    out_e = np.empty(cap, np.int64)
+    out_t = np.empty(cap, np.int8)
+    k = _walk_fn()(
+        v, lo, rep.start, rep.end, rep.start_by, rep.end_by, out_node, out_s, out_e, out_t
+    )
+    node = nodes[out_node[:k]]
+    dur = np.maximum(out_e[:k] - out_s[:k], 0)
+    t = out_t[:k]
+    cat = np.where(
+        t == 0, cats[node], np.where(t == 1, _CAT_CODE["sync wait"], _CAT_CODE["latency"])
+    )
+    totals = np.bincount(cat, weights=dur, minlength=len(CATEGORIES))
+    by_cat = {c: float(totals[i]) / 1e6 for i, c in enumerate(CATEGORIES)}
+    # Top items: (category, name) pairs by time on the path, latency excluded.
+    names = g.cols["name"][node]
+    sel = (cat != _CAT_CODE["latency"]) & (dur > 0)
+    key = cat[sel].astype(np.int64) * (len(g.names) + 1) + (names[sel] + 1)
+    items = []
+    if key.size:
+        uk, inv = np.unique(key, return_inverse=True)
+        tot = np.bincount(inv, weights=dur[sel])
+        for i in np.argsort(-tot)[:top].tolist():
+            ci, ni = divmod(int(uk[i]), len(g.names) + 1)
+            nm = g.names[ni - 1] if ni > 0 else "(CPU gap)"
+            items.append((CATEGORIES[ci], nm, float(tot[i]) / 1e6))
+    steps = []
+    if keep_steps:
+        steps = [
+            PathStep(int(a), int(b), int(e), CATEGORIES[int(ct)])
+            for a, b, e, ct in zip(node[::-1], out_s[:k][::-1], out_e[:k][::-1], cat[::-1])
+        ]
+    hi = int(rep.end[v]) if v >= 0 else lo
     return CriticalPath(
         rank=rank,
         iteration=name,
         total_ms=(hi - lo) / 1e6,
         by_category_ms=by_cat,
-        top_items=[(k[0], k[1], v) for k, v in ranked],
+        top_items=items,
         steps=steps,
+        path_nodes=node,
+        path_ns=dur,
     )

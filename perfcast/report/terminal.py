@@ -6,8 +6,10 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from perfcast.analysis.advisor import Advice
 from perfcast.analysis.replay import ReplayResult
 from perfcast.analysis.summary import NamedTime, Summary
+from perfcast.whatif.runner import WhatIfResult
 
 
 def _ms(x: float | None) -> str:
@@ -108,3 +110,48 @@ def render_replay(result: ReplayResult, console: Console) -> None:
         )
         for cat, name, ms in cp.top_items[:3]:
             console.print(Text(f"    {ms:9.2f} ms  {cat:18s} {_short(name, 60)}"))
+
+
+def render_whatif(result: WhatIfResult, console: Console) -> None:
+    applied = " + ".join(a.name for a in result.applied)
+    console.print(Text(f"what-if: {applied}", style="bold"))
+    console.print(
+        f"  measured step   {result.measured_ms:10.2f} ms\n"
+        f"  replayed step   {result.baseline_ms:10.2f} ms\n"
+        f"  predicted step  {result.predicted_ms:10.2f} ms   speedup {result.speedup:.2f}×\n"
+        f"  {100 * result.measured_share:.0f}% of the predicted critical path is measured time",
+        highlight=False,
+    )
+    for a in result.applied:
+        for line in a.assumptions:
+            console.print(Text(f"  assumes ({a.name}): {line}"))
+
+
+def render_advice(advice: Advice, console: Console) -> None:
+    console.print(
+        Text(
+            f"baseline step {advice.baseline_ms:.2f} ms (measured "
+            f"{advice.measured_ms:.2f} ms) · {advice.bottleneck}",
+            style="bold",
+        )
+    )
+    t = Table(title="optimizations ranked by predicted step time", title_justify="left")
+    for col in ("#", "optimization", "predicted ms", "speedup", "measured", "why"):
+        t.add_column(
+            col, justify="right" if col in ("#", "predicted ms", "speedup", "measured") else "left"
+        )
+    for i, s in enumerate(advice.suggestions, 1):
+        t.add_row(
+            str(i),
+            Text(s.name),
+            _ms(s.predicted_ms),
+            f"{s.speedup:.2f}×",
+            f"{100 * s.measured_share:.0f}%",
+            Text(s.explanation),
+        )
+    console.print(t)
+    for s in advice.suggestions[:3]:
+        for line in s.assumptions:
+            console.print(Text(f"  {s.name}: {line}", style="dim"))
+    for na in advice.not_applicable:
+        console.print(Text(f"  not applicable: {na.name}: {na.reason}", style="dim"))

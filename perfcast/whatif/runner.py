@@ -60,12 +60,9 @@ def measured_share(tl: Timeline) -> float:
     src = tl.graph.cols["source"]
     total = 0
     measured = 0
-    for cp in critical_paths(tl):
-        for st in cp.steps:
-            d = max(st.end_ns - st.start_ns, 0)
-            total += d
-            if src[st.node] == Source.MEASURED:
-                measured += d
+    for cp in critical_paths(tl, keep_steps=False):
+        total += int(cp.path_ns.sum())
+        measured += int(cp.path_ns[src[cp.path_nodes] == Source.MEASURED].sum())
     return measured / total if total else 1.0
 
 
