@@ -178,7 +178,7 @@ def advise(
 
     graph = graph if graph is not None else build_graph(table)
     base = baseline if baseline is not None else simulate(graph)
-    measured, baseline, _ = step_ms(base)
+    measured, baseline_ms, _ = step_ms(base)
     facts = _facts(graph, base)
     specs = list(candidates or CANDIDATES)
     if target_device:
@@ -198,8 +198,8 @@ def advise(
             Suggestion(
                 name=text,
                 predicted_ms=predicted,
-                speedup=baseline / predicted if predicted > 0 else float("inf"),
-                gain_ms=baseline - predicted,
+                speedup=baseline_ms / predicted if predicted > 0 else float("inf"),
+                gain_ms=baseline_ms - predicted,
                 explanation=_explain(text, facts),
                 assumptions=[a for ap in applied for a in ap.assumptions],
                 measured_share=measured_share(tl),
@@ -207,7 +207,7 @@ def advise(
         )
     suggestions.sort(key=lambda s: s.predicted_ms)
     return Advice(
-        baseline_ms=baseline,
+        baseline_ms=baseline_ms,
         measured_ms=measured,
         bottleneck=_bottleneck(facts),
         suggestions=suggestions,

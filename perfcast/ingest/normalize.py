@@ -194,13 +194,14 @@ def extract_rank(raw: RawTrace, names: Interner) -> RankColumns:
     # GPU rows: pid is the device, tid the stream; prefer the explicit args.
     gpu_idx = np.flatnonzero(is_gpu)
     if gpu_idx.size:
+        gpu_args = [args[i] for i in gpu_idx.tolist()]
         dev = np.fromiter(
-            (_to_opt_int(args[i].device) if args[i] is not None else NONE for i in gpu_idx),
+            (_to_opt_int(a.device) if a is not None else NONE for a in gpu_args),
             dtype=np.int64,
             count=gpu_idx.size,
         )
         stream = np.fromiter(
-            (_to_opt_int(args[i].stream) if args[i] is not None else NONE for i in gpu_idx),
+            (_to_opt_int(a.stream) if a is not None else NONE for a in gpu_args),
             dtype=np.int64,
             count=gpu_idx.size,
         )
@@ -259,7 +260,7 @@ def extract_rank(raw: RawTrace, names: Interner) -> RankColumns:
             if a.coll_ranks is not None:
                 coll_ranks[i] = names(_compact(a.coll_ranks))
 
-    cols = {
+    cols: dict[str, np.ndarray] = {
         "kind": kinds,
         "pid": pid,
         "tid": tid,

@@ -21,6 +21,7 @@ _GZIP_MAGIC = b"\x1f\x8b"
 _CHUNK = 1 << 22
 _MAX_SALVAGE_TRIES = 40
 _TRAILER = re.compile(rb"\}\s*(?:,|\]|$)")
+_FIRST_BYTE = re.compile(rb"\s*(\S)")
 _ERROR_AT = re.compile(r"\(byte (\d+)\)")  # msgspec: "JSON is malformed: ... (byte 123)"
 
 
@@ -85,7 +86,8 @@ _list_decoder = msgspec.json.Decoder(list[RawEvent])
 
 def decode(data: bytes | bytearray, path: str, gzip_note: str | None = None) -> Decoded:
     """Decode JSON into a RawTrace, salvaging a truncated or corrupt tail."""
-    stripped = data.lstrip()[:1]
+    first = _FIRST_BYTE.match(data)  # not data.lstrip(): that copies the whole buffer
+    stripped = first.group(1) if first else b""
     if not stripped:
         raise TraceFormatError(
             "is empty" if not gzip_note else f"is empty after decompression ({gzip_note})",

@@ -93,7 +93,8 @@ def select(
         phases = [phase] if isinstance(phase, str) else list(phase)
         mask &= np.isin(c["phase"], [int(_PHASE_NAMES[p]) for p in phases])
     if lane is not None:
-        mask &= np.isin(c["lane"], np.atleast_1d(lane))
+        lanes_wanted = [lane] if isinstance(lane, int) else list(lane)
+        mask &= np.isin(c["lane"], lanes_wanted)
     if stream is not None:
         lanes = [i for i, ln in enumerate(graph.lanes) if ln.is_gpu and ln.tid == stream]
         mask &= np.isin(c["lane"], lanes)

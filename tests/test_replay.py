@@ -1,0 +1,180 @@
+"""Graph and replay: hand-built timelines whose answer is known, invariants, real traces."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import perfcast
+from perfcast.graph import build_graph
+from perfcast.graph.model import NodeKind
+from perfcast.sim import simulate
+from perfcast.whatif import primitives as P
+from tests.tracegen import TraceBuilder
+
+US = 1000  # ns per µs
+
+
+def _steps_us(path: Path, graph_fn=None) -> list[float]:
+    table = perfcast.load(path)
+    g = build_graph(table)
+    if graph_fn is not None:
+        g = g.copy()
+        graph_fn(g)
+    tl = simulate(g)
+    return [sim / US for _, _, _, sim in tl.iteration_ns()]
+
+
+def _launch_bound(tmp_path: Path) -> Path:
+    b = TraceBuilder()
+    b.step(1, 0, 100)
+    b.op("aten::relu", 5, 90)
+    for t in (10, 40, 70):
+        b.launch("void at::native::vectorized_elementwise_kernel<4>", t, 5, t + 8, 5)
+    return b.write(tmp_path / "launch_bound.json")
+
+
+def _gpu_bound(tmp_path: Path) -> Path:
+    b = TraceBuilder()
+    b.step(1, 0, 330)
+    b.op("aten::mm", 5, 20)
+    b.launch("volta_sgemm_128x64_nn", 10, 3, 18, 100)
+    b.launch("volta_sgemm_128x64_nn", 15, 3, 118, 100)
+    b.launch("volta_sgemm_128x64_nn", 20, 3, 218, 100)
+    b.runtime("cudaDeviceSynchronize", 25, 295)  # returns 2 µs after the last kernel
+    return b.write(tmp_path / "gpu_bound.json")
+
+
+def test_launch_bound_step_is_cpu_time(tmp_path):
+    path = _launch_bound(tmp_path)
+    assert _steps_us(path) == pytest.approx([100.0])
+
+    # Kernels twice as fast change nothing: the CPU sets the pace.
+    def faster_gpu(g):
+        P.scale(g, P.select(g, kind="gpu"), 0.5)
+
+    assert _steps_us(path, faster_gpu) == pytest.approx([100.0])
+
+
+def test_gpu_bound_step_follows_kernels_through_the_sync(tmp_path):
+    path = _gpu_bound(tmp_path)
+    assert _steps_us(path) == pytest.approx([330.0])
+
+    def faster_gpu(g):
+        P.scale(g, P.select(g, kind="gpu"), 0.5)
+
+    # k1 18-68, k2 68-118, k3 118-168; the sync returns 2 µs later (170), then 10 µs of
+    # CPU to the end of the step: 180 µs.
+    assert _steps_us(path, faster_gpu) == pytest.approx([180.0])
+
+
+def test_sync_waits_for_what_is_last_after_a_transformation(tmp_path):
+    path = _gpu_bound(tmp_path)
+
+    def drop_last_kernel(g):
+        gpu = P.select(g, kind="gpu")
+        last = gpu[np.argmax(g.cols["order"][gpu])]
+        P.remove_gpu_work(g, np.array([last]))
+
+    # Without k3 the sync waits for k2 (ends 218) + 2 µs, then 10 µs: 230.
+    assert _steps_us(path, drop_last_kernel) == pytest.approx([230.0])
+
+
+def test_cross_stream_wait_from_event_record(tmp_path):
+    b = TraceBuilder()
+    b.step(1, 0, 200)
+    b.launch("volta_sgemm_128x64_nn", 10, 5, 20, 100, stream=7)
+    b.runtime("cudaEventRecord", 16, 2)
+    b.runtime("cudaStreamWaitEvent", 19, 2)
+    b.launch("void at::native::vectorized_elementwise_kernel<4>", 22, 5, 121, 10, stream=8)
+    b.runtime("cudaDeviceSynchronize", 30, 103)  # until 133 = k2 end + 2
+    path = b.write(tmp_path / "xstream.json")
+    table = perfcast.load(path)
+    g = build_graph(table)
+    assert g.edge_src.size == 1, "the wait on stream 8 should depend on stream 7's kernel"
+    assert _steps_us(path) == pytest.approx([200.0])
+
+    def faster_first(g):
+        P.scale(g, P.select(g, name="sgemm"), 0.5)
+
+    # k1 20-70, k2 waits for it: 71-81, sync ends 83, 67 µs of CPU after: 150.
+    assert _steps_us(path, faster_first) == pytest.approx([150.0])
+
+
+def test_blocking_copy_is_a_launch_then_a_wait(tmp_path):
+    b = TraceBuilder()
+    b.step(1, 0, 150)
+    b.launch("volta_sgemm_128x64_nn", 10, 5, 20, 100)
+    # .item(): a device-to-host copy that returns once the copy is done.
+    b.launch(
+        "Memcpy DtoH (Device -> Pageable)",
+        20,
+        103,
+        120,
+        2,
+        cat="gpu_memcpy",
+        name="cudaMemcpyAsync",
+    )
+    path = b.write(tmp_path / "item.json")
+    g = build_graph(perfcast.load(path))
+    assert (g.cols["kind"] == NodeKind.SYNC).sum() == 1
+    assert _steps_us(path) == pytest.approx([150.0])
+
+    def faster(g):
+        P.scale(g, P.select(g, name="sgemm"), 0.5)
+
+    # Kernel 20-70, copy 70-72, the wait returns 1 µs after, then 27 µs of CPU: 100.
+    assert _steps_us(path, faster) == pytest.approx([100.0])
+
+
+def test_reference_and_fast_engines_agree(tmp_path):
+    for path in (_launch_bound(tmp_path), _gpu_bound(tmp_path)):
+        g = build_graph(perfcast.load(path))
+        a, b = simulate(g, engine="reference"), simulate(g, engine="fast")
+        assert np.array_equal(a.start, b.start) and np.array_equal(a.end, b.end)
+
+
+def _real_traces(root: Path) -> list[Path]:
+    files = sorted(root.glob("*.json.gz"))
+    return [*files, root / "hta_sampled_128rank", root / "dlrm_v100_8rank"]
+
+
+def test_every_shared_trace_replays_within_one_percent(shared_traces):
+    for path in _real_traces(shared_traces):
+        table = perfcast.load(path)
+        g = build_graph(table)
+        assert not g.check_invariants(), path
+        tl = simulate(g)
+        for rank, name, measured, sim in tl.iteration_ns():
+            assert measured > 0, (path, rank, name)
+            err = abs(sim - measured) / measured
+            assert err <= 0.01, f"{path.name} rank {rank} {name}: {100 * err:.2f}% off"
+
+
+def test_graph_invariants_hold(shared_traces):
+    table = perfcast.load(shared_traces / "hta_ddp_a100_rank0_nccl_args.json.gz")
+    g = build_graph(table)
+    c = g.cols
+    assert (c["dur"] >= 0).all()
+    tl = simulate(g)
+    # No GPU task starts before the call that launched it.
+    gpu = np.flatnonzero((c["kind"] == NodeKind.GPU) & (c["launch"] >= 0))
+    assert (tl.start[gpu] >= tl.start[c["launch"][gpu]]).all()
+    # Stream order kept: on each lane, replayed starts follow the lane order.
+    for lane in np.unique(c["lane"][gpu]):
+        nodes = np.flatnonzero(c["lane"] == lane)
+        nodes = nodes[np.argsort(c["order"][nodes])]
+        assert (np.diff(tl.start[nodes]) >= 0).all()
+        assert (tl.start[nodes][1:] >= tl.end[nodes][:-1]).all()
+
+
+def test_fast_engine_matches_reference_on_a_real_trace(shared_traces):
+    table = perfcast.load(shared_traces / "hta_ddp_a100_rank0_nccl_args.json.gz")
+    g = build_graph(table)
+    g2 = g.copy()
+    P.scale(g2, P.select(g2, kind="gpu"), 0.5)
+    for graph in (g, g2):
+        a, b = simulate(graph, engine="reference"), simulate(graph, engine="fast")
+        assert np.array_equal(a.start, b.start) and np.array_equal(a.end, b.end)
