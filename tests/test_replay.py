@@ -178,3 +178,18 @@ def test_fast_engine_matches_reference_on_a_real_trace(shared_traces):
     for graph in (g, g2):
         a, b = simulate(graph, engine="reference"), simulate(graph, engine="fast")
         assert np.array_equal(a.start, b.start) and np.array_equal(a.end, b.end)
+
+
+def test_collectives_couple_ranks(shared_traces):
+    """A slower rank delays its peers through the collectives they share."""
+    table = perfcast.load(shared_traces / "dlrm_v100_8rank")
+    g = build_graph(table)
+    from perfcast.graph.model import EdgeType
+
+    assert (g.edge_type == EdgeType.COLLECTIVE).sum() > 0
+    base = {r: s for r, _, _, s in simulate(g).iteration_ns()}
+    g2 = g.copy()
+    P.scale(g2, P.select(g2, kind="host", rank=0), 2.0)
+    slow = {r: s for r, _, _, s in simulate(g2).iteration_ns()}
+    assert slow[0] > base[0]
+    assert all(slow[r] > base[r] for r in range(1, 8)), "peers should wait for rank 0"

@@ -17,6 +17,7 @@ import numpy as np
 
 from perfcast.analysis.phases import Phase, enclosing_scopes, event_phases
 from perfcast.events import NONE, EventTable, Kind
+from perfcast.graph.collectives import add_collective_waits
 from perfcast.graph.model import (
     NO_RELEASE,
     NODE_COLUMNS,
@@ -152,6 +153,7 @@ def build_graph(table: EventTable) -> Graph:
     _cross_thread_waits(table, graph, edges)
     for src, dst, w, etype, at_end in edges:
         graph.add_edges(src, dst, w, EdgeType(etype), at_end)
+    _collectives_across_ranks(graph, unresolved)
     iterations.extend(_iteration_spans(table, graph, row_to_node))
     graph.assumptions.extend(
         [
@@ -163,6 +165,23 @@ def build_graph(table: EventTable) -> Graph:
         ]
     )
     return graph
+
+
+def _collectives_across_ranks(graph: Graph, unresolved: dict[str, int]) -> None:
+    """Cross-rank collective waits; dropped (and counted) if they would form a cycle."""
+    if len({ln.rank for ln in graph.lanes}) < 2:
+        return
+    before = graph.copy()
+    if add_collective_waits(graph, unresolved) == 0:
+        return
+    from perfcast.sim.engine import CycleError, replay_fast
+    from perfcast.sim.lower import lower
+
+    try:
+        replay_fast(lower(graph))
+    except CycleError:
+        graph.__dict__.update(before.__dict__)
+        unresolved["collectives_unmatched"] = unresolved.get("collectives_unmatched", 0) + 1
 
 
 def _kernel_classes(table: EventTable) -> np.ndarray:

@@ -1,0 +1,149 @@
+"""Collectives matched across ranks, and the cross-rank waits they imply.
+
+A collective cannot finish on any rank before every rank has arrived: its
+measured kernel time on each rank is waiting for the last peer plus the
+transfer itself. With several ranks loaded, the n-th collective of a kind
+(all-reduce, send/recv, ...) in one process group is matched across ranks.
+Each matched kernel is split into an arrival (zero time, where the kernel
+started) and the transfer (the shortest duration among the ranks: the last
+to arrive did not wait). The transfer starts when every rank has arrived.
+
+Rank clocks differ; they are aligned by the median end-time difference of
+matched collectives (collectives end at about the same time everywhere).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+
+import numpy as np
+
+from perfcast.graph.model import NONE, EdgeType, Graph, NodeKind, Source
+
+_KIND = re.compile(
+    r"(AllReduce|AllGather|ReduceScatter|Broadcast|Reduce|SendRecv|AllToAll|"
+    r"Send|Recv|all_reduce|all_gather|reduce_scatter|broadcast)",
+    re.IGNORECASE,
+)
+_COMM = re.compile(r"nccl|rccl", re.IGNORECASE)
+
+
+def match_collectives(graph: Graph) -> dict[tuple[str, str, int], dict[int, int]]:
+    """(kind, group, index) -> {rank: node} for collectives present on every rank."""
+    c = graph.cols
+    ranks = sorted({ln.rank for ln in graph.lanes})
+    if len(ranks) < 2:
+        return {}
+    names = graph.names
+    gpu = np.flatnonzero((c["kind"] == NodeKind.GPU) & graph.alive)
+    per_rank: dict[int, dict[tuple[str, str], list[int]]] = {r: defaultdict(list) for r in ranks}
+    table = graph.table
+    for node in gpu[np.argsort(c["start_measured"][gpu], kind="stable")].tolist():
+        nm = names[int(c["name"][node])]
+        if not _COMM.search(nm):
+            continue
+        m = _KIND.search(nm)
+        kind = m.group(1).lower() if m else "collective"
+        group = ""
+        row = int(c["event"][node])
+        if table is not None and row >= 0 and table.coll_ranks[row] >= 0:
+            group = table.names[int(table.coll_ranks[row])]
+        per_rank[int(c["rank"][node])][(kind, group)].append(node)
+    out: dict[tuple[str, str, int], dict[int, int]] = {}
+    keys = set.intersection(*(set(d) for d in per_rank.values()))
+    for key in keys:
+        lists = [per_rank[r][key] for r in ranks]
+        if len({len(lst) for lst in lists}) != 1:
+            continue  # unequal counts: the ranks were not profiled over the same work
+        for i in range(len(lists[0])):
+            out[(key[0], key[1], i)] = {r: lists[j][i] for j, r in enumerate(ranks)}
+    return out
+
+
+def add_collective_waits(graph: Graph, unresolved: dict[str, int]) -> int:
+    """Split matched collectives into arrival + transfer with cross-rank edges."""
+    matches = match_collectives(graph)
+    if not matches:
+        return 0
+    c = graph.cols
+    origin = graph.rank_origin_ns
+    start = c["start_measured"]
+    end = start + c["dur_measured"]
+    ranks = sorted({r for m in matches.values() for r in m})
+    ref = ranks[0]
+    # Clock offsets: collectives end together, so ends differ by the clock offset.
+    offset = {ref: 0}
+    for r in ranks[1:]:
+        diffs = [(end[m[r]] + origin[r]) - (end[m[ref]] + origin[ref]) for m in matches.values()]
+        offset[r] = int(np.median(diffs))
+
+    def aligned(node: int, t: int) -> int:
+        r = int(c["rank"][node])
+        return t + origin[r] - offset[r]
+
+    n_edges = 0
+    src_all, dst_all, w_all = [], [], []
+    for m in matches.values():
+        nodes = list(m.values())
+        transfer = int(min(c["dur_measured"][x] for x in nodes))
+        arrive = {x: aligned(x, int(start[x])) for x in nodes}
+        last = max(arrive.values())
+        new_arrivals = {}
+        for x in nodes:
+            a = graph.append(
+                kind=int(NodeKind.GPU),
+                lane=int(c["lane"][x]),
+                order=float(c["order"][x]) - 0.5,
+                launch_order=float(c["launch_order"][x]),
+                dur=0,
+                dur_measured=0,
+                start_measured=int(start[x]),
+                source=int(Source.MEASURED),
+                event=NONE,
+                op=int(c["op"][x]),
+                op_name=int(c["op_name"][x]),
+                scope=int(c["scope"][x]),
+                phase=int(c["phase"][x]),
+                iteration=int(c["iteration"][x]),
+                name=int(c["name"][x]),
+                gpu_kind=int(c["gpu_kind"][x]),
+                klass=int(c["klass"][x]),
+                launch=int(c["launch"][x]),
+                launch_w=int(c["launch_w"][x]),
+                stream_w=int(c["stream_w"][x]),
+                release=int(c["release"][x]),
+                rank=int(c["rank"][x]),
+            )[0]
+            c = graph.cols
+            new_arrivals[x] = int(a)
+        for x in nodes:
+            t_start = aligned(x, int(end[x])) - transfer  # when the transfer began
+            c["launch"][x] = NONE
+            c["release"][x] = np.iinfo(np.int64).min // 4
+            c["dur"][x] = transfer
+            c["dur_measured"][x] = transfer
+            c["start_measured"][x] = int(end[x]) - transfer
+            own_slack = t_start - arrive[x]
+            c["stream_w"][x] = own_slack if arrive[x] == last else min(own_slack, 0)
+            for y in nodes:
+                if y == x:
+                    continue
+                slack = t_start - arrive[y]
+                w_aligned = slack if arrive[y] == last else min(slack, 0)
+                # Edge weight in x's own clock: move y's time into x's clock.
+                ry, rx = int(c["rank"][y]), int(c["rank"][x])
+                shift = (origin[ry] - offset[ry]) - (origin[rx] - offset[rx])
+                src_all.append(new_arrivals[y])
+                dst_all.append(x)
+                w_all.append(w_aligned + shift)
+                n_edges += 1
+    graph.add_edges(
+        np.array(src_all), np.array(dst_all), np.array(w_all), EdgeType.COLLECTIVE, at_end=False
+    )
+    graph.assumptions.append(
+        f"{len(matches)} collectives matched across {len(ranks)} ranks; a transfer starts when "
+        "the last rank arrives and takes the shortest measured time among the ranks"
+    )
+    del unresolved
+    return n_edges
