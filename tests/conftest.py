@@ -1,0 +1,54 @@
+"""Shared fixtures: the real traces in /work/shared/traces and tiny hand-made traces."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+# The shared folder sits next to the repository: <root>/shared/traces, <root>/main/tests.
+SHARED_TRACES = Path(__file__).parents[2] / "shared" / "traces"
+
+WriteTrace = Callable[..., Path]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "slow: reads a big real trace (seconds); -m 'not slow'")
+
+
+@pytest.fixture(scope="session")
+def shared_traces() -> Path:
+    """The folder of real traces; tests that need it are skipped where it is absent."""
+    if not (SHARED_TRACES / "MANIFEST.md").is_file():
+        pytest.skip(f"real traces not available at {SHARED_TRACES}")
+    return SHARED_TRACES
+
+
+def write_json(path: Path, obj: Any, *, gz: bool | None = None) -> Path:
+    """Write `obj` as JSON to `path`, gzipped when `gz` (default: by the .gz suffix)."""
+    data = json.dumps(obj).encode()
+    if gz is None:
+        gz = path.suffix == ".gz"
+    if gz:
+        data = gzip.compress(data, mtime=0)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    return path
+
+
+@pytest.fixture
+def write_trace(tmp_path: Path) -> WriteTrace:
+    """`write_trace(obj, name="trace.json", gz=None)` -> path of `obj` written under tmp_path.
+
+    `obj` is a trace dict, a bare list of events, or any JSON value (for bad-input tests);
+    a name ending in .gz is gzipped. `name` may hold folders ("ranks/rank0.json").
+    """
+
+    def write(obj: Any, name: str = "trace.json", gz: bool | None = None) -> Path:
+        return write_json(tmp_path / name, obj, gz=gz)
+
+    return write

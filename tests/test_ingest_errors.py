@@ -1,0 +1,322 @@
+"""Bad input: every unusable file is a TraceFormatError naming it; cut or corrupt files salvage."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import os
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import perfcast
+from perfcast.errors import PerfcastError, TraceFormatError
+from perfcast.events import EventTable
+from perfcast.ingest import reader
+
+EVENT = {"ph": "X", "cat": "cpu_op", "name": "aten::add", "pid": 1, "tid": 1, "ts": 1.0, "dur": 2}
+
+
+def assert_format_error(path: Path, match: str | None = None) -> TraceFormatError:
+    with pytest.raises(TraceFormatError, match=match) as info:
+        perfcast.load(path)
+    err = info.value
+    assert str(path) in str(err)
+    assert err.path == str(path)
+    assert isinstance(err, PerfcastError) and err.exit_code == 2
+    assert "\n" not in str(err)  # the CLI prints it as one line
+    return err
+
+
+@pytest.mark.parametrize(
+    ("content", "match"),
+    [
+        (b"hello, world", "not JSON"),
+        (b"<html><body>404</body></html>", "not JSON"),
+        (b"\x00\x01\x02\x03", "not JSON"),
+        (b"42", "not JSON"),
+        (b'"a string"', "not JSON"),
+        (b"null", "not JSON"),
+        (b"{}", "traceEvents"),
+        (b'{"traceEvents": null, "schemaVersion": 1}', "traceEvents"),
+        (b'{"schemaVersion": 1, "deviceProperties": []}', "traceEvents"),
+        (b'{"traceEvents": 5}', "not a Kineto trace"),
+        (b'{"traceEvents": {"ph": "X"}}', "not a Kineto trace"),
+        (b'{"traceEvents": [1, 2, 3]}', "not a Kineto trace"),
+        (b"[1, 2, 3]", "not a Kineto trace"),
+        (b'[["ph", "X"]]', "not a Kineto trace"),
+        (b'{"traceEvents": [{"ph": "X", "ts": 1e999}]}', "not a Kineto trace"),
+        (b"{", "nothing could be salvaged"),
+        (b'{"traceEvents": [', "nothing could be salvaged"),
+        (b'{"traceEvents": [{"ph": "X", "ts"', "nothing could be salvaged"),
+        (b'{"traceEvents": [{"ph": "X"} {"ph": "X"}]}', "nothing could be salvaged"),
+        (b"", "empty"),
+        (b"  \n\t ", "empty"),
+    ],
+)
+@pytest.mark.parametrize("gz", [False, True], ids=["plain", "gz"])
+def test_bad_content(tmp_path: Path, content: bytes, match: str, gz: bool):
+    path = tmp_path / ("bad.json.gz" if gz else "bad.json")
+    path.write_bytes(gzip.compress(content) if gz else content)
+    assert_format_error(path, match)
+
+
+def test_empty_gz_file(tmp_path: Path):
+    path = tmp_path / "empty.json.gz"
+    path.write_bytes(b"")
+    assert_format_error(path, "empty")
+
+
+@pytest.mark.parametrize("n", [2, 5, 10])
+def test_gzip_header_only(tmp_path: Path, n: int):
+    path = tmp_path / "cut.json.gz"
+    path.write_bytes(gzip.compress(b'{"traceEvents": []}', mtime=0)[:n])
+    assert_format_error(path, "no data could be decompressed")
+
+
+def test_gzip_cut_before_the_first_event(tmp_path: Path):
+    path = tmp_path / "cut.json.gz"
+    data = gzip.compress(b'{"schemaVersion": 1, "traceEvents": [{"ph": "X"}]}', mtime=0)
+    path.write_bytes(data[:-16])
+    assert_format_error(path, "nothing could be salvaged")
+
+
+def test_not_gzip_despite_its_name(tmp_path: Path):
+    path = tmp_path / "trace.json.gz"
+    path.write_bytes(b"PK\x03\x04 a zip file")
+    assert_format_error(path, "not JSON")
+
+
+def test_missing_path(tmp_path: Path):
+    assert_format_error(tmp_path / "nope.json.gz", "no such file")
+    assert_format_error(tmp_path / "no_folder", "no such file")
+
+
+def test_folder_without_traces(tmp_path: Path):
+    folder = tmp_path / "run"
+    folder.mkdir()
+    assert_format_error(folder, "no trace files")
+    (folder / "README.txt").write_text("not a trace")
+    (folder / "trace.json.tmp").write_text("{}")
+    (folder / "sub.json").mkdir()  # a folder with a trace-like name is not a trace
+    assert_format_error(folder, "no trace files")
+
+
+def test_folder_with_one_bad_file_names_that_file(tmp_path: Path, write_trace):
+    write_trace({"traceEvents": [EVENT], "distributedInfo": {"rank": 0}}, "run/a.json")
+    bad = write_trace({"events": []}, "run/b.json")
+    err = assert_format_error(bad, "traceEvents")
+    with pytest.raises(TraceFormatError) as info:
+        perfcast.load(tmp_path / "run")
+    assert str(info.value) == str(err)
+
+
+def test_two_files_claim_one_rank(tmp_path: Path, write_trace):
+    trace = {"traceEvents": [EVENT], "distributedInfo": {"rank": 3, "world_size": 4}}
+    write_trace(trace, "run/a.json")
+    second = write_trace(trace, "run/b.json.gz")
+    with pytest.raises(TraceFormatError, match="rank 3") as info:
+        perfcast.load(tmp_path / "run")
+    assert str(second) in str(info.value)
+    assert str(tmp_path / "run" / "a.json") in str(info.value)
+
+
+def test_a_folder_is_not_a_file_name(tmp_path: Path):
+    with pytest.raises(TraceFormatError, match="folder"):
+        reader.read_bytes(str(tmp_path))
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads every file")
+def test_unreadable_file(tmp_path: Path, write_trace):
+    path = write_trace({"traceEvents": [EVENT]})
+    path.chmod(0)
+    try:
+        assert_format_error(path, "permission")
+    finally:
+        path.chmod(0o644)
+
+
+def test_bad_events_inside_a_good_file_are_skipped(write_trace):
+    events = [
+        EVENT,
+        {"ph": "X", "cat": "cpu_op", "name": "no time", "pid": 1, "tid": 1},
+        {"ph": "X", "name": 7, "pid": None, "tid": [1], "ts": "3.5", "dur": "1"},
+        {"ph": "Z", "name": "unknown phase", "ts": 1},
+        {},
+        {"ph": "s", "cat": "ac2g", "id": "x", "ts": 1},
+        {"ph": "X", "cat": "kernel", "name": "k", "ts": 4, "dur": -3, "args": {"grid": "big"}},
+    ]
+    table = perfcast.load(write_trace({"traceEvents": events}))
+    assert table.check_invariants() == []
+    assert table.names_of(np.arange(len(table))) == ["aten::add", "7", "k"]
+    assert table.ts.tolist() == [1000, 3500, 4000]
+    assert table.dur.tolist() == [2000, 1000, 0]
+    assert table.ranks[0].warnings == ["1 events without a readable timestamp were skipped"]
+
+
+def test_trace_without_events(write_trace):
+    table = perfcast.load(write_trace({"traceEvents": [], "schemaVersion": 1}))
+    assert len(table) == 0
+    assert table.iterations == []
+    assert table.check_invariants() == []
+    assert table.ranks[0].warnings == ["the trace holds no complete events"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Fuzz: real traces cut anywhere, and with corrupt bytes.
+
+FUZZ_SOURCES = [
+    "hta_mi250_minitoy_train.json.gz",
+    "tracelens_h100_bert_small.json.gz",
+    "dlrm_v100_8rank/worker3.json.gz",
+]
+N_CUTS = 64
+N_CORRUPT = 24
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def offsets(size: int, n: int) -> list[int]:
+    """n cut points spread over [1, size), plus the edges where formats break."""
+    spread = np.linspace(1, size - 1, n).astype(int).tolist()
+    edges = [1, 2, 9, 10, 11, 20, size - 9, size - 8, size - 4, size - 2, size - 1]
+    return sorted({k for k in spread + edges if 0 < k < size})
+
+
+def is_prefix_of(part: EventTable, full: EventTable) -> bool:
+    m = len(part)
+    rows = np.arange(m)
+    return (
+        m <= len(full)
+        and np.array_equal(part.ts, full.ts[:m])
+        and np.array_equal(part.kind, full.kind[:m])
+        and part.names_of(rows) == full.names_of(rows)
+    )
+
+
+class Fuzzer:
+    """Loads each case in its own folder; records anything but a clean load or a format error."""
+
+    def __init__(self, root: Path, full: EventTable):
+        self.root = root
+        self.full = full
+        self.failures: list[str] = []
+        self.outcomes = {"complete": 0, "salvaged": 0, "error": 0}
+        self.n = 0
+
+    def case(self, label: str, name: str, data: bytes, *, cut: bool) -> None:
+        self.n += 1
+        folder = self.root / f"case{self.n}"
+        folder.mkdir()
+        path = folder / name
+        path.write_bytes(data)
+        digest = sha256(path)
+        try:
+            table = perfcast.load(path)
+        except TraceFormatError as exc:
+            self.outcomes["error"] += 1
+            if str(path) not in str(exc):
+                self.failures.append(f"{label}: error does not name the file: {exc}")
+            table = None
+        except Exception as exc:
+            self.failures.append(f"{label}: {type(exc).__name__}: {exc}")
+            table = None
+        if sha256(path) != digest:
+            self.failures.append(f"{label}: the input was modified")
+        if os.listdir(folder) != [name]:
+            self.failures.append(f"{label}: files written next to the input: {os.listdir(folder)}")
+        path.unlink()
+        if table is not None:
+            self.check(label, table, cut=cut)
+
+    def check(self, label: str, table: EventTable, *, cut: bool) -> None:
+        problems = table.check_invariants()
+        info = table.ranks[0]
+        if info.truncated:
+            self.outcomes["salvaged"] += 1
+            if not info.salvage_note:
+                problems.append("truncated without a salvage note")
+        else:
+            self.outcomes["complete"] += 1
+            if info.salvage_note:
+                problems.append(f"a salvage note but not truncated: {info.salvage_note}")
+        if cut:
+            # A cut keeps a prefix of the events; losing any of them must be reported.
+            if not is_prefix_of(table, self.full):
+                problems.append("the salvaged rows are not a prefix of the full trace")
+            if not info.truncated and len(table) != len(self.full):
+                problems.append(f"lost {len(self.full) - len(table)} rows without saying so")
+        if problems:
+            self.failures.append(f"{label}: {problems}")
+
+
+@pytest.mark.parametrize("source", FUZZ_SOURCES, ids=lambda s: Path(s).name.split(".")[0])
+def test_fuzz_cut_and_corrupt(shared_traces: Path, tmp_path: Path, source: str):
+    src = shared_traces / source
+    src_digest = sha256(src)
+    src_listing = sorted(os.listdir(src.parent))
+    gz_bytes = src.read_bytes()
+    json_bytes = gzip.decompress(gz_bytes)
+    full = perfcast.load(src)
+    assert not full.ranks[0].truncated
+    fuzz = Fuzzer(tmp_path, full)
+
+    # Cut the compressed stream (a killed job writing .json.gz).
+    for k in offsets(len(gz_bytes), N_CUTS):
+        fuzz.case(f"gz[:{k}]", "trace.json.gz", gz_bytes[:k], cut=True)
+    # Cut the JSON, written plain and as a complete gzip of the cut JSON.
+    for k in offsets(len(json_bytes), N_CUTS):
+        part = json_bytes[:k]
+        fuzz.case(f"json[:{k}]", "trace.json", part, cut=True)
+        fuzz.case(f"gzip(json[:{k}])", "trace.json.gz", gzip.compress(part, 1), cut=True)
+
+    # Corrupt 1-3 random bytes (seeded) of the JSON and of the compressed stream.
+    rng = random.Random(f"perfcast-fuzz-{source}")
+    for data, name in ((json_bytes, "trace.json"), (gz_bytes, "trace.json.gz")):
+        for _ in range(N_CORRUPT):
+            buf = bytearray(data)
+            where = sorted(rng.randrange(len(buf)) for _ in range(rng.randint(1, 3)))
+            for i in where:
+                buf[i] = rng.randrange(256)
+            fuzz.case(f"{name} corrupt at {where}", name, bytes(buf), cut=False)
+
+    print(source, fuzz.n, "cases:", fuzz.outcomes)
+    assert fuzz.failures == [], "\n".join(fuzz.failures[:20])
+    assert fuzz.n >= 3 * 60
+    # Cuts in the body salvage; cuts in the gzip header or before the first event do not.
+    assert fuzz.outcomes["salvaged"] >= 2 * N_CUTS, fuzz.outcomes
+    assert fuzz.outcomes["error"] > 0, fuzz.outcomes
+    assert sha256(src) == src_digest
+    assert sorted(os.listdir(src.parent)) == src_listing
+
+
+def test_salvage_keeps_events_before_a_corrupt_byte(tmp_path: Path, write_trace):
+    events = [dict(EVENT, ts=float(i), name=f"op{i}") for i in range(200)]
+    data = bytearray(write_trace({"traceEvents": events}).read_bytes())
+    i = data.index(b'"op150"')
+    data[i] = 0x07  # an invalid character in the middle of the events
+    path = tmp_path / "corrupt.json"
+    path.write_bytes(bytes(data))
+    table = perfcast.load(path)
+    info = table.ranks[0]
+    assert info.truncated
+    assert "corrupt" in info.salvage_note and "salvaged 150 complete events" in info.salvage_note
+    assert table.names_of(np.arange(len(table))) == [f"op{i}" for i in range(150)]
+
+
+def test_invalid_utf8_in_a_name_keeps_every_event(tmp_path: Path, write_trace):
+    events = [dict(EVENT, ts=float(i), name=f"op{i}") for i in range(10)]
+    data = bytearray(write_trace({"traceEvents": events}).read_bytes())
+    i = data.index(b"op5")
+    data[i : i + 2] = b"\xe2\x82"  # a multi-byte character cut short
+    path = tmp_path / "latin.json"
+    path.write_bytes(bytes(data))
+    table = perfcast.load(path)
+    assert len(table) == 10
+    assert table.name_of(5) == "\ufffd5"
+    assert not table.ranks[0].truncated
+    assert any("UTF-8" in w for w in table.ranks[0].warnings)
