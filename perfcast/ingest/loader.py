@@ -63,9 +63,18 @@ def load(path: str | os.PathLike[str], progress: ProgressFn | None = None) -> Ev
 
 
 def _load_one(path: str, names: Interner, rank_hint: int | None) -> tuple[RankInfo, RankColumns]:
-    data, gzip_note = reader.read_bytes(path)
-    decoded = reader.decode(data, path, gzip_note)
-    del data
+    # Stream whole, well-formed files (bounded memory); anything else is read whole,
+    # where cut-off and corrupt data are salvaged.
+    streamed = reader.StreamedTrace(path)
+    try:
+        cols = extract_rank(streamed.chunks(), names)
+        assert streamed.header is not None
+        decoded = reader.Decoded(streamed.header)
+    except reader.StreamFallback:
+        data, gzip_note = reader.read_bytes(path)
+        decoded = reader.decode(data, path, gzip_note)
+        del data
+        cols = extract_rank(decoded.event_chunks(), names)
     raw = decoded.trace
     info = RankInfo(rank=0, path=path)
     dist = raw.distributedInfo if isinstance(raw.distributedInfo, dict) else {}
@@ -87,7 +96,6 @@ def _load_one(path: str, names: Interner, rank_hint: int | None) -> tuple[RankIn
     info.salvage_note = decoded.note
     if decoded.warning:
         info.warnings.append(decoded.warning)
-    cols = extract_rank(raw, names)
     info.n_events = len(cols.cols["kind"])
     if cols.n_dropped:
         info.warnings.append(f"{cols.n_dropped} events without a readable timestamp were skipped")

@@ -10,12 +10,13 @@ import contextlib
 import os
 import re
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import msgspec
 
 from perfcast.errors import TraceFormatError
-from perfcast.ingest.schema import RawEvent, RawTrace
+from perfcast.ingest.schema import FastEvent, RawEvent, RawTrace
 
 _GZIP_MAGIC = b"\x1f\x8b"
 _CHUNK = 1 << 22
@@ -31,6 +32,13 @@ class Decoded:
     truncated: bool = False
     note: str | None = None
     warning: str | None = None  # data kept but altered (invalid UTF-8 replaced)
+    # Events decoded a slice at a time (memory stays bounded); None: use trace.traceEvents.
+    chunks: Iterator[list[RawEvent]] | None = None
+
+    def event_chunks(self) -> Iterator[list[RawEvent]]:
+        if self.chunks is not None:
+            return self.chunks
+        return iter([self.trace.traceEvents or []])
 
 
 def read_bytes(path: str) -> tuple[bytes | bytearray, str | None]:
@@ -82,6 +90,146 @@ def _gunzip(fh, path: str) -> tuple[bytearray, str | None]:
 
 _trace_decoder = msgspec.json.Decoder(RawTrace)
 _list_decoder = msgspec.json.Decoder(list[RawEvent])
+_fast_list_decoder = msgspec.json.Decoder(list[FastEvent])
+
+
+_CHUNK_BYTES = 4 << 20
+# Between two events of the array: "}" then "," then "{" (whitespace allowed).
+_EVENT_GAP = re.compile(rb"\}\s*,\s*\{")
+_COMMA = re.compile(rb"\s*,\s*")
+_EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
+_ARRAY_END = re.compile(rb"\}\s*\]")
+_EMPTY_ARRAY = re.compile(rb"\s*\]")
+
+
+class StreamFallback(Exception):  # noqa: N818 (a signal, not an error)
+    """The file cannot be streamed (cut off, corrupt, unusual layout): read it whole."""
+
+
+class StreamedTrace:
+    """A trace decoded while it is read: events a few MB at a time, header at the end.
+
+    Peak memory stays near the size of the columns instead of the JSON plus every
+    decoded event. Anything unusual raises StreamFallback, and the caller reads the
+    file whole (with salvage of cut-off data).
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.header: RawTrace | None = None
+
+    def _blocks(self) -> Iterator[bytes]:
+        try:
+            fh = open(self.path, "rb")  # noqa: SIM115 (closed below, generator owns it)
+        except OSError:
+            raise StreamFallback from None
+        with fh:
+            gz = fh.read(2) == _GZIP_MAGIC
+            fh.seek(0)
+            decomp = zlib.decompressobj(16 + zlib.MAX_WBITS) if gz else None
+            while True:
+                block = fh.read(_CHUNK if decomp is None else 1 << 16)
+                if not block:
+                    break
+                if decomp is None:
+                    yield block
+                    continue
+                # Bounded output per call: a 3 MB gzip can hold 50 MB of JSON.
+                while block:
+                    try:
+                        out = decomp.decompress(block, _CHUNK)
+                    except zlib.error:
+                        raise StreamFallback from None
+                    if decomp.eof and decomp.unused_data:
+                        raise StreamFallback  # several gzip members: rare, read whole
+                    block = decomp.unconsumed_tail
+                    yield out
+            if decomp is not None and not decomp.eof:
+                raise StreamFallback  # cut-off gzip stream: salvage path
+
+    def chunks(self) -> Iterator[list[RawEvent]]:
+        buf = bytearray()
+        blocks = self._blocks()
+        prefix = b""
+        # Up to and including the "[" of the event array.
+        for block in blocks:
+            buf += block
+            m = _EVENTS_KEY.search(buf)
+            if m:
+                prefix = bytes(buf[: m.end()])
+                del buf[: m.end()]
+                break
+        else:
+            raise StreamFallback
+        for block in blocks:
+            buf += block
+            while len(buf) > 2 * _CHUNK_BYTES:
+                events, cut = self._next_slice(buf)
+                if events is None:
+                    break
+                yield events
+                del buf[:cut]
+        # The rest: last events, "]", then the rest of the document.
+        empty = _EMPTY_ARRAY.match(buf)
+        if empty:
+            self.header = self._decode_header(prefix, bytes(buf[empty.end() :]))
+            return
+        pos = 0
+        while True:
+            m = _ARRAY_END.search(buf, pos)
+            if not m:
+                raise StreamFallback
+            events = self._decode_events(bytes(buf[: m.start() + 1]))
+            if events is not None:
+                header = self._try_header(prefix, bytes(buf[m.end() :]))
+                if header is not None:
+                    self.header = header
+                    yield events
+                    return
+            pos = m.start() + 1
+
+    def _next_slice(self, buf: bytearray) -> tuple[list[RawEvent] | None, int]:
+        """Decode about _CHUNK_BYTES of whole events from the front of buf."""
+        pos = _CHUNK_BYTES
+        while True:
+            m = _EVENT_GAP.search(buf, pos)
+            if not m:
+                return None, 0
+            events = self._decode_events(bytes(buf[: m.start() + 1]))
+            if events is not None:
+                return events, m.end() - 1  # the next slice starts at the "{"
+            pos = m.end()  # that gap was inside an event (nested objects): try the next
+
+    def _decode_events(self, body: bytes) -> list[RawEvent] | list[FastEvent] | None:
+        piece = b"[" + body.lstrip(b", \t\r\n") + b"]"
+        try:
+            return _fast_list_decoder.decode(piece)
+        except msgspec.ValidationError:
+            pass  # ids that are not plain integers: the lenient structs take anything
+        except (msgspec.DecodeError, UnicodeDecodeError):
+            return None
+        try:
+            return _list_decoder.decode(piece)
+        except msgspec.ValidationError as exc:
+            raise TraceFormatError(
+                f"is JSON but not a Kineto trace ({exc})",
+                path=self.path,
+                hint="expected an object with a 'traceEvents' list, as torch.profiler writes",
+            ) from None
+        except (msgspec.DecodeError, UnicodeDecodeError):
+            return None
+
+    def _try_header(self, prefix: bytes, suffix: bytes) -> RawTrace | None:
+        try:
+            return _trace_decoder.decode(prefix + b"]" + suffix)
+        except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError):
+            return None
+
+    def _decode_header(self, prefix: bytes, suffix: bytes) -> RawTrace:
+        header = self._try_header(prefix, suffix)
+        if header is None:
+            raise StreamFallback
+        return header
 
 
 def decode(data: bytes | bytearray, path: str, gzip_note: str | None = None) -> Decoded:

@@ -8,7 +8,7 @@ that renames an argument is an edit of a `field(name=...)` here.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 from msgspec import field
@@ -70,6 +70,56 @@ class RawTrace(msgspec.Struct, gc=False):
     distributedInfo: Any = None  # noqa: N815
     baseTimeNanoseconds: Any = None  # noqa: N815
     schemaVersion: Any = None  # noqa: N815
+
+
+# The fast path: ids typed as int64 with -1 for "absent", so columns are read without a
+# conversion per value. A file whose ids are not plain integers fails validation here and
+# is decoded again with the lenient structs above.
+I64 = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
+
+
+class FastArgs(msgspec.Struct, frozen=True, gc=False):
+    external_id: I64 = field(default=-1, name="External id")
+    external_id_2021: I64 = field(default=-1, name="external id")
+    correlation: I64 = -1
+    seq: I64 = field(default=-1, name="Sequence number")
+    fwd_tid: I64 = field(default=-1, name="Fwd thread id")
+    device: I64 = -1
+    stream: I64 = -1
+    grid: Any = None
+    block: Any = None
+    nbytes: Any = field(default=None, name="bytes")
+    wait_on_stream: Any = None
+    wait_on_corr: Any = field(default=None, name="wait_on_cuda_event_record_corr_id")
+    mem_bytes: Any = field(default=None, name="Bytes")
+    mem_total: Any = field(default=None, name="Total Allocated")
+    mem_device_type: Any = field(default=None, name="Device Type")
+    input_dims: Any = field(default=None, name="Input Dims")
+    input_types: Any = field(default=None, name="Input type")
+    coll_name: Any = field(default=None, name="Collective name")
+    coll_in: Any = field(default=None, name="In msg nelems")
+    coll_out: Any = field(default=None, name="Out msg nelems")
+    coll_group: Any = field(default=None, name="Group size")
+    coll_dtype: Any = field(default=None, name="dtype")
+    coll_ranks: Any = field(default=None, name="Process Group Ranks")
+    name: Any = None
+
+
+NO_ARGS = FastArgs()
+
+
+class FastEvent(msgspec.Struct, gc=False):
+    ph: Any = None
+    cat: Any = None
+    name: Any = None
+    pid: Any = None
+    tid: Any = None
+    ts: Any = None
+    dur: Any = None
+    id: Any = None
+    s: Any = None
+    bp: Any = None
+    args: FastArgs = NO_ARGS
 
 
 # A trace may also be a bare array of events (chrome://tracing allows it).
