@@ -21,7 +21,6 @@ from perfcast.ingest.schema import (
     FWDBWD_FLOW_CATS,
     LAUNCH_FLOW_CATS,
     FastEvent,
-    RawEvent,
 )
 
 _STREAM_RE = re.compile(r"(?:stream|Stream)\s*(\d+)")
@@ -131,13 +130,13 @@ def _times_ns(values: list[Any]) -> np.ndarray:
     kinds = set(map(type, values))
     if kinds <= {int, float}:
         arr = np.array(values, dtype=np.float64)
-        if np.isfinite(arr).all() and (np.abs(arr) < 2.0**53).all() and (
-            np.abs(arr) * 1000.0 < _TIME_LIMIT
-        ).all():
+        if (
+            np.isfinite(arr).all()
+            and (np.abs(arr) < 2.0**53).all()
+            and (np.abs(arr) * 1000.0 < _TIME_LIMIT).all()
+        ):
             whole = np.trunc(arr)
-            return whole.astype(np.int64) * 1000 + np.rint((arr - whole) * 1000.0).astype(
-                np.int64
-            )
+            return whole.astype(np.int64) * 1000 + np.rint((arr - whole) * 1000.0).astype(np.int64)
     return np.fromiter(map(_time_ns, values), dtype=np.int64, count=n)
 
 
@@ -149,7 +148,7 @@ def _triple(value: Any) -> tuple[int, int, int]:
     return (0, 0, 0)
 
 
-def classify(ev: RawEvent, kind_cache: dict[tuple[Any, Any, Any], int]) -> int:
+def classify(ev: Any, kind_cache: dict[tuple[Any, Any, Any], int]) -> int:
     """Kind of an event, or -1 for events we do not keep as rows."""
     ph = ev.ph
     cat = ev.cat
@@ -168,7 +167,11 @@ def classify(ev: RawEvent, kind_cache: dict[tuple[Any, Any, Any], int]) -> int:
     return kind
 
 
-def extract_rank(chunks: Iterable[list[RawEvent]], names: Interner) -> RankColumns:
+# Decoded events are RawEvent or FastEvent structs (same attribute names).
+Events = list[Any]
+
+
+def extract_rank(chunks: Iterable[Events], names: Interner) -> RankColumns:
     """Columns of one rank from its events, given as one or more lists (decoded slices).
 
     Each slice is turned into columns and dropped before the next is decoded, so the
@@ -190,7 +193,7 @@ def extract_rank(chunks: Iterable[list[RawEvent]], names: Interner) -> RankColum
 
 
 def _extract_chunk(
-    events: list[RawEvent],
+    events: Events,
     names: Interner,
     strings: dict[str, int],
     kind_cache: dict[tuple[Any, Any, Any], int],
@@ -356,7 +359,7 @@ def _compact(value: Any) -> str:
     return repr(value)
 
 
-def _extract_flows(events: list[RawEvent], strings: dict[str, int]) -> dict[str, Any]:
+def _extract_flows(events: Events, strings: dict[str, int]) -> dict[str, Any]:
     """Flow endpoints: (pid, tid, ts_ns, id) for launch and forward/backward flows."""
     launch_s: list[tuple[int, int, int, int]] = []
     launch_f: list[tuple[int, int, int, int]] = []
@@ -381,7 +384,7 @@ def _extract_flows(events: list[RawEvent], strings: dict[str, int]) -> dict[str,
     return {"launch_s": launch_s, "launch_f": launch_f, "fwdbwd_s": fb_s, "fwdbwd_f": fb_f}
 
 
-def _thread_names(events: list[RawEvent], strings: dict[str, int]) -> dict[tuple[int, int], str]:
+def _thread_names(events: Events, strings: dict[str, int]) -> dict[tuple[int, int], str]:
     out: dict[tuple[int, int], str] = {}
     for ev in events:
         if ev.ph == "M" and ev.name == "thread_name" and ev.args is not None:

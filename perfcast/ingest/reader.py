@@ -19,6 +19,7 @@ from perfcast.errors import TraceFormatError
 from perfcast.ingest.schema import FastEvent, RawEvent, RawTrace
 
 _GZIP_MAGIC = b"\x1f\x8b"
+EventList = list[RawEvent] | list[FastEvent]
 _CHUNK = 1 << 22
 _MAX_SALVAGE_TRIES = 40
 _TRAILER = re.compile(rb"\}\s*(?:,|\]|$)")
@@ -147,7 +148,7 @@ class StreamedTrace:
             if decomp is not None and not decomp.eof:
                 raise StreamFallback  # cut-off gzip stream: salvage path
 
-    def chunks(self) -> Iterator[list[RawEvent]]:
+    def chunks(self) -> Iterator[EventList]:
         buf = bytearray()
         blocks = self._blocks()
         prefix = b""
@@ -188,7 +189,7 @@ class StreamedTrace:
                     return
             pos = m.start() + 1
 
-    def _next_slice(self, buf: bytearray) -> tuple[list[RawEvent] | None, int]:
+    def _next_slice(self, buf: bytearray) -> tuple[EventList | None, int]:
         """Decode about _CHUNK_BYTES of whole events from the front of buf."""
         pos = _CHUNK_BYTES
         while True:
@@ -200,7 +201,7 @@ class StreamedTrace:
                 return events, m.end() - 1  # the next slice starts at the "{"
             pos = m.end()  # that gap was inside an event (nested objects): try the next
 
-    def _decode_events(self, body: bytes) -> list[RawEvent] | list[FastEvent] | None:
+    def _decode_events(self, body: bytes) -> EventList | None:
         piece = b"[" + body.lstrip(b", \t\r\n") + b"]"
         try:
             return _fast_list_decoder.decode(piece)
