@@ -130,16 +130,14 @@ def render_whatif(result: WhatIfResult, console: Console) -> None:
 def render_advice(advice: Advice, console: Console) -> None:
     console.print(
         Text(
-            f"baseline step {advice.baseline_ms:.2f} ms (measured "
-            f"{advice.measured_ms:.2f} ms) · {advice.bottleneck}",
+            f"baseline step {advice.baseline_ms:.2f} ms (measured {advice.measured_ms:.2f} ms)"
+            f" · {advice.bottleneck}",
             style="bold",
         )
     )
     t = Table(title="optimizations ranked by predicted step time", title_justify="left")
-    for col in ("#", "optimization", "predicted ms", "speedup", "measured", "why"):
-        t.add_column(
-            col, justify="right" if col in ("#", "predicted ms", "speedup", "measured") else "left"
-        )
+    for col in ("#", "optimization", "predicted ms", "speedup", "measured"):
+        t.add_column(col, justify="left" if col == "optimization" else "right", no_wrap=True)
     for i, s in enumerate(advice.suggestions, 1):
         t.add_row(
             str(i),
@@ -147,11 +145,19 @@ def render_advice(advice: Advice, console: Console) -> None:
             _ms(s.predicted_ms),
             f"{s.speedup:.2f}×",
             f"{100 * s.measured_share:.0f}%",
-            Text(s.explanation),
         )
     console.print(t)
-    for s in advice.suggestions[:3]:
+    console.print("why, and what each prediction assumes:", style="bold")
+    for i, s in enumerate(advice.suggestions, 1):
+        console.print(Text(f"{i}. {s.name}: {s.explanation}"))
         for line in s.assumptions:
-            console.print(Text(f"  {s.name}: {line}", style="dim"))
+            console.print(Text(f"     assumes: {line}", style="dim"))
     for na in advice.not_applicable:
-        console.print(Text(f"  not applicable: {na.name}: {na.reason}", style="dim"))
+        console.print(Text(f"not applicable: {na.name}: {na.reason}", style="dim"))
+    console.print(
+        Text(
+            "'measured' is the share of the predicted critical path whose durations come "
+            "straight from the trace",
+            style="dim",
+        )
+    )
