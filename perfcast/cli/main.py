@@ -33,16 +33,28 @@ class UI:
         sys.stdout.write("\n")
 
     def load(self, path: str):
-        """Load a trace with a spinner on a terminal (loads can take seconds)."""
+        """Load a trace; on a terminal, a progress bar when it may take a second or more."""
         from perfcast.ingest import load
 
-        if self.quiet or not self.err.is_terminal:
+        if self.quiet or not self.err.is_terminal or _input_size(path) < 2_000_000:
             return load(path)
-        size = _input_size(path)
-        if size < 5_000_000:
-            return load(path)
-        with self.err.status(f"loading {path} ({size / 1e6:.0f} MB)…"):
-            return load(path)
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+        with Progress(
+            TextColumn("loading {task.description}"),
+            BarColumn(),
+            TextColumn("{task.completed}/{task.total} files"),
+            TimeElapsedColumn(),
+            console=self.err,
+            transient=True,
+        ) as bar:
+            task = bar.add_task(os.path.basename(path.rstrip("/")) or path, total=None)
+
+            def advance(current: str, done: int, total: int) -> None:
+                bar.update(task, completed=done, total=total,
+                           description=os.path.basename(current) or "done")
+
+            return load(path, progress=advance)
 
 
 def _input_size(path: str) -> int:

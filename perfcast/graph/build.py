@@ -420,28 +420,35 @@ def _classify_runtime(table: EventTable, graph: Graph, row_to_node: np.ndarray) 
                 int(table.tid[r]),
             )
     lane_of = {(ln.rank, ln.pid, ln.tid): i for i, ln in enumerate(graph.lanes) if ln.is_gpu}
-    for node in rt_nodes.tolist():
-        nm = names[int(c["name"][node])]
-        row = int(c["event"][node])
-        kind = SyncKind.NONE
-        lane = NONE
+    # Sync kind per name, so only synchronizing calls are visited one by one.
+    per_name = np.full(len(names), SyncKind.NONE, dtype=np.int8)
+    for idx in np.unique(c["name"][rt_nodes]).tolist():
+        nm = names[idx]
         if _DEVICE_SYNC.search(nm):
-            kind = SyncKind.DEVICE
+            per_name[idx] = SyncKind.DEVICE
         elif _STREAM_SYNC.search(nm):
-            kind = SyncKind.STREAM
+            per_name[idx] = SyncKind.STREAM
+        elif _BLOCKING_COPY.search(nm):
+            per_name[idx] = SyncKind.COPY
+    kinds = per_name[c["name"][rt_nodes]]
+    # A copy call blocks only if it launched its copy (checked when it is split).
+    kinds[(kinds == SyncKind.COPY) & (c["kind"][rt_nodes] != NodeKind.LAUNCH)] = SyncKind.NONE
+    for node, kind in zip(
+        rt_nodes[kinds != SyncKind.NONE].tolist(), kinds[kinds != SyncKind.NONE].tolist()
+    ):
+        lane = NONE
+        if kind == SyncKind.STREAM:
+            row = int(c["event"][node])
             info = sync_info.get((int(c["rank"][node]), int(table.correlation[row])))
             if info is not None:
                 if info[0] == "Context Sync":
                     kind = SyncKind.DEVICE
                 else:
                     lane = lane_of.get((int(c["rank"][node]), info[1], info[2]), NONE)
-        elif c["kind"][node] == NodeKind.LAUNCH and _BLOCKING_COPY.search(nm):
-            kind = SyncKind.COPY
-        if kind != SyncKind.NONE:
-            c["sync_kind"][node] = kind
-            c["sync_lane"][node] = lane
-            if c["kind"][node] == NodeKind.RUNTIME:
-                c["kind"][node] = NodeKind.SYNC
+        c["sync_kind"][node] = kind
+        c["sync_lane"][node] = lane
+        if c["kind"][node] == NodeKind.RUNTIME:
+            c["kind"][node] = NodeKind.SYNC
 
 
 def _split_blocking_copies(graph: Graph) -> None:
