@@ -12,7 +12,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from perfcast.analysis import intervals as iv
-from perfcast.analysis.phases import Phase, collective_kernel_mask, event_phases
+from perfcast.analysis.phases import (
+    PHASE_LABELS,
+    Phase,
+    collective_kernel_mask,
+    enclosing_scopes,
+    event_phases,
+)
 from perfcast.events import NONE, EventTable, Kind
 
 NS_PER_MS = 1e6
@@ -66,6 +72,9 @@ class RankSummary:
     iterations: list[IterationSummary]
     top_kernels: list[NamedTime]
     top_ops: list[NamedTime]
+    # GPU time by the module / record_function scope that launched it, and by phase.
+    top_scopes: list[NamedTime] = field(default_factory=list)
+    gpu_ms_by_phase: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
 
@@ -77,6 +86,7 @@ class Summary:
 
 def summarize(table: EventTable, top: int = 10) -> Summary:
     phases = event_phases(table)
+    scopes = enclosing_scopes(table)
     coll = collective_kernel_mask(table)
     kind = table.kind
     gpu_rows = np.flatnonzero(table.is_gpu())
@@ -135,6 +145,13 @@ def summarize(table: EventTable, top: int = 10) -> Summary:
                 iterations=its,
                 top_kernels=tops,
                 top_ops=_top_by_name(table, outer, top),
+                top_scopes=_top_by_scope(table, scopes, in_steps, top),
+                gpu_ms_by_phase={
+                    PHASE_LABELS[Phase(p)]: float(table.dur[in_steps][phases[in_steps] == p].sum())
+                    / NS_PER_MS
+                    for p in PHASE_LABELS
+                    if (phases[in_steps] == p).any()
+                },
                 notes=notes,
             )
         )
@@ -222,4 +239,26 @@ def _top_by_name(table: EventTable, rows: np.ndarray, top: int) -> list[NamedTim
             pct=100.0 * float(totals[i]) / grand,
         )
         for i in order
+    ]
+
+
+def _top_by_scope(
+    table: EventTable, scopes: np.ndarray, rows: np.ndarray, top: int
+) -> list[NamedTime]:
+    """GPU time per enclosing module / record_function scope (the calling context)."""
+    rows = rows[scopes[rows] >= 0]
+    if rows.size == 0:
+        return []
+    uniq, inv = np.unique(scopes[rows], return_inverse=True)
+    totals = np.bincount(inv, weights=table.dur[rows])
+    counts = np.bincount(inv)
+    grand = float(table.dur[rows].sum()) or 1.0
+    return [
+        NamedTime(
+            table.names[int(uniq[i])],
+            int(counts[i]),
+            float(totals[i]) / NS_PER_MS,
+            100.0 * float(totals[i]) / grand,
+        )
+        for i in np.argsort(-totals)[:top]
     ]
