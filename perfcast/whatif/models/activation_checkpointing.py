@@ -1,0 +1,248 @@
+"""activation-checkpointing: recompute forward work during backward (time only).
+
+torch.utils.checkpoint frees a region's activations after its forward and runs
+the region's forward again during backward to rebuild them. This model adds
+that second forward:
+
+- what is recomputed: the forward-phase work of each step matching `module`
+  (a regular expression on the enclosing nn.Module / record_function scope or
+  on the op name; default: all forward work, i.e. checkpointing the whole
+  model). GPU kernels, memsets and device-to-device copies, and the host work
+  that issued them: the CPU segments and launches of the selected ops.
+  Host<->device copies (the input batch), synchronizations and other runtime
+  calls are not repeated;
+- durations: every copy reuses its original's duration (measured, or as an
+  earlier what-if left it), marked scaled since it is a measured time moved to
+  a new place; except that a copied launch call costs at most the trace's
+  median launch duration (`primitives.median_launch_ns`): a launch that took
+  longer was blocked (a full launch queue while the CPU ran ahead of the GPU,
+  or an allocator sync), which is not work the recompute repeats;
+- where: once per step at the start of backward. Host copies go on the thread
+  that runs backward (the thread of the step's first backward kernel launch),
+  right before that launch, in their original order; GPU copies go on the
+  stream of the first backward kernel, right before it, each launched by its
+  copied launch with the trace's measured launch latency and back-to-back gap.
+  torch.utils.checkpoint recomputes each checkpointed segment just before that
+  segment's own backward; recomputing everything up front delays the first
+  backward kernel by the same total work, so the step time matches when the
+  step is GPU-bound and backward kernels do not overlap other streams;
+- on CPU-only traces only the host work is copied.
+
+A trace that already checkpoints is refused unless `module` picks what else
+to checkpoint. Not modelled: the memory saved (and any larger batch it would allow), and the
+recompute of RNG state bookkeeping (preserve_rng_state), which is small.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from perfcast.analysis.phases import Phase
+from perfcast.errors import NotApplicableError
+from perfcast.graph.model import NONE, GpuKind, Graph, NodeKind, Source
+from perfcast.whatif import primitives as P
+
+SUMMARY = "recompute forward work in backward like torch.utils.checkpoint (module=REGEX)"
+
+# Build defaults (perfcast.graph.build) when the trace measured no launch latency / stream gap.
+_DEFAULT_LAUNCH_NS = 5_000
+_DEFAULT_GAP_NS = 1_000
+_COPIED_HOST = (NodeKind.CPU, NodeKind.LAUNCH)
+# Kineto ("Memcpy HtoD (Pageable -> Device)") and ROCm ("CopyHostToDevice") copy names.
+_HOST_COPY = r"HtoD|DtoH|HtoH|HostToDevice|DeviceToHost|HostToHost"
+# torch.utils.checkpoint at work: reentrant (CheckpointFunctionBackward), non-reentrant
+# (recompute_fn in with_stack traces), FSDP's checkpoint_wrapper modules.
+_CHECKPOINT = r"CheckpointFunctionBackward|checkpoint\.py\(\d+\): recompute_fn|CheckpointWrapper"
+_ATTR = ("op", "op_name", "scope", "gpu_kind", "klass", "nbytes", "dur_measured")
+
+
+@dataclass
+class Options:
+    module: str | None = None  # regex on module/scope or op names; None: all forward work
+
+
+def apply(graph: Graph, options: Options) -> Graph:
+    c = graph.cols
+    bwd = P.select(graph, kind="host", phase="backward")
+    bwd = bwd[c["iteration"][bwd] >= 0]
+    if bwd.size == 0:
+        raise NotApplicableError(
+            "activation-checkpointing: the trace has no backward pass inside its steps "
+            "(inference?): nothing would be recomputed"
+        )
+    already = _already_checkpointed(graph)
+    if already and options.module is None:
+        raise NotApplicableError(
+            f"activation-checkpointing: the trace already checkpoints ({already}); "
+            "recomputing all forward work again would count it twice",
+            hint="pass module=REGEX to checkpoint other modules as well",
+        )
+    fwd = _selected(graph, options.module)
+    if fwd.size == 0:
+        what = f"matching '{options.module}'" if options.module else ""
+        raise NotApplicableError(f"activation-checkpointing: no forward work {what} in the steps")
+    lat = int(graph.nominal.get("launch_latency_ns", _DEFAULT_LAUNCH_NS))
+    gap = int(graph.nominal.get("stream_gap_ns", _DEFAULT_GAP_NS))
+    launch_cap = P.median_launch_ns(graph)
+    n_host = n_gpu = 0
+    host_ns = gpu_ns = 0
+    keys = np.unique(np.stack([c["rank"][fwd], c["iteration"][fwd]], axis=1), axis=0)
+    for rank, it in keys.tolist():
+        group = fwd[(c["rank"][fwd] == rank) & (c["iteration"][fwd] == it)]
+        done = _recompute(graph, group, rank, it, lat, gap, launch_cap)
+        c = graph.cols
+        n_host += done[0]
+        n_gpu += done[1]
+        host_ns += done[2]
+        gpu_ns += done[3]
+    if n_host + n_gpu == 0:
+        raise NotApplicableError(
+            "activation-checkpointing: no step has both the selected forward work and a backward"
+        )
+    steps = max(len(keys), 1)
+    graph.assumptions.append(
+        f"activation checkpointing of {options.module or 'all forward work'}: "
+        f"{n_gpu / steps:.0f} GPU tasks ({gpu_ns / steps / 1e6:.2f} ms) and "
+        f"{n_host / steps:.0f} host nodes ({host_ns / steps / 1e6:.2f} ms) per step recomputed "
+        "with their measured durations (launches at most the median launch), once at the start "
+        "of backward (torch.utils.checkpoint recomputes each segment before its own backward); "
+        "memory saving not modelled (time only)"
+    )
+    if already:
+        graph.assumptions.append(
+            f"the trace already checkpoints ({already}); '{options.module}' is assumed to "
+            "select other modules"
+        )
+    return graph
+
+
+def _already_checkpointed(graph: Graph) -> str | None:
+    """A name showing torch.utils.checkpoint at work in the trace, if any."""
+    table = graph.table
+    names = table.names if table is not None else graph.names
+    pat = re.compile(_CHECKPOINT)
+    return next((n for n in names if pat.search(n)), None)
+
+
+def _selected(graph: Graph, module: str | None) -> np.ndarray:
+    """Forward host segments/launches and GPU tasks to recompute (no copies, no syncs)."""
+    c = graph.cols
+    host = P.select(graph, kind=("cpu", "launch"), phase="forward")
+    gpu = P.select(graph, kind="gpu", phase="forward")
+    if module is not None:
+        host = np.union1d(
+            P.select(graph, kind=("cpu", "launch"), phase="forward", module=module),
+            P.select(graph, kind=("cpu", "launch"), phase="forward", op=module),
+        )
+        gpu = np.union1d(
+            P.select(graph, kind="gpu", phase="forward", module=module),
+            P.select(graph, kind="gpu", phase="forward", op=module),
+        )
+    # A selected kernel brings its launch, a selected launch its kernels.
+    alive_fwd_gpu = P.select(graph, kind="gpu", phase="forward")
+    gpu = np.union1d(gpu, alive_fwd_gpu[np.isin(c["launch"][alive_fwd_gpu], host)])
+    launches = c["launch"][gpu]
+    host = np.union1d(host, launches[launches >= 0])
+    # Host<->device copies (and the launches that only issue them) are not recomputed.
+    host_copy = P.select(graph, kind="gpu", phase="forward", name=_HOST_COPY)
+    host_copy = host_copy[c["gpu_kind"][host_copy] == GpuKind.MEMCPY]
+    copies = np.intersect1d(gpu, host_copy)
+    gpu = np.setdiff1d(gpu, host_copy)
+    copy_only = np.setdiff1d(c["launch"][copies], c["launch"][gpu])
+    host = np.setdiff1d(host, copy_only)
+    nodes = np.union1d(host, gpu)
+    return nodes[c["iteration"][nodes] >= 0]
+
+
+def _recompute(
+    graph: Graph, group: np.ndarray, rank: int, it: int, lat: int, gap: int, launch_cap: int
+) -> tuple[int, int, int, int]:
+    c = graph.cols
+    host = group[np.isin(c["kind"][group], [int(k) for k in _COPIED_HOST])]
+    gpu = group[c["kind"][group] == NodeKind.GPU]
+    launches = P.select(graph, kind="launch", phase="backward", rank=rank, iteration=it)
+    if launches.size:
+        anchor = int(launches[np.argmin(c["order"][launches])])
+    else:  # no backward kernels (CPU-only trace): before the first backward host work
+        bwd = P.select(graph, kind=("cpu", "runtime"), phase="backward", rank=rank, iteration=it)
+        if bwd.size == 0:
+            return 0, 0, 0, 0
+        anchor = int(bwd[np.argmin(c["order"][bwd])])
+        gpu = gpu[:0]
+    host = host[np.argsort(c["order"][host], kind="stable")]
+    gpu = gpu[np.lexsort((c["order"][gpu], c["launch_order"][gpu]))]
+    copy_of: dict[int, int] = {}
+    # A launch far slower than the median waited on a full launch queue (the CPU ran ahead
+    # of the GPU) or an allocator sync; recomputed, it costs a typical launch.
+    host_dur = c["dur"][host].copy()
+    is_launch = c["kind"][host] == NodeKind.LAUNCH
+    host_dur[is_launch] = np.minimum(host_dur[is_launch], launch_cap)
+    host_ns = int(host_dur.sum())
+    if host.size:
+        new = P.insert(
+            graph,
+            lane=int(c["lane"][anchor]),
+            before=anchor,
+            dur=host_dur,
+            kind=NodeKind.CPU,
+            name="recompute",
+            count=host.size,
+            source=Source.SCALED,
+            phase=int(Phase.BACKWARD),
+            iteration=it,
+            rank=rank,
+            **{k: c[k][host] for k in _ATTR},
+        )
+        c = graph.cols
+        _copy_identity(graph, host, new)
+        copy_of = dict(zip(host.tolist(), new.tolist()))
+    gpu_ns = int(c["dur"][gpu].sum())
+    if gpu.size:
+        first = _first_backward_gpu(graph, anchor, rank, it)
+        if first < 0:
+            return host.size, 0, host_ns, 0
+        launch = np.array([copy_of.get(int(x), NONE) for x in c["launch"][gpu]], dtype=np.int64)
+        launch_order = np.where(launch >= 0, c["order"][np.maximum(launch, 0)], c["order"][first])
+        new = P.insert(
+            graph,
+            lane=int(c["lane"][first]),
+            before=first,
+            dur=c["dur"][gpu],
+            kind=NodeKind.GPU,
+            name="recompute",
+            count=gpu.size,
+            source=Source.SCALED,
+            phase=int(Phase.BACKWARD),
+            iteration=it,
+            rank=rank,
+            launch=launch,
+            launch_order=launch_order,
+            launch_w=lat,
+            stream_w=gap,
+            **{k: c[k][gpu] for k in _ATTR},
+        )
+        _copy_identity(graph, gpu, new)
+    return host.size, gpu.size, host_ns, gpu_ns
+
+
+def _copy_identity(graph: Graph, originals: np.ndarray, copies: np.ndarray) -> None:
+    """Copies keep their originals' kind and name; their source is at least scaled."""
+    c = graph.cols
+    c["kind"][copies] = c["kind"][originals]
+    c["name"][copies] = c["name"][originals]
+    c["source"][copies] = np.maximum(c["source"][originals], int(Source.SCALED))
+
+
+def _first_backward_gpu(graph: Graph, anchor: int, rank: int, it: int) -> int:
+    """The first backward GPU task: the first one the anchor launch issued, else the first
+    backward GPU task launched."""
+    c = graph.cols
+    gpu = P.select(graph, kind="gpu", phase="backward", rank=rank, iteration=it)
+    if gpu.size == 0:
+        return NONE
+    own = gpu[c["launch"][gpu] == anchor]
+    pick = own if own.size else gpu
+    return int(pick[np.lexsort((c["order"][pick], c["launch_order"][pick]))[0]])

@@ -1,0 +1,364 @@
+"""The ddp, activation-checkpointing and dataloader-overlap what-ifs on hand-made traces.
+
+Every expected step time is worked out by hand from the trace below; times in µs.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import perfcast
+from perfcast.errors import NotApplicableError
+from perfcast.graph.build import build_graph
+from perfcast.graph.model import NodeKind, Source
+from perfcast.hardware import allreduce_time_us, lookup_link
+from perfcast.sim.timeline import simulate
+from perfcast.whatif.registry import parse_spec
+from perfcast.whatif.runner import run_whatif
+
+PID, TID, GPU_PID, STREAM = 100, 100, 0, 7
+A100 = {"id": 0, "name": "NVIDIA A100-SXM4-80GB", "numSms": 108}
+AG = "autograd::engine::evaluate_function: torch::autograd::AccumulateGrad"
+DL = "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"
+SHAPE = [[1024, 1024], [1024, 1024]]  # one 1024x1024 fp32 parameter: 4 MiB of gradient
+MIB = 1 << 20
+
+
+def _x(cat: str, name: str, pid: int, tid: int, ts: float, dur: float, args: dict) -> dict:
+    """A complete ("X") event."""
+    return {"ph": "X", "cat": cat, "name": name, "pid": pid, "tid": tid, "ts": ts, "dur": dur,
+            "args": args}  # fmt: skip
+
+
+class Trace:
+    """A Kineto trace in today's format, built event by event."""
+
+    def __init__(self, device: dict | None = A100) -> None:
+        self.events: list[dict[str, Any]] = []
+        self.corr = 0
+        self.device = device
+
+    def op(self, name: str, ts: float, dur: float, cat: str = "cpu_op", **args: Any) -> None:
+        self.events.append(_x(cat, name, PID, TID, ts, dur, args))
+
+    def launch(
+        self, ts: float, dur: float, kernel: str, k_ts: float, k_dur: float, stream: int = STREAM
+    ) -> None:
+        """cudaLaunchKernel on the host and its kernel, matched by correlation id."""
+        self.corr += 1
+        self.events.append(
+            _x("cuda_runtime", "cudaLaunchKernel", PID, TID, ts, dur, {"correlation": self.corr})
+        )
+        args = {"correlation": self.corr, "stream": stream, "device": 0}
+        self.events.append(_x("kernel", kernel, GPU_PID, stream, k_ts, k_dur, args))
+
+    def write(self, path: Path) -> Path:
+        doc: dict[str, Any] = {"schemaVersion": 1, "traceEvents": self.events}
+        if self.device:
+            doc["deviceProperties"] = [self.device]
+        path.write_text(json.dumps(doc))
+        return path
+
+
+def training_step(shapes: bool = True, extra_kernel: str | None = None) -> Trace:
+    """One GPU-bound training step: the host is far ahead, the GPU runs back to back.
+
+    GPU (stream 7): linear 10-210, relu 210-260 | backward: addmm' 260-460, grad add 460-470,
+    mm' 470-670, grad add 670-680 | Adam 680-730. Measured step: 730 µs.
+    """
+    t = Trace()
+    t.op("ProfilerStep#1", 0, 100, cat="user_annotation")
+    t.op("aten::linear", 5, 7)
+    t.launch(6, 3, "ampere_sgemm_128x64_tn", 10, 200)
+    t.op("aten::relu", 13, 5)
+    t.launch(14, 2, "vectorized_elementwise_kernel<relu>", 210, 50)
+    dims = {"Input Dims": SHAPE} if shapes else {}
+    for k, (b0, kern) in enumerate(((20, 260), (40, 470))):
+        name = "AddmmBackward0" if k == 0 else "MmBackward0"
+        t.op(f"autograd::engine::evaluate_function: {name}", b0, 10)
+        t.launch(b0 + 1, 3, f"ampere_sgemm_128x64_nn_{name}", kern, 200)
+        a0 = b0 + 11
+        t.op(AG, a0, 8)
+        t.op("torch::autograd::AccumulateGrad", a0 + 1, 6)
+        t.op("aten::add_", a0 + 2, 4, **dims)
+        t.launch(a0 + 3, 2, "vectorized_elementwise_kernel<add>", kern + 200, 10)
+    t.op("Optimizer.step#Adam.step", 70, 20, cat="user_annotation")
+    t.launch(75, 3, "multi_tensor_apply_kernel<adam>", 680, 50)
+    if extra_kernel:  # a collective the trace itself ran (300 µs on stream 20), after backward
+        t.op("c10d::allreduce_", 65, 4)
+        t.launch(66, 2, extra_kernel, 690, 300, stream=20)
+    return t
+
+
+def dataloader_steps(t_dl: float = 8000, t_rest: float = 2000, steps: int = 2) -> Trace:
+    """A CPU-only trace whose steps load data on the main thread (T_dl), then compute."""
+    t = Trace(device=None)
+    for s in range(steps):
+        t0 = s * (t_dl + t_rest)
+        t.op(f"ProfilerStep#{s + 1}", t0, t_dl + t_rest, cat="user_annotation")
+        t.op(DL, t0, t_dl, cat="user_annotation")
+        t.op("aten::stack", t0 + 10, t_dl - 20)
+        t.op("aten::mm", t0 + t_dl, t_rest)
+    return t
+
+
+def predict(path: Path, *specs: str):
+    table = perfcast.load(path)
+    result, _, predicted = run_whatif(table, [parse_spec(s) for s in specs])
+    return result, predicted
+
+
+def ar_us(mib: float, gpus: int = 8, link: str = "nvlink3") -> float:
+    spec = lookup_link(link)
+    assert spec is not None
+    return allreduce_time_us(mib * MIB, gpus, spec, "ring")
+
+
+@pytest.fixture
+def step_trace(tmp_path: Path) -> Path:
+    return training_step().write(tmp_path / "step.json")
+
+
+def test_the_hand_trace_replays_as_measured(step_trace: Path) -> None:
+    graph = build_graph(perfcast.load(step_trace))
+    # All GPU tasks but the first start right after their stream predecessor.
+    assert graph.nominal["stream_gap_ns"] == 0
+    tl = simulate(graph)
+    assert [s for *_, s in tl.iteration_ns()] == [730_000]
+
+
+# ---------------------------------------------------------------------------------------------
+# ddp
+
+
+def test_ddp_buckets_from_shapes_overlap_backward(step_trace: Path) -> None:
+    # Two 4 MiB gradients. The first fills the 1 MiB first bucket; the second is the last
+    # bucket. Bucket 1 reduces during mm' (470-502.9, hidden); bucket 2 starts when the last
+    # grad add ends (680) and Adam waits for it: 680 + T + 50.
+    # Ring on 8 GPUs over NVLink 3 (300 GB/s, 0.6 µs): 2*7 steps of 0.6 µs + (4 MiB / 8) / B.
+    assert ar_us(4) == pytest.approx(14 * (0.6 + 4 * MIB / 8 / 300e3))  # 32.87 µs
+    result, predicted = predict(step_trace, "ddp:gpus=8")
+    expected = 680 + ar_us(4) + 50
+    assert result.baseline_ms == pytest.approx(0.730)
+    assert result.predicted_ms * 1000 == pytest.approx(expected, abs=0.002)
+    g = predicted.graph
+    ar = [i for i in range(len(g)) if g.name_of(i).startswith("ncclKernel_AllReduce (modelled")]
+    assert len(ar) == 2
+    assert all(g.cols["source"][i] == Source.MODELLED for i in ar)
+    assert predicted.start[ar[0]] == 470_000  # after the first grad add, not before
+    assert "nvlink3" in result.applied[0].assumptions[0]
+
+
+def test_ddp_one_big_bucket_waits_for_the_last_gradient(step_trace: Path) -> None:
+    result, _ = predict(step_trace, "ddp:gpus=8,first_bucket_mb=25")
+    assert result.predicted_ms * 1000 == pytest.approx(680 + ar_us(8) + 50, abs=0.002)
+
+
+def test_ddp_link_and_gpu_count(step_trace: Path) -> None:
+    result, _ = predict(step_trace, "ddp:gpus=2,link=pcie4")
+    assert result.predicted_ms * 1000 == pytest.approx(680 + ar_us(4, 2, "pcie4") + 50, abs=0.002)
+    with pytest.raises(NotApplicableError, match="unknown link"):
+        predict(step_trace, "ddp:link=carrier_pigeon")
+    with pytest.raises(NotApplicableError, match="at least 2"):
+        predict(step_trace, "ddp:gpus=1")
+
+
+def test_ddp_without_shapes_needs_params_mb(tmp_path: Path) -> None:
+    path = training_step(shapes=False).write(tmp_path / "noshapes.json")
+    with pytest.raises(NotApplicableError, match="record_shapes=True"):
+        predict(path, "ddp")
+    # 8 MiB split evenly over the two AccumulateGrad ops: the same as the shapes say.
+    result, _ = predict(path, "ddp:params_mb=8")
+    assert result.predicted_ms * 1000 == pytest.approx(680 + ar_us(4) + 50, abs=0.002)
+
+
+def test_ddp_blocking_wait_holds_the_host(step_trace: Path) -> None:
+    # With TORCH_NCCL_BLOCKING_WAIT the host idles until the last all-reduce ends (at
+    # 680 + T); only then run the optimizer's 5 µs of Python before its launch, the 3 µs
+    # launch, the 5 µs default launch latency (too few launch-bound kernels to measure it),
+    # and Adam's 50 µs.
+    result, _ = predict(step_trace, "ddp:blocking_wait=true")
+    assert result.predicted_ms * 1000 == pytest.approx(680 + ar_us(4) + 5 + 3 + 5 + 50, abs=0.002)
+
+
+def test_ddp_replaces_the_traces_own_allreduce(tmp_path: Path) -> None:
+    path = training_step(extra_kernel="ncclKernel_AllReduce_RING_LL_Sum_float").write(
+        tmp_path / "ddp.json"
+    )
+    result, _ = predict(path, "ddp")
+    # The measured 300 µs all-reduce (690-990) is gone; the modelled ones take its place.
+    assert result.baseline_ms == pytest.approx(0.990)
+    assert result.predicted_ms * 1000 == pytest.approx(680 + ar_us(4) + 50, abs=0.002)
+    assert any("already ran data parallel" in a for a in result.applied[0].assumptions)
+
+
+def test_ddp_refuses_other_collectives(tmp_path: Path) -> None:
+    path = training_step(extra_kernel="ncclKernel_AllGather_RING_LL_Sum_int8_t").write(
+        tmp_path / "fsdp.json"
+    )
+    with pytest.raises(NotApplicableError, match="allgather"):
+        predict(path, "ddp")
+
+
+def test_ddp_refuses_cpu_only_and_inference(tmp_path: Path) -> None:
+    with pytest.raises(NotApplicableError, match="CPU-only"):
+        predict(dataloader_steps().write(tmp_path / "cpu.json"), "ddp")
+    t = Trace()
+    t.op("ProfilerStep#1", 0, 100, cat="user_annotation")
+    t.op("aten::linear", 5, 7)
+    t.launch(6, 3, "ampere_sgemm_128x64_tn", 10, 200)
+    with pytest.raises(NotApplicableError, match="no backward"):
+        predict(t.write(tmp_path / "inference.json"), "ddp")
+
+
+# ---------------------------------------------------------------------------------------------
+# activation-checkpointing
+
+
+def test_checkpointing_everything_recomputes_the_forward(step_trace: Path) -> None:
+    # linear (200) and relu (50) run again before addmm': 730 + 250.
+    result, predicted = predict(step_trace, "activation-checkpointing")
+    assert result.predicted_ms * 1000 == pytest.approx(980, abs=0.002)
+    g = predicted.graph
+    c = g.cols
+    copies = [i for i in range(len(g)) if c["event"][i] < 0 and c["kind"][i] == NodeKind.GPU]
+    assert sorted(int(c["dur"][i]) for i in copies) == [50_000, 200_000]
+    assert all(c["source"][i] == Source.SCALED for i in copies)
+    # Each copy is launched by a copied launch on the host, before the first backward launch.
+    launches = [int(c["launch"][i]) for i in copies]
+    assert all(c["kind"][x] == NodeKind.LAUNCH and c["event"][x] < 0 for x in launches)
+    assert "memory saving not modelled" in result.applied[0].assumptions[0]
+
+
+def test_checkpointing_one_module(step_trace: Path) -> None:
+    result, _ = predict(step_trace, "activation-checkpointing:module=relu")
+    assert result.predicted_ms * 1000 == pytest.approx(780, abs=0.002)
+    with pytest.raises(NotApplicableError, match="no forward work"):
+        predict(step_trace, "activation-checkpointing:module=nonexistent_layer")
+
+
+def test_checkpointing_cpu_only_copies_host_work(tmp_path: Path) -> None:
+    t = Trace(device=None)
+    t.op("ProfilerStep#1", 0, 1000, cat="user_annotation")
+    t.op("aten::linear", 0, 300)
+    t.op("autograd::engine::evaluate_function: AddmmBackward0", 300, 700)
+    result, _ = predict(t.write(tmp_path / "cpu_train.json"), "activation-checkpointing")
+    assert result.predicted_ms == pytest.approx(1.3)
+
+
+def test_checkpointing_refuses_inference(tmp_path: Path) -> None:
+    path = dataloader_steps().write(tmp_path / "cpu.json")
+    with pytest.raises(NotApplicableError, match="no backward"):
+        predict(path, "activation-checkpointing")
+
+
+# ---------------------------------------------------------------------------------------------
+# dataloader-overlap
+
+
+@pytest.mark.parametrize(
+    ("workers", "expected_ms"),
+    [
+        (1, 8.0),  # one worker: a batch every 8 ms, 2 of them overlapped by compute
+        (2, 4.0),  # two workers: a batch every 4 ms; the main thread waits 2 ms
+        (4, 2.05),  # four: a batch every 2 ms, ready in time: only the receive overhead
+    ],
+)
+def test_dataloader_workers(tmp_path: Path, workers: int, expected_ms: float) -> None:
+    path = dataloader_steps(t_dl=8000, t_rest=2000).write(tmp_path / "dl.json")
+    result, _ = predict(path, f"dataloader-overlap:workers={workers}")
+    assert result.baseline_ms == pytest.approx(10.0)
+    assert result.predicted_ms == pytest.approx(expected_ms, abs=1e-5)
+    assert "cores unknown" in result.applied[0].assumptions[0]
+
+
+def test_dataloader_cpu_contention(tmp_path: Path) -> None:
+    # 2 workers + main thread on 2 cores. At slowdown f the step is 4f (workers limit) and
+    # a worker is busy u = 8 / (2 * 4f) = 1/f, so f = (1 + 2/f) / 2: f = (1 + sqrt(17)) / 4.
+    path = dataloader_steps().write(tmp_path / "dl.json")
+    result, _ = predict(path, "dataloader-overlap:workers=2,cores=2")
+    f = (1 + math.sqrt(17)) / 4
+    assert result.predicted_ms == pytest.approx(4 * f, rel=1e-3)
+    # Enough cores: no contention.
+    result, _ = predict(path, "dataloader-overlap:workers=2,cores=16")
+    assert result.predicted_ms == pytest.approx(4.0, abs=1e-5)
+
+
+def test_dataloader_refusals(tmp_path: Path, step_trace: Path) -> None:
+    with pytest.raises(NotApplicableError, match="no data loading"):
+        predict(step_trace, "dataloader-overlap")
+    t = dataloader_steps()
+    for e in t.events:
+        e["name"] = e["name"].replace("_SingleProcess", "_MultiProcessing")
+    with pytest.raises(NotApplicableError, match="already uses worker processes"):
+        predict(t.write(tmp_path / "multi.json"), "dataloader-overlap")
+
+
+# ---------------------------------------------------------------------------------------------
+# composition
+
+
+def test_ddp_and_checkpointing_compose_in_either_order(step_trace: Path) -> None:
+    # Recompute delays backward by 250 µs; the last bucket still follows the last grad add.
+    expected = 680 + 250 + ar_us(4) + 50
+    for specs in (("activation-checkpointing", "ddp"), ("ddp", "activation-checkpointing")):
+        result, predicted = predict(step_trace, *specs)
+        assert result.predicted_ms * 1000 == pytest.approx(expected, abs=0.002)
+        assert [a.name for a in result.applied] == list(specs)
+        assert not predicted.graph.check_invariants()
+
+
+def test_dataloader_composes_with_other_models(tmp_path: Path) -> None:
+    # Compute 2x faster first: T_rest = 1 ms, two workers deliver every 4 ms -> 4 ms steps.
+    path = dataloader_steps().write(tmp_path / "dl.json")
+    result, _ = predict(path, "faster-op:pattern=aten::mm,factor=2", "dataloader-overlap:workers=2")
+    assert result.predicted_ms == pytest.approx(4.0, abs=1e-5)
+    result, _ = predict(path, "faster-op:pattern=aten::mm,factor=2", "dataloader-overlap:workers=8")
+    assert result.predicted_ms == pytest.approx(1.05, abs=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------
+# real traces
+
+
+@pytest.mark.slow
+def test_real_ddp_trace(shared_traces: Path) -> None:
+    table = perfcast.load(shared_traces / "hta_ddp_v100_rank1_memory.json.gz")
+    with pytest.raises(NotApplicableError, match="params_mb"):
+        run_whatif(table, [parse_spec("ddp")])
+    for spec in ("ddp:params_mb=100", "ddp:params_mb=100,gpus=64,link=pcie3"):
+        result, _, _ = run_whatif(table, [parse_spec(spec)])
+        assert math.isfinite(result.speedup) and result.speedup > 0
+        assert any("replaced" in a for a in result.applied[0].assumptions)
+
+
+@pytest.mark.slow
+def test_real_bert_inference_trace(shared_traces: Path) -> None:
+    # One inference step: none of the three models applies, and each says why.
+    table = perfcast.load(shared_traces / "tracelens_h100_bert_small.json.gz")
+    for spec, why in (
+        ("ddp", "no backward"),
+        ("activation-checkpointing", "no backward"),
+        ("dataloader-overlap", "no data loading"),
+    ):
+        with pytest.raises(NotApplicableError, match=why):
+            run_whatif(table, [parse_spec(spec)])
+
+
+@pytest.mark.slow
+def test_real_single_gpu_training_trace(shared_traces: Path) -> None:
+    table = perfcast.load(shared_traces / "hta_v100_ns_resolution.json.gz")
+    for specs in (
+        ["ddp:params_mb=100"],
+        ["activation-checkpointing"],
+        ["activation-checkpointing", "ddp:params_mb=100"],
+    ):
+        result, _, _ = run_whatif(table, [parse_spec(s) for s in specs])
+        assert math.isfinite(result.speedup) and result.speedup > 0
+    # Recomputing the forward cannot make the step faster.
+    assert result.speedup < 1
