@@ -20,10 +20,15 @@ bounds that kind of kernel. Here, from `perfcast.hardware` datasheet figures:
   bandwidths;
 - communication kernels: unchanged, unless both devices' typical intra-node
   links are NVLink (`hardware.interconnects.default_intra_node_link`); then by
-  the ratio of NVLink bandwidths. The network between nodes is assumed to stay;
+  the ratio of NVLink bandwidths, which assumes the collectives run within one
+  node (a multi-node job's network would not change). Time a collective spends
+  waiting for slower peers scales with it;
 - memcpy: device-to-device copies by the bandwidth ratio; host<->device and
   peer copies unchanged (same PCIe host link and topology assumed);
 - CPU work, launch latencies and gaps: unchanged (the same host is assumed).
+
+The graph's device names become the target's, so models applied afterwards
+(amp, batch-size) use the new GPU's figures.
 
 Every kernel keeps a fixed part that does not scale (launch, block scheduling,
 ramp-up and tail): t_new = f + (t - f) * ratio with f = min(t, fixed), fixed =
@@ -39,6 +44,7 @@ effective dtype of a compute kernel and the shapes of the op that launched it.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from dataclasses import dataclass
@@ -136,11 +142,13 @@ def resolve_device(name: str, model: str, what: str) -> DeviceSpec:
     return spec
 
 
-def rank_devices(graph: Graph, ranks: np.ndarray, override: str | None, model: str) -> dict:
+def rank_devices(
+    graph: Graph, ranks: np.ndarray, override: str | None, model: str
+) -> dict[int, DeviceSpec]:
     """rank -> DeviceSpec of the trace's GPU (the override wins); refuse unknown devices."""
     if override:
-        spec = resolve_device(override, model, "device option")
-        return {int(r): spec for r in np.unique(ranks).tolist()}
+        forced = resolve_device(override, model, "device option")
+        return {int(r): forced for r in np.unique(ranks).tolist()}
     out: dict[int, DeviceSpec] = {}
     for r in np.unique(ranks).tolist():
         name = graph.device_names.get(int(r))
@@ -181,26 +189,23 @@ def kernel_dtype(name: str, klass: int) -> str:
     return "fp32"  # torch.backends.cuda.matmul.allow_tf32 defaults to False since 1.12
 
 
-_DIMS_CACHE: dict[str, list | None] = {}
+@functools.lru_cache(maxsize=1 << 14)
+def _parse_dims(text: str) -> list | None:
+    try:
+        value = json.loads(text)
+    except (ValueError, TypeError):
+        return None
+    return value if isinstance(value, list) else None
 
 
 def op_input_dims(graph: Graph, node: int) -> list | None:
-    """ "Input Dims" of the op a node is attributed to, parsed, or None."""
+    """The parsed "Input Dims" of the op a node is attributed to (do not modify), or None."""
     table = graph.table
     op = int(graph.cols["op"][node])
     if table is None or op < 0 or op >= len(table):
         return None
     idx = int(table.shapes[op])
-    if idx < 0:
-        return None
-    text = table.names[idx]
-    if text not in _DIMS_CACHE:
-        try:
-            value = json.loads(text)
-        except (ValueError, TypeError):
-            value = None
-        _DIMS_CACHE[text] = value if isinstance(value, list) else None
-    return _DIMS_CACHE[text]
+    return _parse_dims(table.names[idx]) if idx >= 0 else None
 
 
 # ---------------------------------------------------------------- the model
@@ -257,6 +262,8 @@ def apply(graph: Graph, options: Options) -> Graph:
     before = int(c["dur"][gpu].sum())
     scale_variable(graph, gpu[changed], ratio[changed], fixed)
     after = int(c["dur"][gpu].sum())
+    # Later models (amp, batch-size) see the new device; a fresh dict, as copies share it.
+    graph.device_names = {**graph.device_names, **dict.fromkeys(sources, target.name)}
     src_names = ", ".join(sorted({s.name for s in sources.values()}))
     comm = (
         "communication kernels scaled by the NVLink bandwidth ratio"

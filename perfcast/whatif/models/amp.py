@@ -1,0 +1,437 @@
+"""amp: automatic mixed precision (torch.autocast) with bf16 or fp16.
+
+What autocast does, from PyTorch's "Automatic Mixed Precision package" docs
+(torch.amp, "Autocast Op Reference", CUDA op lists): ops in the lower-precision
+list (matmul, linear, conv, bmm, addmm, baddbmm, scaled_dot_product_attention,
+...) cast their floating-point inputs to 16 bits and run there; ops in the
+float32 list (layer_norm, group_norm, softmax, log_softmax, losses, sum,
+cumsum, exp, log, pow, norm, ...) run in fp32; other ops run in the dtype of
+their inputs. float64 tensors are never cast. Parameters stay fp32: the
+optimizer and the gradient all-reduce keep their fp32 sizes.
+
+Where each duration comes from:
+
+- matmul / convolution / attention kernels of forward and backward now in
+  fp32 or tf32 (dtype from the kernel name; a matmul naming no dtype is fp32
+  because `torch.backends.cuda.matmul.allow_tf32` defaults to False since
+  PyTorch 1.12; a convolution is tf32 because `torch.backends.cudnn.allow_tf32`
+  defaults to True, unless its name marks FP32 FMA math, see
+  `models.device.kernel_dtype`): scaled (Source.SCALED). When the launching op
+  records its input shapes (mm, addmm, bmm, baddbmm, linear, matmul), by the
+  roofline: the kernel keeps its achieved efficiency (old roofline time /
+  measured time) at the new roofline time, whose FLOPs run at the target
+  dtype's peak and whose bytes halve; otherwise by the ratio of the device's
+  peaks, current dtype vs target (`perfcast.hardware` datasheet figures);
+- memory-bound kernels (elementwise, reductions, copies, batch norm, the
+  helper kernels of GEMM/conv libraries) of forward and backward whose name
+  says fp32 or no dtype: activations are 16-bit, so they move half the bytes
+  (Source.SCALED). Kernels of float32-list ops (in backward: their backward
+  ops), layer/group norm, softmax, embeddings, optimizer, communication,
+  memsets, host copies and kernels already in 16 or 64 bits are unchanged.
+  batch_norm is in neither list: it runs in its input's 16-bit dtype (cuDNN
+  batch norm takes 16-bit data with fp32 parameters), so it halves too;
+- every kernel keeps its fixed part (launch, scheduling, tail): t_new =
+  f + (t - f) * ratio with f = min(t, fixed), fixed = the 5th percentile of the
+  trace's kernel durations (measured; the smallest kernels are almost all
+  fixed cost);
+- cast kernels (Source.MODELLED): autocast casts each fp32 weight before a
+  forward matmul/convolution (once per use; one cast kernel per launching op,
+  bias folded in). Duration = fixed + weight bytes moved / DRAM bandwidth,
+  where the op's shapes give the weight size (read 4 bytes, write 2 per
+  element), else `fixed`. Batched matmuls (bmm, baddbmm) and attention
+  multiply activations, which are already 16-bit, and get no cast. Each cast
+  is launched from a new launch call (the trace's median launch duration)
+  right before the op's first launch, plus the CPU time of the cast op itself
+  (the median of the trace's own `aten::_to_copy` ops that launched a kernel,
+  when the trace has any; otherwise none: an underestimate).
+
+Converted kernels are renamed "autocast[bf16] <name>" so that later models
+(device) know their new dtype. Refused: no GPU work; an unknown device (name
+it with device=); a target dtype the GPU has no native math for (bf16 before
+Ampere); no fp32/tf32 matmul/conv/attention in forward or backward (already
+mixed precision); amp applied twice.
+
+Not modelled: the cast of each weight gradient back to fp32 in backward
+(ToCopyBackward0), input casts of float32-list ops, autocast's weight-cast
+cache across repeated uses of one weight within a step, and a GradScaler
+(bf16 needs none; fp16's adds a few small kernels per step).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from perfcast.analysis.phases import Phase
+from perfcast.errors import NotApplicableError
+from perfcast.events import Kind
+from perfcast.graph.model import GpuKind, Graph, NodeKind, Source
+from perfcast.hardware import (
+    KernelClass,
+    dtype_from_kernel_name,
+    gemm_flops_bytes,
+    roofline_time_us,
+)
+from perfcast.whatif import primitives as P
+from perfcast.whatif.models.device import (
+    is_compute_kernel,
+    is_library_helper,
+    kernel_dtype,
+    kernel_fixed_cost_ns,
+    op_input_dims,
+    rank_devices,
+    require_gpu,
+    scale_variable,
+)
+
+SUMMARY = "automatic mixed precision: fp32/tf32 matmul and conv in 16 bits (dtype=bf16|fp16)"
+
+_DTYPE_ALIASES = {
+    "bf16": "bf16",
+    "bfloat16": "bf16",
+    "fp16": "fp16",
+    "float16": "fp16",
+    "half": "fp16",
+}
+BYTES_FP32 = 4
+BYTES_16 = 2
+
+# PyTorch autocast's CUDA float32 op list (torch.amp docs, "CUDA Ops that can autocast to
+# float32"), as aten op names appear in traces.
+_FP32_BASE = (
+    r"pow|rdiv|rpow|rtruediv|acos|asin|binary_cross_entropy_with_logits|cosh"
+    r"|cosine_embedding_loss|cdist|cosine_similarity|cross_entropy|cross_entropy_loss|cumprod"
+    r"|cumsum|dist|erfinv|exp|expm1|group_norm|hinge_embedding_loss|kl_div|l1_loss|layer_norm"
+    r"|log|log_softmax|log10|log1p|log2|margin_ranking_loss|mse_loss|multilabel_margin_loss"
+    r"|multi_margin_loss|nll_loss|nll_loss2d|nll_loss_nd|norm|linalg_vector_norm|normalize"
+    r"|pdist|poisson_nll_loss|prod|reciprocal|rsqrt|sinh|smooth_l1_loss|soft_margin_loss"
+    r"|softmax|softmin|softplus|sum|renorm|tan|triplet_margin_loss"
+)
+_FP32_FWD = re.compile(rf"^aten::_*(?:native_)?(?:{_FP32_BASE})(?:_forward|_out|_)?$")
+_FP32_BWD = re.compile(rf"^aten::_*(?:native_)?(?:{_FP32_BASE})_backward(?:_data)?$")
+_BATCH_NORM = re.compile(r"batch_?norm|(?<![a-z])bn_(?:fw|bw)")
+# Ops whose operands are activations (already 16-bit under autocast): no weight cast.
+_NO_WEIGHT = re.compile(r"bmm|attention|sdpa|flash|_efficient|fmha")
+_MEMORY_CLASSES = (KernelClass.ELEMENTWISE, KernelClass.REDUCTION, KernelClass.COPY)
+_CAST_NAME = "autocast cast fp32 -> {dtype} (modelled)"
+
+
+@dataclass
+class Options:
+    dtype: str = "bf16"
+    device: str | None = None  # the trace's GPU, when deviceProperties lack or misname it
+
+
+# ---------------------------------------------------------------- shapes
+
+
+def _ints(d: object) -> list[int] | None:
+    if isinstance(d, list) and d and all(isinstance(x, int) and x >= 0 for x in d):
+        return d
+    return None
+
+
+def _numel(d: object) -> int | None:
+    v = _ints(d)
+    return math.prod(v) if v is not None else None
+
+
+def gemm_shape(op_name: str, dims: list | None) -> tuple[int, int, int, int] | None:
+    """(m, n, k, batch) of the GEMM an op runs, from its Input Dims; None when unclear."""
+    if not dims:
+        return None
+    op = op_name.removeprefix("aten::")
+    args = [_ints(d) for d in dims]
+
+    def arg(i: int) -> list[int] | None:
+        return args[i] if i < len(args) else None
+
+    a = b = None
+    if op in ("mm", "matmul", "linear", "bmm"):
+        a, b = arg(0), arg(1)
+    elif op in ("addmm", "baddbmm"):
+        a, b = arg(1), arg(2)
+    if a is None or b is None:
+        return None
+    if op == "linear":  # x[..., k] @ w[n, k].T
+        if len(b) != 2 or a[-1] != b[1]:
+            return None
+        return math.prod(a[:-1]), b[0], b[1], 1
+    if len(a) == 2 and len(b) == 2:
+        m, k, k2, n = a[0], a[1], b[0], b[1]
+        return (m, n, k, 1) if k == k2 else None
+    if len(a) >= 2 and len(b) == 2 and op == "matmul":  # x[..., m, k] @ w[k, n]
+        return (math.prod(a[:-1]), b[1], a[-1], 1) if a[-1] == b[0] else None
+    if len(a) == len(b) >= 3 and a[:-2] == b[:-2]:
+        if a[-1] != b[-2]:
+            return None
+        return a[-2], b[-1], a[-1], math.prod(a[:-2])
+    return None
+
+
+def weight_numel(op_name: str, dims: list | None) -> int | None:
+    """Elements of the fp32 parameters autocast casts for this op (weight + bias)."""
+    if not dims:
+        return None
+    op = op_name.removeprefix("aten::")
+    if op in ("linear", "mm", "matmul") or "conv" in op:
+        w = _numel(dims[1]) if len(dims) > 1 else None
+        if w is None:
+            return None
+        bias = _numel(dims[2]) if len(dims) > 2 and op != "mm" and op != "matmul" else None
+        return w + (bias or 0)
+    if op == "addmm":
+        w = _numel(dims[2]) if len(dims) > 2 else None
+        if w is None:
+            return None
+        return w + (_numel(dims[0]) or 0)
+    return None
+
+
+# ---------------------------------------------------------------- the model
+
+
+def _keeps_fp32(op_name: str, phase: int) -> bool:
+    if phase == Phase.BACKWARD:
+        return bool(_FP32_BWD.match(op_name))
+    return bool(_FP32_FWD.match(op_name))
+
+
+def _cast_op_cpu_ns(graph: Graph) -> int:
+    """Median inclusive CPU time of this trace's `aten::_to_copy` ops that launched a kernel."""
+    table = graph.table
+    if table is None:
+        return 0
+    c = graph.cols
+    try:
+        to_copy = table.names.index("aten::_to_copy")
+    except ValueError:
+        return 0
+    kernels = np.flatnonzero(
+        (c["kind"] == NodeKind.GPU) & (c["gpu_kind"] == GpuKind.KERNEL) & (c["op"] >= 0)
+    )
+    rows: set[int] = set()
+    for r in np.unique(c["op"][kernels]).tolist():
+        for _ in range(4):
+            if r < 0:
+                break
+            if int(table.name[r]) == to_copy and int(table.kind[r]) == Kind.CPU_OP:
+                rows.add(r)
+                break
+            r = int(table.parent[r])
+    if not rows:
+        return 0
+    return int(np.median(table.dur[np.array(sorted(rows))]))
+
+
+def apply(graph: Graph, options: Options) -> Graph:
+    dtype = _DTYPE_ALIASES.get(options.dtype.lower())
+    if dtype is None:
+        raise NotApplicableError(f"amp: dtype must be bf16 or fp16, not '{options.dtype}'")
+    if any(a.startswith("amp (") for a in graph.assumptions):
+        raise NotApplicableError("amp: mixed precision is already applied to this graph")
+    gpu = require_gpu(graph, "amp")
+    c = graph.cols
+    devices = rank_devices(graph, c["rank"][gpu], options.device, "amp")
+    for dev in devices.values():
+        if dtype not in dev.peak_tflops:
+            raise NotApplicableError(
+                f"amp: {dev.name} has no native {dtype} math", hint="try dtype=fp16"
+            )
+    fixed = kernel_fixed_cost_ns(graph)
+    names = graph.names
+    in_step = np.isin(c["phase"][gpu], [Phase.FORWARD, Phase.BACKWARD]) & (
+        c["gpu_kind"][gpu] == GpuKind.KERNEL
+    )
+    work = gpu[in_step]
+
+    compute: list[int] = []
+    memory: list[int] = []
+    for n in work.tolist():
+        name = graph.name_of(n)
+        k = int(c["klass"][n])
+        opn = names[int(c["op_name"][n])] if c["op_name"][n] >= 0 else ""
+        phase = int(c["phase"][n])
+        if opn and _keeps_fp32(opn, phase):
+            continue
+        if is_compute_kernel(graph, n):
+            if kernel_dtype(name, k) in ("fp32", "tf32"):
+                compute.append(n)
+            continue
+        helper = k >= 0 and is_library_helper(name)
+        batch_norm = k == KernelClass.NORM and bool(_BATCH_NORM.search(name.lower()))
+        if not (k in _MEMORY_CLASSES or helper or batch_norm):
+            continue
+        if dtype_from_kernel_name(name) in (None, "fp32"):
+            memory.append(n)
+    if not compute:
+        raise NotApplicableError(
+            "amp: no fp32/tf32 matmul, convolution or attention kernels in forward or "
+            "backward (the trace already runs them in 16 bits, or has none)"
+        )
+
+    # Compute-bound kernels: roofline with the kept efficiency, else the peak ratio.
+    comp = np.array(compute, dtype=np.int64)
+    ratio = np.empty(comp.size, dtype=np.float64)
+    n_roofline = 0
+    for i, n in enumerate(comp.tolist()):
+        dev = devices[int(c["rank"][n])]
+        cur = kernel_dtype(graph.name_of(n), int(c["klass"][n]))
+        opn = names[int(c["op_name"][n])] if c["op_name"][n] >= 0 else ""
+        shape = gemm_shape(opn, op_input_dims(graph, n)) if opn else None
+        if shape is not None and min(shape) > 0:
+            m, nn, k, batch = shape
+            flops, bytes_old = gemm_flops_bytes(m, nn, k, BYTES_FP32, batch)
+            _, bytes_new = gemm_flops_bytes(m, nn, k, BYTES_16, batch)
+            old = roofline_time_us(flops, bytes_old, dev, cur)
+            new = roofline_time_us(flops, bytes_new, dev, dtype)
+            ratio[i] = new / old
+            n_roofline += 1
+        else:
+            ratio[i] = dev.peak(cur) / dev.peak(dtype)
+    comp_before = int(c["dur"][comp].sum())
+    scale_variable(graph, comp, ratio, fixed)
+    comp_after = int(c["dur"][comp].sum())
+    for n in comp.tolist():
+        c["name"][n] = graph.intern(f"autocast[{dtype}] {graph.name_of(n)}")
+
+    mem = np.array(memory, dtype=np.int64)
+    mem_before = int(c["dur"][mem].sum())
+    scale_variable(graph, mem, BYTES_16 / BYTES_FP32, fixed)
+    mem_after = int(c["dur"][mem].sum())
+
+    n_casts, cast_ns = _insert_casts(graph, comp, dtype, devices, fixed)
+
+    graph.assumptions.append(
+        f"amp ({dtype}): {comp.size:,} fp32/tf32 matmul/conv/attention kernels "
+        f"{comp_before / 1e6:.2f} -> {comp_after / 1e6:.2f} ms ({n_roofline:,} by roofline "
+        f"from op shapes, the rest by peak ratio); {mem.size:,} memory-bound kernels move half "
+        f"the bytes ({mem_before / 1e6:.2f} -> {mem_after / 1e6:.2f} ms); {n_casts:,} weight "
+        f"casts added ({cast_ns / 1e6:.2f} ms of GPU time); fixed {fixed / 1000:.1f} µs per "
+        "kernel kept; norms, softmax, losses, optimizer and all-reduce stay fp32"
+    )
+    return graph
+
+
+def _insert_casts(
+    graph: Graph, comp: np.ndarray, dtype: str, devices: dict, fixed: int
+) -> tuple[int, int]:
+    """One weight cast before each forward op that launched a converted matmul/conv.
+
+    Insertions are batched (one `Graph.append` per node kind) with positions chosen as
+    `primitives.insert(before=...)` chooses them.
+    """
+    c = graph.cols
+    names = graph.names
+    fwd = comp[c["phase"][comp] == Phase.FORWARD]
+    fwd = fwd[np.argsort(c["order"][fwd], kind="stable")]
+    if fwd.size == 0:
+        return 0, 0
+    # The first GPU task of each op on each stream (a layout transform may precede the GEMM).
+    alive_gpu = np.flatnonzero((c["kind"] == NodeKind.GPU) & graph.alive & (c["op"] >= 0))
+    alive_gpu = alive_gpu[np.isin(c["op"][alive_gpu], c["op"][fwd])]
+    alive_gpu = alive_gpu[np.argsort(c["order"][alive_gpu], kind="stable")]
+    first_of: dict[tuple[int, int], int] = {}
+    for n, op, lane in zip(
+        alive_gpu.tolist(), c["op"][alive_gpu].tolist(), c["lane"][alive_gpu].tolist()
+    ):
+        first_of.setdefault((op, lane), n)
+    # One cast per launching op (kernels without one stand alone), before its first task.
+    firsts: list[int] = []
+    durs: list[int] = []
+    nbytes: list[int] = []
+    seen: set[tuple[int, int]] = set()
+    for n in fwd.tolist():
+        op, lane = int(c["op"][n]), int(c["lane"][n])
+        key = (op, lane) if op >= 0 else (-1 - n, lane)
+        if key in seen:
+            continue
+        seen.add(key)
+        opn = names[int(c["op_name"][n])] if c["op_name"][n] >= 0 else ""
+        if opn and _NO_WEIGHT.search(opn):
+            continue
+        numel = weight_numel(opn, op_input_dims(graph, n)) if opn else None
+        moved = numel * (BYTES_FP32 + BYTES_16) if numel else 0
+        dev = devices[int(c["rank"][n])]
+        firsts.append(first_of.get((op, lane), n) if op >= 0 else n)
+        durs.append(fixed + round(moved / dev.mem_bw_gbs))
+        nbytes.append(moved)
+    if not firsts:
+        return 0, 0
+    first = np.array(firsts, dtype=np.int64)
+    launch = c["launch"][first].astype(np.int64)
+    has_launch = launch >= 0
+    launch_ns = P.median_launch_ns(graph)
+    cpu_ns = max(_cast_op_cpu_ns(graph) - launch_ns, 0)
+    new_launch = np.full(first.size, -1, dtype=np.int64)
+    if has_launch.any():
+        anchors = launch[has_launch]
+        slots = _slots_before(graph, anchors, 2)
+        if cpu_ns > 0:
+            graph.append(
+                kind=int(NodeKind.CPU),
+                lane=c["lane"][anchors],
+                order=slots[:, 0],
+                dur=cpu_ns,
+                source=int(Source.MODELLED),
+                name=graph.intern("aten::_to_copy (autocast, modelled)"),
+                **_like(graph, anchors),
+            )
+        new_launch[has_launch] = graph.append(
+            kind=int(NodeKind.LAUNCH),
+            lane=graph.cols["lane"][anchors],
+            order=slots[:, 1],
+            dur=launch_ns,
+            dur_measured=launch_ns,
+            source=int(Source.MODELLED),
+            name=graph.intern("cudaLaunchKernel"),
+            **_like(graph, anchors),
+        )
+    c = graph.cols
+    slots = _slots_before(graph, first, 1)[:, 0]
+    like = _like(graph, first)
+    like["gpu_kind"] = np.full(first.size, int(GpuKind.KERNEL))
+    like["klass"] = np.full(first.size, int(KernelClass.ELEMENTWISE))
+    graph.append(
+        kind=int(NodeKind.GPU),
+        lane=c["lane"][first],
+        order=slots,
+        launch_order=np.where(new_launch >= 0, c["order"][np.maximum(new_launch, 0)], slots),
+        dur=np.array(durs, dtype=np.int64),
+        source=int(Source.MODELLED),
+        name=graph.intern(_CAST_NAME.format(dtype=dtype)),
+        launch=new_launch,
+        launch_w=int(graph.nominal.get("launch_latency_ns", 5_000)),
+        stream_w=int(graph.nominal.get("stream_gap_ns", 1_000)),
+        nbytes=np.array(nbytes, dtype=np.int64),
+        **like,
+    )
+    return first.size, int(sum(durs))
+
+
+_LIKE_KEYS = ("op", "op_name", "scope", "phase", "iteration", "rank", "klass", "gpu_kind")
+
+
+def _like(graph: Graph, nodes: np.ndarray) -> dict[str, np.ndarray]:
+    """Attribution columns copied from existing nodes (as `primitives.insert(like=...)`)."""
+    return {k: graph.cols[k][nodes].copy() for k in _LIKE_KEYS}
+
+
+def _slots_before(graph: Graph, anchors: np.ndarray, k: int) -> np.ndarray:
+    """k evenly spaced order keys between each anchor and its live lane predecessor."""
+    c = graph.cols
+    alive = graph.alive
+    out = np.empty((anchors.size, k), dtype=np.float64)
+    lanes = c["lane"][anchors]
+    frac = np.arange(1, k + 1) / (k + 1)
+    for lane in np.unique(lanes).tolist():
+        orders = np.sort(c["order"][np.flatnonzero((c["lane"] == lane) & alive)])
+        sel = np.flatnonzero(lanes == lane)
+        hi = c["order"][anchors[sel]]
+        i = np.searchsorted(orders, hi, side="left") - 1
+        lo = np.where(i >= 0, orders[np.maximum(i, 0)], hi - 1.0)
+        out[sel] = lo[:, None] + (hi - lo)[:, None] * frac[None, :]
+    return out
