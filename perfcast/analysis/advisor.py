@@ -79,6 +79,12 @@ def _facts(graph: Graph, tl: Timeline) -> dict[str, float]:
         tot = sum(p.total_ms for p in paths) or 1.0
         host = sum(p.by_category_ms["cpu"] + p.by_category_ms["runtime"] for p in paths)
         facts["host_critical_pct"] = 100.0 * host / tot
+        for key, cat in (
+            ("wait", "sync wait"),
+            ("latency", "latency"),
+            ("unexplained", "unexplained"),
+        ):
+            facts[f"{key}_critical_pct"] = 100.0 * sum(p.by_category_ms[cat] for p in paths) / tot
         facts["gpu_critical_pct"] = (
             100.0
             * sum(
@@ -124,14 +130,20 @@ def _facts(graph: Graph, tl: Timeline) -> dict[str, float]:
 
 
 def _bottleneck(f: dict[str, float]) -> str:
-    host = f.get("host_critical_pct")
-    if host is None:
+    """What sets the step: the largest share of the critical path."""
+    if "host_critical_pct" not in f:
         return "unknown (no steps to analyse)"
     if f.get("gpu_ms", 0.0) == 0.0:
         return "CPU-only trace: the host sets the step time"
-    if host >= 50.0:
-        return f"host-bound: CPU work and launches set {host:.0f}% of the critical path"
-    return f"GPU-bound: GPU work sets {f.get('gpu_critical_pct', 0.0):.0f}% of the critical path"
+    shares = {
+        "host-bound: CPU work and launches": f["host_critical_pct"],
+        "GPU-bound: GPU work": f.get("gpu_critical_pct", 0.0),
+        "sync-bound: waiting for the GPU or other threads": f.get("wait_critical_pct", 0.0),
+        "latency-bound: launch and dependency latencies": f.get("latency_critical_pct", 0.0),
+        "delays the trace does not explain": f.get("unexplained_critical_pct", 0.0),
+    }
+    label, pct = max(shares.items(), key=lambda kv: kv[1])
+    return f"{label} set {pct:.0f}% of the critical path"
 
 
 def _explain(spec: str, f: dict[str, float]) -> str:

@@ -15,6 +15,9 @@ import numpy as np
 from perfcast.graph.model import NONE, GpuKind, NodeKind
 from perfcast.sim.timeline import Timeline
 
+# "latency": launch latency and back-to-back gaps; "unexplained": a start delayed
+# longer than any dependency in the trace accounts for (counted by the graph builder).
+UNEXPLAINED_NS = 20_000
 CATEGORIES = (
     "cpu",
     "runtime",
@@ -23,6 +26,7 @@ CATEGORIES = (
     "gpu communication",
     "gpu copy",
     "latency",
+    "unexplained",
 )
 
 
@@ -177,11 +181,12 @@ def _walk(
     cat = np.where(
         t == 0, cats[node], np.where(t == 1, _CAT_CODE["sync wait"], _CAT_CODE["latency"])
     )
+    cat[(t == 2) & (dur > UNEXPLAINED_NS)] = _CAT_CODE["unexplained"]
     totals = np.bincount(cat, weights=dur, minlength=len(CATEGORIES))
     by_cat = {c: float(totals[i]) / 1e6 for i, c in enumerate(CATEGORIES)}
     # Top items: (category, name) pairs by time on the path, latency excluded.
     names = g.cols["name"][node]
-    sel = (cat != _CAT_CODE["latency"]) & (dur > 0)
+    sel = (cat != _CAT_CODE["latency"]) & (cat != _CAT_CODE["unexplained"]) & (dur > 0)
     key = cat[sel].astype(np.int64) * (len(g.names) + 1) + (names[sel] + 1)
     items = []
     if key.size:

@@ -630,6 +630,16 @@ def _gpu_weights(
     gap = int(np.median(s_s[stream_bound])) if stream_bound.sum() >= 5 else DEFAULT_STREAM_GAP_NS
     gap = int(np.clip(gap, 0, 20_000))
 
+    _infer_cross_stream(
+        graph,
+        g,
+        start,
+        end,
+        np.where(has_l, s_l - lat, np.iinfo(np.int64).max),
+        np.where(has_p, s_s - gap, np.iinfo(np.int64).max),
+        cross,
+        unresolved,
+    )
     x_src = np.array([cross.get(int(n), NONE) for n in g.tolist()], dtype=np.int64)
     has_x = x_src >= 0
     s_x = np.where(has_x, start[g] - end[np.maximum(x_src, 0)], 0)
@@ -654,6 +664,39 @@ def _gpu_weights(
         f"launch latency {lat / 1000:.1f} µs and back-to-back kernel gap {gap / 1000:.1f} µs "
         "(medians measured on this trace)"
     )
+
+
+def _infer_cross_stream(
+    graph: Graph,
+    g: np.ndarray,
+    start: np.ndarray,
+    end: np.ndarray,
+    n_l: np.ndarray,
+    n_s: np.ndarray,
+    cross: dict[int, int],
+    unresolved: dict[str, int],
+) -> None:
+    """Timing fallback for starts neither the launch nor the stream explains.
+
+    A task that began right after work on another stream of its device ended
+    most likely waited for it (an event the trace does not record). Counted.
+    """
+    c = graph.cols
+    late = (np.minimum(n_l, n_s) > UNEXPLAINED_TOL_NS) & ~np.isin(g, list(cross))
+    if not late.any():
+        return
+    for rank in np.unique(c["rank"][g[late]]).tolist():
+        on_rank = g[c["rank"][g] == rank]
+        order = on_rank[np.argsort(end[on_rank], kind="stable")]
+        ends = end[order]
+        lanes = c["lane"][order]
+        for node in g[late & (c["rank"][g] == rank)].tolist():
+            i = int(np.searchsorted(ends, start[node], side="right")) - 1
+            while i >= 0 and lanes[i] == c["lane"][node]:
+                i -= 1
+            if i >= 0 and start[node] - ends[i] <= UNEXPLAINED_TOL_NS:
+                cross[node] = int(order[i])
+                unresolved["cross_stream_inferred"] = unresolved.get("cross_stream_inferred", 0) + 1
 
 
 def _sync_weights(graph: Graph, unresolved: dict[str, int]) -> None:

@@ -171,6 +171,8 @@ class Graph:
         g.iterations = list(self.iterations)
         g.unresolved = dict(self.unresolved)
         g.nominal = dict(self.nominal)
+        g.device_names = dict(self.device_names)
+        g.rank_origin_ns = dict(self.rank_origin_ns)
         g.assumptions = list(self.assumptions)
         g.removed = None if self.removed is None else self.removed.copy()
         return g

@@ -73,6 +73,8 @@ _PATTERNS: dict[KernelClass, str] = {
     KernelClass.REDUCTION: (
         r"(?<![a-z])reduce_kernel|DeviceReduce|DeviceSegmentedReduce|pool|nll_loss"
         r"|cumsum|cumprod|DeviceScan|moe::dev::finalize|moe_sum"
+        # cuBLAS/cuDNN helpers that sum partial results: memory-bound, not GEMMs.
+        r"|splitKreduce|ReduceSplitK|reduce_wgrad|computeOffsetsKernel"
     ),
     KernelClass.CONV: (
         r"conv(?!ert|ersion)|winograd|fprop|dgrad|wgrad|implicit_gemm|cudnn|(?<![a-z])igemm"

@@ -1,0 +1,666 @@
+// Draws the perfcast report from the JSON block #perfcast-data.
+// Trace text only ever reaches the page through textContent (tables) or through
+// plotEscape() (plotly labels, which plotly reads as a small subset of HTML).
+(function () {
+  "use strict";
+
+  var DATA = JSON.parse(document.getElementById("perfcast-data").textContent);
+  var CONFIG = { displaylogo: false, responsive: true };
+  var COLORS = {
+    "annotation": "#b7c7a3",
+    "cpu op": "#8fb3d9",
+    "runtime": "#f2b45c",
+    "wait": "#c9c9c9",
+    "kernel": "#3d7f3d",
+    "communication": "#c0504d",
+    "copy": "#8064a2",
+    "compute": "#3d7f3d",
+    "idle": "#d0d4da",
+    "data loading": "#9bbb59",
+    "forward": "#4f81bd",
+    "backward": "#c0504d",
+    "optimizer": "#f79646",
+    "sync wait": "#c9c9c9",
+    "gpu compute": "#3d7f3d",
+    "gpu communication": "#c0504d",
+    "gpu copy": "#8064a2",
+    "latency": "#f2dc5c",
+    "cpu": "#8fb3d9",
+    "measured": "#4f81bd",
+    "simulated": "#f79646"
+  };
+  var FONT = {
+    family: "system-ui, -apple-system, Segoe UI, Roboto, Helvetica Neue, Arial, sans-serif",
+    size: 12
+  };
+
+  // ---- helpers -------------------------------------------------------------------------
+
+  function el(tag, attrs, text) {
+    var node = document.createElement(tag);
+    if (attrs) {
+      for (var k in attrs) {
+        if (Object.prototype.hasOwnProperty.call(attrs, k)) {
+          node.setAttribute(k, attrs[k]);
+        }
+      }
+    }
+    if (text !== undefined && text !== null) {
+      node.textContent = String(text);
+    }
+    return node;
+  }
+
+  function add(parent, child) {
+    parent.appendChild(child);
+    return child;
+  }
+
+  function body(id) {
+    var node = document.getElementById(id + "-body");
+    node.textContent = "";
+    return node;
+  }
+
+  function ms(x, digits) {
+    if (x === null || x === undefined || isNaN(x)) {
+      return "-";
+    }
+    var d = digits === undefined ? 2 : digits;
+    return Number(x).toLocaleString("en-US", {
+      minimumFractionDigits: d,
+      maximumFractionDigits: d
+    });
+  }
+
+  function pct(x, digits) {
+    return x === null || x === undefined ? "-" : ms(x, digits === undefined ? 1 : digits) + "%";
+  }
+
+  function signedPct(x) {
+    return x === null || x === undefined ? "-" : (x >= 0 ? "+" : "") + ms(x, 2) + "%";
+  }
+
+  // Plotly renders labels and hover text as a subset of HTML: escape trace text for it.
+  function plotEscape(s) {
+    return String(s).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
+  }
+
+  function shorten(s, n) {
+    s = String(s);
+    return s.length <= n ? s : s.slice(0, n - 1) + "…";
+  }
+
+  function stepLabel(name) {
+    return String(name).replace(/^ProfilerStep#/, "step ");
+  }
+
+  function caption(parent, text, cls) {
+    return add(parent, el("p", { "class": cls || "caption" }, text));
+  }
+
+  // columns: [{label, num, cls}], rows: arrays of cell values (string, number or Node)
+  function table(parent, columns, rows, rowClass) {
+    var wrap = add(parent, el("div", { "class": "scroll" }));
+    var t = add(wrap, el("table", { "class": "data" }));
+    var tr = add(add(t, el("thead")), el("tr"));
+    columns.forEach(function (c) {
+      add(tr, el("th", c.num ? { "class": "num" } : null, c.label));
+    });
+    var tbody = add(t, el("tbody"));
+    rows.forEach(function (row, i) {
+      var r = add(tbody, el("tr", rowClass && rowClass(i) ? { "class": rowClass(i) } : null));
+      row.forEach(function (v, j) {
+        var c = columns[j];
+        var td = add(r, el("td", c.num ? { "class": "num" } : c.cls ? { "class": c.cls } : null));
+        if (v instanceof Node) {
+          td.appendChild(v);
+        } else {
+          td.textContent = v === null || v === undefined ? "-" : String(v);
+        }
+      });
+    });
+    return t;
+  }
+
+  function list(items) {
+    var ul = el("ul");
+    items.forEach(function (s) {
+      add(ul, el("li", null, s));
+    });
+    return ul;
+  }
+
+  function chart(parent, id, traces, layout, height, config) {
+    var div = add(parent, el("div", { "class": "chart", id: id }));
+    var base = {
+      font: FONT,
+      height: height || 360,
+      margin: { l: 60, r: 20, t: 30, b: 60 },
+      paper_bgcolor: "#fff",
+      plot_bgcolor: "#fff",
+      legend: { orientation: "h", y: -0.18, traceorder: "normal" },
+      hoverlabel: { namelength: -1 }
+    };
+    for (var k in layout) {
+      if (Object.prototype.hasOwnProperty.call(layout, k)) {
+        base[k] = layout[k];
+      }
+    }
+    Plotly.newPlot(div, traces, base, config || CONFIG);
+    return div;
+  }
+
+  function median(xs) {
+    if (!xs.length) {
+      return null;
+    }
+    var s = xs.slice().sort(function (a, b) { return a - b; });
+    var m = (s.length - 1) / 2;
+    return (s[Math.floor(m)] + s[Math.ceil(m)]) / 2;
+  }
+
+  function mean(xs) {
+    if (!xs.length) {
+      return null;
+    }
+    return xs.reduce(function (a, b) { return a + b; }, 0) / xs.length;
+  }
+
+  var RANKS = DATA.summary.ranks;
+  var MULTI = RANKS.length > 1;
+  var REPLAY = {};
+  if (DATA.replay) {
+    DATA.replay.ranks.forEach(function (r) {
+      REPLAY[r.rank] = r.iterations;
+    });
+  }
+
+  // x labels shared by the per-step charts
+  function stepKey(rank, name) {
+    return plotEscape((MULTI ? "r" + rank + " · " : "") + stepLabel(name));
+  }
+
+  // ---- summary ---------------------------------------------------------------------------
+
+  function renderSummary() {
+    var root = body("summary");
+    var rows = RANKS.map(function (rs) {
+      var times = rs.iterations.map(function (it) { return it.measured_ms; });
+      var rep = REPLAY[rs.rank] || [];
+      var sim = rep.map(function (it) { return it.simulated_ms; });
+      var err = rep.map(function (it) { return Math.abs(it.error_pct); });
+      return [
+        String(rs.rank),
+        rs.device || "-",
+        rs.path.split("/").pop(),
+        String(rs.iterations.length) + (rs.has_steps ? "" : " (whole trace)"),
+        ms(mean(times)),
+        ms(median(times)),
+        ms(times.length ? Math.min.apply(null, times) : null),
+        ms(times.length ? Math.max.apply(null, times) : null),
+        ms(mean(sim)),
+        err.length ? pct(Math.max.apply(null, err), 2) : "-"
+      ];
+    });
+    table(root, [
+      { label: "rank" }, { label: "device" }, { label: "file", cls: "name" },
+      { label: "steps", num: true }, { label: "mean ms", num: true },
+      { label: "median ms", num: true }, { label: "min ms", num: true },
+      { label: "max ms", num: true }, { label: "simulated mean ms", num: true },
+      { label: "worst replay error", num: true }
+    ], rows);
+    caption(root, "A step runs from the previous step's completion to its own (CPU range ended " +
+      "and its GPU work done), so step times add up to the total. Simulated: the same steps " +
+      "replayed by the perfcast simulator, with measured durations.");
+    if (DATA.replay) {
+      var r = DATA.replay;
+      caption(root, r.nodes.toLocaleString("en-US") + " graph nodes replayed; " +
+        r.unresolved_dependencies.toLocaleString("en-US") +
+        " dependencies resolved by heuristic; worst step error " +
+        pct(r.max_abs_error_pct, 2) + ".");
+      if (r.assumptions && r.assumptions.length) {
+        var d = add(root, el("details"));
+        add(d, el("summary", null, "replay assumptions (" + r.assumptions.length + ")"));
+        d.appendChild(list(r.assumptions));
+      }
+    }
+    RANKS.forEach(function (rs, i) {
+      var det = add(root, el("details"));
+      if (i === 0 && RANKS.length <= 2) {
+        det.open = true;
+      }
+      add(det, el("summary", null, "steps of rank " + rs.rank));
+      var rep = {};
+      (REPLAY[rs.rank] || []).forEach(function (it) { rep[it.name] = it; });
+      var rows2 = rs.iterations.map(function (it) {
+        var g = it.gpu;
+        var s = rep[it.name];
+        return [
+          stepLabel(it.name), ms(it.measured_ms), s ? ms(s.simulated_ms) : "-",
+          s ? signedPct(s.error_pct) : "-",
+          g ? ms(g.compute_ms) : "-", g ? ms(g.communication_exposed_ms) : "-",
+          g ? ms(g.memcpy_exposed_ms) : "-", g ? ms(g.idle_ms) : "-",
+          g ? pct(g.communication_overlap_pct, 0) : "-", String(it.kernels)
+        ];
+      });
+      table(det, [
+        { label: "step" }, { label: "measured ms", num: true },
+        { label: "simulated ms", num: true }, { label: "error", num: true },
+        { label: "GPU compute", num: true }, { label: "comm exposed", num: true },
+        { label: "copies exposed", num: true }, { label: "idle", num: true },
+        { label: "comm overlap", num: true }, { label: "kernels", num: true }
+      ], rows2);
+    });
+  }
+
+  // ---- breakdown -------------------------------------------------------------------------
+
+  function renderBreakdown() {
+    var root = body("breakdown");
+    var x = [];
+    var parts = {
+      compute: [], "communication exposed": [], "copies exposed": [], idle: []
+    };
+    var cpu = { "data loading": [], forward: [], backward: [], optimizer: [], communication: [] };
+    var hasGpu = false;
+    RANKS.forEach(function (rs) {
+      rs.iterations.forEach(function (it) {
+        x.push(stepKey(rs.rank, it.name));
+        var g = it.gpu;
+        hasGpu = hasGpu || !!g;
+        parts.compute.push(g ? g.compute_ms : null);
+        parts["communication exposed"].push(g ? g.communication_exposed_ms : null);
+        parts["copies exposed"].push(g ? g.memcpy_exposed_ms : null);
+        parts.idle.push(g ? g.idle_ms : null);
+        cpu["data loading"].push(it.cpu.dataloader_ms);
+        cpu.forward.push(it.cpu.forward_ms);
+        cpu.backward.push(it.cpu.backward_ms);
+        cpu.optimizer.push(it.cpu.optimizer_ms);
+        cpu.communication.push(it.cpu.communication_ms);
+      });
+    });
+    if (!x.length) {
+      caption(root, "No steps in this trace.", "empty");
+      return;
+    }
+    add(root, el("h3", null, "GPU time per step"));
+    if (hasGpu) {
+      var gcol = {
+        compute: COLORS.compute, "communication exposed": COLORS.communication,
+        "copies exposed": COLORS.copy, idle: COLORS.idle
+      };
+      chart(root, "chart-breakdown-gpu", Object.keys(parts).map(function (k) {
+        return {
+          type: "bar", name: k, x: x, y: parts[k], marker: { color: gcol[k] },
+          hovertemplate: "%{x}<br>" + k + ": %{y:.3f} ms<extra></extra>"
+        };
+      }), {
+        barmode: "stack",
+        yaxis: { title: { text: "ms" } },
+        xaxis: { type: "category", automargin: true }
+      });
+      caption(root, "Compute: any non-communication kernel running. Communication and copies " +
+        "count only where not hidden by compute. Idle: nothing on any stream. The four add up " +
+        "to the step time.");
+    } else {
+      caption(root, "No GPU work in this trace.", "empty");
+    }
+    add(root, el("h3", null, "CPU time per step, by phase"));
+    var ccol = {
+      "data loading": COLORS["data loading"], forward: COLORS.forward,
+      backward: COLORS.backward, optimizer: COLORS.optimizer,
+      communication: COLORS.communication
+    };
+    chart(root, "chart-breakdown-cpu", Object.keys(cpu).map(function (k) {
+      return {
+        type: "bar", name: k, x: x, y: cpu[k], marker: { color: ccol[k] },
+        hovertemplate: "%{x}<br>" + k + ": %{y:.3f} ms<extra></extra>"
+      };
+    }), {
+      barmode: "stack",
+      yaxis: { title: { text: "CPU ms (summed over threads)" } },
+      xaxis: { type: "category", automargin: true }
+    });
+    caption(root, "CPU time of the outermost events of each phase, per thread: two threads " +
+      "busy at once count twice.");
+  }
+
+  // ---- timeline --------------------------------------------------------------------------
+
+  function renderTimeline() {
+    var root = body("timeline");
+    var T = DATA.timeline;
+    if (!T) {
+      caption(root, "No step to show.", "empty");
+      return;
+    }
+    var cats = DATA.categories;
+    var groups = [["measured", T.measured, "y"]];
+    if (T.simulated) {
+      groups.push(["simulated", T.simulated, "y2"]);
+    }
+    var head = "Rank " + T.rank + ", " + stepLabel(T.iteration) +
+      (T.steps_on_rank > 1 ? " (the median-length of " + T.steps_on_rank + " steps)" : "") +
+      ": measured " + ms(T.measured.window_ms) + " ms" +
+      (T.simulated ? ", simulated " + ms(T.simulated.window_ms) + " ms" : "") + ".";
+    add(root, el("p", { "class": "headline" }, head));
+    var capped = groups.filter(function (g) { return g[1].shown < g[1].total; });
+    if (capped.length) {
+      add(root, el("p", { "class": "note" }, capped.map(function (g) {
+        return g[0] + ": showing the " + g[1].shown.toLocaleString("en-US") + " longest of " +
+          g[1].total.toLocaleString("en-US") + " bars";
+      }).join("; ") + " (at most " + T.max_bars.toLocaleString("en-US") +
+        " per group, so the page stays fast). Use Perfetto for every event."));
+    }
+    var traces = [];
+    var seen = {};
+    groups.forEach(function (g) {
+      var label = g[0];
+      var G = g[1];
+      var lanes = G.lanes.map(function (l) { return plotEscape(shorten(l, 48)); });
+      var byCat = {};
+      for (var i = 0; i < G.lane.length; i++) {
+        var c = G.cat[i];
+        var b = byCat[c] || (byCat[c] = { x: [], base: [], y: [], text: [] });
+        b.x.push(G.dur[i]);
+        b.base.push(G.start[i]);
+        b.y.push(lanes[G.lane[i]]);
+        b.text.push(plotEscape(shorten(T.names[G.name[i]], 160)) + "<br>" +
+          ms(G.start[i], 3) + " → " + ms(G.start[i] + G.dur[i], 3) + " ms (" +
+          ms(G.dur[i] * 1000, 1) + " µs)");
+      }
+      Object.keys(byCat).sort(function (a, b) { return a - b; }).forEach(function (c) {
+        var name = cats[c];
+        var b = byCat[c];
+        traces.push({
+          type: "bar", orientation: "h", name: name, legendgroup: name,
+          showlegend: !seen[name], x: b.x, base: b.base, y: b.y, yaxis: g[2],
+          hovertext: b.text, hoverinfo: "text", marker: { color: COLORS[name] || "#888" },
+          width: 0.8
+        });
+        seen[name] = true;
+      });
+      // Lanes with no bar left after the cap still get their row.
+      traces.push({
+        type: "scatter", mode: "markers", x: lanes.map(function () { return 0; }), y: lanes,
+        yaxis: g[2], marker: { opacity: 0 }, hoverinfo: "skip", showlegend: false
+      });
+    });
+    var nm = T.measured.lanes.length;
+    var ns = T.simulated ? T.simulated.lanes.length : 0;
+    var rowPx = 24;
+    var plotPx = (Math.max(nm, 1) + ns) * rowPx + (ns ? 40 : 0);
+    var height = plotPx + 130;
+    var split = ns ? (ns * rowPx) / plotPx : 0;
+    var gap = ns ? 40 / plotPx : 0;
+    var xmax = Math.max(T.measured.window_ms, T.simulated ? T.simulated.window_ms : 0);
+    var yaxis = {
+      type: "category", autorange: "reversed", automargin: true, fixedrange: true,
+      domain: [ns ? split + gap : 0, 1], categoryorder: "array",
+      categoryarray: T.measured.lanes.map(function (l) { return plotEscape(shorten(l, 48)); })
+    };
+    var layout = {
+      barmode: "overlay",
+      bargap: 0.15,
+      margin: { l: 40, r: 20, t: 30, b: 100 },
+      xaxis: { title: { text: "ms from the start of the step" }, range: [0, xmax], zeroline: false,
+        anchor: ns ? "y2" : "y" },
+      yaxis: yaxis,
+      legend: { orientation: "h", x: 0, y: -70 / plotPx, yanchor: "top" },
+      annotations: [{
+        text: "<b>measured</b>", xref: "paper", yref: "paper", x: 0, xanchor: "left",
+        y: 1, yanchor: "bottom", showarrow: false
+      }]
+    };
+    if (ns) {
+      layout.yaxis2 = {
+        type: "category", autorange: "reversed", automargin: true, fixedrange: true,
+        domain: [0, split], categoryorder: "array",
+        categoryarray: T.simulated.lanes.map(function (l) { return plotEscape(shorten(l, 48)); })
+      };
+      layout.annotations.push({
+        text: "<b>simulated</b>", xref: "paper", yref: "paper", x: 0, xanchor: "left",
+        y: split, yanchor: "bottom", showarrow: false
+      });
+    }
+    if (!nm) {
+      layout.annotations.push({
+        text: "no CPU ops, runtime calls or GPU work recorded in this window", xref: "paper",
+        yref: "paper", x: 0.5, y: 1, yanchor: "top", showarrow: false, font: { color: "#5d6875" }
+      });
+    }
+    chart(root, "chart-timeline", traces, layout, height);
+    caption(root, "Drag to zoom, double-click to reset; hover a bar for its name. Both groups " +
+      "start at their own step start. Measured CPU lanes show outermost ops, ops nested one " +
+      "level down and runtime calls; simulated CPU lanes interleave op work and runtime calls " +
+      "as the simulator replays them.");
+  }
+
+  // ---- top kernels and ops ---------------------------------------------------------------
+
+  function topTable(parent, title, rows) {
+    add(parent, el("h3", null, title));
+    if (!rows.length) {
+      caption(parent, "none", "empty");
+      return;
+    }
+    table(parent, [
+      { label: "total ms", num: true }, { label: "%", num: true }, { label: "count", num: true },
+      { label: "name", cls: "name" }
+    ], rows.map(function (r) {
+      return [ms(r.total_ms), ms(r.pct, 1), r.count.toLocaleString("en-US"), r.name];
+    }));
+  }
+
+  function renderTop() {
+    var root = body("top");
+    caption(root, "Summed over the steps. Kernels: % of all kernel time. Ops: outermost CPU " +
+      "ops only, so nested calls are not counted twice.");
+    RANKS.forEach(function (rs, i) {
+      var parent = root;
+      if (MULTI) {
+        parent = add(root, el("details"));
+        parent.open = i === 0;
+        add(parent, el("summary", null, "rank " + rs.rank));
+      }
+      var grid = add(parent, el("div", { "class": "grid2" }));
+      topTable(add(grid, el("div")), "top kernels", rs.top_kernels);
+      topTable(add(grid, el("div")), "top CPU ops", rs.top_ops);
+    });
+  }
+
+  // ---- critical path ---------------------------------------------------------------------
+
+  function renderCritical() {
+    var root = body("critical-path");
+    var paths = DATA.replay ? DATA.replay.critical_paths : [];
+    if (!paths.length) {
+      caption(root, DATA.replay ? "No step to analyse." : "The trace was not replayed.", "empty");
+      return;
+    }
+    var cats = Object.keys(paths[0].by_category_ms);
+    var x = paths.map(function (p) { return stepKey(p.rank, p.iteration); });
+    var traces = cats.map(function (c) {
+      return {
+        type: "bar", name: c, x: x,
+        y: paths.map(function (p) { return p.by_category_ms[c] || 0; }),
+        marker: { color: COLORS[c] || "#888" },
+        hovertemplate: "%{x}<br>" + c + ": %{y:.3f} ms<extra></extra>"
+      };
+    }).filter(function (t) {
+      return t.y.some(function (v) { return v > 0.0005; });
+    });
+    add(root, el("h3", null, "Time on the critical path, by category"));
+    chart(root, "chart-critical-path", traces, {
+      barmode: "stack",
+      yaxis: { title: { text: "ms" } },
+      xaxis: { type: "category", automargin: true }
+    });
+    caption(root, "The chain of work and waits that sets each simulated step's time: what " +
+      "would have to get faster for the step to get faster.");
+    var agg = {};
+    paths.forEach(function (p) {
+      p.top_items.forEach(function (item) {
+        var key = item[0] + "\u0000" + item[1];
+        var a = agg[key] || (agg[key] = { cat: item[0], name: item[1], ms: 0, steps: 0 });
+        a.ms += item[2];
+        a.steps += 1;
+      });
+    });
+    var items = Object.keys(agg).map(function (k) { return agg[k]; });
+    items.sort(function (a, b) { return b.ms - a.ms; });
+    add(root, el("h3", null, "Top items on the critical path"));
+    table(root, [
+      { label: "ms per step", num: true }, { label: "in steps", num: true },
+      { label: "category" }, { label: "name", cls: "name" }
+    ], items.slice(0, 15).map(function (a) {
+      return [ms(a.ms / paths.length, 3), a.steps + " of " + paths.length, a.cat, a.name];
+    }));
+    caption(root, "From the top items of each step's path, averaged over " + paths.length +
+      " step" + (paths.length === 1 ? "" : "s") + (MULTI ? " of all ranks" : "") + ".");
+  }
+
+  // ---- advice ----------------------------------------------------------------------------
+
+  function renderAdvice() {
+    var root = body("advice");
+    var A = DATA.advice;
+    if (!A) {
+      caption(root, "No advice: the trace was not replayed.", "empty");
+      return;
+    }
+    var head = add(root, el("p", { "class": "headline" }));
+    add(head, document.createTextNode("Measured "));
+    add(head, el("b", null, ms(A.measured_ms) + " ms"));
+    add(head, document.createTextNode(" per step, replayed "));
+    add(head, el("b", null, ms(A.baseline_ms) + " ms"));
+    add(head, document.createTextNode(". Bottleneck: " + A.bottleneck + "."));
+    var S = A.suggestions;
+    if (!S.length) {
+      caption(root, "No optimization applies to this trace.", "empty");
+    } else {
+      var names = S.map(function (s, i) { return plotEscape((i + 1) + ". " + s.name); });
+      chart(root, "chart-advice", [{
+        type: "bar", orientation: "h", y: names, x: S.map(function (s) { return s.predicted_ms; }),
+        marker: { color: S.map(function (s) { return s.gain_ms > 0 ? "#3d7f3d" : "#c9c9c9"; }) },
+        hovertemplate: "%{y}: %{x:.2f} ms<extra></extra>", name: "predicted"
+      }], {
+        yaxis: { type: "category", autorange: "reversed", automargin: true },
+        xaxis: { title: { text: "predicted ms per step" }, rangemode: "tozero" },
+        showlegend: false,
+        margin: { l: 40, r: 20, t: 20, b: 50 },
+        shapes: [{
+          type: "line", xref: "x", yref: "paper", x0: A.baseline_ms, x1: A.baseline_ms,
+          y0: 0, y1: 1, line: { color: "#1d232b", dash: "dot", width: 1.5 }
+        }],
+        annotations: [{
+          xref: "x", yref: "paper", x: A.baseline_ms, y: 1, yanchor: "bottom",
+          text: "replayed baseline", showarrow: false, font: { size: 11 }
+        }]
+      }, Math.max(160, 34 * S.length + 90), { displaylogo: false, responsive: true,
+        displayModeBar: false });
+      table(root, [
+        { label: "#", num: true }, { label: "optimization" }, { label: "predicted ms", num: true },
+        { label: "speedup", num: true }, { label: "gain ms", num: true },
+        { label: "share measured", num: true }, { label: "why" }, { label: "assumptions" }
+      ], S.map(function (s, i) {
+        return [
+          String(i + 1), s.name, ms(s.predicted_ms),
+          s.speedup === null ? "-" : ms(s.speedup, 2) + "×", ms(s.gain_ms),
+          pct(100 * s.measured_share, 0), s.explanation || "-",
+          s.assumptions.length ? list(s.assumptions) : "-"
+        ];
+      }), function (i) { return i === 0 && S[0].gain_ms > 0 ? "best" : null; });
+      caption(root, "Share measured: how much of the predicted critical path keeps durations " +
+        "measured in the trace (the rest is scaled or modelled): the higher, the more the " +
+        "prediction rests on measurement.");
+    }
+    if (A.not_applicable.length) {
+      var det = add(root, el("details"));
+      add(det, el("summary", null, "not applicable (" + A.not_applicable.length + ")"));
+      table(det, [{ label: "optimization" }, { label: "why not" }],
+        A.not_applicable.map(function (n) { return [n.name, n.reason]; }));
+    }
+  }
+
+  // ---- ranks -----------------------------------------------------------------------------
+
+  function renderRanks() {
+    var root = body("ranks");
+    if (!MULTI) {
+      caption(root, RANKS.length ? "Single rank (rank " + RANKS[0].rank + "): nothing to " +
+        "compare across ranks." : "No ranks.", "empty");
+      return;
+    }
+    var x = RANKS.map(function (rs) { return "rank " + rs.rank; });
+    var meas = RANKS.map(function (rs) {
+      return mean(rs.iterations.map(function (it) { return it.measured_ms; }));
+    });
+    var lo = RANKS.map(function (rs, i) {
+      var t = rs.iterations.map(function (it) { return it.measured_ms; });
+      return t.length ? meas[i] - Math.min.apply(null, t) : 0;
+    });
+    var hi = RANKS.map(function (rs, i) {
+      var t = rs.iterations.map(function (it) { return it.measured_ms; });
+      return t.length ? Math.max.apply(null, t) - meas[i] : 0;
+    });
+    var traces = [{
+      type: "bar", name: "measured (mean, min to max)", x: x, y: meas,
+      marker: { color: COLORS.measured },
+      error_y: { type: "data", symmetric: false, array: hi, arrayminus: lo, color: "#333" },
+      hovertemplate: "%{x}: %{y:.2f} ms<extra>measured</extra>"
+    }];
+    if (DATA.replay) {
+      traces.push({
+        type: "bar", name: "simulated (mean)", x: x,
+        y: RANKS.map(function (rs) {
+          return mean((REPLAY[rs.rank] || []).map(function (it) { return it.simulated_ms; }));
+        }),
+        marker: { color: COLORS.simulated },
+        hovertemplate: "%{x}: %{y:.2f} ms<extra>simulated</extra>"
+      });
+    }
+    chart(root, "chart-ranks", traces, {
+      barmode: "group",
+      yaxis: { title: { text: "step time, ms" } },
+      xaxis: { type: "category" }
+    });
+    var slowest = 0;
+    meas.forEach(function (m, i) {
+      if (m !== null && m > meas[slowest]) {
+        slowest = i;
+      }
+    });
+    var fastest = 0;
+    meas.forEach(function (m, i) {
+      if (m !== null && m < meas[fastest]) {
+        fastest = i;
+      }
+    });
+    caption(root, RANKS.length + " ranks. Slowest: rank " + RANKS[slowest].rank + " (" +
+      ms(meas[slowest]) + " ms), fastest: rank " + RANKS[fastest].rank + " (" +
+      ms(meas[fastest]) + " ms): the slowest rank sets the step in synchronous training.");
+  }
+
+  // ---- go --------------------------------------------------------------------------------
+
+  var parts = [
+    ["summary", renderSummary], ["breakdown", renderBreakdown], ["timeline", renderTimeline],
+    ["top", renderTop], ["critical-path", renderCritical], ["advice", renderAdvice],
+    ["ranks", renderRanks]
+  ];
+  parts.forEach(function (p) {
+    try {
+      p[1]();
+    } catch (e) {
+      console.error("section " + p[0] + ": " + (e && e.stack ? e.stack : e));
+      var b = document.getElementById(p[0] + "-body");
+      if (b) {
+        b.textContent = "";
+        add(b, el("p", { "class": "note" }, "This section failed to render: " + e));
+      }
+    }
+  });
+  document.body.setAttribute("data-perfcast-rendered", "1");
+})();

@@ -1,0 +1,516 @@
+"""`perfcast report`: one self-contained HTML file with every analysis of a trace.
+
+Everything is computed once here (summary, graph, replay, critical paths,
+advice) and inlined as JSON; the page draws it with the inlined plotly.js.
+The file makes no network request: no CDN, no fonts, no images, and a
+Content-Security-Policy that only allows inline scripts and styles.
+
+Trace text (kernel and op names, file paths) is never put into markup as
+HTML: the JSON block escapes `<`, `>` and `&`, the page script writes it with
+`textContent`, and the few strings rendered here go through `html.escape`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import enum
+import html
+import json
+import math
+import os
+import re
+import tempfile
+from importlib import resources
+from typing import Any
+
+import numpy as np
+
+from perfcast import __version__
+from perfcast.analysis.phases import collective_kernel_mask
+from perfcast.analysis.summary import summarize
+from perfcast.errors import PerfcastError
+from perfcast.events import EventTable, Kind
+from perfcast.graph.model import NONE, GpuKind, Graph, NodeKind
+from perfcast.sim.timeline import Timeline
+
+CSP = "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:"
+
+# Bars drawn per group (measured, simulated) in the timeline; the longest are kept.
+MAX_TIMELINE_BARS = 2500
+MAX_NAME_CHARS = 240
+TOP_N = 10
+_END_SCRIPT = re.compile(r"</(script)", re.IGNORECASE)
+
+# Bar categories of the timeline, in legend order.
+CATEGORIES = ("annotation", "cpu op", "runtime", "wait", "kernel", "communication", "copy")
+_CAT = {name: i for i, name in enumerate(CATEGORIES)}
+
+SECTIONS = (
+    ("summary", "Step time per rank"),
+    ("breakdown", "Where the step time goes"),
+    ("timeline", "Timeline of one step: measured vs simulated"),
+    ("top", "Top kernels and CPU ops"),
+    ("critical-path", "Critical path"),
+    ("advice", "Suggested optimizations"),
+    ("ranks", "Ranks"),
+)
+
+
+def write_report(table: EventTable, output_path: str) -> None:
+    """Analyse `table` and write the HTML report to `output_path` (atomically)."""
+    text = render_report(table)
+    folder = os.path.dirname(os.path.abspath(output_path))
+    fd, tmp = tempfile.mkstemp(prefix=".perfcast-report-", suffix=".html", dir=folder)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as fh:
+            fh.write(text)
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes it private; a report is not
+        os.replace(tmp, output_path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def render_report(table: EventTable) -> str:
+    """The report as one HTML string."""
+    return render_html(report_data(table))
+
+
+# ---------------------------------------------------------------------------------------------
+# Data
+
+
+def report_data(table: EventTable) -> dict[str, Any]:
+    """Everything the page shows, as JSON-ready values (computed once)."""
+    summary = summarize(table, top=TOP_N)
+    notes: list[str] = list(summary.notes)
+    for rs in summary.ranks:
+        prefix = f"rank {rs.rank}: " if len(summary.ranks) > 1 else ""
+        notes.extend(prefix + n for n in rs.notes)
+
+    graph: Graph | None = None
+    tl: Timeline | None = None
+    replay = None
+    advice = None
+    try:
+        from perfcast.analysis.replay import replay_result
+        from perfcast.graph import build_graph
+        from perfcast.sim import simulate
+
+        graph = build_graph(table)
+        tl = simulate(graph)
+        replay = replay_result(tl)
+    except PerfcastError as exc:
+        notes.append(f"the trace could not be replayed: {exc}")
+    if graph is not None and tl is not None:
+        try:
+            from perfcast.analysis.advisor import advise
+
+            advice = advise(table, graph=graph, baseline=tl)
+        except PerfcastError as exc:
+            notes.append(f"no advice: {exc}")
+
+    devices = sorted({info.device_name for info in table.ranks if info.device_name})
+    data: dict[str, Any] = {
+        "meta": {
+            "files": [info.path for info in table.ranks],
+            "devices": devices,
+            "version": __version__,
+            "generated": _now(),
+            "ranks": [info.rank for info in table.ranks],
+            "world_size": max((info.world_size or 0 for info in table.ranks), default=0),
+            "events": len(table),
+            "notes": notes,
+        },
+        "summary": _asdict(summary),
+        "replay": _asdict(replay) if replay is not None else None,
+        "advice": _asdict(advice) if advice is not None else None,
+        "timeline": _timeline(table, graph, tl),
+        "categories": list(CATEGORIES),
+    }
+    return _clean(data)
+
+
+def _now() -> str:
+    return _dt.datetime.now().astimezone().isoformat(timespec="seconds")
+
+
+def _asdict(obj: Any) -> Any:
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return dataclasses.asdict(obj)
+    return obj
+
+
+def _clean(x: Any) -> Any:
+    """JSON-safe: no NaN/inf (JSON.parse rejects them), no tuples, no NumPy scalars."""
+    if isinstance(x, dict):
+        return {str(k): _clean(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_clean(v) for v in x]
+    if isinstance(x, enum.Enum):
+        return x.name.lower()
+    if isinstance(x, (bool, np.bool_)):
+        return bool(x)
+    if isinstance(x, (int, np.integer)):
+        return int(x)
+    if isinstance(x, (float, np.floating)):
+        f = float(x)
+        return f if math.isfinite(f) else None
+    if x is None or isinstance(x, str):
+        return x
+    return str(x)
+
+
+def _timeline_rank(table: EventTable) -> int | None:
+    ranks = table.rank_ids()
+    if not ranks:
+        return None
+    return 0 if 0 in ranks else ranks[0]
+
+
+class _Names:
+    """Interned, shortened names shared by both groups of the timeline."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+        self._index: dict[str, int] = {}
+
+    def ids(self, names: list[str]) -> list[int]:
+        out = []
+        for n in names:
+            i = self._index.get(n)
+            if i is None:
+                i = len(self.names)
+                short = n if len(n) <= MAX_NAME_CHARS else n[: MAX_NAME_CHARS - 1] + "…"
+                self.names.append(short)
+                self._index[n] = i
+            out.append(i)
+        return out
+
+
+def _group(
+    names: _Names,
+    labels: list[str],
+    lane: np.ndarray,
+    start_ns: np.ndarray,
+    end_ns: np.ndarray,
+    cat: np.ndarray,
+    name_strs: list[str],
+    origin: int,
+) -> dict[str, Any]:
+    """One group of lanes: bars sorted by start, capped to the longest MAX_TIMELINE_BARS."""
+    dur = end_ns - start_ns
+    total = int(dur.size)
+    keep = np.arange(total)
+    if total > MAX_TIMELINE_BARS:
+        keep = np.argsort(-dur, kind="stable")[:MAX_TIMELINE_BARS]
+    keep = keep[np.argsort(start_ns[keep], kind="stable")]
+    used = np.unique(lane[keep]) if keep.size else np.zeros(0, dtype=np.int64)
+    # Keep every lane that has work, even if none of its bars survived the cap.
+    used = np.unique(lane) if lane.size else used
+    remap = {int(old): new for new, old in enumerate(used.tolist())}
+    return {
+        "lanes": [labels[int(i)] for i in used.tolist()],
+        "lane": [remap[int(i)] for i in lane[keep].tolist()],
+        "start": np.round((start_ns[keep] - origin) / 1e6, 5).tolist(),
+        "dur": np.round(dur[keep] / 1e6, 5).tolist(),
+        "cat": cat[keep].astype(int).tolist(),
+        "name": names.ids([name_strs[int(i)] for i in keep.tolist()]),
+        "total": total,
+        "shown": int(keep.size),
+    }
+
+
+def _depth(table: EventTable, rows: np.ndarray, counted: np.ndarray) -> np.ndarray:
+    """Per row, how many of its enclosing events are `counted` (a mask over all rows)."""
+    depth = np.zeros(rows.size, dtype=np.int64)
+    p = table.parent[rows].astype(np.int64)
+    for _ in range(512):
+        valid = p >= 0
+        if not valid.any():
+            break
+        pc = np.maximum(p, 0)
+        depth += valid & counted[pc]
+        p = np.where(valid, table.parent[pc], -1)
+    return depth
+
+
+# Lanes of a measured CPU thread, in display order.
+_THREAD_LANES = ("annotations", "ops", "nested ops", "runtime")
+
+
+def _measured_group(
+    table: EventTable, rank: int, lo: int, hi: int, coll: np.ndarray, names: _Names
+) -> dict[str, Any]:
+    """The table's events of one step window: per CPU thread its outermost annotations,
+    its ops two levels deep and its runtime calls; per GPU stream its kernels and copies."""
+    kind = table.kind
+    wanted = np.array(
+        [
+            Kind.CPU_OP,
+            Kind.USER_ANNOTATION,
+            Kind.RUNTIME,
+            Kind.DRIVER,
+            Kind.KERNEL,
+            Kind.MEMCPY,
+            Kind.MEMSET,
+        ],
+        dtype=np.int8,
+    )
+    ts = table.ts
+    end = ts + table.dur
+    rows = np.flatnonzero((table.rank == rank) & np.isin(kind, wanted) & (ts < hi) & (end > lo))
+    step_name = np.array([n.startswith("ProfilerStep#") for n in table.names], dtype=bool)
+    annotation = (kind == Kind.USER_ANNOTATION) & ~step_name[table.name]
+    rows = rows[(kind[rows] != Kind.USER_ANNOTATION) | annotation[rows]]
+    k = kind[rows]
+    sub = np.full(rows.size, 3, dtype=np.int64)  # runtime (GPU rows: ignored)
+    ops = k == Kind.CPU_OP
+    ann = k == Kind.USER_ANNOTATION
+    keep = np.ones(rows.size, dtype=bool)
+    if ops.any():
+        d = _depth(table, rows[ops], kind == Kind.CPU_OP)
+        sub[ops] = 1 + np.minimum(d, 2)
+        keep[ops] = d <= 1
+    if ann.any():
+        d = _depth(table, rows[ann], annotation)
+        sub[ann] = 0
+        keep[ann] = d == 0
+    rows, k, sub = rows[keep], k[keep], sub[keep]
+    is_gpu = np.isin(k, [Kind.KERNEL, Kind.MEMCPY, Kind.MEMSET])
+    cat = np.full(rows.size, _CAT["cpu op"], dtype=np.int8)
+    cat[k == Kind.USER_ANNOTATION] = _CAT["annotation"]
+    cat[np.isin(k, [Kind.RUNTIME, Kind.DRIVER])] = _CAT["runtime"]
+    cat[k == Kind.KERNEL] = _CAT["kernel"]
+    cat[(k == Kind.KERNEL) & coll[rows]] = _CAT["communication"]
+    cat[np.isin(k, [Kind.MEMCPY, Kind.MEMSET])] = _CAT["copy"]
+    sub[is_gpu] = 0
+    pid = table.pid[rows]
+    tid = table.tid[rows]
+    keys = list(zip(is_gpu.tolist(), pid.tolist(), tid.tolist(), sub.tolist()))
+    busy: dict[tuple[int, int], int] = {}
+    for g, p, t, _ in keys:
+        if not g:
+            busy[(p, t)] = busy.get((p, t), 0) + 1
+    # CPU threads busiest first, then GPU streams in order.
+    order = sorted(
+        set(keys), key=lambda key: (key[0], -busy.get((key[1], key[2]), 0), key[1], key[2], key[3])
+    )
+    index = {key: i for i, key in enumerate(order)}
+    labels = []
+    for g, p, t, sb in order:
+        if g:
+            labels.append(f"GPU {p} stream {t}")
+        else:
+            thread = table.thread_names.get((rank, p, t)) or f"thread {t}"
+            labels.append(f"{thread} · {_THREAD_LANES[sb]}")
+    lane = np.array([index[key] for key in keys], dtype=np.int64)
+    start = np.maximum(ts[rows], lo)
+    stop = np.minimum(end[rows], hi)
+    return _group(names, labels, lane, start, stop, cat, table.names_of(rows), lo)
+
+
+def _sim_window(tl: Timeline, span_pos: int) -> tuple[int, int]:
+    """Simulated [begin, completion] of one iteration, as `Timeline.iteration_ns` counts it."""
+    g = tl.graph
+    c = g.cols
+    alive = g.alive
+    span = g.iterations[span_pos]
+    if span.start_node == NONE:
+        on_rank = (c["rank"] == span.rank) & alive
+        return int(tl.start[on_rank].min()), int(tl.end[on_rank].max())
+
+    def done(s: Any) -> int:
+        gpu = (c["kind"] == NodeKind.GPU) & alive & (c["iteration"] == s.index)
+        gpu_end = int(tl.end[gpu].max()) if gpu.any() else -1
+        return max(int(tl.end[s.end_node]), gpu_end)
+
+    begin = int(tl.start[span.start_node])
+    for prev in reversed(g.iterations[:span_pos]):
+        if prev.rank == span.rank and prev.start_node != NONE:
+            begin = done(prev)
+            break
+    return begin, done(span)
+
+
+def _simulated_group(
+    tl: Timeline, span_pos: int, coll: np.ndarray, names: _Names
+) -> dict[str, Any]:
+    g = tl.graph
+    c = g.cols
+    span = g.iterations[span_pos]
+    begin, finish = _sim_window(tl, span_pos)
+    kind = c["kind"]
+    on_rank = (c["rank"] == span.rank) & g.alive
+    sel = on_rank if span.start_node == NONE else on_rank & (c["iteration"] == span.index)
+    sel &= (kind != NodeKind.CPU) | (c["op"] >= 0)  # CPU gaps outside any op are idle
+    sel &= (tl.start < finish) & (tl.end > begin) & (tl.end > tl.start)
+    nodes = np.flatnonzero(sel)
+    k = kind[nodes]
+    cat = np.full(nodes.size, _CAT["cpu op"], dtype=np.int8)
+    cat[np.isin(k, [NodeKind.LAUNCH, NodeKind.RUNTIME, NodeKind.SYNC])] = _CAT["runtime"]
+    cat[k == NodeKind.WAIT] = _CAT["wait"]
+    gpu = k == NodeKind.GPU
+    ev = c["event"][nodes]
+    is_coll = (ev >= 0) & coll[np.maximum(ev, 0)] if coll.size else np.zeros(nodes.size, bool)
+    cat[gpu] = _CAT["kernel"]
+    cat[gpu & is_coll] = _CAT["communication"]
+    cat[gpu & np.isin(c["gpu_kind"][nodes], [GpuKind.MEMCPY, GpuKind.MEMSET])] = _CAT["copy"]
+    # CPU segments carry no name of their own: they are named after their op.
+    nm = np.where(k == NodeKind.CPU, c["op_name"][nodes], c["name"][nodes])
+    name_strs = [g.names[i] if i >= 0 else "cpu" for i in nm.tolist()]
+    lane = c["lane"][nodes].astype(np.int64)
+    # CPU lanes first, then GPU streams.
+    lane_order = sorted(range(len(g.lanes)), key=lambda i: (g.lanes[i].is_gpu, i))
+    pos = np.zeros(len(g.lanes), dtype=np.int64)
+    pos[lane_order] = np.arange(len(g.lanes))
+    labels = [g.lanes[i].name for i in lane_order]
+    start = np.maximum(tl.start[nodes], begin)
+    stop = np.minimum(tl.end[nodes], finish)
+    out = _group(names, labels, pos[lane], start, stop, cat, name_strs, begin)
+    out["window_ms"] = (finish - begin) / 1e6
+    return out
+
+
+def _timeline(table: EventTable, graph: Graph | None, tl: Timeline | None) -> dict[str, Any] | None:
+    rank = _timeline_rank(table)
+    if rank is None:
+        return None
+    its = [(i, it) for i, it in enumerate(table.iterations) if it.rank == rank]
+    if not its:
+        return None
+    by_len = sorted(its, key=lambda p: (p[1].dur_ns, p[0]))
+    idx, it = by_len[(len(by_len) - 1) // 2]
+    lo, hi = it.window_start_ns, it.end_ns
+    coll = collective_kernel_mask(table)
+    names = _Names()
+    measured = _measured_group(table, rank, lo, hi, coll, names)
+    measured["window_ms"] = (hi - lo) / 1e6
+    simulated = None
+    if graph is not None and tl is not None:
+        span_pos = next(
+            (p for p, s in enumerate(graph.iterations) if s.rank == rank and s.index == idx),
+            None,
+        )
+        if span_pos is None:
+            span_pos = next(
+                (p for p, s in enumerate(graph.iterations) if s.rank == rank and s.name == it.name),
+                None,
+            )
+        if span_pos is not None:
+            simulated = _simulated_group(tl, span_pos, coll, names)
+    return {
+        "rank": rank,
+        "iteration": it.name,
+        "steps_on_rank": len(its),
+        "names": names.names,
+        "measured": measured,
+        "simulated": simulated,
+        "max_bars": MAX_TIMELINE_BARS,
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# HTML
+
+
+def _asset(name: str) -> str:
+    return (resources.files("perfcast.report") / "assets" / name).read_text(encoding="utf-8")
+
+
+def _plotly_js() -> str:
+    try:
+        from plotly.offline import get_plotlyjs
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise PerfcastError(
+            "the HTML report needs plotly", hint="pip install 'perfcast[report]'"
+        ) from exc
+    return _script_safe(get_plotlyjs())
+
+
+def _script_safe(js: str) -> str:
+    """Script text that cannot end its <script> element early (`<\\/` is the same in JS)."""
+    return _END_SCRIPT.sub(r"<\\/\1", js).replace("<!--", "<\\!--")
+
+
+def json_for_html(data: Any) -> str:
+    """JSON text that is safe inside a <script> element: no `<`, `>` or `&` at all."""
+    text = json.dumps(data, ensure_ascii=True, allow_nan=False, separators=(",", ":"))
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+def render_html(data: dict[str, Any]) -> str:
+    meta = data["meta"]
+    esc = html.escape
+    files = meta["files"]
+    names = [os.path.basename(f) or f for f in files]
+    title = names[0] if len(names) == 1 else f"{len(names)} ranks ({os.path.dirname(files[0])})"
+    file_items = (
+        "".join(f'<li title="{esc(f)}">{esc(n)}</li>' for f, n in zip(files, names))
+        or "<li>none</li>"
+    )
+    notes = "".join(f"<li>{esc(n)}</li>" for n in meta["notes"])
+    notes_html = f'<ul class="notes" id="notes">{notes}</ul>' if notes else ""
+    device = ", ".join(meta["devices"]) or "unknown"
+    n_ranks = len(meta["ranks"])
+    ranks_text = ", ".join(str(r) for r in meta["ranks"][:8]) + (", …" if n_ranks > 8 else "")
+    ranks_text = f"{n_ranks} ({ranks_text})" if n_ranks > 1 else f"rank {ranks_text}"
+    if meta["world_size"] > n_ranks:
+        ranks_text += f" of {meta['world_size']}"
+    nav = "".join(f'<a href="#{sid}">{esc(h)}</a>' for sid, h in SECTIONS)
+    sections = "\n".join(
+        f'<section id="{sid}"><h2>{esc(h)}</h2><div class="body" id="{sid}-body">'
+        f'<p class="loading">rendering…</p></div></section>'
+        for sid, h in SECTIONS
+    )
+    return f"""<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta http-equiv="Content-Security-Policy" content="{CSP}">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<meta name="generator" content="perfcast {esc(meta["version"])}">
+<title>perfcast report · {esc(title)}</title>
+<style>
+{_asset("report.css")}
+</style>
+<script>
+{_script_safe(_asset("errors.js"))}
+</script>
+</head>
+<body>
+<pre id="perfcast-errors" hidden></pre>
+<header>
+<h1>perfcast report</h1>
+<dl class="meta">
+<dt>trace</dt><dd><ul class="files">{file_items}</ul></dd>
+<dt>device</dt><dd>{esc(device)}</dd>
+<dt>ranks</dt><dd>{ranks_text} · {meta["events"]:,} events</dd>
+<dt>perfcast</dt><dd>{esc(meta["version"])}</dd>
+<dt>generated</dt><dd>{esc(meta["generated"])}</dd>
+</dl>
+{notes_html}
+<nav>{nav}</nav>
+</header>
+<main>
+{sections}
+</main>
+<noscript><p>This report draws its tables and charts with JavaScript.</p></noscript>
+<script type="application/json" id="perfcast-data">{json_for_html(data)}</script>
+<script>
+{_plotly_js()}
+</script>
+<script>
+{_script_safe(_asset("report.js"))}
+</script>
+</body>
+</html>
+"""
