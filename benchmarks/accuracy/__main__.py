@@ -1,0 +1,7 @@
+"""``python -m benchmarks.accuracy``."""
+
+import sys
+
+from benchmarks.accuracy.runner import main
+
+sys.exit(main())

@@ -1,0 +1,467 @@
+"""Measure real optimizations on real workloads and compare with perfcast's predictions.
+
+For each workload the baseline is profiled once with ``perfcast.capture`` (the trace is shared
+by all of that workload's rows); then, for each optimization, the baseline and the optimized
+variant are timed without the profiler and ``perfcast.predict(trace_dir, apply=[spec])`` is
+asked for the predicted step time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import random
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_OUT = REPO_ROOT / "benchmarks" / "results" / "accuracy.json"
+DEFAULT_TRACES = REPO_ROOT / ".bench" / "accuracy-traces"
+
+# What perfcast is asked to apply for each real optimization: the single place to keep in step
+# with perfcast's what-if spec grammar.
+PREDICT_SPECS: dict[str, str | None] = {
+    # The benchmark machine has 2 cores (the model needs the count to see contention).
+    "dataloader-workers": f"dataloader-overlap:workers=2,cores={os.cpu_count() or 1}",
+    "foreach-adam": "fused-optimizer:kind=foreach",
+    "remove-item-sync": "remove-host-sync",
+    "activation-checkpointing": "activation-checkpointing",
+    "batch-size-x2": "batch-size:factor=2",
+    "amp": "amp",
+    "cuda-graphs": "cuda-graphs",
+    "fused-adam": "fused-optimizer:kind=fused",
+    "torch-compile": "fuse-elementwise",
+    # perfcast has no model of memory formats: a guessed conv speedup would only restate
+    # the guess, so this row is measured and left unpredicted.
+    "channels-last": None,
+}
+
+NOT_PREDICTED = "not yet predicted"
+# Relative interquartile range of window times above which a row is flagged as noisy (other
+# load on the machine); its measured speedup deserves less trust.
+NOISY = 0.10
+
+
+@dataclass(frozen=True)
+class Timing:
+    """How many steps to run.
+
+    Baseline and variant are measured in alternating rounds (so drift on a shared machine hits
+    both alike); each round times ``windows`` windows of ``window`` steps, a window as a whole.
+    """
+
+    warmup: int
+    rounds: int
+    windows: int
+    window: int
+    profile_warmup: int
+
+
+# On CUDA a window of several steps keeps host/device overlap intact (one synchronize per
+# window rather than per step, which would hide exactly what remove-item-sync removes).
+TIMINGS: dict[tuple[bool, str], Timing] = {
+    (True, "cpu"): Timing(warmup=4, rounds=12, windows=2, window=4, profile_warmup=3),
+    (False, "cpu"): Timing(warmup=10, rounds=6, windows=3, window=5, profile_warmup=5),
+    (True, "cuda"): Timing(warmup=10, rounds=3, windows=2, window=10, profile_warmup=5),
+    (False, "cuda"): Timing(warmup=25, rounds=5, windows=3, window=10, profile_warmup=10),
+}
+
+
+def _setup(device: str, threads: int | None, seed: int) -> int:
+    import numpy as np
+    import torch
+
+    if threads is None:
+        # Leave half the cores for DataLoader workers so dataloader-workers has room to run.
+        threads = max(1, (os.cpu_count() or 2) // 2)
+    torch.set_num_threads(threads)
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    if device == "cuda":
+        torch.backends.cudnn.benchmark = True
+    return threads
+
+
+def _split_cpus(threads: int) -> tuple[set[int], tuple[int, ...]] | None:
+    """(CPUs for the training process, CPUs for DataLoader workers), or None if too few.
+
+    Without pinning, Linux's wake-affine placement often stacks the workers onto the training
+    process's CPU on small machines, and the worker variant then swings between a speedup
+    and a slowdown from one run to the next.
+    """
+    if not hasattr(os, "sched_getaffinity"):
+        return None
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        return None
+    main = min(threads, len(cpus) - 1)
+    return set(cpus[:main]), tuple(cpus[main:])
+
+
+def machine_info(device: str, threads: int) -> dict[str, Any]:
+    import torch
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    info: dict[str, Any] = {
+        "cpu_model": cpu,
+        "cores": os.cpu_count(),
+        "torch_threads": threads,
+        "torch_version": torch.__version__,
+        "python_version": platform.python_version(),
+        "platform": platform.platform(),
+        "device": device,
+    }
+    if device == "cuda":
+        info["gpu"] = torch.cuda.get_device_name()
+        info["cuda_version"] = torch.version.cuda
+    return info
+
+
+def _time_windows(trainer: Any, timing: Timing, warmup: int) -> list[float]:
+    for _ in range(warmup):
+        trainer.step()
+    trainer.synchronize()
+    per_step = []
+    for _ in range(timing.windows):
+        start = time.perf_counter()
+        for _ in range(timing.window):
+            trainer.step()
+        trainer.synchronize()
+        per_step.append((time.perf_counter() - start) * 1e3 / timing.window)
+    return per_step
+
+
+def _resume_warmup(trainer: Any) -> int:
+    # While the other side ran, DataLoader workers filled their prefetch queue (2 batches
+    # each); drain it so the timed steps see the steady state, not a burst of ready batches.
+    return 2 + 2 * trainer.cfg.num_workers
+
+
+@dataclass(frozen=True)
+class PairTiming:
+    baseline_ms: float
+    optimized_ms: float
+    noise: float  # the larger relative interquartile range of the two sides' windows
+
+
+def _rel_iqr(values: list[float]) -> float:
+    if len(values) < 4:
+        return 0.0
+    q1, _, q3 = statistics.quantiles(values, n=4)
+    return (q3 - q1) / statistics.median(values)
+
+
+def measure_pair(baseline: Any, variant: Any, timing: Timing) -> PairTiming:
+    """Median per-step wall time in ms of ``baseline`` and ``variant``, measured interleaved."""
+    for _ in range(timing.warmup):
+        variant.step()
+    samples: tuple[list[float], list[float]] = ([], [])
+    for r in range(timing.rounds):
+        # Alternate who goes first so neither side always follows the other.
+        order = ((0, baseline), (1, variant)) if r % 2 == 0 else ((1, variant), (0, baseline))
+        for side, trainer in order:
+            samples[side].extend(_time_windows(trainer, timing, _resume_warmup(trainer)))
+    return PairTiming(
+        statistics.median(samples[0]),
+        statistics.median(samples[1]),
+        max(_rel_iqr(samples[0]), _rel_iqr(samples[1])),
+    )
+
+
+def profile_baseline(trainer: Any, trace_dir: Path, timing: Timing) -> list[Path]:
+    """Warm up, then capture wait=1/warmup=1/active=3 steps into ``trace_dir``."""
+    from perfcast.capture import capture, step
+
+    trace_dir.mkdir(parents=True, exist_ok=True)
+    for stale in trace_dir.glob("rank*.json.gz"):
+        stale.unlink()  # a previous run's trace must not be mixed into this prediction
+    for _ in range(timing.profile_warmup):
+        trainer.step()
+    trainer.synchronize()
+    with capture(trace_dir, wait=1, warmup=1, active=3) as cap:
+        for _ in range(5):
+            trainer.step()
+            step()  # explicit boundaries: they include the data fetch and the item() sync
+        trainer.synchronize()
+    return cap.trace_paths
+
+
+def predict(trace_dir: Path, spec: str | None) -> tuple[float | None, float | None, str]:
+    """(predicted_ms, predicted_baseline_ms, note) from ``perfcast.predict``."""
+    if spec is None:
+        return None, None, "perfcast has no model for this optimization"
+    try:
+        from perfcast import predict as perfcast_predict
+    except ImportError:
+        return None, None, NOT_PREDICTED  # perfcast.predict is not written yet
+    try:
+        result = perfcast_predict(str(trace_dir), apply=[spec])
+        return float(result.predicted_ms), float(result.baseline_ms), ""
+    except (ImportError, AttributeError, NotImplementedError) as exc:
+        return None, None, f"{NOT_PREDICTED} ({type(exc).__name__}: {exc})"
+    except Exception as exc:  # a failing prediction is a result to record, not a crash
+        if type(exc).__name__ == "NotApplicableError":
+            # perfcast's verdict that the trace shows nothing this optimization would change:
+            # a prediction of no change, recorded as such.
+            base = perfcast_predict(str(trace_dir), apply=[])
+            return (
+                float(base.baseline_ms),
+                float(base.baseline_ms),
+                f"not applicable, so no change predicted: {exc}",
+            )
+        return None, None, f"prediction failed: {type(exc).__name__}: {exc}"
+
+
+def _speedup(baseline: float | None, optimized: float | None) -> float | None:
+    if baseline is None or optimized is None or optimized <= 0:
+        return None
+    return baseline / optimized
+
+
+def _row(
+    workload: str,
+    optimization: str,
+    device: str,
+    base_ms: float | None,
+    opt_ms: float | None,
+    pred_ms: float | None,
+    pred_base_ms: float | None,
+    note: str,
+    noise: float | None = None,
+) -> dict[str, Any]:
+    measured = _speedup(base_ms, opt_ms)
+    predicted = _speedup(pred_base_ms, pred_ms)
+    error = None
+    if measured is not None and predicted is not None and measured > 0:
+        error = abs(predicted - measured) / measured
+    return {
+        "workload": workload,
+        "optimization": optimization,
+        "device": device,
+        "spec": PREDICT_SPECS[optimization],
+        "baseline_measured_ms": _round(base_ms),
+        "optimized_measured_ms": _round(opt_ms),
+        "predicted_ms": _round(pred_ms),
+        "predicted_baseline_ms": _round(pred_base_ms),
+        "measured_speedup": _round(measured),
+        "predicted_speedup": _round(predicted),
+        "error": _round(error),
+        "noise": _round(noise),
+        "note": note,
+    }
+
+
+def _round(x: float | None, digits: int = 4) -> float | None:
+    return None if x is None or math.isnan(x) else round(x, digits)
+
+
+def run(
+    workloads: Sequence[str],
+    optimizations: Sequence[str],
+    *,
+    device: str,
+    quick: bool,
+    traces_dir: Path,
+    threads: int | None = None,
+    seed: int = 0,
+    pin: bool = True,
+    log: Any = sys.stderr,
+) -> dict[str, Any]:
+    """Run every applicable (workload, optimization) pair; returns the results document."""
+    from benchmarks.accuracy.workloads import OPTIMIZATIONS, TrainConfig, Trainer
+
+    threads = _setup(device, threads, seed)
+    timing = TIMINGS[(quick, device)]
+    preset = "cuda" if device == "cuda" else ("quick" if quick else "full")
+    split = _split_cpus(threads) if pin else None
+    base_cfg = TrainConfig(
+        device=device, preset=preset, seed=seed, worker_cpus=split[1] if split else ()
+    )
+    saved_affinity = os.sched_getaffinity(0) if split else None
+    rows: list[dict[str, Any]] = []
+    started = time.perf_counter()
+    try:
+        if split:
+            os.sched_setaffinity(0, split[0])
+        for workload in workloads:
+            opts = [o for o in optimizations if OPTIMIZATIONS[o].applies_to(workload, device)]
+            if not opts:
+                continue
+            trace_dir = traces_dir / device / workload
+            baseline = Trainer(workload, base_cfg)
+            try:
+                traces = profile_baseline(baseline, trace_dir, timing)
+                print(
+                    f"[{workload}] baseline profiled: {', '.join(p.name for p in traces)}", file=log
+                )
+                for name in opts:
+                    rows.append(
+                        _run_row(workload, name, baseline, base_cfg, trace_dir, timing, log)
+                    )
+            finally:
+                baseline.close()
+    finally:
+        if saved_affinity is not None:
+            os.sched_setaffinity(0, saved_affinity)
+    return {
+        "machine": machine_info(device, threads),
+        "config": {
+            "quick": quick,
+            "preset": preset,
+            "seed": seed,
+            "timing": vars(timing),
+            "main_cpus": sorted(split[0]) if split else None,
+            "worker_cpus": list(split[1]) if split else None,
+            "wall_s": round(time.perf_counter() - started, 1),
+        },
+        "rows": rows,
+    }
+
+
+def _run_row(
+    workload: str,
+    name: str,
+    baseline: Any,
+    base_cfg: Any,
+    trace_dir: Path,
+    timing: Timing,
+    log: Any,
+) -> dict[str, Any]:
+    from benchmarks.accuracy.workloads import OPTIMIZATIONS, Trainer
+
+    device = base_cfg.device
+    # The baseline is re-measured for every row, interleaved with the variant.
+    base_ms: float | None = None
+    opt_ms: float | None = None
+    noise: float | None = None
+    notes = []
+    variant = None
+    try:
+        variant = Trainer(workload, OPTIMIZATIONS[name].apply(base_cfg))
+        pair = measure_pair(baseline, variant, timing)
+        base_ms, opt_ms, noise = pair.baseline_ms, pair.optimized_ms, pair.noise
+        if noise > NOISY:
+            notes.append(f"noisy: window times spread {100 * noise:.0f}%")
+    except Exception as exc:  # e.g. torch.compile unavailable; keep the other rows
+        notes.append(f"variant failed: {type(exc).__name__}: {exc}")
+    finally:
+        if variant is not None:
+            variant.close()
+    pred_ms, pred_base_ms, pred_note = predict(trace_dir, PREDICT_SPECS[name])
+    if pred_note:
+        notes.append(pred_note)
+    if name == "batch-size-x2":
+        notes.append("times are per step; each step has twice the samples")
+    row = _row(
+        workload, name, device, base_ms, opt_ms, pred_ms, pred_base_ms, "; ".join(notes), noise
+    )
+    print(
+        f"[{workload}] {name}: baseline {_fmt(base_ms, '.2f')} ms, optimized "
+        f"{_fmt(opt_ms, '.2f')} ms, measured speedup {_fmt(row['measured_speedup'], '.3f')}, "
+        f"predicted {_fmt(row['predicted_speedup'], '.3f')}",
+        file=log,
+    )
+    return row
+
+
+def _fmt(x: float | None, spec: str) -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
+    header = (
+        "| workload | optimization | device | baseline ms | optimized ms | measured x "
+        "| predicted x | error | note |"
+    )
+    lines = [header, "|" + "---|" * 9]
+    for r in rows:
+        err = "-" if r["error"] is None else f"{100 * r['error']:.1f}%"
+        base, opt = r["baseline_measured_ms"], r["optimized_measured_ms"]
+        lines.append(
+            f"| {r['workload']} | {r['optimization']} | {r['device']} "
+            f"| {_fmt(base, '.2f')} | {_fmt(opt, '.2f')} "
+            f"| {_fmt(r['measured_speedup'], '.3f')} | {_fmt(r['predicted_speedup'], '.3f')} "
+            f"| {err} | {r['note']} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from benchmarks.accuracy.workloads import OPTIMIZATIONS, WORKLOADS
+
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.accuracy",
+        description="Measure real optimizations and compare with perfcast's predictions.",
+    )
+    parser.add_argument("--quick", action="store_true", help="small models, few steps")
+    parser.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default=None,
+        help="default: cuda when available, else cpu",
+    )
+    parser.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=list(WORKLOADS))
+    parser.add_argument(
+        "--optimizations", nargs="+", choices=list(OPTIMIZATIONS), default=list(OPTIMIZATIONS)
+    )
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="results JSON")
+    parser.add_argument(
+        "--traces-dir", type=Path, default=DEFAULT_TRACES, help="where baseline traces are written"
+    )
+    parser.add_argument(
+        "--threads", type=int, default=None, help="torch intra-op threads (default: half the cores)"
+    )
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--no-pin",
+        dest="pin",
+        action="store_false",
+        help="do not pin the trainer and DataLoader workers to separate CPUs",
+    )
+    args = parser.parse_args(argv)
+
+    import torch
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        print("benchmarks.accuracy: --device cuda but CUDA is not available", file=sys.stderr)
+        return 2
+    skipped = [o for o in args.optimizations if OPTIMIZATIONS[o].needs_cuda and device != "cuda"]
+    if skipped and args.optimizations != list(OPTIMIZATIONS):
+        print(
+            f"benchmarks.accuracy: skipping CUDA-only {', '.join(skipped)} on {device}",
+            file=sys.stderr,
+        )
+
+    doc = run(
+        args.workloads,
+        args.optimizations,
+        device=device,
+        quick=args.quick,
+        traces_dir=args.traces_dir,
+        threads=args.threads,
+        seed=args.seed,
+        pin=args.pin,
+    )
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(doc, indent=2) + "\n")
+    print(markdown_table(doc["rows"]))
+    print(f"\nwrote {args.out} ({len(doc['rows'])} rows, {doc['config']['wall_s']} s)")
+    return 0 if doc["rows"] else 2

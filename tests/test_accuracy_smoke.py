@@ -1,0 +1,46 @@
+"""End-to-end smoke test of the accuracy benchmark on one tiny slice (no accuracy asserted)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_one_row_end_to_end(tmp_path: Path) -> None:
+    out = tmp_path / "accuracy.json"
+    traces = tmp_path / "traces"
+    # A subprocess, as a user runs it: the benchmark sets global torch state (threads, seeds)
+    # and forks DataLoader workers, which should not leak into the test process.
+    proc = subprocess.run(
+        [
+            sys.executable, "-m", "benchmarks.accuracy", "--quick", "--device", "cpu",
+            "--workloads", "mlp", "--optimizations", "foreach-adam",
+            "--out", str(out), "--traces-dir", str(traces),
+        ],
+        cwd=REPO_ROOT,
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    assert doc["machine"]["cores"] >= 1 and doc["machine"]["torch_version"]
+    [row] = doc["rows"]
+    assert (row["workload"], row["optimization"], row["device"]) == ("mlp", "foreach-adam", "cpu")
+    assert row["baseline_measured_ms"] > 0 and row["optimized_measured_ms"] > 0
+    assert row["measured_speedup"] > 0
+    if row["predicted_ms"] is None:
+        assert row["note"]  # why there is no prediction
+    else:
+        assert row["predicted_speedup"] > 0 and row["error"] is not None
+    assert list(traces.glob("cpu/mlp/rank0.json.gz"))
+    assert "| mlp | foreach-adam | cpu |" in proc.stdout

@@ -1,0 +1,123 @@
+"""perfcast.capture: traces from a real (tiny, CPU) PyTorch training loop."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from perfcast.capture import capture, run_profile, step  # noqa: E402
+
+
+def _load(path: Path) -> dict:
+    with gzip.open(path, "rt") as fh:
+        return json.load(fh)
+
+
+def _step_names(trace: dict) -> set[str]:
+    return {
+        e["name"]
+        for e in trace["traceEvents"]
+        if isinstance(e.get("name"), str) and e["name"].startswith("ProfilerStep#")
+    }
+
+
+def _train(n_steps: int, *, explicit: bool = False) -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    for _ in range(n_steps):
+        x, y = torch.randn(8, 16), torch.randint(0, 4, (8,))
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        if explicit:
+            step()
+
+
+def test_optimizer_hook_marks_steps(tmp_path: Path) -> None:
+    with capture(tmp_path, wait=1, warmup=1, active=2) as cap:
+        _train(6)
+    assert cap.steps == 6
+    assert cap.automatic
+    assert cap.trace_paths == [tmp_path / "rank0.json.gz"]
+    trace = _load(cap.trace_paths[0])
+    assert isinstance(trace["traceEvents"], list) and trace["traceEvents"]
+    assert _step_names(trace) == {"ProfilerStep#2", "ProfilerStep#3"}
+    names = {e.get("name") for e in trace["traceEvents"]}
+    assert any(isinstance(n, str) and n.startswith("aten::addmm") for n in names)
+    # The global hook is gone once the capture ended: stepping an optimizer is harmless.
+    _train(1)
+    assert cap.steps == 6
+
+
+def test_explicit_steps_disable_hook(tmp_path: Path) -> None:
+    with capture(tmp_path, wait=0, warmup=1, active=2) as cap:
+        _train(4, explicit=True)
+    # One boundary per iteration: the hook only marked the first one, before step() took over.
+    assert cap.steps == 4
+    assert not cap.automatic
+    trace = _load(cap.trace_paths[0])
+    assert _step_names(trace) == {"ProfilerStep#1", "ProfilerStep#2"}
+    # Each recorded step holds a whole iteration, optimizer included.
+    optim = [e for e in trace["traceEvents"] if str(e.get("name")).startswith("Optimizer.step")]
+    assert len(optim) == 2
+
+
+def test_several_cycles_and_rank_from_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RANK", "3")
+    with capture(tmp_path, wait=0, warmup=1, active=1, repeat=2) as cap:
+        _train(5)
+    assert [p.name for p in cap.trace_paths] == ["rank3.step2.json.gz", "rank3.step4.json.gz"]
+    assert cap.finished
+    for path in cap.trace_paths:
+        assert _step_names(_load(path))
+
+
+def test_step_without_capture_is_noop() -> None:
+    step()
+
+
+def test_run_profile_script(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import sys
+            import torch
+
+            steps = int(sys.argv[1])
+            model = torch.nn.Linear(8, 1)
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            for _ in range(steps):
+                loss = model(torch.randn(4, 8)).pow(2).mean()
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+            """
+        )
+    )
+    out = tmp_path / "traces"
+    rc = run_profile(["-o", str(out), "--max-steps", "5", "--", "python", str(script), "1000"])
+    assert rc == 0
+    assert "traces" in capsys.readouterr().out
+    trace = _load(out / "rank0.json.gz")
+    assert _step_names(trace) == {"ProfilerStep#2", "ProfilerStep#3", "ProfilerStep#4"}
+
+
+def test_run_profile_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc = run_profile(["-o", str(tmp_path), "--", "python", str(tmp_path / "missing.py")])
+    assert rc == 2
+    assert "script not found" in capsys.readouterr().err
+
+    idle = tmp_path / "idle.py"
+    idle.write_text("x = 1\n")
+    rc = run_profile(["-o", str(tmp_path / "t"), "--", "python", str(idle)])
+    assert rc == 2
+    assert "no training steps" in capsys.readouterr().err
