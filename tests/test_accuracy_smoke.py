@@ -21,9 +21,20 @@ def test_one_row_end_to_end(tmp_path: Path) -> None:
     # and forks DataLoader workers, which should not leak into the test process.
     proc = subprocess.run(
         [
-            sys.executable, "-m", "benchmarks.accuracy", "--quick", "--device", "cpu",
-            "--workloads", "mlp", "--optimizations", "foreach-adam",
-            "--out", str(out), "--traces-dir", str(traces),
+            sys.executable,
+            "-m",
+            "benchmarks.accuracy",
+            "--quick",
+            "--device",
+            "cpu",
+            "--workloads",
+            "mlp",
+            "--optimizations",
+            "foreach-adam",
+            "--out",
+            str(out),
+            "--traces-dir",
+            str(traces),
         ],
         cwd=REPO_ROOT,
         check=False,

@@ -426,10 +426,6 @@ KERNELS_BY_CLASS: dict[KernelClass, list[str]] = {
         "float> >(cublasGemvParamsEx<int, cublasGemvTensorStridedBatched<float const>, "
         "cublasGemvTensorStridedBatched<float const>, cublasGemvTensorStridedBatched<float>, "
         "float>, float, float)",
-        "void cublasLt::splitKreduce_kernel<32, 16, int, float, __nv_bfloat16, float, "
-        "__nv_bfloat16, true, false, false>(cublasLt::cublasSplitKParams<float>, float const*, "
-        "__nv_bfloat16 const*, __nv_bfloat16*, float const*, float const*, __nv_bfloat16 const*, "
-        "float const*, __nv_bfloat16*, void*, long, float*, int*)",
         "triton_tem_fused_addmm_0",
     ],
     KernelClass.CONV: [
@@ -507,6 +503,11 @@ KERNELS_BY_CLASS: dict[KernelClass, list[str]] = {
         "triton_poi_fused__scaled_dot_product_efficient_attention_0",
     ],
     KernelClass.REDUCTION: [
+        # cuBLAS's split-K helper only sums partial products: memory-bound, not a GEMM.
+        "void cublasLt::splitKreduce_kernel<32, 16, int, float, __nv_bfloat16, float, "
+        "__nv_bfloat16, true, false, false>(cublasLt::cublasSplitKParams<float>, float const*, "
+        "__nv_bfloat16 const*, __nv_bfloat16*, float const*, float const*, __nv_bfloat16 const*, "
+        "float const*, __nv_bfloat16*, void*, long, float*, int*)",
         "void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, "
         "at::native::func_wrapper_t<float, at::native::sum_functor<float, float, "
         "float>::operator()(at::TensorIterator&)::{lambda(float, float)#1}>, unsigned int, float, "

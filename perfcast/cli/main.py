@@ -51,8 +51,12 @@ class UI:
             task = bar.add_task(os.path.basename(path.rstrip("/")) or path, total=None)
 
             def advance(current: str, done: int, total: int) -> None:
-                bar.update(task, completed=done, total=total,
-                           description=os.path.basename(current) or "done")
+                bar.update(
+                    task,
+                    completed=done,
+                    total=total,
+                    description=os.path.basename(current) or "done",
+                )
 
             return load(path, progress=advance)
 

@@ -25,6 +25,7 @@
     "gpu communication": "#c0504d",
     "gpu copy": "#8064a2",
     "latency": "#f2dc5c",
+    "unexplained": "#e377c2",
     "cpu": "#8fb3d9",
     "measured": "#4f81bd",
     "simulated": "#f79646"
@@ -297,6 +298,7 @@
         };
       }), {
         barmode: "stack",
+        bargap: x.length < 4 ? 0.6 : 0.2,
         yaxis: { title: { text: "ms" } },
         xaxis: { type: "category", automargin: true }
       });
@@ -310,7 +312,7 @@
     var ccol = {
       "data loading": COLORS["data loading"], forward: COLORS.forward,
       backward: COLORS.backward, optimizer: COLORS.optimizer,
-      communication: COLORS.communication
+      communication: "#4bacc6"
     };
     chart(root, "chart-breakdown-cpu", Object.keys(cpu).map(function (k) {
       return {
@@ -319,6 +321,7 @@
       };
     }), {
       barmode: "stack",
+      bargap: x.length < 4 ? 0.6 : 0.2,
       yaxis: { title: { text: "CPU ms (summed over threads)" } },
       xaxis: { type: "category", automargin: true }
     });
@@ -432,8 +435,8 @@
     }
     chart(root, "chart-timeline", traces, layout, height);
     caption(root, "Drag to zoom, double-click to reset; hover a bar for its name. Both groups " +
-      "start at their own step start. Measured CPU lanes show outermost ops, ops nested one " +
-      "level down and runtime calls; simulated CPU lanes interleave op work and runtime calls " +
+      "start at their own step start. Measured CPU lanes show outermost record_function " +
+      "annotations, ops two levels deep and runtime calls; simulated CPU lanes interleave op work and runtime calls " +
       "as the simulator replays them.");
   }
 
@@ -494,6 +497,7 @@
     add(root, el("h3", null, "Time on the critical path, by category"));
     chart(root, "chart-critical-path", traces, {
       barmode: "stack",
+      bargap: x.length < 4 ? 0.6 : 0.2,
       yaxis: { title: { text: "ms" } },
       xaxis: { type: "category", automargin: true }
     });

@@ -1,0 +1,343 @@
+"""`perfcast report`: one self-contained HTML file, checked as text and in headless Chromium.
+
+Browser tests (marked slow: each opens the 5 MB page in Chromium for a few seconds) are
+skipped where Chromium is absent; CI installs it with `apt-get install -y chromium`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import struct
+import time
+import zlib
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+try:
+    from tests.browser import Element, Page, find_chromium, load_page, parse_dom, read_png
+except ImportError:  # tests/ not a package: its folder is on sys.path
+    from browser import Element, Page, find_chromium, load_page, parse_dom, read_png  # type: ignore[no-redef]
+from perfcast.cli.main import main as cli_main
+from perfcast.report import html as report_html
+
+SECTION_IDS = ("summary", "breakdown", "timeline", "top", "critical-path", "advice", "ranks")
+CSP = "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:"
+
+PWN_KERNEL = '<script>window.__pwned=1</script><img src=x onerror="window.__pwned=2">'
+BREAKOUT_OP = "</script><!--"
+
+browser_test = pytest.mark.slow
+
+
+def make_report(trace: Path, out: Path) -> str:
+    """Run `perfcast report TRACE -o OUT` in-process and return the HTML."""
+    assert cli_main(["report", "-q", str(trace), "-o", str(out)]) == 0
+    return out.read_text(encoding="utf-8")
+
+
+def static_checks(text: str) -> None:
+    """No way for the file to fetch anything, whatever the browser."""
+    assert text.startswith("<!DOCTYPE html>")
+    assert f'<meta http-equiv="Content-Security-Policy" content="{CSP}">' in text
+    lower = text.lower()
+    assert "<script src" not in lower
+    assert "<link" not in lower
+    assert "@import" not in lower
+    assert "<iframe" not in lower
+    # Exactly our own script elements: the error hook, the data, plotly.js, the page script.
+    assert lower.count("<script") == 4
+    assert lower.count("</script>") == 4
+
+
+def data_of(text: str) -> dict[str, Any]:
+    m = re.search(r'<script type="application/json" id="perfcast-data">(.*?)</script>', text, re.S)
+    assert m, "no data block"
+    raw = m.group(1)
+    assert "<" not in raw and ">" not in raw and "&" not in raw
+    return json.loads(raw)
+
+
+def browser_checks(page: Page) -> Element:
+    """No error anywhere, every section there, the page script ran to its end."""
+    assert page.console_lines() == [], "\n".join(page.console_lines())
+    root = parse_dom(page.dom)
+    errors = root.by_id("perfcast-errors")
+    assert errors is not None
+    assert errors.text_content().strip() == ""
+    assert page.probe.get("rendered") == "1"
+    assert page.probe.get("pwned") == "undefined"
+    for sid in SECTION_IDS:
+        sec = root.by_id(sid)
+        assert sec is not None and sec.tag == "section", sid
+        assert sec.find_all("h2"), sid
+        body = sec.text_content()
+        assert "failed to render" not in body, body
+        assert "rendering…" not in body, sid
+    charts = root.find_all(cls="chart")
+    assert charts
+    for c in charts:
+        assert c.find_all(cls="plot-container") or "js-plotly-plot" in c.classes, c.id
+        assert c.find_all("svg"), c.id
+    # Nothing in a report is an image; an <img> could only come from trace text.
+    assert root.find_all("img") == []
+    return root
+
+
+def chart_ids(root: Element) -> set[str]:
+    return {c.id or "" for c in root.find_all(cls="chart")}
+
+
+# ---------------------------------------------------------------------------------------------
+# Without a browser
+
+
+def test_json_for_html_cannot_break_out() -> None:
+    value = {"name": "</script><!--<script>alert(1)</script>&amp;\u2028", "x": [1.5, None]}
+    text = report_html.json_for_html(value)
+    assert not set(text) & set("<>&")
+    assert json.loads(text) == value
+
+
+def test_script_text_cannot_end_its_element() -> None:
+    js = 'var s = "</script><!--"; var t = "</SCRIPT>";'
+    safe = report_html._script_safe(js)
+    assert "</script" not in safe.lower() and "<!--" not in safe
+
+
+@pytest.mark.parametrize("channels", [3, 4])
+def test_png_decoder_handles_every_filter(tmp_path: Path, channels: int) -> None:
+    rng = np.random.default_rng(7)
+    h, w = 23, 17
+    img = rng.integers(0, 256, (h, w, channels), dtype=np.uint8)
+    img[5:9] = 255  # flat rows too
+    filters = [i % 5 for i in range(h)]
+    rng.shuffle(filters)
+    path = tmp_path / "roundtrip.png"
+    path.write_bytes(_encode_png(img, filters))
+    assert np.array_equal(read_png(path), img)
+
+
+def _encode_png(img: np.ndarray, filters: list[int]) -> bytes:
+    h, w, ch = img.shape
+    px = img.astype(np.int32)
+    rows = []
+    for y in range(h):
+        cur = px[y].reshape(-1)
+        up = px[y - 1].reshape(-1) if y else np.zeros_like(cur)
+        left = np.concatenate([np.zeros(ch, np.int32), cur[:-ch]])
+        ul = np.concatenate([np.zeros(ch, np.int32), up[:-ch]])
+        f = filters[y]
+        if f == 0:
+            pred = np.zeros_like(cur)
+        elif f == 1:
+            pred = left
+        elif f == 2:
+            pred = up
+        elif f == 3:
+            pred = (left + up) // 2
+        else:
+            p = left + up - ul
+            pa, pb, pc = abs(p - left), abs(p - up), abs(p - ul)
+            pred = np.where((pa <= pb) & (pa <= pc), left, np.where(pb <= pc, up, ul))
+        rows.append(bytes([f]) + ((cur - pred) & 0xFF).astype(np.uint8).tobytes())
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        crc = zlib.crc32(kind + data)
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", crc)
+
+    ihdr = struct.pack(">IIBBBBB", w, h, 8, {3: 2, 4: 6}[ch], 0, 0, 0)
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", ihdr)
+        + chunk(b"IDAT", zlib.compress(b"".join(rows)))
+        + chunk(b"IEND", b"")
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# A hand-made trace whose names try to break out of the page
+
+
+PID, TID, STREAM = 100, 101, 7
+
+
+def hostile_trace() -> dict[str, Any]:
+    t0 = 1_700_000_000_000_000
+
+    def ev(cat: str, name: str, ts: float, dur: float, **args: Any) -> dict[str, Any]:
+        e = {"ph": "X", "cat": cat, "name": name, "pid": PID, "tid": TID, "ts": t0 + ts}
+        e["dur"] = dur
+        if args:
+            e["args"] = args
+        return e
+
+    kernel = ev("kernel", PWN_KERNEL, 40, 300, device=0, stream=STREAM, correlation=7)
+    kernel.update(pid=0, tid=STREAM)
+    return {
+        "schemaVersion": 1,
+        "deviceProperties": [{"id": 0, "name": "Test GPU <b>bold</b>"}],
+        "traceEvents": [
+            ev("user_annotation", "ProfilerStep#1", 0, 1000),
+            ev("cpu_op", BREAKOUT_OP, 10, 100, **{"External id": 1}),
+            ev("cuda_runtime", "cudaLaunchKernel", 20, 10, correlation=7, **{"External id": 1}),
+            kernel,
+            {
+                "ph": "M",
+                "name": "thread_name",
+                "pid": PID,
+                "tid": TID,
+                "args": {"name": "<i>thread</i></script>"},
+            },
+        ],
+    }
+
+
+@pytest.fixture(scope="module")
+def hostile(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    folder = tmp_path_factory.mktemp("hostile")
+    trace = folder / "a<b>&c'.json"
+    trace.write_text(json.dumps(hostile_trace()))
+    out = folder / "report.html"
+    return out, make_report(trace, out)
+
+
+def test_hostile_names_stay_text_in_the_file(hostile: tuple[Path, str]) -> None:
+    _, text = hostile
+    static_checks(text)
+    for raw in (PWN_KERNEL, BREAKOUT_OP, "<b>bold</b>", "a<b>&c'", "<i>thread</i>"):
+        assert raw not in text
+    assert "a&lt;b&gt;&amp;c&#x27;.json" in text  # the header, escaped by html.escape
+    data = data_of(text)
+    top = data["summary"]["ranks"][0]
+    assert [k["name"] for k in top["top_kernels"]] == [PWN_KERNEL]
+    assert [o["name"] for o in top["top_ops"]] == [BREAKOUT_OP]
+    assert PWN_KERNEL in data["timeline"]["names"]
+
+
+@browser_test
+def test_hostile_names_render_as_text_and_run_nothing(hostile: tuple[Path, str]) -> None:
+    if find_chromium() is None:
+        pytest.skip("headless Chromium not installed")
+    out, _ = hostile
+    page = load_page(out)
+    root = browser_checks(page)
+    assert root.find_all("i") == []
+    for b in root.find_all("b"):  # our own: the numbers in the advice headline
+        assert b.parent is not None and "headline" in b.parent.classes
+    cells = [td.text_content() for td in root.find_all("td")]
+    assert PWN_KERNEL in cells
+    assert BREAKOUT_OP in cells
+    # Only our own four script elements exist after rendering.
+    assert len(root.find_all("script")) == 4 + 1  # + the test probe
+
+
+def test_header_notes_truncated_trace_without_steps(tmp_path: Path) -> None:
+    trace = hostile_trace()
+    trace["traceEvents"] = [e for e in trace["traceEvents"] if e["name"] != "ProfilerStep#1"]
+    text = json.dumps(trace)
+    cut = text.rindex('{"ph": "M"')  # inside the last event: the file ends mid-object
+    path = tmp_path / "cut.json"
+    path.write_text(text[: cut + 20])
+    out = make_report(path, tmp_path / "report.html")
+    static_checks(out)
+    notes = re.search(r'<ul class="notes" id="notes">(.*?)</ul>', out, re.S)
+    assert notes, "no notes in the header"
+    assert "truncated trace" in notes.group(1)
+    assert "no ProfilerStep#N" in notes.group(1)
+
+
+# ---------------------------------------------------------------------------------------------
+# Real traces
+
+
+@pytest.fixture(scope="module")
+def real_report(shared_traces: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("real") / "report.html"
+    make_report(shared_traces / "hta_ddp_a100_rank0_nccl_args.json.gz", out)
+    return out
+
+
+def test_real_report_is_self_contained(real_report: Path) -> None:
+    text = real_report.read_text(encoding="utf-8")
+    static_checks(text)
+    data = data_of(text)
+    assert data["meta"]["devices"] == ["NVIDIA A100-PG509-200"]
+    tl = data["timeline"]
+    assert tl["rank"] == 0 and tl["iteration"] == "ProfilerStep#4"  # the median of 3 steps
+    for group in ("measured", "simulated"):
+        g = tl[group]
+        assert 0 < g["shown"] <= report_html.MAX_TIMELINE_BARS
+        assert len(g["start"]) == len(g["dur"]) == len(g["lane"]) == g["shown"]
+        assert max(g["lane"]) < len(g["lanes"])
+        assert min(g["start"]) >= 0
+    assert data["advice"]["suggestions"]
+    assert len(data["replay"]["critical_paths"]) == 3
+
+
+@browser_test
+def test_real_report_renders_in_chromium(real_report: Path, tmp_path: Path) -> None:
+    if find_chromium() is None:
+        pytest.skip("headless Chromium not installed")
+    page = load_page(real_report, screenshot=tmp_path / "report.png")
+    root = browser_checks(page)
+    assert {
+        "chart-breakdown-gpu",
+        "chart-breakdown-cpu",
+        "chart-timeline",
+        "chart-critical-path",
+        "chart-advice",
+    } <= chart_ids(root)
+    ranks = root.by_id("ranks")
+    assert ranks is not None and "single rank" in ranks.text_content().lower()
+    # The timeline drew bars in both groups.
+    timeline = root.by_id("chart-timeline")
+    assert timeline is not None
+    assert len(timeline.find_all(cls="point")) > 500
+    assert page.probe["height"] > 3500
+    assert page.screenshot is not None
+    img = read_png(page.screenshot)
+    assert img.shape[:2] == (4000, 1400)
+    ink = img[..., :3].min(axis=2) < 200
+    assert ink.mean() > 0.03, "screenshot looks blank"
+    # Not just a header: ink all the way down the viewport.
+    bands = ink.reshape(8, 500, 1400).mean(axis=(1, 2))
+    assert (bands > 0.005).all(), bands
+
+
+@browser_test
+def test_multi_rank_report_compares_ranks(
+    shared_traces: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    if find_chromium() is None:
+        pytest.skip("headless Chromium not installed")
+    out = tmp_path_factory.mktemp("ranks") / "report.html"
+    text = make_report(shared_traces / "hta_sampled_128rank", out)
+    static_checks(text)
+    assert [r["rank"] for r in data_of(text)["summary"]["ranks"]] == [0, 1]
+    page = load_page(out)
+    root = browser_checks(page)
+    ranks = root.by_id("ranks")
+    assert ranks is not None
+    chart = ranks.by_id("chart-ranks")
+    assert chart is not None
+    ticks = {t.text_content() for t in chart.find_all(cls="xtick")}
+    assert ticks == {"rank 0", "rank 1"}
+    assert "2 ranks" in ranks.text_content()
+
+
+@pytest.mark.slow
+def test_largest_trace_report_stays_small(shared_traces: Path, tmp_path: Path) -> None:
+    out = tmp_path / "report.html"
+    t0 = time.perf_counter()
+    text = make_report(shared_traces / "hta_ddp_v100_rank1_memory.json.gz", out)
+    took = time.perf_counter() - t0
+    size = out.stat().st_size
+    assert size < 10_000_000, size
+    data = data_of(text)
+    tl = data["timeline"]
+    assert tl["measured"]["total"] > tl["measured"]["shown"] == report_html.MAX_TIMELINE_BARS
+    assert took < 120, took  # load + replay + advice; a few seconds on a laptop
