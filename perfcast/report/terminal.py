@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from perfcast.analysis.advisor import Advice
-from perfcast.analysis.replay import ReplayResult
-from perfcast.analysis.summary import NamedTime, Summary
-from perfcast.whatif.runner import WhatIfResult
+if TYPE_CHECKING:  # types only: importing the simulator here would load numba for `summary`
+    from perfcast.analysis.advisor import Advice
+    from perfcast.analysis.replay import ReplayResult
+    from perfcast.analysis.summary import NamedTime, Summary
+    from perfcast.whatif.runner import WhatIfResult
 
 
 def _ms(x: float | None) -> str:
