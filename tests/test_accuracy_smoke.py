@@ -45,7 +45,9 @@ def test_one_row_end_to_end(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-2000:]
     doc = json.loads(out.read_text())
     assert doc["machine"]["cores"] >= 1 and doc["machine"]["torch_version"]
-    [row] = doc["rows"]
+    [row] = [r for r in doc["rows"] if r["device"] == "cpu"]
+    gpu_rows = [r for r in doc["rows"] if r["device"] == "cuda"]
+    assert all(r["note"].startswith("not yet measured") for r in gpu_rows)
     assert (row["workload"], row["optimization"], row["device"]) == ("mlp", "foreach-adam", "cpu")
     assert row["baseline_measured_ms"] > 0 and row["optimized_measured_ms"] > 0
     assert row["measured_speedup"] > 0
