@@ -30,7 +30,7 @@ def register(sub: Any, add_common: Callable[[Any], None], table: dict[str, Any])
     table["replay"] = cmd_replay
 
     p = sub.add_parser("whatif", help="predict the step time after one or more optimizations")
-    p.add_argument("path", help="trace file or folder of rank files")
+    p.add_argument("path", nargs="?", help="trace file or folder of rank files")
     p.add_argument(
         "--apply",
         action="append",
@@ -108,6 +108,8 @@ def cmd_whatif(args: argparse.Namespace, ui: Any) -> int:
         for name, doc in describe_models():
             ui.out.print(Text(f"{name:24s} {doc}"))
         return 0
+    if not args.path:
+        raise PerfcastError("no trace given", hint="perfcast whatif PATH --apply NAME")
     if not args.apply:
         raise PerfcastError(
             "nothing to apply", hint="add --apply NAME, see `perfcast whatif --list`"
