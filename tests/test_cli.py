@@ -1,0 +1,147 @@
+"""The `perfcast` command in-process: JSON shapes, exports, errors and exit codes."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+from perfcast.cli.main import main
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "perfcast" / "examples" / "ddp_a100_rank0.json.gz"
+
+
+def _json(capsys, *argv: str) -> dict:
+    assert main(list(argv)) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_summary_json(capsys):
+    doc = _json(capsys, "summary", str(EXAMPLE), "--json")
+    rank = doc["ranks"][0]
+    assert rank["rank"] == 0 and rank["device"] == "NVIDIA A100-PG509-200"
+    its = rank["iterations"]
+    assert [it["name"] for it in its] == ["ProfilerStep#4", "ProfilerStep#5", "ProfilerStep#6"]
+    for it in its:
+        g = it["gpu"]
+        parts = g["compute_ms"] + g["communication_exposed_ms"] + g["memcpy_exposed_ms"]
+        assert parts + g["idle_ms"] == pytest.approx(it["measured_ms"], rel=1e-9)
+        assert 0 <= g["communication_overlap_pct"] <= 100
+    assert rank["top_kernels"][0]["name"].startswith("ncclKernel_AllReduce")
+
+
+def test_replay_json_and_export(capsys, tmp_path):
+    out = tmp_path / "replay.json"
+    doc = _json(capsys, "replay", str(EXAMPLE), "--json", "--export-trace", str(out))
+    assert isinstance(doc["unresolved_dependencies"], int)
+    for it in doc["ranks"][0]["iterations"]:
+        assert it["simulated_ms"] == pytest.approx(it["measured_ms"], rel=0.01)
+    trace = json.loads(out.read_text())
+    names = {e["args"]["name"] for e in trace["traceEvents"] if e.get("name") == "process_name"}
+    assert names == {"simulated · rank 0"}
+    assert any(e["ph"] == "s" for e in trace["traceEvents"])  # launch arrows
+
+
+def test_whatif_json_and_side_by_side_export(capsys, tmp_path):
+    out = tmp_path / "whatif.json.gz"
+    doc = _json(
+        capsys,
+        "whatif",
+        str(EXAMPLE),
+        "--apply",
+        "cuda-graphs",
+        "--apply",
+        "faster-op:pattern=nccl,factor=2,where=gpu",
+        "--json",
+        "--export-trace",
+        str(out),
+    )
+    assert doc["predicted_ms"] < doc["baseline_ms"]
+    assert doc["speedup"] == pytest.approx(doc["baseline_ms"] / doc["predicted_ms"])
+    assert [a["name"] for a in doc["applied"]] == ["cuda-graphs", "faster-op"]
+    assert len(doc["iterations"]) == 3
+    trace = json.loads(gzip.decompress(out.read_bytes()))
+    procs = {e["args"]["name"] for e in trace["traceEvents"] if e.get("name") == "process_name"}
+    assert procs == {"baseline (simulated) · rank 0", "predicted · rank 0"}
+
+
+def test_advise_json(capsys):
+    doc = _json(capsys, "advise", str(EXAMPLE), "--json")
+    sug = doc["suggestions"]
+    assert sug and all({"name", "predicted_ms", "speedup", "explanation"} <= set(s) for s in sug)
+    assert [s["predicted_ms"] for s in sug] == sorted(s["predicted_ms"] for s in sug)
+
+
+def test_summary_terminal_output(capsys):
+    assert main(["summary", str(EXAMPLE), "--top", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "step #4" in out and "top kernels" in out
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"", "is empty"),
+        (b"hello", "is not JSON"),
+        (b'{"foo": 1}', "no 'traceEvents'"),
+        (b'{"traceEvents": [{"ph": "X", "ts": 1, "dur": 1', "nothing could be salvaged"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(capsys, tmp_path, content, message):
+    bad = tmp_path / "bad.json"
+    bad.write_bytes(content)
+    before = hashlib.sha256(content).hexdigest()
+    assert main(["summary", str(bad)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and str(bad) in err and message in err
+    assert "Traceback" not in err
+    assert hashlib.sha256(bad.read_bytes()).hexdigest() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.json"]
+
+
+def test_missing_path_and_unknown_model(capsys, tmp_path):
+    assert main(["replay", str(tmp_path / "nope.json")]) == 2
+    assert "no such file" in capsys.readouterr().err
+    assert main(["whatif", str(EXAMPLE), "--apply", "warp-drive"]) == 2
+    assert "unknown optimization" in capsys.readouterr().err
+
+
+def test_not_applicable_is_a_clear_error(capsys, tmp_path):
+    trace = {
+        "traceEvents": [
+            {
+                "ph": "X",
+                "cat": "user_annotation",
+                "name": "ProfilerStep#1",
+                "pid": 1,
+                "tid": 1,
+                "ts": 0,
+                "dur": 100,
+            },
+            {
+                "ph": "X",
+                "cat": "cpu_op",
+                "name": "aten::add",
+                "pid": 1,
+                "tid": 1,
+                "ts": 10,
+                "dur": 50,
+            },
+        ]
+    }
+    path = tmp_path / "cpu.json"
+    path.write_text(json.dumps(trace))
+    assert main(["whatif", str(path), "--apply", "ddp"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("perfcast: error:") and "ddp" in err
+
+
+def test_refuses_to_overwrite_the_input(capsys, tmp_path):
+    copy = tmp_path / "t.json.gz"
+    copy.write_bytes(EXAMPLE.read_bytes())
+    assert main(["replay", str(copy), "--export-trace", str(copy)]) == 2
+    assert "overwrite" in capsys.readouterr().err
+    assert copy.read_bytes() == EXAMPLE.read_bytes()

@@ -1,0 +1,155 @@
+"""faster-op, remove-host-sync, cuda-graphs and fused-optimizer on hand-made traces.
+
+Expected step times are worked out by hand in the comments (µs). Nominal latencies are
+the builder's defaults (launch 5 µs, stream gap 1 µs) since these traces are too small
+to measure them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import perfcast
+from perfcast.errors import NotApplicableError
+from perfcast.whatif.registry import parse_spec
+from perfcast.whatif.runner import run_whatif
+from tests.tracegen import TraceBuilder
+
+
+def _predict_us(path: Path, *specs: str) -> tuple[float, float]:
+    result, _, _ = run_whatif(perfcast.load(path), [parse_spec(s) for s in specs])
+    return result.baseline_ms * 1000, result.predicted_ms * 1000
+
+
+def _gpu_bound(tmp_path: Path) -> Path:
+    b = TraceBuilder()
+    b.step(1, 0, 330)
+    b.op("aten::mm", 5, 20)
+    for t in (10, 15, 20):
+        b.launch("volta_sgemm_128x64_nn", t, 3, 18 + 100 * ((t - 10) // 5), 100)
+    b.runtime("cudaDeviceSynchronize", 25, 295)
+    return b.write(tmp_path / "gpu_bound.json")
+
+
+def test_faster_op_on_a_gpu_bound_step(tmp_path):
+    # Kernels 18-68, 68-118, 118-168; sync returns 2 µs later; 10 µs of CPU: 180.
+    base, pred = _predict_us(_gpu_bound(tmp_path), "faster-op:pattern=sgemm,factor=2,where=gpu")
+    assert base == pytest.approx(330)
+    assert pred == pytest.approx(180)
+
+
+def test_faster_op_refuses_when_nothing_matches(tmp_path):
+    with pytest.raises(NotApplicableError):
+        _predict_us(_gpu_bound(tmp_path), "faster-op:pattern=no_such_kernel")
+
+
+def test_remove_host_sync(tmp_path):
+    b = TraceBuilder()
+    b.step(1, 0, 250)
+    b.launch("volta_sgemm_128x64_nn", 10, 5, 20, 100)  # k1 20-120
+    # loss.item(): a device-to-host copy the CPU waits for (copy 120-122, returns at 123)
+    b.launch("Memcpy DtoH (Device -> Pageable)", 20, 103, 120, 2, cat="gpu_memcpy",
+             name="cudaMemcpyAsync")  # fmt: skip
+    b.launch("volta_sgemm_128x64_nn", 130, 5, 140, 100)  # k2 140-240
+    path = b.write(tmp_path / "item.json")
+    # Without the wait the CPU launches k2 at 29-34 and ends its step at 149; k2 waits for
+    # the copy (122) + 1 µs gap: 123-223. The step completes with k2: 223.
+    base, pred = _predict_us(path, "remove-host-sync")
+    assert base == pytest.approx(250)
+    assert pred == pytest.approx(223)
+
+
+def test_remove_host_sync_refuses_without_syncs(tmp_path):
+    b = TraceBuilder()
+    b.step(1, 0, 100)
+    b.launch("volta_sgemm_128x64_nn", 10, 5, 20, 50)
+    with pytest.raises(NotApplicableError, match="no host-device synchronization"):
+        _predict_us(b.write(tmp_path / "nosync.json"), "remove-host-sync")
+
+
+def test_cuda_graphs_on_a_launch_bound_step(tmp_path):
+    b = TraceBuilder()
+    b.step(1, 0, 100)
+    b.op("aten::relu", 5, 90)
+    for t in (10, 40, 70):
+        b.launch("void at::native::vectorized_elementwise_kernel<4>", t, 5, t + 8, 5)
+    path = b.write(tmp_path / "launch_bound.json")
+    # Host: 5 µs before the op, one 2.5 µs graph launch, 5 µs after: ends at 12.5.
+    # Kernels: 12.5-17.5 (launch + 5 µs), then back to back with a 1 µs gap: ends 29.5.
+    base, pred = _predict_us(path, "cuda-graphs")
+    assert base == pytest.approx(100)
+    assert pred == pytest.approx(29.5)
+
+
+def _for_loop_adam(
+    tmp_path: Path, kernel: str = "void at::native::vectorized_elementwise_kernel<4>"
+) -> Path:
+    """8 parameters x (mul_, add_, sqrt): 24 ops of 10 µs, each launching one 4 µs kernel."""
+    b = TraceBuilder()
+    b.step(1, 0, 260)
+    b.op("Optimizer.step#Adam.step", 10, 240, cat="user_annotation")
+    t = 10
+    for _ in range(8):
+        for op in ("aten::mul_", "aten::add_", "aten::sqrt"):
+            b.op(op, t, 10)
+            b.launch(kernel, t + 2, 5, t + 9, 4)
+            t += 10
+    return b.write(tmp_path / "adam.json")
+
+
+def test_fused_optimizer_foreach(tmp_path):
+    # foreach: 3 ops x ceil(8 / 48) = 3 launches instead of 24; host time per launch kept:
+    # 3 launches (15 µs) + the ops' own host time x 3/24 (120 -> 15 µs). Step: 10 + 30 + 10.
+    base, pred = _predict_us(_for_loop_adam(tmp_path), "fused-optimizer:kind=foreach")
+    assert base == pytest.approx(260)
+    assert pred == pytest.approx(50)
+
+
+def test_fused_optimizer_fused(tmp_path):
+    # fused: ceil(8 / 36) = 1 launch (5 µs) + host 120 x 1/24 = 5 µs. Step: 10 + 10 + 10.
+    _, pred = _predict_us(_for_loop_adam(tmp_path), "fused-optimizer:kind=fused")
+    assert pred == pytest.approx(30, abs=0.05)  # ns rounding of scaled segments
+
+
+def test_fused_optimizer_refuses_multi_tensor_kernels(tmp_path):
+    path = _for_loop_adam(tmp_path, kernel="void at::native::multi_tensor_apply_kernel<...>")
+    with pytest.raises(NotApplicableError, match="already"):
+        _predict_us(path, "fused-optimizer")
+
+
+def test_models_compose_in_order(tmp_path):
+    # foreach first (50 µs), then kernels 2x faster: the step is host-bound, still 50.
+    path = _for_loop_adam(tmp_path)
+    _, pred = _predict_us(path, "fused-optimizer:kind=foreach", "faster-op:where=gpu,factor=2")
+    assert pred == pytest.approx(50)
+    # CPU 2x faster first, then foreach: host work halves before it is fused.
+    _, pred2 = _predict_us(path, "faster-op:where=cpu,factor=2", "fused-optimizer:kind=foreach")
+    assert pred2 < 50
+
+
+def test_identity_reproduces_the_replay_exactly(shared_traces):
+    table = perfcast.load(shared_traces / "hta_ddp_a100_rank0_nccl_args.json.gz")
+    result, base, pred = run_whatif(table, [])
+    assert result.predicted_ms == result.baseline_ms == pytest.approx(result.measured_ms)
+    assert (base.start == pred.start).all() and (base.end == pred.end).all()
+
+
+def test_unknown_model_and_bad_options():
+    with pytest.raises(perfcast.PerfcastError, match="unknown optimization"):
+        parse_spec("warp-drive")
+    with pytest.raises(perfcast.PerfcastError, match="key=value"):
+        parse_spec("amp:bf16")
+
+
+def test_advisor_ranks_by_predicted_time(tmp_path):
+    advice = perfcast.advise(_for_loop_adam(tmp_path))
+    times = [s.predicted_ms for s in advice.suggestions]
+    assert times == sorted(times)
+    names = [s.name for s in advice.suggestions]
+    assert "fused-optimizer:kind=fused" in names
+    best = advice.suggestions[0]
+    assert best.explanation and 0.0 <= best.measured_share <= 1.0
+    skipped = {n.name for n in advice.not_applicable}
+    assert "remove-host-sync" in skipped  # no sync in this trace, and it says so
