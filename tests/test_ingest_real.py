@@ -158,3 +158,23 @@ def test_execution_trace_is_not_a_kineto_trace(shared_traces: Path, et: str):
     with pytest.raises(TraceFormatError, match="traceEvents") as err:
         perfcast.load(shared_traces / et)
     assert Path(et).name in str(err.value)
+
+
+def test_parallel_load_matches_sequential(shared_traces, monkeypatch):
+    """A folder loaded by worker processes gives the same table as one loaded in-process."""
+    from perfcast import parallel
+
+    folder = shared_traces / "dlrm_v100_8rank"
+    monkeypatch.setattr(parallel, "MIN_BYTES", 10**12)
+    seq = perfcast.load(folder)
+    monkeypatch.setattr(parallel, "MIN_BYTES", 0)
+    assert parallel.worker_count([str(p) for p in folder.iterdir()]) > 1
+    par = perfcast.load(folder)
+    assert seq.rank_ids() == par.rank_ids() == list(range(8))
+    assert seq.names_of(np.arange(len(seq))) == par.names_of(np.arange(len(par)))
+    for col in ("kind", "ts", "dur", "parent", "launch", "iteration", "coll_name"):
+        a, b = getattr(seq, col), getattr(par, col)
+        if col == "coll_name":  # indices differ, names must not
+            a = [seq.names[i] if i >= 0 else None for i in a.tolist()]
+            b = [par.names[i] if i >= 0 else None for i in b.tolist()]
+        assert np.array_equal(np.asarray(a, dtype=object), np.asarray(b, dtype=object)), col

@@ -14,6 +14,7 @@ from perfcast.errors import TraceFormatError
 from perfcast.events import NONE, EventTable, Iteration, Kind, RankInfo
 from perfcast.ingest import reader
 from perfcast.ingest.normalize import Interner, RankColumns, extract_rank
+from perfcast.parallel import map_ordered, worker_count
 
 _RANK_IN_NAME = re.compile(r"(?:rank|worker|node|gpu|proc)[-_.]?(\d+)", re.IGNORECASE)
 _STEP_PREFIX = "ProfilerStep#"
@@ -44,10 +45,12 @@ def load(path: str | os.PathLike[str], progress: ProgressFn | None = None) -> Ev
     names = Interner()
     parts: list[tuple[RankInfo, RankColumns, dict[str, np.ndarray], list[Iteration]]] = []
     seen: dict[int, str] = {}
-    for i, f in enumerate(files):
+    jobs = [(f, i if len(files) > 1 else None) for i, f in enumerate(files)]
+    for i, (f, (info, cols, derived, iterations, local_names)) in enumerate(
+        zip(files, map_ordered(_load_and_derive, jobs, worker_count(files)))
+    ):
         if progress:
             progress(f, i, len(files))
-        info, cols = _load_one(f, names, rank_hint=i if len(files) > 1 else None)
         if info.rank in seen:
             raise TraceFormatError(
                 f"claims rank {info.rank}, which {seen[info.rank]} already claims",
@@ -55,11 +58,37 @@ def load(path: str | os.PathLike[str], progress: ProgressFn | None = None) -> Ev
                 hint="put one trace per rank in the folder",
             )
         seen[info.rank] = f
-        derived, iterations = _derive(cols, names, info)
+        _reintern(cols, local_names, names)
         parts.append((info, cols, derived, iterations))
     if progress:
         progress("", len(files), len(files))
     return _concat(parts, names)
+
+
+# Columns that hold indices into the name table.
+_NAME_COLUMNS = ("name", "shapes", "coll_name", "coll_dtype", "coll_ranks")
+
+
+def _load_and_derive(
+    job: tuple[str, int | None],
+) -> tuple[RankInfo, RankColumns, dict[str, np.ndarray], list[Iteration], list[str]]:
+    """One file, start to finish, with its own name table (runs in a worker process)."""
+    path, rank_hint = job
+    names = Interner()
+    info, cols = _load_one(path, names, rank_hint=rank_hint)
+    derived, iterations = _derive(cols, names, info)
+    return info, cols, derived, iterations, names.names
+
+
+def _reintern(cols: RankColumns, local: list[str], names: Interner) -> None:
+    """Map one file's name indices onto the shared name table."""
+    if not local:
+        return
+    mapping = np.fromiter((names(n) for n in local), dtype=np.int32, count=len(local))
+    for key in _NAME_COLUMNS:
+        col = cols.cols[key]
+        has = col >= 0
+        col[has] = mapping[col[has]]
 
 
 def _load_one(path: str, names: Interner, rank_hint: int | None) -> tuple[RankInfo, RankColumns]:
