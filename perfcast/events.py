@@ -68,6 +68,7 @@ class RankInfo:
     rank: int
     path: str
     device_name: str | None = None
+    device_properties: dict[str, object] | None = None  # the first deviceProperties entry
     world_size: int | None = None
     backend: str | None = None
     base_ns: int = 0  # add to a timestamp to get baseTimeNanoseconds-aligned time

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from perfcast.analysis.phases import Phase, enclosing_scopes, event_phases
-from perfcast.events import NONE, EventTable, Kind
+from perfcast.events import NONE, EventTable, Kind, RankInfo
 from perfcast.graph.collectives import add_collective_waits
 from perfcast.graph.model import (
     NO_RELEASE,
@@ -122,7 +122,7 @@ def build_graph(table: EventTable) -> Graph:
             continue
         origin = int(table.ts[act].min())
         origins[rank] = origin
-        devices[rank] = info.device_name
+        devices[rank] = _device_name(info)
         _build_cpu_lanes(table, rank, origin, phases, acc, lanes, row_to_node)
         _build_gpu_lanes(table, rank, origin, phases, klass, acc, lanes, row_to_node)
 
@@ -182,6 +182,17 @@ def _collectives_across_ranks(graph: Graph, unresolved: dict[str, int]) -> None:
     except CycleError:
         graph.__dict__.update(before.__dict__)
         unresolved["collectives_unmatched"] = unresolved.get("collectives_unmatched", 0) + 1
+
+
+def _device_name(info: RankInfo) -> str | None:
+    """The device as the hardware tables know it (ROCm may call every GPU "AMD Radeon
+    Graphics": its compute-unit count and memory then tell), else the trace's own name."""
+    try:
+        from perfcast.hardware.devices import lookup_device_properties
+    except ImportError:  # pragma: no cover
+        return info.device_name
+    spec = lookup_device_properties(info.device_properties) if info.device_properties else None
+    return spec.name if spec is not None else info.device_name
 
 
 def _kernel_classes(table: EventTable) -> np.ndarray:

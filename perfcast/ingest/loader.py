@@ -118,6 +118,9 @@ def _load_one(path: str, names: Interner, rank_hint: int | None) -> tuple[RankIn
     info.world_size = dist.get("world_size") if isinstance(dist.get("world_size"), int) else None
     info.backend = dist.get("backend") if isinstance(dist.get("backend"), str) else None
     info.device_name = _device_name(raw.deviceProperties)
+    props = raw.deviceProperties
+    if isinstance(props, list) and props and isinstance(props[0], dict):
+        info.device_properties = props[0]
     if isinstance(raw.baseTimeNanoseconds, int):
         info.base_ns = raw.baseTimeNanoseconds
     info.schema_version = raw.schemaVersion
