@@ -12,6 +12,7 @@ import re
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import msgspec
 
@@ -19,7 +20,7 @@ from perfcast.errors import TraceFormatError
 from perfcast.ingest.schema import FastEvent, RawEvent, RawTrace
 
 _GZIP_MAGIC = b"\x1f\x8b"
-EventList = list[RawEvent] | list[FastEvent]
+EventList = list[Any]  # RawEvent or FastEvent structs (same attribute names)
 _CHUNK = 1 << 22
 _MAX_SALVAGE_TRIES = 40
 _TRAILER = re.compile(rb"\}\s*(?:,|\]|$)")
@@ -34,9 +35,9 @@ class Decoded:
     note: str | None = None
     warning: str | None = None  # data kept but altered (invalid UTF-8 replaced)
     # Events decoded a slice at a time (memory stays bounded); None: use trace.traceEvents.
-    chunks: Iterator[list[RawEvent]] | None = None
+    chunks: Iterator[EventList] | None = None
 
-    def event_chunks(self) -> Iterator[list[RawEvent]]:
+    def event_chunks(self) -> Iterator[EventList]:
         if self.chunks is not None:
             return self.chunks
         return iter([self.trace.traceEvents or []])
@@ -90,8 +91,8 @@ def _gunzip(fh, path: str) -> tuple[bytearray, str | None]:
 
 
 _trace_decoder = msgspec.json.Decoder(RawTrace)
-_list_decoder = msgspec.json.Decoder(list[RawEvent])
-_fast_list_decoder = msgspec.json.Decoder(list[FastEvent])
+_list_decoder = msgspec.json.Decoder(list[RawEvent])  # type: ignore[valid-type]
+_fast_list_decoder = msgspec.json.Decoder(list[FastEvent])  # type: ignore[valid-type]
 
 
 _CHUNK_BYTES = 4 << 20

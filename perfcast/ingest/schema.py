@@ -3,7 +3,7 @@
 The raw JSON is decoded straight into these msgspec structs; fields a struct
 does not name are skipped by the decoder, which is why decoding is several
 times faster and leaner than building generic dicts. A new PyTorch release
-that renames an argument is an edit of a `field(name=...)` here.
+that renames an argument is an edit of one row of ARG_FIELDS.
 """
 
 from __future__ import annotations
@@ -15,115 +15,74 @@ from msgspec import field
 
 from perfcast.events import Kind
 
+# Every argument we read, once: (attribute, JSON key, an integer id?). 2021 traces spell
+# "external id" in lower case; cuda_sync events (Kineto 2023+) name the stream and event
+# record a stream waits on; [memory] instant events carry Bytes / Total Allocated; shapes
+# come with record_shapes=True; collectives on NCCL kernels (recent) or on the
+# record_param_comms op; "M" metadata events carry their value in "name".
+ARG_FIELDS: tuple[tuple[str, str, bool], ...] = (
+    ("external_id", "External id", True),
+    ("external_id_2021", "external id", True),
+    ("correlation", "correlation", True),
+    ("seq", "Sequence number", True),
+    ("fwd_tid", "Fwd thread id", True),
+    ("device", "device", True),
+    ("stream", "stream", True),
+    ("grid", "grid", False),
+    ("block", "block", False),
+    ("nbytes", "bytes", False),
+    ("wait_on_stream", "wait_on_stream", False),
+    ("wait_on_corr", "wait_on_cuda_event_record_corr_id", False),
+    ("mem_bytes", "Bytes", False),
+    ("mem_total", "Total Allocated", False),
+    ("mem_device_type", "Device Type", False),
+    ("input_dims", "Input Dims", False),
+    ("input_types", "Input type", False),
+    ("coll_name", "Collective name", False),
+    ("coll_in", "In msg nelems", False),
+    ("coll_out", "Out msg nelems", False),
+    ("coll_group", "Group size", False),
+    ("coll_dtype", "dtype", False),
+    ("coll_ranks", "Process Group Ranks", False),
+    ("name", "name", False),
+)
+EVENT_FIELDS = ("ph", "cat", "name", "pid", "tid", "ts", "dur", "id", "s", "bp")
 
-class RawArgs(msgspec.Struct, gc=False):
-    # Ids. 2021 traces spell "external id" in lower case.
-    external_id: Any = field(default=None, name="External id")
-    external_id_2021: Any = field(default=None, name="external id")
-    correlation: Any = None
-    seq: Any = field(default=None, name="Sequence number")
-    fwd_tid: Any = field(default=None, name="Fwd thread id")
-    # GPU side.
-    device: Any = None
-    stream: Any = None
-    grid: Any = None
-    block: Any = None
-    nbytes: Any = field(default=None, name="bytes")
-    # cuda_sync events (Kineto 2023+): which stream/event a stream waits on.
-    wait_on_stream: Any = None
-    wait_on_corr: Any = field(default=None, name="wait_on_cuda_event_record_corr_id")
-    # [memory] instant events.
-    mem_bytes: Any = field(default=None, name="Bytes")
-    mem_total: Any = field(default=None, name="Total Allocated")
-    mem_device_type: Any = field(default=None, name="Device Type")
-    # Shapes (record_shapes=True).
-    input_dims: Any = field(default=None, name="Input Dims")
-    input_types: Any = field(default=None, name="Input type")
-    # Collectives: on NCCL kernels (recent) or the record_param_comms op.
-    coll_name: Any = field(default=None, name="Collective name")
-    coll_in: Any = field(default=None, name="In msg nelems")
-    coll_out: Any = field(default=None, name="Out msg nelems")
-    coll_group: Any = field(default=None, name="Group size")
-    coll_dtype: Any = field(default=None, name="dtype")
-    coll_ranks: Any = field(default=None, name="Process Group Ranks")
-    # "M" metadata events carry their value here.
-    name: Any = None
+# The fast path types ids as int64 with -1 for "absent", so columns are read without a
+# conversion per value. A file whose ids are not plain integers fails validation there and
+# is decoded again with the lenient structs, which take anything.
+I64 = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
 
 
-class RawEvent(msgspec.Struct, gc=False):
-    ph: Any = None
-    cat: Any = None
-    name: Any = None
-    pid: Any = None
-    tid: Any = None
-    ts: Any = None
-    dur: Any = None
-    id: Any = None
-    s: Any = None
-    bp: Any = None
-    args: RawArgs | None = None
+def _args_struct(name: str, typed: bool) -> Any:
+    fields = [
+        (attr, I64, field(default=-1, name=key))
+        if typed and is_id
+        else (attr, Any, field(default=None, name=key))
+        for attr, key, is_id in ARG_FIELDS
+    ]
+    return msgspec.defstruct(name, fields, frozen=typed, gc=False, module=__name__)
+
+
+def _event_struct(name: str, args_type: Any, args_default: Any) -> Any:
+    fields: list[tuple[str, Any, Any]] = [(f, Any, None) for f in EVENT_FIELDS]
+    fields.append(("args", args_type, args_default))
+    return msgspec.defstruct(name, fields, gc=False, module=__name__)
+
+
+RawArgs = _args_struct("RawArgs", typed=False)
+FastArgs = _args_struct("FastArgs", typed=True)
+NO_ARGS = FastArgs()
+RawEvent = _event_struct("RawEvent", RawArgs | None, None)
+FastEvent = _event_struct("FastEvent", FastArgs, NO_ARGS)
 
 
 class RawTrace(msgspec.Struct, gc=False):
-    traceEvents: list[RawEvent] | None = None  # noqa: N815 (JSON key)
+    traceEvents: list[RawEvent] | None = None  # type: ignore[valid-type]  # noqa: N815
     deviceProperties: Any = None  # noqa: N815
     distributedInfo: Any = None  # noqa: N815
     baseTimeNanoseconds: Any = None  # noqa: N815
     schemaVersion: Any = None  # noqa: N815
-
-
-# The fast path: ids typed as int64 with -1 for "absent", so columns are read without a
-# conversion per value. A file whose ids are not plain integers fails validation here and
-# is decoded again with the lenient structs above.
-I64 = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
-
-
-class FastArgs(msgspec.Struct, frozen=True, gc=False):
-    external_id: I64 = field(default=-1, name="External id")
-    external_id_2021: I64 = field(default=-1, name="external id")
-    correlation: I64 = -1
-    seq: I64 = field(default=-1, name="Sequence number")
-    fwd_tid: I64 = field(default=-1, name="Fwd thread id")
-    device: I64 = -1
-    stream: I64 = -1
-    grid: Any = None
-    block: Any = None
-    nbytes: Any = field(default=None, name="bytes")
-    wait_on_stream: Any = None
-    wait_on_corr: Any = field(default=None, name="wait_on_cuda_event_record_corr_id")
-    mem_bytes: Any = field(default=None, name="Bytes")
-    mem_total: Any = field(default=None, name="Total Allocated")
-    mem_device_type: Any = field(default=None, name="Device Type")
-    input_dims: Any = field(default=None, name="Input Dims")
-    input_types: Any = field(default=None, name="Input type")
-    coll_name: Any = field(default=None, name="Collective name")
-    coll_in: Any = field(default=None, name="In msg nelems")
-    coll_out: Any = field(default=None, name="Out msg nelems")
-    coll_group: Any = field(default=None, name="Group size")
-    coll_dtype: Any = field(default=None, name="dtype")
-    coll_ranks: Any = field(default=None, name="Process Group Ranks")
-    name: Any = None
-
-
-NO_ARGS = FastArgs()
-
-
-class FastEvent(msgspec.Struct, gc=False):
-    ph: Any = None
-    cat: Any = None
-    name: Any = None
-    pid: Any = None
-    tid: Any = None
-    ts: Any = None
-    dur: Any = None
-    id: Any = None
-    s: Any = None
-    bp: Any = None
-    args: FastArgs = NO_ARGS
-
-
-# A trace may also be a bare array of events (chrome://tracing allows it).
-RawEventList = list[RawEvent]
 
 
 # Category -> Kind for every generation. Lookup is lower-cased.
