@@ -376,6 +376,10 @@ def run_profile(argv: list[str]) -> int:
     elif ns.command:
         return _fail(f"unexpected arguments before '--': {' '.join(ns.command)}")
     try:
+        import torch.profiler  # noqa: F401  (fail here, with a clear line, not mid-script)
+    except ImportError:
+        return _fail("PyTorch is not installed in this environment (pip install torch)")
+    try:
         kind, target, script_args = _parse_target(cmd)
     except ValueError as exc:
         return _fail(str(exc))

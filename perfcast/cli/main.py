@@ -106,6 +106,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top", type=int, default=10, help="how many top kernels/ops to list")
     _add_common(p)
     _register_extra_commands(sub)
+    # Listed for --help only: main() hands `profile` its arguments before parsing.
+    sub.add_parser(
+        "profile",
+        help="run a training script under torch.profiler: "
+        "perfcast profile [-o DIR] -- python train.py ...",
+    )
     return parser
 
 
