@@ -12,9 +12,15 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from perfcast.graph.model import NodeKind, Source
+from perfcast.graph.model import EdgeType, NodeKind, Source
 from perfcast.sim.timeline import Timeline
 
+_EDGE_LABEL = {
+    int(EdgeType.CROSS_STREAM): "cross-stream wait",
+    int(EdgeType.CROSS_THREAD): "thread hand-off",
+    int(EdgeType.COLLECTIVE): "collective",
+    int(EdgeType.DATA): "dependency",
+}
 _SOURCE_LABEL = {
     int(Source.MEASURED): "measured",
     int(Source.SCALED): "scaled",
@@ -115,6 +121,37 @@ def timeline_events(
                     "pid": pid_of[int(c["rank"][node])],
                     "tid": int(c["lane"][node]),
                     "ts": start[node],
+                }
+            )
+        # Stored dependencies: cross-stream waits, thread hand-offs, collectives.
+        for k, (src, dst, etype) in enumerate(
+            zip(g.edge_src.tolist(), g.edge_dst.tolist(), g.edge_type.tolist())
+        ):
+            if not (live[src] and live[dst]):
+                continue
+            fid = pid_base * 10_000_000 + 5_000_000 + k
+            cat = _EDGE_LABEL.get(int(etype), "dependency")
+            events.append(
+                {
+                    "ph": "s",
+                    "id": fid,
+                    "cat": cat,
+                    "name": cat,
+                    "pid": pid_of[int(c["rank"][src])],
+                    "tid": int(c["lane"][src]),
+                    "ts": end[src],
+                }
+            )
+            events.append(
+                {
+                    "ph": "f",
+                    "bp": "e",
+                    "id": fid,
+                    "cat": cat,
+                    "name": cat,
+                    "pid": pid_of[int(c["rank"][dst])],
+                    "tid": int(c["lane"][dst]),
+                    "ts": start[dst],
                 }
             )
     return events
