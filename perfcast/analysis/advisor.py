@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from perfcast.analysis.critical_path import critical_paths
+from perfcast.analysis.notes import input_notes
 from perfcast.events import EventTable
 from perfcast.graph.build import build_graph
 from perfcast.graph.model import GpuKind, Graph, NodeKind
@@ -53,6 +54,7 @@ class Advice:
     suggestions: list[Suggestion]
     not_applicable: list[NotApplicable] = field(default_factory=list)
     facts: dict[str, float] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)  # about the input (salvage, no steps)
 
 
 CANDIDATES = [
@@ -225,4 +227,5 @@ def advise(
         suggestions=suggestions,
         not_applicable=skipped,
         facts=facts,
+        notes=input_notes(table),
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from perfcast.analysis.critical_path import CriticalPath, critical_paths
+from perfcast.analysis.notes import input_notes
 from perfcast.sim.timeline import Timeline
 
 
@@ -41,6 +42,7 @@ class ReplayResult:
     max_abs_error_pct: float
     critical_paths: list[CriticalPathSummary]
     assumptions: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # about the input (salvage, no steps)
 
 
 def replay_result(tl: Timeline, with_critical_path: bool = True) -> ReplayResult:
@@ -66,4 +68,5 @@ def replay_result(tl: Timeline, with_critical_path: bool = True) -> ReplayResult
             for p in paths
         ],
         assumptions=list(g.assumptions),
+        notes=input_notes(g.table) if g.table is not None else [],
     )

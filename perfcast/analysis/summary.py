@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from perfcast.analysis import intervals as iv
+from perfcast.analysis.notes import rank_notes
 from perfcast.analysis.phases import (
     PHASE_LABELS,
     Phase,
@@ -93,11 +94,7 @@ def summarize(table: EventTable, top: int = 10) -> Summary:
     out = Summary(ranks=[])
     for info in table.ranks:
         rank = info.rank
-        notes = list(info.warnings)
-        if info.truncated:
-            notes.append(f"truncated trace: {info.salvage_note}")
-        if not info.has_steps:
-            notes.append("no ProfilerStep#N in this trace: the whole trace is one window")
+        notes = rank_notes(info)
         on_rank = table.rank == rank
         g = gpu_rows[on_rank[gpu_rows]]
         g_start = table.ts[g]

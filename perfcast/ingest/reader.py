@@ -278,10 +278,12 @@ def decode(data: bytes | bytearray, path: str, gzip_note: str | None = None) -> 
         trace, kept_bytes = salvaged
         lost = len(data) - kept_bytes
         cause = gzip_note or f"the JSON is cut off or corrupt ({exc})"
-        note = (
-            f"{cause}; salvaged {len(trace.traceEvents or []):,} complete events, "
-            f"dropped the last {lost:,} bytes ({100.0 * lost / max(len(data), 1):.1f}% of the data)"
-        )
+        kept = f"salvaged {len(trace.traceEvents or []):,} complete events"
+        if gzip_note:  # the compressed file was cut: what followed the cut is unknown
+            note = f"{cause}; {kept}; the events after the cut are lost"
+        else:
+            share = 100.0 * lost / max(len(data), 1)
+            note = f"{cause}; {kept}, dropped the last {lost:,} bytes ({share:.1f}% of the data)"
         return Decoded(trace, truncated=True, note=note)
     except UnicodeDecodeError as exc:
         # msgspec raises this (not DecodeError) for invalid UTF-8 inside a string: a name cut

@@ -87,7 +87,13 @@ def _render_top(console: Console, title: str, rows: list[NamedTime]) -> None:
     console.print(t)
 
 
+def _render_notes(console: Console, notes: list[str]) -> None:
+    for note in notes:
+        console.print(Text(f"note: {note}", style="yellow"))
+
+
 def render_replay(result: ReplayResult, console: Console) -> None:
+    _render_notes(console, result.notes)
     t = Table(title="replay: measured vs simulated step time", title_justify="left")
     for col in ("rank", "step", "measured ms", "simulated ms", "error"):
         t.add_column(col, justify="left" if col == "step" else "right", no_wrap=True)
@@ -120,6 +126,7 @@ def render_replay(result: ReplayResult, console: Console) -> None:
 
 
 def render_whatif(result: WhatIfResult, console: Console) -> None:
+    _render_notes(console, result.notes)
     applied = " + ".join(a.name for a in result.applied)
     console.print(Text(f"what-if: {applied}", style="bold"))
     console.print(
@@ -135,6 +142,7 @@ def render_whatif(result: WhatIfResult, console: Console) -> None:
 
 
 def render_advice(advice: Advice, console: Console) -> None:
+    _render_notes(console, advice.notes)
     console.print(
         Text(
             f"baseline step {advice.baseline_ms:.2f} ms (measured {advice.measured_ms:.2f} ms)"

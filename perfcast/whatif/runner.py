@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from perfcast.analysis.critical_path import critical_paths
+from perfcast.analysis.notes import input_notes
 from perfcast.events import EventTable
 from perfcast.graph.build import build_graph
 from perfcast.graph.model import Graph, Source
@@ -40,6 +41,7 @@ class WhatIfResult:
     applied: list[AppliedModel]
     measured_share: float  # share of the predicted critical path with measured durations
     assumptions: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # about the input (salvage, no steps)
 
 
 def step_ms(tl: Timeline) -> tuple[float, float, list[tuple[int, str, float, float]]]:
@@ -103,5 +105,6 @@ def run_whatif(
         applied=applied,
         measured_share=measured_share(predicted),
         assumptions=list(graph.assumptions),
+        notes=input_notes(table),
     )
     return result, baseline, predicted
