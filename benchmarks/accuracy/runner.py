@@ -50,9 +50,11 @@ MISS = 0.10  # rows off by more than this get the explanation below
 # machine (stated, not tuned away: see README "Accuracy").
 MISS_EXPLANATIONS = {
     "dataloader-workers": (
-        "the model sees the data loading the main thread did, not what moving it costs: "
-        "workers pickle each batch into shared memory and the main thread unpickles it "
-        "(about 1-2 ms per batch here), and this benchmark pins both workers to one core"
+        "the model sees the loading the main thread did, not what moving batches between "
+        "processes costs: profiles of the variant show the main thread still spending "
+        "1.3-2.7 ms per step receiving batches (unpickling tensors from shared memory), "
+        "where the model assumes overhead_ms=0.05; the benchmark also pins both workers to "
+        "one core"
     ),
     "batch-size-x2": (
         "on the CPU, per-sample cost grows with batch size once activations leave the "
