@@ -151,6 +151,7 @@ def build_graph(table: EventTable) -> Graph:
     _gpu_weights(graph, cross, unresolved, edges)
     _sync_weights(graph, unresolved)
     _cross_thread_waits(table, graph, edges)
+    _forward_backward_edges(table, graph, edges)
     for src, dst, w, etype, at_end in edges:
         graph.add_edges(src, dst, w, EdgeType(etype), at_end)
     _collectives_across_ranks(graph, unresolved)
@@ -800,6 +801,55 @@ def _cross_thread_waits(
         c["kind"][d] = NodeKind.WAIT
         c["dur"][d] = 0
         edges.append((np.array(srcs), d, np.array(ws), int(EdgeType.CROSS_THREAD), True))
+
+
+def _forward_backward_edges(
+    table: EventTable,
+    graph: Graph,
+    edges: list[tuple[np.ndarray, np.ndarray, np.ndarray, int, bool]],
+) -> None:
+    """A backward op cannot start before its forward op ended (often on another thread).
+
+    The edge never binds in the measured replay (backward ran later); it keeps a
+    what-if from moving backward work ahead of the forward work it differentiates.
+    """
+    pairs = table.fwd_bwd
+    if pairs.size == 0:
+        return
+    c = graph.cols
+    cpu = np.flatnonzero(c["kind"] != NodeKind.GPU)
+    if cpu.size == 0:
+        return
+    start = c["start_measured"]
+    end = start + c["dur_measured"]
+    origin = graph.rank_origin_ns
+    # Nodes by (lane, measured start) and (lane, measured end), for exact lookups.
+    lane_of = {(ln.rank, ln.pid, ln.tid): i for i, ln in enumerate(graph.lanes) if not ln.is_gpu}
+    first_at: dict[tuple[int, int], int] = {}
+    last_at: dict[tuple[int, int], int] = {}
+    for node in cpu[np.lexsort((c["order"][cpu],))].tolist():
+        key = (int(c["lane"][node]), int(start[node]))
+        first_at.setdefault(key, node)
+        last_at[(int(c["lane"][node]), int(end[node]))] = node
+    srcs, dsts, ws = [], [], []
+    for f, b in pairs.tolist():
+        rank = int(table.rank[f])
+        if rank not in origin:
+            continue
+        lf = lane_of.get((rank, int(table.pid[f]), int(table.tid[f])))
+        lb = lane_of.get((rank, int(table.pid[b]), int(table.tid[b])))
+        if lf is None or lb is None:
+            continue
+        src = last_at.get((lf, int(table.ts[f] + table.dur[f]) - origin[rank]))
+        dst = first_at.get((lb, int(table.ts[b]) - origin[rank]))
+        if src is None or dst is None or src == dst:
+            continue
+        srcs.append(src)
+        dsts.append(dst)
+        # Never more than the measured slack, so the replay still reproduces the trace.
+        ws.append(min(0, int(start[dst] - end[src])))
+    if srcs:
+        edges.append((np.array(srcs), np.array(dsts), np.array(ws), int(EdgeType.DATA), False))
 
 
 def _iteration_spans(
