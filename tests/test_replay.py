@@ -193,3 +193,22 @@ def test_collectives_couple_ranks(shared_traces):
     slow = {r: s for r, _, _, s in simulate(g2).iteration_ns()}
     assert slow[0] > base[0]
     assert all(slow[r] > base[r] for r in range(1, 8)), "peers should wait for rank 0"
+
+
+def test_edges_from_removed_nodes_pass_to_the_lane_predecessor(shared_traces):
+    from perfcast.sim.lower import _redirect_removed
+
+    g = build_graph(perfcast.load(shared_traces / "hta_ddp_a100_rank0_nccl_args.json.gz"))
+    rng = np.random.default_rng(0)
+    P.remove(g, rng.choice(len(g), size=len(g) // 3, replace=False))
+    alive = g.alive
+    src = g.edge_src.astype(np.int64)
+    got = _redirect_removed(g, src, alive)
+    c = g.cols
+    for s, r in zip(src.tolist(), got.tolist()):
+        if alive[s]:
+            assert r == s
+            continue
+        same = np.flatnonzero((c["lane"] == c["lane"][s]) & alive & (c["order"] < c["order"][s]))
+        expected = int(same[np.argmax(c["order"][same])]) if same.size else -1
+        assert r == expected

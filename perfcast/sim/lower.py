@@ -123,10 +123,19 @@ def _redirect_removed(graph: Graph, src: np.ndarray, alive: np.ndarray) -> np.nd
     if not dead.any():
         return src
     c = graph.cols
+    live = np.flatnonzero(alive)
+    # Live nodes sorted by (lane, order): a dead node's replacement is the live entry just
+    # before where it would sort, if that entry is on the same lane.
+    o = live[np.lexsort((c["order"][live], c["lane"][live]))]
+    keys_lane = c["lane"][o]
+    keys = c["order"][o]
+    d = src[dead]
+    pos = np.zeros(d.size, dtype=np.int64)
+    for lane in np.unique(c["lane"][d]).tolist():
+        lo, hi = np.searchsorted(keys_lane, [lane, lane + 1])
+        sel = c["lane"][d] == lane
+        pos[sel] = lo + np.searchsorted(keys[lo:hi], c["order"][d[sel]], side="left") - 1
+        pos[sel & (pos < lo)] = -1
     out = src.copy()
-    for i in np.flatnonzero(dead).tolist():
-        s = int(src[i])
-        lane_nodes = np.flatnonzero((c["lane"] == c["lane"][s]) & alive)
-        before = lane_nodes[c["order"][lane_nodes] < c["order"][s]]
-        out[i] = int(before[np.argmax(c["order"][before])]) if before.size else -1
+    out[np.flatnonzero(dead)] = np.where(pos >= 0, o[np.maximum(pos, 0)], -1)
     return out
