@@ -23,10 +23,45 @@ def _short(name: str, width: int = 70) -> str:
     return name if len(name) <= width else name[: width - 1] + "…"
 
 
+# Beyond this many ranks, one overview row per rank, then details of the extremes only.
+MANY_RANKS = 4
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
+def _render_rank_overview(summary: Summary, console: Console) -> None:
+    t = Table(title="ranks (means over steps)", title_justify="left")
+    for col in ("rank", "steps", "step ms", "GPU compute", "comm", "idle", "data load"):
+        t.add_column(col, justify="right", no_wrap=True)
+    means = {rs.rank: _mean([it.measured_ms for it in rs.iterations]) for rs in summary.ranks}
+    slowest = max(means, key=lambda r: means[r]) if means else None
+    for rs in summary.ranks:
+        its = rs.iterations
+        gpu = [it.gpu for it in its if it.gpu is not None]
+        t.add_row(
+            Text(f"{rs.rank}" + (" (slowest)" if rs.rank == slowest else "")),
+            str(len(its)),
+            _ms(means[rs.rank]),
+            _ms(_mean([g.compute_ms for g in gpu])) if gpu else "-",
+            _ms(_mean([g.communication_exposed_ms for g in gpu])) if gpu else "-",
+            _ms(_mean([g.idle_ms for g in gpu])) if gpu else "-",
+            _ms(_mean([it.cpu.dataloader_ms for it in its])),
+        )
+    console.print(t)
+
+
 def render_summary(summary: Summary, console: Console, top: int = 5) -> None:
     for note in summary.notes:
         console.print(Text(f"note: {note}", style="yellow"))
-    for rs in summary.ranks:
+    ranks = summary.ranks
+    if len(ranks) > MANY_RANKS:
+        _render_rank_overview(summary, console)
+        by_time = sorted(ranks, key=lambda rs: _mean([it.measured_ms for it in rs.iterations]))
+        ranks = [by_time[-1], by_time[0]]  # slowest and fastest in detail; --json has all
+        console.print(Text("details of the slowest and the fastest rank:", style="bold"))
+    for rs in ranks:
         title = f"rank {rs.rank}" + (f" · {rs.device}" if rs.device else "") + f" · {rs.path}"
         table = Table(title=Text(title), title_justify="left", show_lines=False)
         table.caption = "GPU columns split the step: compute + comm + copies + idle = step"
