@@ -106,9 +106,6 @@ def collective_kernel_mask(table: EventTable) -> np.ndarray:
     return (table.kind == Kind.KERNEL) & (is_coll_name[table.name] | (table.coll_name >= 0))
 
 
-_SCOPE_RE = re.compile(r"^nn\.Module: |^## ")
-
-
 def enclosing_scopes(table: EventTable) -> np.ndarray:
     """Per row, the name index of the nearest enclosing module or user scope.
 
@@ -119,14 +116,11 @@ def enclosing_scopes(table: EventTable) -> np.ndarray:
     n = len(table)
     if n == 0:
         return np.zeros(0, np.int32)
-    is_scope_name = np.array(
-        [bool(_SCOPE_RE.search(nm)) or (not nm.startswith("ProfilerStep#")) for nm in table.names],
-        dtype=bool,
+    is_module = np.array([nm.startswith("nn.Module: ") for nm in table.names], dtype=bool)
+    is_step = np.array([nm.startswith("ProfilerStep#") for nm in table.names], dtype=bool)
+    is_scope = ((table.kind == Kind.PYTHON_FUNCTION) & is_module[table.name]) | (
+        (table.kind == Kind.USER_ANNOTATION) & ~is_step[table.name]
     )
-    is_scope = (
-        (table.kind == Kind.PYTHON_FUNCTION)
-        & np.array([nm.startswith("nn.Module: ") for nm in table.names], dtype=bool)[table.name]
-    ) | ((table.kind == Kind.USER_ANNOTATION) & is_scope_name[table.name])
     scope = np.where(is_scope, table.name, NONE).astype(np.int32)
     own = scope.copy()
     look = table.parent.copy()

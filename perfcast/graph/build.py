@@ -173,7 +173,7 @@ def _collectives_across_ranks(graph: Graph, unresolved: dict[str, int]) -> None:
     if len({ln.rank for ln in graph.lanes}) < 2:
         return
     before = graph.copy()
-    if add_collective_waits(graph, unresolved) == 0:
+    if add_collective_waits(graph) == 0:
         return
     from perfcast.sim.engine import CycleError, replay_fast
     from perfcast.sim.lower import lower

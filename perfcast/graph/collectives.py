@@ -61,7 +61,7 @@ def match_collectives(graph: Graph) -> dict[tuple[str, str, int], dict[int, int]
     return out
 
 
-def add_collective_waits(graph: Graph, unresolved: dict[str, int]) -> int:
+def add_collective_waits(graph: Graph) -> int:
     """Split matched collectives into arrival + transfer with cross-rank edges."""
     matches = match_collectives(graph)
     if not matches:
@@ -145,5 +145,4 @@ def add_collective_waits(graph: Graph, unresolved: dict[str, int]) -> int:
         f"{len(matches)} collectives matched across {len(ranks)} ranks; a transfer starts when "
         "the last rank arrives and takes the shortest measured time among the ranks"
     )
-    del unresolved
     return n_edges
