@@ -144,12 +144,6 @@ class Graph:
     def __len__(self) -> int:
         return int(self.cols["kind"].shape[0])
 
-    def __getattr__(self, key: str) -> np.ndarray:
-        cols = self.__dict__.get("cols")
-        if cols is not None and key in cols:
-            return cols[key]
-        raise AttributeError(key)
-
     @property
     def alive(self) -> np.ndarray:
         if self.removed is None:
