@@ -145,3 +145,21 @@ def test_refuses_to_overwrite_the_input(capsys, tmp_path):
     assert main(["replay", str(copy), "--export-trace", str(copy)]) == 2
     assert "overwrite" in capsys.readouterr().err
     assert copy.read_bytes() == EXAMPLE.read_bytes()
+
+
+@pytest.mark.parametrize("command", ["summary", "replay", "advise"])
+def test_show_renders_a_saved_result_again(capsys, tmp_path, command):
+    saved = tmp_path / f"{command}.json"
+    assert main([command, str(EXAMPLE), "--json"]) == 0
+    saved.write_text(capsys.readouterr().out)
+    assert main(["show", str(saved)]) == 0
+    assert capsys.readouterr().out.strip()
+    assert main(["show", str(saved), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == json.loads(saved.read_text())
+
+
+def test_show_refuses_other_files(capsys, tmp_path):
+    other = tmp_path / "other.json"
+    other.write_text('{"hello": 1}')
+    assert main(["show", str(other)]) == 2
+    assert "not a perfcast result" in capsys.readouterr().err

@@ -54,6 +54,11 @@ def register(sub: Any, add_common: Callable[[Any], None], table: dict[str, Any])
     add_common(p)
     table["advise"] = cmd_advise
 
+    p = sub.add_parser("show", help="render a saved --json result again, without the trace")
+    p.add_argument("result", help="a file written by `perfcast COMMAND --json > FILE`")
+    add_common(p)
+    table["show"] = cmd_show
+
     p = sub.add_parser("report", help="write a self-contained HTML report")
     p.add_argument("path", help="trace file or folder of rank files")
     p.add_argument("-o", "--output", required=True, help="HTML file to write")
@@ -146,6 +151,46 @@ def cmd_advise(args: argparse.Namespace, ui: Any) -> int:
 
     render_advice(result, ui.out)
     return 0
+
+
+def cmd_show(args: argparse.Namespace, ui: Any) -> int:
+    """Re-render a saved result: its kind is told by the keys it has."""
+    import msgspec
+
+    from perfcast.analysis.advisor import Advice
+    from perfcast.analysis.replay import ReplayResult
+    from perfcast.analysis.summary import Summary
+    from perfcast.report import terminal
+    from perfcast.whatif.runner import WhatIfResult
+
+    try:
+        with open(args.result, "rb") as fh:
+            data = fh.read()
+        keys = set(msgspec.json.decode(data))
+    except (OSError, msgspec.DecodeError, TypeError) as exc:
+        raise PerfcastError(f"cannot read a saved result ({exc})", path=args.result) from None
+    kinds: list[tuple[str, Any, Any]] = [
+        ("suggestions", Advice, terminal.render_advice),
+        ("unresolved_dependencies", ReplayResult, terminal.render_replay),
+        ("applied", WhatIfResult, terminal.render_whatif),
+        ("ranks", Summary, terminal.render_summary),
+    ]
+    for key, cls, render in kinds:
+        if key in keys:
+            try:
+                result = msgspec.json.decode(data, type=cls)
+            except msgspec.ValidationError as exc:
+                raise PerfcastError(f"not a perfcast result ({exc})", path=args.result) from None
+            if args.json:
+                ui.emit_json(result)
+            else:
+                render(result, ui.out)
+            return 0
+    raise PerfcastError(
+        "not a perfcast result",
+        path=args.result,
+        hint="write one with `perfcast summary|replay|whatif|advise ... --json > FILE`",
+    )
 
 
 def cmd_report(args: argparse.Namespace, ui: Any) -> int:
