@@ -41,7 +41,6 @@ def resolve_sync_targets(
     index = _gpu_index(graph)
     targets: list[list[int]] = []
     inferred: dict[int, int] = {}
-    start = c["start_measured"]
     launch = c["launch"]
     for node in sync_nodes.tolist():
         kind = int(c["sync_kind"][node])
@@ -67,7 +66,6 @@ def resolve_sync_targets(
             inferred[node] = lane
         x = last_per_lane.get(lane, NONE)
         targets.append([x] if x >= 0 else [])
-    del start
     return targets, inferred
 
 

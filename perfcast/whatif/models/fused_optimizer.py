@@ -140,7 +140,7 @@ def _apply_cpu(graph: Graph, options: Options) -> None:
     for rank, it in np.unique(keys, axis=0).tolist():
         grp = ops[(c["rank"][ops] == rank) & (c["iteration"][ops] == it)]
         # Per op call: its total host time.
-        op_ids, inv = np.unique(c["op"][grp], return_inverse=True)
+        _, inv = np.unique(c["op"][grp], return_inverse=True)
         per_op = np.bincount(inv, weights=c["dur"][grp])
         op_name = c["op_name"][grp][np.unique(inv, return_index=True)[1]]
         counts = Counter(op_name.tolist())
@@ -162,7 +162,6 @@ def _apply_cpu(graph: Graph, options: Options) -> None:
         P.scale(graph, all_host, min(1.0, new_total / max(per_op.sum(), 1)))
         total_before += int(old)
         total_after += int(c["dur"][all_host].sum())
-        del op_ids
     if total_before == 0:
         raise NotApplicableError("fused-optimizer: too few optimizer ops to fuse")
     graph.assumptions.append(
