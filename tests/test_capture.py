@@ -110,6 +110,20 @@ def test_run_profile_script(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     trace = _load(out / "rank0.json.gz")
     assert _step_names(trace) == {"ProfilerStep#2", "ProfilerStep#3", "ProfilerStep#4"}
 
+    # --json: the trace paths, machine-readable; and the trace feeds the analysis.
+    out2 = tmp_path / "traces2"
+    argv = ["-o", str(out2), "--max-steps", "5", "--json", "--", "python", str(script), "1000"]
+    assert run_profile(argv) == 0
+    doc = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert doc["traces"] == [str(out2 / "rank0.json.gz")]
+    import perfcast
+
+    assert [it.name for it in perfcast.summary(str(out2)).ranks[0].iterations] == [
+        "ProfilerStep#2",
+        "ProfilerStep#3",
+        "ProfilerStep#4",
+    ]
+
 
 def test_run_profile_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     rc = run_profile(["-o", str(tmp_path), "--", "python", str(tmp_path / "missing.py")])

@@ -353,6 +353,9 @@ def _build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--with-modules", action="store_true", help="record nn.Module scopes")
     parser.add_argument("--memory", action="store_true", help="profile memory allocations")
     parser.add_argument(
+        "--json", action="store_true", help="print the trace paths as JSON on stdout at the end"
+    )
+    parser.add_argument(
         "--max-steps",
         type=int,
         default=None,
@@ -454,10 +457,17 @@ def run_profile(argv: list[str]) -> int:
     if not cap.trace_paths:
         need = ns.wait + ns.warmup + 1
         return _fail(f"no trace written: only {cap.steps} step(s) ran, the schedule needs {need}+")
-    names = ", ".join(p.name for p in cap.trace_paths)
-    print(
-        f"perfcast: {cap.steps} steps seen; wrote {len(cap.trace_paths)} trace(s) to {out}: {names}"
-    )
+    if ns.json:
+        import json
+
+        doc = {"steps": cap.steps, "traces": [str(p) for p in cap.trace_paths]}
+        print(json.dumps(doc))
+    else:
+        names = ", ".join(p.name for p in cap.trace_paths)
+        print(
+            f"perfcast: {cap.steps} steps seen; wrote {len(cap.trace_paths)} trace(s) to {out}: "
+            f"{names}"
+        )
     if cap.schedule_steps is not None and not cap.finished:
         print(
             f"perfcast: warning: the script ended before the schedule finished "
