@@ -125,6 +125,7 @@ def _facts(graph: Graph, tl: Timeline) -> dict[str, float]:
         & (c["iteration"] >= 0)
     )
     facts["dataloader_ms"] = float(c["dur"][host[c["phase"][host] == 0]].sum()) / 1e6 / n_steps
+    facts["optimizer_host_ms"] = float(c["dur"][host[c["phase"][host] == 3]].sum()) / 1e6 / n_steps
     facts["copies_per_step"] = (
         float(np.isin(c["gpu_kind"][gpu], [GpuKind.MEMCPY, GpuKind.MEMSET]).sum()) / n_steps
     )
@@ -162,9 +163,15 @@ def _explain(spec: str, f: dict[str, float]) -> str:
             f"{f['kernels_per_step']:.0f} GPU tasks launched one by one per step"
         )
     if name == "fused-optimizer":
+        if f.get("gpu_ms", 0.0) == 0.0:
+            return (
+                f"the optimizer takes {f['optimizer_host_ms']:.2f} ms of host time per step, "
+                "one small op per parameter"
+            )
         return (
             f"the optimizer launches {f['optimizer_kernels_per_step']:.0f} kernels per step "
-            f"({f['optimizer_gpu_ms']:.2f} ms of GPU time)"
+            f"({f['optimizer_gpu_ms']:.2f} ms of GPU time, {f['optimizer_host_ms']:.2f} ms of "
+            "host time)"
         )
     if name == "amp":
         return (

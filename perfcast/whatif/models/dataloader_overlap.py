@@ -16,7 +16,9 @@ inside it). Per step:
   every T_dl / N; the main thread receives one per step, waiting when the
   workers lag: its data time = max(n * overhead, T_dl / N - T_rest').
   `overhead_ms` (0.05 ms per batch) is an assumed cost of receiving a batch from
-  the worker queue (unpickling tensor handles from shared memory), not measured;
+  the worker queue (unpickling tensor handles from shared memory), not measured.
+  It is the weak point: profiles of real worker runs in benchmarks/accuracy show
+  1.3-2.7 ms per step on a 2-core machine; set it from a profile with workers;
 - CPU contention, only when `cores` is given: main thread plus workers need
   1 + N*u cores, u = min(1, T_dl / (N * T_step)) being a worker's busy share
   of the new step time. When that exceeds `cores`, every thread runs
@@ -167,7 +169,8 @@ def apply(graph: Graph, options: Options) -> Graph:
         f"dataloader-overlap with {w} workers: main-thread data time per step "
         f"{before / n / 1e6:.2f} -> {after / n / 1e6:.2f} ms = max({options.overhead_ms:g} ms "
         f"receive overhead per batch, T_dl/{w} - rest of step), workers as fast as the measured "
-        f"main-thread loading; {contention}"
+        f"main-thread loading; {contention}; the receive cost is assumed, not in the trace "
+        "(1.3-2.7 ms per step measured in this project's CPU benchmark: set overhead_ms)"
     )
     return graph
 
