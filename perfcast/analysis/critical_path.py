@@ -118,14 +118,9 @@ _walk_compiled = None
 def _walk_fn():
     global _walk_compiled
     if _walk_compiled is None:
-        from perfcast.sim.engine import HAVE_NUMBA
+        from perfcast.sim.jit import compile_loop
 
-        if HAVE_NUMBA:
-            import numba
-
-            _walk_compiled = numba.njit(cache=True, nogil=True)(_walk_kernel)
-        else:  # pragma: no cover
-            _walk_compiled = _walk_kernel
+        _walk_compiled = compile_loop(_walk_kernel)
     return _walk_compiled
 
 

@@ -15,15 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from perfcast.graph.model import NO_RELEASE
+from perfcast.sim.jit import HAVE_NUMBA, compile_loop
 from perfcast.sim.lower import Lowered
-
-try:  # numba is optional: without it the reference loop runs.
-    import numba
-
-    HAVE_NUMBA = True
-except ImportError:  # pragma: no cover - depends on the environment
-    numba = None
-    HAVE_NUMBA = False
 
 
 class CycleError(RuntimeError):
@@ -174,7 +167,7 @@ def replay_fast(low: Lowered) -> Replay:
     if not HAVE_NUMBA:
         return replay_reference(low)
     if _compiled is None:
-        _compiled = numba.njit(cache=True, nogil=True)(_replay_kernel)
+        _compiled = compile_loop(_replay_kernel)
     start, end, sb, eb, done = _compiled(
         low.n,
         low.s_ptr,
