@@ -76,7 +76,7 @@ from perfcast.hardware import (
     roofline_time_us,
 )
 from perfcast.whatif import primitives as P
-from perfcast.whatif.models.device import (
+from perfcast.whatif.kernels import (
     is_compute_kernel,
     is_library_helper,
     kernel_dtype,

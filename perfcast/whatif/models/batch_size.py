@@ -47,7 +47,7 @@ from perfcast.errors import NotApplicableError
 from perfcast.graph.model import GpuKind, Graph
 from perfcast.hardware import KernelClass, lookup_device
 from perfcast.whatif import primitives as P
-from perfcast.whatif.models.device import (
+from perfcast.whatif.kernels import (
     fixed_cost_ns,
     gpu_nodes,
     kernel_fixed_cost_ns,

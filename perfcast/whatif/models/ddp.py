@@ -48,9 +48,6 @@ sharded or model-parallel training) are refused.
 
 from __future__ import annotations
 
-import ast
-import functools
-import json
 import math
 from dataclasses import dataclass
 
@@ -70,6 +67,7 @@ from perfcast.hardware.interconnects import (
     lookup_link,
 )
 from perfcast.whatif import primitives as P
+from perfcast.whatif.kernels import parse_input_dims
 
 SUMMARY = (
     "data parallel on N GPUs: bucketed gradient all-reduce overlapping backward "
@@ -398,17 +396,10 @@ def _numel_of(table, row: int, children, depth: int = 3) -> float:
     return -1.0 if found_empty else math.nan
 
 
-@functools.lru_cache(maxsize=4096)
 def _first_numel(text: str) -> int | None:
     """Elements of the first tensor in an "Input Dims" string; -1 for an empty shape."""
-    try:
-        dims = json.loads(text)
-    except ValueError:
-        try:
-            dims = ast.literal_eval(text)
-        except (ValueError, SyntaxError):
-            return None
-    if not isinstance(dims, list) or not dims or not isinstance(dims[0], list):
+    dims = parse_input_dims(text)
+    if not dims or not isinstance(dims[0], list):
         return None
     first = dims[0]
     if not first:

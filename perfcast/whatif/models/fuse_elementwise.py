@@ -38,7 +38,7 @@ from perfcast.errors import NotApplicableError
 from perfcast.graph.model import GpuKind, Graph, NodeKind, Source
 from perfcast.hardware import KernelClass
 from perfcast.whatif import primitives as P
-from perfcast.whatif.models.device import kernel_fixed_cost_ns, op_input_dims
+from perfcast.whatif.kernels import kernel_fixed_cost_ns, op_input_dims
 
 SUMMARY = "fuse chains of adjacent elementwise kernels, as torch.compile does (min_chain=2)"
 

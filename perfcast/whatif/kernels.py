@@ -1,0 +1,169 @@
+"""Helpers the what-if models share: a kernel's fixed cost, scaling with a fixed
+part, device lookup, the dtype a compute kernel runs in, and op shapes.
+
+The fixed cost: every kernel keeps a part that does not scale with its work
+(launch, block scheduling, ramp-up and tail), taken as the 5th percentile of
+the kernel durations in the trace, since the smallest kernels are almost all
+fixed cost (measured).
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import json
+import re
+
+import numpy as np
+
+from perfcast.errors import NotApplicableError
+from perfcast.graph.model import GpuKind, Graph, NodeKind, Source
+from perfcast.hardware import (
+    DeviceSpec,
+    KernelClass,
+    dtype_from_kernel_name,
+    is_compute_bound_class,
+    lookup_device,
+)
+from perfcast.whatif import primitives as P
+
+# The smallest kernels of a trace are almost all fixed cost (see module docstring).
+FIXED_PERCENTILE = 5.0
+
+# Kernels that GEMM / convolution libraries launch around the main kernel and that the name
+# classifier files under MATMUL or CONV: split-K reductions, cuDNN's weight-gradient
+# reduction helper and offset-table kernels. They do no tensor-core math.
+_LIBRARY_HELPER = re.compile(r"splitkreduce|reducesplitk|reduce_wgrad|computeoffsets")
+# FP32 math on the FMA units rather than TF32 tensor cores (sgemm / scudnn / CUTLASS simt).
+_FP32_FMA = re.compile(r"sgemm|scudnn|simt|ffma")
+# Kernels that the amp model converted carry their new dtype in front of their name.
+AUTOCAST_PREFIX = re.compile(r"^autocast\[(bf16|fp16)\] ")
+
+
+def fixed_cost_ns(durations: np.ndarray) -> int:
+    """The fixed per-kernel (or per-op) cost: 5th percentile of the durations, 0 if none."""
+    d = np.asarray(durations)
+    d = d[d > 0]
+    if d.size == 0:
+        return 0
+    return int(np.percentile(d, FIXED_PERCENTILE))
+
+
+def kernel_fixed_cost_ns(graph: Graph) -> int:
+    """`fixed_cost_ns` over the live kernels of the graph (their current durations)."""
+    c = graph.cols
+    k = (c["kind"] == NodeKind.GPU) & (c["gpu_kind"] == GpuKind.KERNEL) & graph.alive
+    return fixed_cost_ns(c["dur"][k])
+
+
+def scale_variable(
+    graph: Graph,
+    nodes: np.ndarray,
+    ratio: float | np.ndarray,
+    fixed: int,
+    source: Source = Source.SCALED,
+) -> None:
+    """t_new = f + (t - f) * ratio with f = min(t, fixed), for each node."""
+    nodes = np.asarray(nodes, dtype=np.int64)
+    if nodes.size == 0:
+        return
+    t = graph.cols["dur"][nodes].astype(np.float64)
+    f = np.minimum(t, float(fixed))
+    new = np.rint(f + (t - f) * np.asarray(ratio, dtype=np.float64)).astype(np.int64)
+    P.set_duration(graph, nodes, new, source)
+
+
+def gpu_nodes(graph: Graph) -> np.ndarray:
+    c = graph.cols
+    return np.flatnonzero((c["kind"] == NodeKind.GPU) & graph.alive)
+
+
+def require_gpu(graph: Graph, model: str) -> np.ndarray:
+    gpu = gpu_nodes(graph)
+    if gpu.size == 0:
+        raise NotApplicableError(f"{model}: the trace has no GPU work (CPU-only trace)")
+    return gpu
+
+
+def resolve_device(name: str, model: str, what: str) -> DeviceSpec:
+    spec = lookup_device(name)
+    if spec is None:
+        raise NotApplicableError(
+            f"{model}: unknown device '{name}' ({what})",
+            hint="perfcast.hardware.list_devices() lists the known devices",
+        )
+    return spec
+
+
+def rank_devices(
+    graph: Graph, ranks: np.ndarray, override: str | None, model: str
+) -> dict[int, DeviceSpec]:
+    """rank -> DeviceSpec of the trace's GPU (the override wins); refuse unknown devices."""
+    if override:
+        forced = resolve_device(override, model, "device option")
+        return {int(r): forced for r in np.unique(ranks).tolist()}
+    out: dict[int, DeviceSpec] = {}
+    for r in np.unique(ranks).tolist():
+        name = graph.device_names.get(int(r))
+        spec = lookup_device(name) if name else None
+        if spec is None:
+            shown = f"'{name}'" if name else "not recorded"
+            raise NotApplicableError(
+                f"{model}: the trace's device ({shown}, rank {r}) is unknown",
+                hint=f"name it with {'source' if model == 'device' else 'device'}=NAME, "
+                "e.g. a100-80gb",
+            )
+        out[int(r)] = spec
+    return out
+
+
+def is_library_helper(name: str) -> bool:
+    return bool(_LIBRARY_HELPER.search(name.lower()))
+
+
+def is_compute_kernel(graph: Graph, node: int) -> bool:
+    """A matmul / conv / attention kernel doing the math (not a library helper)."""
+    k = int(graph.cols["klass"][node])
+    if k < 0 or not is_compute_bound_class(k):
+        return False
+    return not is_library_helper(graph.name_of(node))
+
+
+def kernel_dtype(name: str, klass: int) -> str:
+    """The dtype a compute kernel's math runs in (see module docstring for the defaults)."""
+    m = AUTOCAST_PREFIX.match(name)
+    if m:
+        return m.group(1)
+    d = dtype_from_kernel_name(name)
+    if d in ("fp8", "bf16", "fp16", "tf32", "fp64"):
+        return d
+    if klass == KernelClass.CONV and not _FP32_FMA.search(name.lower()):
+        return "tf32"  # torch.backends.cudnn.allow_tf32 defaults to True
+    return "fp32"  # torch.backends.cuda.matmul.allow_tf32 defaults to False since 1.12
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def parse_input_dims(text: str) -> list | None:
+    """An "Input Dims" string as a list (do not modify: cached); None if unreadable.
+
+    JSON as the trace wrote it, or a Python repr (the loader stores non-string
+    values that way).
+    """
+    try:
+        value = json.loads(text)
+    except (ValueError, TypeError):
+        try:
+            value = ast.literal_eval(text)
+        except (ValueError, SyntaxError, TypeError):
+            return None
+    return value if isinstance(value, list) else None
+
+
+def op_input_dims(graph: Graph, node: int) -> list | None:
+    """The parsed "Input Dims" of the op a node is attributed to (do not modify), or None."""
+    table = graph.table
+    op = int(graph.cols["op"][node])
+    if table is None or op < 0 or op >= len(table):
+        return None
+    idx = int(table.shapes[op])
+    return parse_input_dims(table.names[idx]) if idx >= 0 else None
