@@ -7,11 +7,11 @@ each stretch of it is charged to what was running or waiting then.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from perfcast.analysis.phases import collective_name_mask
 from perfcast.graph.model import NONE, GpuKind, NodeKind
 from perfcast.sim.timeline import Timeline
 
@@ -57,7 +57,7 @@ _CAT_CODE = {name: i for i, name in enumerate(CATEGORIES)}
 def _node_categories(tl: Timeline) -> np.ndarray:
     """Category code of each graph node when it runs (not when it waits)."""
     c = tl.graph.cols
-    comm = _comm_names(tl.graph.names)
+    comm = collective_name_mask(tl.graph.names)
     kind = c["kind"]
     cat = np.full(len(tl.graph), _CAT_CODE["cpu"], dtype=np.int8)
     cat[np.isin(kind, [NodeKind.LAUNCH, NodeKind.RUNTIME, NodeKind.SYNC])] = _CAT_CODE["runtime"]
@@ -69,11 +69,6 @@ def _node_categories(tl: Timeline) -> np.ndarray:
     cat[gpu & is_comm] = _CAT_CODE["gpu communication"]
     cat[gpu & np.isin(c["gpu_kind"], [GpuKind.MEMCPY, GpuKind.MEMSET])] = _CAT_CODE["gpu copy"]
     return cat
-
-
-def _comm_names(names: list[str]) -> np.ndarray:
-    pat = re.compile(r"nccl|rccl|AllReduce|AllGather|ReduceScatter|all_reduce", re.IGNORECASE)
-    return np.array([bool(pat.search(n)) for n in names], dtype=bool)
 
 
 def _walk_kernel(v, lo, start, end, sb, eb, out_node, out_s, out_e, out_t):

@@ -88,19 +88,19 @@ def event_phases(table: EventTable) -> np.ndarray:
     return phase
 
 
+_COLLECTIVE_NAME = re.compile(
+    r"nccl|rccl|AllReduce|AllGather|ReduceScatter|all_reduce", re.IGNORECASE
+)
+
+
+def collective_name_mask(names: list[str]) -> np.ndarray:
+    """Per name: does it name a collective (NCCL/RCCL kernels and their kinds)?"""
+    return np.array([bool(_COLLECTIVE_NAME.search(nm)) for nm in names], dtype=bool)
+
+
 def collective_kernel_mask(table: EventTable) -> np.ndarray:
     """Rows that are communication kernels (NCCL/RCCL, or carrying collective args)."""
-    is_coll_name = np.array(
-        [
-            bool(
-                re.search(
-                    r"nccl|rccl|AllReduce|AllGather|ReduceScatter|all_reduce", nm, re.IGNORECASE
-                )
-            )
-            for nm in table.names
-        ],
-        dtype=bool,
-    )
+    is_coll_name = collective_name_mask(table.names)
     if len(table) == 0:
         return np.zeros(0, dtype=bool)
     return (table.kind == Kind.KERNEL) & (is_coll_name[table.name] | (table.coll_name >= 0))
