@@ -431,7 +431,7 @@ def _classify_runtime(table: EventTable, graph: Graph, row_to_node: np.ndarray) 
                 int(table.pid[r]),
                 int(table.tid[r]),
             )
-    lane_of = {(ln.rank, ln.pid, ln.tid): i for i, ln in enumerate(graph.lanes) if ln.is_gpu}
+    lane_of = graph.lane_index(gpu=True)
     # Sync kind per name, so only synchronizing calls are visited one by one.
     per_name = np.full(len(names), SyncKind.NONE, dtype=np.int8)
     for idx in np.unique(c["name"][rt_nodes]).tolist():
@@ -527,7 +527,7 @@ def _cross_stream_edges(table: EventTable, graph: Graph, row_to_node: np.ndarray
         nodes = gpu[c["lane"][gpu] == lane]
         nodes = nodes[np.argsort(c["launch_order"][nodes], kind="stable")]
         lane_nodes[lane] = (nodes, c["launch_order"][nodes])
-    lane_of = {(ln.rank, ln.pid, ln.tid): i for i, ln in enumerate(graph.lanes) if ln.is_gpu}
+    lane_of = graph.lane_index(gpu=True)
 
     def last_before(lane: int, t: float) -> int:
         nodes, keys = lane_nodes.get(lane, (None, None))
@@ -824,7 +824,7 @@ def _forward_backward_edges(
     end = start + c["dur_measured"]
     origin = graph.rank_origin_ns
     # Nodes by (lane, measured start) and (lane, measured end), for exact lookups.
-    lane_of = {(ln.rank, ln.pid, ln.tid): i for i, ln in enumerate(graph.lanes) if not ln.is_gpu}
+    lane_of = graph.lane_index(gpu=False)
     first_at: dict[tuple[int, int], int] = {}
     last_at: dict[tuple[int, int], int] = {}
     for node in cpu[np.lexsort((c["order"][cpu],))].tolist():

@@ -182,6 +182,10 @@ class Graph:
             self._name_index[name] = idx
         return idx
 
+    def lane_index(self, gpu: bool) -> dict[tuple[int, int, int], int]:
+        """(rank, pid or device, tid or stream) -> lane, for GPU or CPU lanes."""
+        return {(ln.rank, ln.pid, ln.tid): i for i, ln in enumerate(self.lanes) if ln.is_gpu == gpu}
+
     def name_of(self, node: int) -> str:
         return self.names[int(self.cols["name"][node])]
 
