@@ -81,6 +81,27 @@ def _check_output(path: str | None, inputs: str) -> None:
         raise PerfcastError("output folder does not exist", path=path)
 
 
+def _export(timelines: list[tuple[str, Any]], path: str | None, ui: Any) -> None:
+    """Write labelled timelines for Perfetto, when asked to."""
+    if not path:
+        return
+    from perfcast.report.perfetto import export_timelines
+
+    export_timelines(timelines, path)
+    ui.note(f"wrote {path} (open it at ui.perfetto.dev)")
+
+
+def _output(result: Any, render: str, args: argparse.Namespace, ui: Any) -> int:
+    """The result as JSON with --json, else drawn by perfcast.report.terminal.<render>."""
+    if args.json:
+        ui.emit_json(result)
+        return 0
+    from perfcast.report import terminal
+
+    getattr(terminal, render)(result, ui.out)
+    return 0
+
+
 def cmd_replay(args: argparse.Namespace, ui: Any) -> int:
     from perfcast.analysis.replay import replay_result
     from perfcast.graph import build_graph
@@ -90,19 +111,8 @@ def cmd_replay(args: argparse.Namespace, ui: Any) -> int:
     table = ui.load(args.path)
     graph = build_graph(table)
     tl = simulate(graph, engine=args.engine)
-    result = replay_result(tl)
-    if args.export_trace:
-        from perfcast.report.perfetto import export_timelines
-
-        export_timelines([("simulated", tl)], args.export_trace)
-        ui.note(f"wrote {args.export_trace} (open it at ui.perfetto.dev)")
-    if args.json:
-        ui.emit_json(result)
-        return 0
-    from perfcast.report.terminal import render_replay
-
-    render_replay(result, ui.out)
-    return 0
+    _export([("simulated", tl)], args.export_trace, ui)
+    return _output(replay_result(tl), "render_replay", args, ui)
 
 
 def cmd_whatif(args: argparse.Namespace, ui: Any) -> int:
@@ -123,34 +133,14 @@ def cmd_whatif(args: argparse.Namespace, ui: Any) -> int:
     _check_output(args.export_trace, args.path)
     table = ui.load(args.path)
     result, base_tl, pred_tl = run_whatif(table, specs)
-    if args.export_trace:
-        from perfcast.report.perfetto import export_timelines
-
-        export_timelines(
-            [("baseline (simulated)", base_tl), ("predicted", pred_tl)], args.export_trace
-        )
-        ui.note(f"wrote {args.export_trace} (open it at ui.perfetto.dev)")
-    if args.json:
-        ui.emit_json(result)
-        return 0
-    from perfcast.report.terminal import render_whatif
-
-    render_whatif(result, ui.out)
-    return 0
+    _export([("baseline (simulated)", base_tl), ("predicted", pred_tl)], args.export_trace, ui)
+    return _output(result, "render_whatif", args, ui)
 
 
 def cmd_advise(args: argparse.Namespace, ui: Any) -> int:
     from perfcast.analysis.advisor import advise
 
-    table = ui.load(args.path)
-    result = advise(table, target_device=args.device)
-    if args.json:
-        ui.emit_json(result)
-        return 0
-    from perfcast.report.terminal import render_advice
-
-    render_advice(result, ui.out)
-    return 0
+    return _output(advise(ui.load(args.path), target_device=args.device), "render_advice", args, ui)
 
 
 def cmd_show(args: argparse.Namespace, ui: Any) -> int:
@@ -160,7 +150,6 @@ def cmd_show(args: argparse.Namespace, ui: Any) -> int:
     from perfcast.analysis.advisor import Advice
     from perfcast.analysis.replay import ReplayResult
     from perfcast.analysis.summary import Summary
-    from perfcast.report import terminal
     from perfcast.whatif.runner import WhatIfResult
 
     try:
@@ -169,11 +158,11 @@ def cmd_show(args: argparse.Namespace, ui: Any) -> int:
         keys = set(msgspec.json.decode(data))
     except (OSError, msgspec.DecodeError, TypeError) as exc:
         raise PerfcastError(f"cannot read a saved result ({exc})", path=args.result) from None
-    kinds: list[tuple[str, Any, Any]] = [
-        ("suggestions", Advice, terminal.render_advice),
-        ("unresolved_dependencies", ReplayResult, terminal.render_replay),
-        ("applied", WhatIfResult, terminal.render_whatif),
-        ("ranks", Summary, terminal.render_summary),
+    kinds: list[tuple[str, Any, str]] = [
+        ("suggestions", Advice, "render_advice"),
+        ("unresolved_dependencies", ReplayResult, "render_replay"),
+        ("applied", WhatIfResult, "render_whatif"),
+        ("ranks", Summary, "render_summary"),
     ]
     for key, cls, render in kinds:
         if key in keys:
@@ -181,11 +170,7 @@ def cmd_show(args: argparse.Namespace, ui: Any) -> int:
                 result = msgspec.json.decode(data, type=cls)
             except msgspec.ValidationError as exc:
                 raise PerfcastError(f"not a perfcast result ({exc})", path=args.result) from None
-            if args.json:
-                ui.emit_json(result)
-            else:
-                render(result, ui.out)
-            return 0
+            return _output(result, render, args, ui)
     raise PerfcastError(
         "not a perfcast result",
         path=args.result,
