@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,9 @@ WriteTrace = Callable[..., Path]
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "slow: reads a big real trace (seconds); -m 'not slow'")
+    # A `perfcast calibrate` file in the developer's cache must not change expected numbers;
+    # tests that want a calibration point PERFCAST_CALIBRATION at their own file.
+    os.environ["PERFCAST_CALIBRATION"] = "off"
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,5 @@
-"""Subcommands beyond `summary`: replay, whatif, advise, report (registered by main)."""
+"""Subcommands beyond `summary`: replay, whatif, advise, show, report, calibrate (registered
+by main)."""
 
 from __future__ import annotations
 
@@ -64,6 +65,26 @@ def register(sub: Any, add_common: Callable[[Any], None], table: dict[str, Any])
     p.add_argument("-o", "--output", required=True, help="HTML file to write")
     add_common(p)
     table["report"] = cmd_report
+
+    p = sub.add_parser(
+        "calibrate",
+        help="measure this machine's DataLoader hand-off and checkpoint costs for the models",
+    )
+    p.add_argument(
+        "-o",
+        "--out",
+        help="file to write (default: $PERFCAST_CALIBRATION, else "
+        "~/.cache/perfcast/calibration.json, which the models read)",
+    )
+    p.add_argument("--workers", type=int, default=2, help="DataLoader workers to measure with")
+    p.add_argument(
+        "--worker-cpus",
+        metavar="LIST",
+        help="CPUs the workers are pinned to, as in your job (e.g. 4-7 or 1,3)",
+    )
+    p.add_argument("--quick", action="store_true", help="fewer repetitions (a few seconds)")
+    add_common(p)
+    table["calibrate"] = cmd_calibrate
 
 
 def _check_output(path: str | None, inputs: str) -> None:
@@ -187,4 +208,58 @@ def cmd_report(args: argparse.Namespace, ui: Any) -> int:
     ui.note(f"wrote {args.output}")
     if args.json:
         ui.emit_json({"output": args.output})
+    return 0
+
+
+def _cpu_list(text: str | None) -> tuple[int, ...]:
+    if not text:
+        return ()
+    cpus: list[int] = []
+    try:
+        for part in text.split(","):
+            lo, _, hi = part.strip().partition("-")
+            cpus.extend(range(int(lo), int(hi or lo) + 1))
+    except ValueError:
+        raise PerfcastError(
+            f"--worker-cpus {text!r}: expected CPU numbers and ranges like 4-7 or 1,3"
+        ) from None
+    return tuple(cpus)
+
+
+def cmd_calibrate(args: argparse.Namespace, ui: Any) -> int:
+    import os
+    import warnings
+
+    from perfcast import calibration
+
+    if args.workers < 1:
+        raise PerfcastError("--workers must be at least 1")
+    worker_cpus = _cpu_list(args.worker_cpus)
+    unknown = sorted(set(worker_cpus) - set(range(os.cpu_count() or 1)))
+    if unknown:
+        raise PerfcastError(
+            f"--worker-cpus: this machine has no CPU {unknown[0]} "
+            f"(CPUs 0-{(os.cpu_count() or 1) - 1})"
+        )
+    out = args.out or os.environ.get(calibration.ENV, "").strip() or None
+    if out is not None and out.lower() in ("off", "none", "0"):
+        out = None
+    target = out or str(calibration.default_path())
+    ui.note("measuring DataLoader hand-off and checkpoint costs (about 10 s) ...")
+    with warnings.catch_warnings():
+        # torch warns about "excessive" workers when the process is pinned to fewer CPUs.
+        warnings.simplefilter("ignore")
+        try:
+            cal = calibration.measure(args.workers, worker_cpus, quick=args.quick)
+        except (RuntimeError, OSError) as exc:  # e.g. workers that could not start
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise PerfcastError(f"calibration failed: {first}") from None
+    path = calibration.save(cal, target)
+    cal = calibration.load(path)
+    if args.json:
+        ui.emit_json(cal.to_dict())
+        return 0
+    from perfcast.report import terminal
+
+    terminal.calibration(cal, ui.out)
     return 0

@@ -12,6 +12,7 @@ if TYPE_CHECKING:  # types only: importing the simulator here would load numba f
     from perfcast.analysis.advisor import Advice
     from perfcast.analysis.replay import ReplayResult
     from perfcast.analysis.summary import NamedTime, Summary
+    from perfcast.calibration import Calibration
     from perfcast.whatif.runner import WhatIfResult
 
 
@@ -208,6 +209,50 @@ def render_advice(advice: Advice, console: Console) -> None:
         Text(
             "'measured' is the share of the predicted critical path whose durations come "
             "straight from the trace",
+            style="dim",
+        )
+    )
+
+
+def calibration(cal: Calibration, console: Console) -> None:
+    m = cal.machine
+    console.print(
+        Text(
+            f"calibration of {m.get('hostname', '?')} ({m.get('cpu_model', '?')}, "
+            f"{m.get('cores', '?')} cores, torch {m.get('torch', '?')}) written to {cal.path}",
+            style="bold",
+        )
+    )
+    if cal.dataloader is not None:
+        dl = cal.dataloader
+        t = Table(
+            title=f"DataLoader hand-off, {dl.workers} workers, {dl.sharing_strategy} sharing",
+            title_justify="left",
+            box=None,
+            pad_edge=False,
+        )
+        t.add_column("tensors/batch", justify="right")
+        t.add_column("main receive ms", justify="right")
+        t.add_column("worker extra ms", justify="right")
+        for k, sample in dl.samples.items():
+            t.add_row(k, _ms(sample["receive_ms"]), _ms(sample["worker_ms"]))
+        console.print(t)
+        console.print(
+            f"  fitted: receive {dl.batch_ms:g} + {dl.tensor_ms:g} ms/tensor, worker "
+            f"{dl.worker_batch_ms:g} + {dl.worker_tensor_ms:g} ms/tensor"
+        )
+    if cal.checkpoint is not None:
+        ck = cal.checkpoint
+        console.print(
+            f"torch.utils.checkpoint bookkeeping: {ck.region_ms:g} ms per region + "
+            f"{ck.op_ms:g} ms per recomputed op (measured: "
+            + ", ".join(f"{k} ops {v:g} ms" for k, v in ck.samples.items())
+            + ")"
+        )
+    console.print(
+        Text(
+            "dataloader-overlap and activation-checkpointing now use these numbers; "
+            "set PERFCAST_CALIBRATION=off to ignore them",
             style="dim",
         )
     )

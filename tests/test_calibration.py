@@ -1,0 +1,119 @@
+"""perfcast.calibration: the file format, where it is looked up, the measurements and the CLI."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from perfcast import calibration
+from perfcast.calibration import Calibration, CheckpointCosts, DataLoaderCosts
+from perfcast.cli.main import main
+from perfcast.errors import PerfcastError
+
+
+def sample() -> Calibration:
+    return Calibration(
+        machine={"hostname": "box", "cores": 8},
+        created="2026-11-22T10:00:00Z",
+        dataloader=DataLoaderCosts(0.2, 0.05, 0.3, 0.01, 2, "file_descriptor", {}),
+        checkpoint=CheckpointCosts(0.1, 0.01, False, {"2": 0.12}),
+    )
+
+
+def test_fit_line_recovers_a_line_and_never_goes_negative() -> None:
+    assert calibration._fit_line({1: 1.5, 2: 2.0, 4: 3.0}) == pytest.approx((1.0, 0.5))
+    intercept, slope = calibration._fit_line({1: 2.0, 2: 1.0, 4: 0.5})  # falling: noise
+    assert slope == 0.0 and intercept > 0
+    assert calibration._fit_line({3: 0.7}) == (0.7, 0.0)
+
+
+def test_costs_per_batch_and_region() -> None:
+    cal = sample()
+    assert cal.dataloader is not None and cal.checkpoint is not None
+    assert cal.dataloader.receive_ms(3) == pytest.approx(0.35)
+    assert cal.dataloader.receive_ms(0) == pytest.approx(0.25)  # at least one tensor
+    assert cal.dataloader.worker_ms(2) == pytest.approx(0.32)
+    assert cal.checkpoint.extra_ms(regions=3, ops=10) == pytest.approx(0.4)
+
+
+def test_save_load_round_trip(tmp_path: Path) -> None:
+    path = calibration.save(sample(), tmp_path / "sub" / "cal.json")
+    loaded = calibration.load(path)
+    assert loaded.dataloader == sample().dataloader
+    assert loaded.checkpoint == sample().checkpoint
+    assert "calibrated on box (2026-11-22" in loaded.source()
+    assert json.loads(path.read_text())["format"] == calibration.FORMAT
+
+
+def test_bad_files_give_one_line_errors(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.json"
+    for text in ("{", '{"format": 1}', "[]", '{"format": 2, "machine": {}}'):
+        bad.write_text(text)
+        with pytest.raises(PerfcastError, match="not a perfcast calibration file") as err:
+            calibration.load(bad)
+        assert "\n" not in str(err.value) and str(bad) in str(err.value)
+
+
+def test_active_follows_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.delenv("PERFCAST_CALIBRATION", raising=False)
+    assert calibration.active() is None  # no default file yet: models use their defaults
+    calibration.save(sample(), calibration.default_path())
+    active = calibration.active()
+    assert active is not None and active.machine["hostname"] == "box"
+    monkeypatch.setenv("PERFCAST_CALIBRATION", "off")
+    assert calibration.active() is None
+    monkeypatch.setenv("PERFCAST_CALIBRATION", str(tmp_path / "absent.json"))
+    with pytest.raises(PerfcastError, match="calibration file not found"):
+        calibration.active()
+
+
+def test_active_rereads_a_changed_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = calibration.save(sample(), tmp_path / "cal.json")
+    monkeypatch.setenv("PERFCAST_CALIBRATION", str(path))
+    assert calibration.active() is not None
+    changed = Calibration({"hostname": "other"}, "2026-11-23T00:00:00Z", None, None)
+    calibration.save(changed, path)
+    import os
+
+    os.utime(path, (1e9, 1e9))  # a different mtime, whatever the clock's resolution
+    active = calibration.active()
+    assert active is not None and active.machine["hostname"] == "other"
+
+
+def test_cli_rejects_bad_options(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["calibrate", "--worker-cpus", "a-b"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--worker-cpus" in err
+    assert main(["calibrate", "--workers", "0"]) == 2
+    assert main(["calibrate", "--worker-cpus", "100000"]) == 2
+    assert "has no CPU 100000" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------
+# The measurements themselves (need torch; a few seconds).
+
+
+def test_measurements_are_sane() -> None:
+    pytest.importorskip("torch")
+    dl = calibration.measure_dataloader(workers=1, tensors=(1, 2), repeat=3)
+    assert dl.batch_ms >= 0 and dl.tensor_ms >= 0 and dl.worker_batch_ms >= 0
+    assert set(dl.samples) == {"1", "2"}
+    assert all(s["receive_ms"] > 0 for s in dl.samples.values())
+    ck = calibration.measure_checkpoint(repeat=3, rounds=2)
+    assert ck.region_ms >= 0 and ck.op_ms >= 0 and set(ck.samples) == {"2", "8", "16"}
+
+
+def test_cli_calibrate_writes_the_file_models_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("torch")
+    out = tmp_path / "cal.json"
+    assert main(["calibrate", "--quick", "--workers", "1", "-o", str(out), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["dataloader"]["workers"] == 1 and "region_ms" in doc["checkpoint"]
+    monkeypatch.setenv("PERFCAST_CALIBRATION", str(out))
+    active = calibration.active()
+    assert active is not None and active.path == str(out)
