@@ -13,7 +13,9 @@ from typing import Any
 import pytest
 
 import perfcast
-from perfcast.errors import NotApplicableError
+from perfcast import calibration
+from perfcast.calibration import Calibration, CheckpointCosts, DataLoaderCosts
+from perfcast.errors import NotApplicableError, PerfcastError
 from perfcast.graph.build import build_graph
 from perfcast.graph.model import NodeKind, Source
 from perfcast.hardware import allreduce_time_us, lookup_link
@@ -297,6 +299,164 @@ def test_dataloader_refusals(tmp_path: Path, step_trace: Path) -> None:
         e["name"] = e["name"].replace("_SingleProcess", "_MultiProcessing")
     with pytest.raises(NotApplicableError, match="already uses worker processes"):
         predict(t.write(tmp_path / "multi.json"), "dataloader-overlap")
+
+
+def write_calibration(
+    path: Path,
+    *,
+    batch_ms: float = 0.0,
+    tensor_ms: float = 0.0,
+    worker_batch_ms: float = 0.0,
+    worker_tensor_ms: float = 0.0,
+    region_ms: float = 0.0,
+    op_ms: float = 0.0,
+) -> Path:
+    """A `perfcast calibrate` file with chosen numbers."""
+    cal = Calibration(
+        machine={"hostname": "testhost"},
+        created="2026-01-01T00:00:00Z",
+        dataloader=DataLoaderCosts(
+            batch_ms, tensor_ms, worker_batch_ms, worker_tensor_ms, 2, "file_descriptor", {}
+        ),
+        checkpoint=CheckpointCosts(region_ms, op_ms, False, {}),
+    )
+    return calibration.save(cal, path)
+
+
+def collated_steps(fields: int, t_dl: float = 8000, t_rest: float = 2000) -> Trace:
+    """dataloader_steps whose fetch ends in default_collate: per-sample torch.tensor calls
+    (aten::lift_fresh, not batch outputs), then one stack per tensor field and a
+    torch.tensor of the labels."""
+    t = Trace(device=None)
+    for s in range(2):
+        t0 = s * (t_dl + t_rest)
+        t.op(f"ProfilerStep#{s + 1}", t0, t_dl + t_rest, cat="user_annotation")
+        t.op(DL, t0, t_dl, cat="user_annotation")
+        for i in range(4):
+            t.op("aten::lift_fresh", t0 + 10 + i * 10, 5)
+        for f in range(fields):
+            t.op("aten::stack", t0 + 100 + f * 100, 50)
+            t.op("aten::cat", t0 + 101 + f * 100, 40)  # inside the stack: not counted
+        t.op("aten::lift_fresh", t0 + 100 + fields * 100, 5)
+        t.op("aten::mm", t0 + t_dl, t_rest)
+    return t
+
+
+@pytest.mark.parametrize("fields", [1, 3])
+def test_dataloader_receive_cost_from_calibration(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fields: int
+) -> None:
+    # 4 workers deliver a batch every 2 ms (< T_rest): the step is T_rest + receive, and a
+    # batch of `fields` stacked tensors plus the labels is fields + 1 tensors.
+    cal = write_calibration(tmp_path / "cal.json", batch_ms=0.5, tensor_ms=0.25)
+    monkeypatch.setenv("PERFCAST_CALIBRATION", str(cal))
+    path = collated_steps(fields).write(tmp_path / "dl.json")
+    result, _ = predict(path, "dataloader-overlap:workers=4")
+    assert result.predicted_ms == pytest.approx(2.0 + 0.5 + 0.25 * (fields + 1), abs=1e-5)
+    text = result.applied[0].assumptions[0]
+    assert f"batch of {fields + 1} tensor(s)" in text and "calibrated on testhost" in text
+    # An explicit overhead_ms wins over the calibration.
+    result, _ = predict(path, "dataloader-overlap:workers=4,overhead_ms=0.1")
+    assert result.predicted_ms == pytest.approx(2.1, abs=1e-5)
+
+
+def test_dataloader_worker_side_hand_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The workers pay 1 + 0.5 * 2 ms per batch on top of the 8 ms of loading: two workers
+    # deliver every (8 + 2) / 2 = 5 ms; the main thread needs 2 ms + its 0.1 ms receive.
+    cal = write_calibration(
+        tmp_path / "cal.json", batch_ms=0.1, worker_batch_ms=1.0, worker_tensor_ms=0.5
+    )
+    monkeypatch.setenv("PERFCAST_CALIBRATION", str(cal))
+    path = collated_steps(1).write(tmp_path / "dl.json")
+    result, _ = predict(path, "dataloader-overlap:workers=2")
+    assert result.predicted_ms == pytest.approx(5.0, abs=1e-5)
+
+
+def test_dataloader_uncalibrated_says_so(tmp_path: Path) -> None:
+    path = collated_steps(1).write(tmp_path / "dl.json")
+    result, _ = predict(path, "dataloader-overlap:workers=4")
+    assert result.predicted_ms == pytest.approx(2.05, abs=1e-5)
+    assert "perfcast calibrate" in result.applied[0].assumptions[0]
+
+
+def test_dataloader_custom_collate_counts_one_tensor(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # No aten::stack: a custom collate_fn. Its torch.tensor calls cannot be told from
+    # per-sample ones, so the batch counts as one tensor.
+    cal = write_calibration(tmp_path / "cal.json", batch_ms=0.5, tensor_ms=0.25)
+    monkeypatch.setenv("PERFCAST_CALIBRATION", str(cal))
+    t = collated_steps(2)
+    for e in t.events:
+        e["name"] = e["name"].replace("aten::stack", "aten::copy_")
+    result, _ = predict(t.write(tmp_path / "dl.json"), "dataloader-overlap:workers=4")
+    assert result.predicted_ms == pytest.approx(2.75, abs=1e-5)
+    assert "batch of 1 tensor(s)" in result.applied[0].assumptions[0]
+
+
+@pytest.mark.parametrize(("worker_cores", "expected_ms"), [(1, 8.0), (2, 4.0), (4, 2.05)])
+def test_dataloader_workers_on_their_own_cores(
+    tmp_path: Path, worker_cores: int, expected_ms: float
+) -> None:
+    # 4 workers confined to K cores prepare K batches at a time (T_dl / K per batch) and do
+    # not slow the main thread, even though `cores` would say they contend.
+    path = dataloader_steps().write(tmp_path / "dl.json")
+    result, _ = predict(path, f"dataloader-overlap:workers=4,cores=2,worker_cores={worker_cores}")
+    assert result.predicted_ms == pytest.approx(expected_ms, abs=1e-5)
+    assert "of their own" in result.applied[0].assumptions[0]
+
+
+def test_calibration_errors_are_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = dataloader_steps().write(tmp_path / "dl.json")
+    monkeypatch.setenv("PERFCAST_CALIBRATION", str(tmp_path / "missing.json"))
+    with pytest.raises(PerfcastError, match="calibration file not found"):
+        predict(path, "dataloader-overlap:workers=2")
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"format": 99}')
+    monkeypatch.setenv("PERFCAST_CALIBRATION", str(bad))
+    with pytest.raises(PerfcastError, match="not a perfcast calibration file"):
+        predict(path, "dataloader-overlap:workers=2")
+
+
+def test_checkpoint_bookkeeping_from_calibration(
+    step_trace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Two recomputed ops (linear, relu) in 3 regions: 3 * 10 + 2 * 5 = 40 µs of host work
+    # before the first backward launch. The host is far ahead of the GPU in this trace, so
+    # the step (GPU-bound, 980 µs) does not change; the bookkeeping node is there.
+    cal = write_calibration(step_trace.parent / "cal.json", region_ms=0.010, op_ms=0.005)
+    monkeypatch.setenv("PERFCAST_CALIBRATION", str(cal))
+    result, predicted = predict(step_trace, "activation-checkpointing:regions=3")
+    assert result.predicted_ms * 1000 == pytest.approx(980, abs=0.002)
+    c = predicted.graph.cols
+    names = predicted.graph.names
+    book = [
+        i for i in range(len(predicted.graph)) if names[c["name"][i]] == "checkpoint bookkeeping"
+    ]
+    assert len(book) == 1 and int(c["dur"][book[0]]) == 40_000
+    assert c["source"][book[0]] == Source.MODELLED
+    assert "3 region(s)" in result.applied[0].assumptions[1]
+
+
+def test_checkpoint_bookkeeping_on_a_cpu_trace(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # CPU-only: the step grows by the recompute (300) and the bookkeeping (2 * 20 + 1 * 10).
+    t = Trace(device=None)
+    t.op("ProfilerStep#1", 0, 1000, cat="user_annotation")
+    t.op("aten::linear", 0, 300)
+    t.op("aten::addmm", 10, 280)  # inside linear: the one recomputed op is linear
+    t.op("autograd::engine::evaluate_function: AddmmBackward0", 300, 700)
+    path = t.write(tmp_path / "cpu_train.json")
+    result, _ = predict(path, "activation-checkpointing:regions=2")
+    assert result.predicted_ms == pytest.approx(1.3)
+    assert "not counted: no calibration" in result.applied[0].assumptions[1]
+    cal = write_calibration(tmp_path / "cal.json", region_ms=0.020, op_ms=0.010)
+    monkeypatch.setenv("PERFCAST_CALIBRATION", str(cal))
+    result, _ = predict(path, "activation-checkpointing:regions=2")
+    assert result.predicted_ms == pytest.approx(1.35)
+    with pytest.raises(NotApplicableError, match="regions"):
+        predict(path, "activation-checkpointing:regions=0")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -14,22 +14,33 @@ inside it). Per step:
   earlier what-ifs, and reflects CPU contention below);
 - steady state: a worker needs T_dl per batch, so N workers deliver a batch
   every T_dl / N; the main thread receives one per step, waiting when the
-  workers lag: its data time = max(n * overhead, T_dl / N - T_rest').
-  `overhead_ms` (0.05 ms per batch) is an assumed cost of receiving a batch from
-  the worker queue (unpickling tensor handles from shared memory), not measured.
-  It is the weak point: profiles of real worker runs in benchmarks/accuracy show
-  1.3-2.7 ms per step on a 2-core machine; set it from a profile with workers;
-- CPU contention, only when `cores` is given: main thread plus workers need
-  1 + N*u cores, u = min(1, T_dl / (N * T_step)) being a worker's busy share
-  of the new step time. When that exceeds `cores`, every thread runs
-  (1 + N*u) / cores times slower (fair sharing): the main thread's host work
-  outside data loading (scaled) and the workers' T_dl. The workers are slowed
-  too because they share the same cores: slowing only the main thread would let
-  2 workers and the main thread on 2 cores finish 10 ms of CPU work in a 4 ms
-  step. The main thread is counted as always busy (an upper bound on its
-  demand, since it sleeps while waiting for a batch). T_step depends on the
-  slowdown and the slowdown on T_step; the fixed point is found by bisection
-  (the slowdown falls as the step grows, so there is exactly one).
+  workers lag: its data time = max(n * receive, T_dl / N - T_rest');
+- receive: the main thread's cost of taking one finished batch from the worker
+  queue. It is not in a trace without workers, and it is mostly operating-system
+  cost: with PyTorch's default `file_descriptor` sharing strategy every tensor
+  of the batch arrives as a shared-memory file descriptor fetched over its own
+  Unix-socket connection to the worker, so it costs per batch plus per tensor,
+  from tens of microseconds on bare metal to about a millisecond per tensor on
+  a small VM. Taken, in order, from `overhead_ms` (per batch), else from
+  `perfcast calibrate` (batch_ms + tensor_ms * tensors, measured on this
+  machine: see perfcast.calibration), else an assumed 0.05 ms per batch. The
+  tensors per batch are counted in the trace: the tensors default_collate
+  builds at the end of each fetch (`aten::stack`, and `torch.tensor` of
+  numbers, seen as `aten::lift_fresh`), at least 1;
+- where the workers run: `worker_cores=K` says they are confined to K cores of
+  their own (taskset, sched_setaffinity in worker_init_fn): they then deliver a
+  batch every T_dl / min(N, K) and do not slow the main thread;
+- CPU contention, only when `cores` is given and `worker_cores` is not: main
+  thread plus workers need 1 + N*u cores, u = min(1, T_dl / (N * T_step)) being
+  a worker's busy share of the new step time. When that exceeds `cores`, every
+  thread runs (1 + N*u) / cores times slower (fair sharing): the main thread's
+  host work outside data loading (scaled) and the workers' T_dl. The workers
+  are slowed too because they share the same cores: slowing only the main
+  thread would let 2 workers and the main thread on 2 cores finish 10 ms of CPU
+  work in a 4 ms step. The main thread is counted as always busy (an upper
+  bound on its demand, since it sleeps while waiting for a batch). T_step
+  depends on the slowdown and the slowdown on T_step; the fixed point is found
+  by bisection (the slowdown falls as the step grows, so there is exactly one).
 
 A trace whose loader already uses workers (`_MultiProcessingDataLoaderIter`) is
 refused: its main-thread data time is waiting for workers, not loading work.
@@ -42,29 +53,39 @@ main-thread loading time.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
+from perfcast import calibration
 from perfcast.analysis.phases import Phase, event_phases
 from perfcast.errors import NotApplicableError
+from perfcast.events import EventTable
 from perfcast.graph.model import Graph, NodeKind, Source
 from perfcast.sim.timeline import simulate
 from perfcast.whatif import primitives as P
 
-SUMMARY = "DataLoader worker processes load batches in parallel (workers=N, cores=C)"
+SUMMARY = (
+    "DataLoader worker processes load batches in parallel "
+    "(workers=N, cores=C or worker_cores=K, overhead_ms=receive cost per batch)"
+)
 
 # torch.utils.data's iterator when num_workers > 0: the trace's loading is already in workers.
 _MULTI = "_MultiProcessingDataLoaderIter"
 _BISECT_STEPS = 14  # slowdown found to (f_max - 1) / 2**14
 _SCALED_HOST = ("cpu", "launch", "sync", "runtime")
+_DEFAULT_RECEIVE_MS = 0.05  # per batch, when neither overhead_ms nor a calibration is given
+# default_collate's outputs: torch.stack per tensor field; torch.tensor(numbers) per number field.
+_COLLATE_OUTPUTS = ("aten::stack", "aten::lift_fresh")
 
 
 @dataclass
 class Options:
     workers: int = 2
     cores: int | None = None  # CPU cores available to the process; None: no contention
-    overhead_ms: float = 0.05  # main-thread cost of receiving one batch (assumed)
+    worker_cores: int | None = None  # cores the workers are confined to (their own)
+    overhead_ms: float | None = None  # receive cost per batch; None: calibration or 0.05 ms
 
 
 @dataclass
@@ -74,6 +95,7 @@ class _Step:
     dl: np.ndarray  # data-loading host nodes
     t_dl: float  # ns
     batches: int
+    tensors: int  # tensors per batch (collate outputs), at least 1
 
 
 def apply(graph: Graph, options: Options) -> Graph:
@@ -81,7 +103,9 @@ def apply(graph: Graph, options: Options) -> Graph:
         raise NotApplicableError("dataloader-overlap: workers must be at least 1")
     if options.cores is not None and options.cores < 1:
         raise NotApplicableError("dataloader-overlap: cores must be at least 1")
-    if options.overhead_ms < 0:
+    if options.worker_cores is not None and options.worker_cores < 1:
+        raise NotApplicableError("dataloader-overlap: worker_cores must be at least 1")
+    if options.overhead_ms is not None and options.overhead_ms < 0:
         raise NotApplicableError("dataloader-overlap: overhead_ms must be >= 0")
     steps, multi = _steps(graph)
     if not steps and multi:
@@ -97,7 +121,15 @@ def apply(graph: Graph, options: Options) -> Graph:
             "happen outside the profiled steps)"
         )
     w = options.workers
-    overhead = options.overhead_ms * 1e6
+    # Batches in flight at once: the workers' own cores bound their parallelism.
+    par = w if options.worker_cores is None else min(w, options.worker_cores)
+    cost = _hand_off_cost(options)
+    overhead = {(s.rank, s.iteration): s.batches * cost.receive_ms(s.tensors) * 1e6 for s in steps}
+    # A worker's time per step's batches: the loading itself plus its side of the hand-off.
+    work = {
+        (s.rank, s.iteration): s.t_dl + s.batches * cost.worker_ms(s.tensors) * 1e6 for s in steps
+    }
+    contended = options.cores is not None and options.worker_cores is None
     dl_all = np.concatenate([s.dl for s in steps])
     rest = _rest_host(graph, steps, dl_all)
     base = {(s.rank, s.iteration): s for s in steps}
@@ -107,7 +139,7 @@ def apply(graph: Graph, options: Options) -> Graph:
         """Replayed step time with data loading cut to the receive overhead, host work x f."""
         g = graph.copy()
         for s in steps:
-            _set_total(g, s.dl, s.batches * overhead, Source.MODELLED)
+            _set_total(g, s.dl, overhead[(s.rank, s.iteration)], Source.MODELLED)
         if f != 1.0:
             P.scale(g, rest, f)
         out = {}
@@ -120,19 +152,19 @@ def apply(graph: Graph, options: Options) -> Graph:
     def solve(f: float) -> tuple[dict[tuple[int, int], float], dict[tuple[int, int], float]]:
         """(rest of step T_rest', new step time) per step at slowdown f."""
         sim = step_times(f)
-        t_rest = {k: max(sim.get(k, 0.0) - base[k].batches * overhead, 0.0) for k in base}
-        t_new = {k: max(t_rest[k] + base[k].batches * overhead, base[k].t_dl * f / w) for k in base}
+        t_rest = {k: max(sim.get(k, 0.0) - overhead[k], 0.0) for k in base}
+        t_new = {k: max(t_rest[k] + overhead[k], work[k] * f / par) for k in base}
         return t_rest, t_new
 
     def demand(t_new: dict[tuple[int, int], float]) -> float:
-        total_dl = sum(s.t_dl for s in steps)
+        total_dl = sum(work.values())
         total = sum(t_new.values())
         u = min(1.0, total_dl / (w * total)) if total > 0 else 1.0
         return 1.0 + w * u
 
     f = 1.0
     t_rest, t_new = solve(1.0)
-    if options.cores is not None and demand(t_new) > options.cores:
+    if contended and options.cores is not None and demand(t_new) > options.cores:
         lo, hi = 1.0, (1.0 + w) / options.cores
         for _ in range(_BISECT_STEPS):
             mid = (lo + hi) / 2
@@ -146,14 +178,19 @@ def apply(graph: Graph, options: Options) -> Graph:
     before = after = 0.0
     for s in steps:
         k = (s.rank, s.iteration)
-        new_dl = max(s.batches * overhead, s.t_dl * f / w - t_rest[k])
+        new_dl = max(overhead[k], work[k] * f / par - t_rest[k])
         _set_total(graph, s.dl, new_dl, Source.MODELLED)
         before += s.t_dl
         after += new_dl
     if f > 1.0:
         P.scale(graph, rest, f)
     n = len(steps)
-    if options.cores is None:
+    if options.worker_cores is not None:
+        contention = (
+            f"workers on {options.worker_cores} core(s) of their own: "
+            f"{par} batch(es) prepared at a time, main thread not slowed"
+        )
+    elif options.cores is None:
         contention = "no CPU contention assumed: cores unknown (pass cores=N)"
     elif f > 1.0:
         contention = (
@@ -165,12 +202,13 @@ def apply(graph: Graph, options: Options) -> Graph:
             f"{w} workers + main thread need {demand(t_new):.2f} of {options.cores} cores: "
             "no contention"
         )
+    tensors = sorted({s.tensors for s in steps})
     graph.assumptions.append(
         f"dataloader-overlap with {w} workers: main-thread data time per step "
-        f"{before / n / 1e6:.2f} -> {after / n / 1e6:.2f} ms = max({options.overhead_ms:g} ms "
-        f"receive overhead per batch, T_dl/{w} - rest of step), workers as fast as the measured "
-        f"main-thread loading; {contention}; the receive cost is assumed, not in the trace "
-        "(1.3-2.7 ms per step measured in this project's CPU benchmark: set overhead_ms)"
+        f"{before / n / 1e6:.2f} -> {after / n / 1e6:.2f} ms = max(receive, "
+        f"(T_dl + worker hand-off)/{par} - rest of step), workers as fast as the measured "
+        f"main-thread loading; hand-off of a batch of {'/'.join(map(str, tensors))} "
+        f"tensor(s): {cost.text}; {contention}"
     )
     return graph
 
@@ -183,7 +221,7 @@ def _steps(graph: Graph) -> tuple[list[_Step], int]:
     dl = dl[(c["iteration"][dl] >= 0) & (c["kind"][dl] != NodeKind.WAIT)]
     if dl.size == 0:
         return [], 0
-    tops, multi = _top_loader_ops(graph)
+    tops, tensors, multi = _top_loader_ops(graph)
     out = []
     skipped = 0
     keys = np.unique(np.stack([c["rank"][dl], c["iteration"][dl]], axis=1), axis=0)
@@ -195,16 +233,21 @@ def _steps(graph: Graph) -> tuple[list[_Step], int]:
         t = float(c["dur"][nodes].sum())
         if t <= 0:
             continue
-        out.append(_Step(rank, it, nodes, t, max(tops.get((rank, it), 0), 1)))
+        out.append(
+            _Step(rank, it, nodes, t, max(tops.get((rank, it), 0), 1), tensors.get((rank, it), 1))
+        )
     return out, skipped
 
 
-def _top_loader_ops(graph: Graph) -> tuple[dict[tuple[int, int], int], set[tuple[int, int]]]:
-    """Batches per step (outermost data-loading ops: one `__next__` per batch), and the
-    steps whose loader is already multi-process."""
+def _top_loader_ops(
+    graph: Graph,
+) -> tuple[dict[tuple[int, int], int], dict[tuple[int, int], int], set[tuple[int, int]]]:
+    """Batches per step (outermost data-loading ops: one `__next__` per batch), tensors per
+    batch (most collate outputs seen in one batch of the step), and the steps whose loader is
+    already multi-process."""
     table = graph.table
     if table is None or len(table) == 0:
-        return {}, set()
+        return {}, {}, set()
     phase = event_phases(table)
     rows = np.flatnonzero((phase == Phase.DATALOADER) & (table.iteration >= 0))
     par = table.parent[rows]
@@ -212,13 +255,68 @@ def _top_loader_ops(graph: Graph) -> tuple[dict[tuple[int, int], int], set[tuple
     out: dict[tuple[int, int], int] = {}
     multi: set[tuple[int, int]] = set()
     names = table.names
-    for r, it, nm in zip(
-        table.rank[top].tolist(), table.iteration[top].tolist(), table.name[top].tolist()
+    collated = _collate_outputs(table, top)
+    tensors: dict[tuple[int, int], int] = {}
+    for r, it, nm, k in zip(
+        table.rank[top].tolist(), table.iteration[top].tolist(), table.name[top].tolist(), collated
     ):
         out[(r, it)] = out.get((r, it), 0) + 1
+        tensors[(r, it)] = max(tensors.get((r, it), 1), k)
         if _MULTI in names[nm]:
             multi.add((r, it))
-    return out, multi
+    return out, tensors, multi
+
+
+def _collate_outputs(table: EventTable, tops: np.ndarray) -> list[int]:
+    """Per outermost loading op: the tensors default_collate built for the batch, i.e. its
+    direct child ops named in _COLLATE_OUTPUTS from its first `aten::stack` on (per-sample
+    `torch.tensor` calls before the collate are not batch outputs). 0 when there is no stack
+    (a custom collate_fn: the caller assumes one tensor)."""
+    ids = {name: i for i, name in enumerate(table.names) if name in _COLLATE_OUTPUTS}
+    stack_id = ids.get("aten::stack", -1)
+    out_ids = np.array(list(ids.values()), dtype=table.name.dtype)
+    if stack_id < 0 or tops.size == 0:
+        return [0] * int(tops.size)
+    child = np.flatnonzero(np.isin(table.parent, tops) & np.isin(table.name, out_ids))
+    result = []
+    for top in tops.tolist():
+        mine = child[table.parent[child] == top]
+        mine = mine[np.argsort(table.ts[mine], kind="stable")]
+        stacks = np.flatnonzero(table.name[mine] == stack_id)
+        result.append(int(mine.size - stacks[0]) if stacks.size else 0)
+    return result
+
+
+@dataclass(frozen=True)
+class _HandOff:
+    """Moving one batch of k tensors from a worker to the main thread, in ms."""
+
+    receive_ms: Callable[[int], float]  # main thread
+    worker_ms: Callable[[int], float]  # worker, beyond building the batch
+    text: str
+
+
+def _hand_off_cost(options: Options) -> _HandOff:
+    if options.overhead_ms is not None:
+        ms = options.overhead_ms
+        return _HandOff(lambda k: ms, lambda k: 0.0, f"receive {ms:g} ms (overhead_ms)")
+    cal = calibration.active()
+    if cal is not None and cal.dataloader is not None:
+        dl = cal.dataloader
+        return _HandOff(
+            dl.receive_ms,
+            dl.worker_ms,
+            f"receive {dl.batch_ms:g} + {dl.tensor_ms:g} ms per tensor, worker "
+            f"{dl.worker_batch_ms:g} + {dl.worker_tensor_ms:g} ms per tensor "
+            f"({cal.source()}, {dl.sharing_strategy} sharing)",
+        )
+    ms = _DEFAULT_RECEIVE_MS
+    return _HandOff(
+        lambda k: ms,
+        lambda k: 0.0,
+        f"receive {ms:g} ms assumed, not measured: run 'perfcast calibrate' on the training "
+        "machine (it measured 1.4-4.5 ms per batch on a 2-core VM) or set overhead_ms",
+    )
 
 
 def _rest_host(graph: Graph, steps: list[_Step], dl_all: np.ndarray) -> np.ndarray:
