@@ -4,12 +4,12 @@ Some what-ifs add work that the baseline trace never ran: with DataLoader worker
 the main process must receive each batch from a worker process; with activation
 checkpointing every checkpointed region pays torch.utils.checkpoint's own
 bookkeeping. How long those take depends on the machine and the OS far more
-than on the model: receiving one tensor costs a few tens of microseconds on bare
-metal and about a millisecond on a small VM, because PyTorch's default
-`file_descriptor` sharing strategy passes every tensor's shared-memory file
-descriptor over a fresh Unix-socket connection to the worker (with an
-authentication handshake), and every message between processes is a cross-core
-wake-up.
+than on the model. On this project's 2-core VM, receiving a batch costs the main
+thread 0.4-1.2 ms plus 0.2-0.4 ms per tensor, the longer the workers sat idle
+the more: PyTorch's default `file_descriptor` sharing strategy passes every
+tensor's shared-memory file descriptor over a fresh Unix-socket connection to
+the worker (with an authentication handshake), and every message between
+processes wakes a CPU, from a deeper idle state the longer it slept.
 
 `perfcast calibrate` measures these costs with small synthetic microbenchmarks,
 independent of any user workload, and writes them to a JSON file that the
@@ -21,6 +21,7 @@ in the prediction's assumptions. Run it on the machine that trains.
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import socket
@@ -34,30 +35,50 @@ from typing import Any
 from perfcast.errors import PerfcastError
 
 ENV = "PERFCAST_CALIBRATION"
-FORMAT = 1
+FORMAT = 2
 
 
 @dataclass(frozen=True)
 class DataLoaderCosts:
-    """What handing a batch of k tensors from a worker process to the main process costs:
-    on the main thread, receive_ms(k) = batch_ms + tensor_ms * k; on the worker, beyond
-    building the batch, worker_ms(k) = worker_batch_ms + worker_tensor_ms * k (shared-memory
-    storage for the collated tensors, pickling, serving the file descriptors)."""
+    """What handing a batch of k tensors from a worker process to the main process costs.
 
-    batch_ms: float
-    tensor_ms: float
+    On the main thread: batch_ms[i] + tensor_ms[i] * k after the workers sat idle for
+    gaps_ms[i] (a longer idle gap means a deeper CPU idle state to wake the worker from: on
+    this project's VM 0.4 ms after 2 ms, 1.3 ms after 32 ms, for one tensor); between and
+    beyond the measured gaps, interpolated in log(gap) and held at the ends. On the worker,
+    beyond building the batch: worker_batch_ms + worker_tensor_ms * k (shared-memory storage
+    for the collated tensors, pickling, serving the file descriptors)."""
+
+    gaps_ms: list[float]
+    batch_ms: list[float]
+    tensor_ms: list[float]
     worker_batch_ms: float
     worker_tensor_ms: float
     workers: int
     sharing_strategy: str
-    # tensors per batch -> {"receive_ms": main-thread median, "worker_ms": worker extra CPU}
-    samples: dict[str, dict[str, float]]
+    # "k=<tensors>,gap=<ms>" -> median receive ms; "k=<tensors>,worker" -> worker extra CPU ms
+    samples: dict[str, float]
 
-    def receive_ms(self, tensors: int) -> float:
-        return self.batch_ms + self.tensor_ms * max(tensors, 1)
+    def receive_ms(self, tensors: int, gap_ms: float) -> float:
+        k = max(tensors, 1)
+        per_gap = [b + t * k for b, t in zip(self.batch_ms, self.tensor_ms)]
+        if not per_gap:
+            return 0.0
+        return _interp_log(gap_ms, self.gaps_ms, per_gap)
 
     def worker_ms(self, tensors: int) -> float:
         return self.worker_batch_ms + self.worker_tensor_ms * max(tensors, 1)
+
+
+def _interp_log(x: float, xs: Sequence[float], ys: Sequence[float]) -> float:
+    """ys at x, linear in log(x) between the (ascending) xs, constant beyond them."""
+    if x <= xs[0] or len(xs) == 1:
+        return ys[0]
+    for i in range(1, len(xs)):
+        if x <= xs[i]:
+            w = (math.log(x) - math.log(xs[i - 1])) / (math.log(xs[i]) - math.log(xs[i - 1]))
+            return ys[i - 1] + w * (ys[i] - ys[i - 1])
+    return ys[-1]
 
 
 @dataclass(frozen=True)
@@ -227,19 +248,21 @@ def measure_dataloader(
     workers: int = 2,
     worker_cpus: Sequence[int] = (),
     tensors: Sequence[int] = (1, 2, 4, 8),
+    gaps_ms: Sequence[float] = (1, 4, 16, 64),
     repeat: int = 15,
 ) -> DataLoaderCosts:
-    """For batches of k small tensors: the median time of `next()` while the workers have a
-    batch ready (the main thread's receive), and the CPU time the workers spend per batch
-    beyond what building it costs in-process (Linux: from /proc/PID/task/*/schedstat).
-    Each is fitted as a + b * k by least squares."""
+    """For batches of k small tensors: the median time of `next()` after the main thread was
+    away for each gap while the workers, their batches ready, sat idle (the main thread's
+    receive); and the CPU time the workers spend per batch beyond what building it costs
+    in-process (Linux: from /proc/PID/task/*/schedstat). Per gap, receive is fitted as
+    a + b * k by least squares; so is the worker's extra."""
     import functools
 
     torch = _require_torch()
     from torch.utils.data import DataLoader
 
     init = functools.partial(_pin, tuple(worker_cpus)) if worker_cpus else None
-    receive: dict[int, float] = {}
+    receive: dict[tuple[int, float], float] = {}
     extra: dict[int, float] = {}
     for k in tensors:
         dataset: Any = _Tensors(k)  # a map-style dataset; torch's Dataset needs torch to subclass
@@ -262,32 +285,34 @@ def measure_dataloader(
             next(it)
         pids = [w.pid for w in getattr(it, "_workers", [])]
         cpu_before = _cpu_ns(pids)
-        times = []
-        for _ in range(repeat):
-            time.sleep(0.02)  # the workers fill their prefetch queue: next() only receives
-            start = time.perf_counter()
-            next(it)
-            times.append((time.perf_counter() - start) * 1e3)
+        for gap in gaps_ms:
+            times = []
+            for _ in range(repeat):
+                time.sleep(gap / 1e3)  # the workers fill their prefetch queue, then idle
+                start = time.perf_counter()
+                next(it)
+                times.append((time.perf_counter() - start) * 1e3)
+            receive[(k, gap)] = statistics.median(times)
         cpu_after = _cpu_ns(pids)
-        receive[k] = statistics.median(times)
         if cpu_before is not None and cpu_after is not None:
-            extra[k] = max((cpu_after - cpu_before) / repeat - build_ns, 0.0) / 1e6
+            batches = repeat * len(gaps_ms)
+            extra[k] = max((cpu_after - cpu_before) / batches - build_ns, 0.0) / 1e6
         del it, loader
-    batch_ms, tensor_ms = _fit_line(receive)
+    fits = [_fit_line({k: receive[(k, gap)] for k in tensors}) for gap in gaps_ms]
     worker_batch_ms, worker_tensor_ms = (
-        _fit_line(extra) if len(extra) == len(receive) else (0.0, 0.0)
+        _fit_line(extra) if len(extra) == len(tensors) else (0.0, 0.0)
     )
+    samples = {f"k={k},gap={gap:g}": round(v, 4) for (k, gap), v in receive.items()}
+    samples.update({f"k={k},worker": round(v, 4) for k, v in extra.items()})
     return DataLoaderCosts(
-        batch_ms=round(batch_ms, 4),
-        tensor_ms=round(tensor_ms, 4),
+        gaps_ms=[float(g) for g in gaps_ms],
+        batch_ms=[round(b, 4) for b, _ in fits],
+        tensor_ms=[round(t, 4) for _, t in fits],
         worker_batch_ms=round(worker_batch_ms, 4),
         worker_tensor_ms=round(worker_tensor_ms, 4),
         workers=workers,
         sharing_strategy=str(torch.multiprocessing.get_sharing_strategy()),
-        samples={
-            str(k): {"receive_ms": round(receive[k], 4), "worker_ms": round(extra.get(k, 0), 4)}
-            for k in receive
-        },
+        samples=samples,
     )
 
 
@@ -365,7 +390,7 @@ def measure(
     worker_cpus: Sequence[int] = (),
     quick: bool = False,
 ) -> Calibration:
-    repeat = 7 if quick else 15
+    repeat = 5 if quick else 11
     return Calibration(
         machine=machine_info(),
         created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

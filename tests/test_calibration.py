@@ -17,7 +17,9 @@ def sample() -> Calibration:
     return Calibration(
         machine={"hostname": "box", "cores": 8},
         created="2026-11-22T10:00:00Z",
-        dataloader=DataLoaderCosts(0.2, 0.05, 0.3, 0.01, 2, "file_descriptor", {}),
+        dataloader=DataLoaderCosts(
+            [1.0, 16.0], [0.2, 0.6], [0.05, 0.05], 0.3, 0.01, 2, "file_descriptor", {}
+        ),
         checkpoint=CheckpointCosts(0.1, 0.01, False, {"2": 0.12}),
     )
 
@@ -32,8 +34,10 @@ def test_fit_line_recovers_a_line_and_never_goes_negative() -> None:
 def test_costs_per_batch_and_region() -> None:
     cal = sample()
     assert cal.dataloader is not None and cal.checkpoint is not None
-    assert cal.dataloader.receive_ms(3) == pytest.approx(0.35)
-    assert cal.dataloader.receive_ms(0) == pytest.approx(0.25)  # at least one tensor
+    assert cal.dataloader.receive_ms(3, gap_ms=1.0) == pytest.approx(0.35)
+    assert cal.dataloader.receive_ms(0, gap_ms=0.5) == pytest.approx(0.25)  # >= 1 tensor
+    assert cal.dataloader.receive_ms(1, gap_ms=4.0) == pytest.approx(0.45)  # log-midpoint
+    assert cal.dataloader.receive_ms(1, gap_ms=100.0) == pytest.approx(0.65)  # held
     assert cal.dataloader.worker_ms(2) == pytest.approx(0.32)
     assert cal.checkpoint.extra_ms(regions=3, ops=10) == pytest.approx(0.4)
 
@@ -98,10 +102,14 @@ def test_cli_rejects_bad_options(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_measurements_are_sane() -> None:
     pytest.importorskip("torch")
-    dl = calibration.measure_dataloader(workers=1, tensors=(1, 2), repeat=3)
-    assert dl.batch_ms >= 0 and dl.tensor_ms >= 0 and dl.worker_batch_ms >= 0
-    assert set(dl.samples) == {"1", "2"}
-    assert all(s["receive_ms"] > 0 for s in dl.samples.values())
+    dl = calibration.measure_dataloader(workers=1, tensors=(1, 2), gaps_ms=(1, 4), repeat=3)
+    assert len(dl.batch_ms) == len(dl.tensor_ms) == 2 and dl.gaps_ms == [1.0, 4.0]
+    assert min(dl.batch_ms + dl.tensor_ms) >= 0 and dl.worker_batch_ms >= 0
+    receive = {key for key in dl.samples if "gap" in key}
+    assert receive == {"k=1,gap=1", "k=1,gap=4", "k=2,gap=1", "k=2,gap=4"}
+    if Path("/proc/self/task").is_dir():  # the workers' CPU time comes from schedstat
+        assert set(dl.samples) - receive == {"k=1,worker", "k=2,worker"}
+    assert all(v >= 0 for v in dl.samples.values())
     ck = calibration.measure_checkpoint(repeat=3, rounds=2)
     assert ck.region_ms >= 0 and ck.op_ms >= 0 and set(ck.samples) == {"2", "8", "16"}
 

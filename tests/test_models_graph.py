@@ -316,7 +316,14 @@ def write_calibration(
         machine={"hostname": "testhost"},
         created="2026-01-01T00:00:00Z",
         dataloader=DataLoaderCosts(
-            batch_ms, tensor_ms, worker_batch_ms, worker_tensor_ms, 2, "file_descriptor", {}
+            [1.0],
+            [batch_ms],
+            [tensor_ms],
+            worker_batch_ms,
+            worker_tensor_ms,
+            2,
+            "file_descriptor",
+            {},
         ),
         checkpoint=CheckpointCosts(region_ms, op_ms, False, {}),
     )
@@ -358,6 +365,24 @@ def test_dataloader_receive_cost_from_calibration(
     # An explicit overhead_ms wins over the calibration.
     result, _ = predict(path, "dataloader-overlap:workers=4,overhead_ms=0.1")
     assert result.predicted_ms == pytest.approx(2.1, abs=1e-5)
+
+
+def test_dataloader_receive_depends_on_how_long_workers_idle(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Receive 0.2 ms after 1 ms idle, 1.0 ms after 4 ms (0 ms per tensor). The main thread is
+    # away T_rest = 2 ms per batch: half-way in log(gap), 0.6 ms.
+    cal = Calibration(
+        machine={"hostname": "testhost"},
+        created="2026-01-01T00:00:00Z",
+        dataloader=DataLoaderCosts([1.0, 4.0], [0.2, 1.0], [0.0, 0.0], 0, 0, 2, "fd", {}),
+        checkpoint=None,
+    )
+    monkeypatch.setenv("PERFCAST_CALIBRATION", str(calibration.save(cal, tmp_path / "c.json")))
+    path = collated_steps(1).write(tmp_path / "dl.json")
+    result, _ = predict(path, "dataloader-overlap:workers=4")
+    assert result.predicted_ms == pytest.approx(2.6, abs=1e-5)
+    assert "after the main thread's 2.0 ms away" in result.applied[0].assumptions[0]
 
 
 def test_dataloader_worker_side_hand_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

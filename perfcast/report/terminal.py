@@ -226,20 +226,28 @@ def calibration(cal: Calibration, console: Console) -> None:
     if cal.dataloader is not None:
         dl = cal.dataloader
         t = Table(
-            title=f"DataLoader hand-off, {dl.workers} workers, {dl.sharing_strategy} sharing",
+            title=f"DataLoader hand-off, {dl.workers} workers, {dl.sharing_strategy} sharing: "
+            "main-thread receive ms after the workers sat idle for",
             title_justify="left",
             box=None,
             pad_edge=False,
         )
         t.add_column("tensors/batch", justify="right")
-        t.add_column("main receive ms", justify="right")
+        for gap in dl.gaps_ms:
+            t.add_column(f"{gap:g} ms", justify="right")
         t.add_column("worker extra ms", justify="right")
-        for k, sample in dl.samples.items():
-            t.add_row(k, _ms(sample["receive_ms"]), _ms(sample["worker_ms"]))
+        ks = sorted({int(key.split(",")[0][2:]) for key in dl.samples})
+        for k in ks:
+            cells = [_ms(dl.samples.get(f"k={k},gap={gap:g}")) for gap in dl.gaps_ms]
+            t.add_row(str(k), *cells, _ms(dl.samples.get(f"k={k},worker")))
         console.print(t)
+        fits = ", ".join(
+            f"{b:g} + {x:g}/tensor after {g:g} ms"
+            for g, b, x in zip(dl.gaps_ms, dl.batch_ms, dl.tensor_ms)
+        )
         console.print(
-            f"  fitted: receive {dl.batch_ms:g} + {dl.tensor_ms:g} ms/tensor, worker "
-            f"{dl.worker_batch_ms:g} + {dl.worker_tensor_ms:g} ms/tensor"
+            f"  fitted receive: {fits}; worker {dl.worker_batch_ms:g} + "
+            f"{dl.worker_tensor_ms:g} ms/tensor"
         )
     if cal.checkpoint is not None:
         ck = cal.checkpoint

@@ -20,10 +20,12 @@ inside it). Per step:
   cost: with PyTorch's default `file_descriptor` sharing strategy every tensor
   of the batch arrives as a shared-memory file descriptor fetched over its own
   Unix-socket connection to the worker, so it costs per batch plus per tensor,
-  from tens of microseconds on bare metal to about a millisecond per tensor on
-  a small VM. Taken, in order, from `overhead_ms` (per batch), else from
-  `perfcast calibrate` (batch_ms + tensor_ms * tensors, measured on this
-  machine: see perfcast.calibration), else an assumed 0.05 ms per batch. The
+  and more the longer the workers sat idle (a deeper CPU idle state to wake):
+  0.4-1.2 ms per batch plus 0.2-0.4 ms per tensor on a 2-core VM. Taken, in
+  order, from `overhead_ms` (per batch), else from `perfcast calibrate`
+  (batch_ms + tensor_ms * tensors after the workers idled as long as the main
+  thread is away between batches, i.e. the step without its loading; measured
+  on this machine: see perfcast.calibration), else an assumed 0.05 ms per batch. The
   tensors per batch are counted in the trace: the tensors default_collate
   builds at the end of each fetch (`aten::stack`, and `torch.tensor` of
   numbers, seen as `aten::lift_fresh`), at least 1;
@@ -124,16 +126,21 @@ def apply(graph: Graph, options: Options) -> Graph:
     # Batches in flight at once: the workers' own cores bound their parallelism.
     par = w if options.worker_cores is None else min(w, options.worker_cores)
     cost = _hand_off_cost(options)
-    overhead = {(s.rank, s.iteration): s.batches * cost.receive_ms(s.tensors) * 1e6 for s in steps}
-    # A worker's time per step's batches: the loading itself plus its side of the hand-off.
-    work = {
-        (s.rank, s.iteration): s.t_dl + s.batches * cost.worker_ms(s.tensors) * 1e6 for s in steps
-    }
     contended = options.cores is not None and options.worker_cores is None
     dl_all = np.concatenate([s.dl for s in steps])
     rest = _rest_host(graph, steps, dl_all)
     base = {(s.rank, s.iteration): s for s in steps}
     index = {it.index: (it.rank, it.index) for it in graph.iterations}
+    # How long the main thread is away between two receives (the step without its loading):
+    # the longer the workers sit idle, the deeper the CPU idle state the hand-off wakes them from.
+    gap_ms = {k: 0.0 for k in base}
+    for span, (_, _, _, sim) in zip(graph.iterations, simulate(graph).iteration_ns()):
+        key = index.get(span.index)
+        if key in base:
+            gap_ms[key] = max(float(sim) - base[key].t_dl, 0.0) / base[key].batches / 1e6
+    overhead = {k: s.batches * cost.receive_ms(s.tensors, gap_ms[k]) * 1e6 for k, s in base.items()}
+    # A worker's time per step's batches: the loading itself plus its side of the hand-off.
+    work = {k: s.t_dl + s.batches * cost.worker_ms(s.tensors) * 1e6 for k, s in base.items()}
 
     def step_times(f: float) -> dict[tuple[int, int], float]:
         """Replayed step time with data loading cut to the receive overhead, host work x f."""
@@ -203,12 +210,16 @@ def apply(graph: Graph, options: Options) -> Graph:
             "no contention"
         )
     tensors = sorted({s.tensors for s in steps})
+    batches = sum(s.batches for s in steps)
+    receive_ms = sum(overhead.values()) / batches / 1e6
+    mean_gap = sum(gap_ms[k] * s.batches for k, s in base.items()) / batches
     graph.assumptions.append(
         f"dataloader-overlap with {w} workers: main-thread data time per step "
         f"{before / n / 1e6:.2f} -> {after / n / 1e6:.2f} ms = max(receive, "
         f"(T_dl + worker hand-off)/{par} - rest of step), workers as fast as the measured "
         f"main-thread loading; hand-off of a batch of {'/'.join(map(str, tensors))} "
-        f"tensor(s): {cost.text}; {contention}"
+        f"tensor(s): {cost.text}; receive {receive_ms:.2f} ms per batch after the main thread's "
+        f"{mean_gap:.1f} ms away; {contention}"
     )
     return graph
 
@@ -291,7 +302,7 @@ def _collate_outputs(table: EventTable, tops: np.ndarray) -> list[int]:
 class _HandOff:
     """Moving one batch of k tensors from a worker to the main thread, in ms."""
 
-    receive_ms: Callable[[int], float]  # main thread
+    receive_ms: Callable[[int, float], float]  # main thread: (tensors, idle gap ms) -> ms
     worker_ms: Callable[[int], float]  # worker, beyond building the batch
     text: str
 
@@ -299,23 +310,25 @@ class _HandOff:
 def _hand_off_cost(options: Options) -> _HandOff:
     if options.overhead_ms is not None:
         ms = options.overhead_ms
-        return _HandOff(lambda k: ms, lambda k: 0.0, f"receive {ms:g} ms (overhead_ms)")
+        return _HandOff(lambda k, gap: ms, lambda k: 0.0, f"receive {ms:g} ms (overhead_ms)")
     cal = calibration.active()
     if cal is not None and cal.dataloader is not None:
         dl = cal.dataloader
         return _HandOff(
             dl.receive_ms,
             dl.worker_ms,
-            f"receive {dl.batch_ms:g} + {dl.tensor_ms:g} ms per tensor, worker "
-            f"{dl.worker_batch_ms:g} + {dl.worker_tensor_ms:g} ms per tensor "
-            f"({cal.source()}, {dl.sharing_strategy} sharing)",
+            f"receive {dl.batch_ms[0]:g} + {dl.tensor_ms[0]:g} ms per tensor after "
+            f"{dl.gaps_ms[0]:g} ms idle to {dl.batch_ms[-1]:g} + {dl.tensor_ms[-1]:g} after "
+            f"{dl.gaps_ms[-1]:g} ms, worker {dl.worker_batch_ms:g} + "
+            f"{dl.worker_tensor_ms:g} ms per tensor ({cal.source()}, "
+            f"{dl.sharing_strategy} sharing)",
         )
     ms = _DEFAULT_RECEIVE_MS
     return _HandOff(
-        lambda k: ms,
+        lambda k, gap: ms,
         lambda k: 0.0,
         f"receive {ms:g} ms assumed, not measured: run 'perfcast calibrate' on the training "
-        "machine (it measured 1.4-4.5 ms per batch on a 2-core VM) or set overhead_ms",
+        "machine (it measured 0.4-3 ms per batch on a 2-core VM) or set overhead_ms",
     )
 
 
