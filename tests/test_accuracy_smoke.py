@@ -57,3 +57,28 @@ def test_one_row_end_to_end(tmp_path: Path) -> None:
         assert row["predicted_speedup"] > 0 and row["error"] is not None
     assert list(traces.glob("cpu/mlp/rank0.json.gz"))
     assert "| mlp | foreach-adam | cpu |" in proc.stdout
+
+
+@pytest.mark.parametrize("workload", ["cnn", "transformer", "dlrm", "mlp"])
+def test_checkpoint_regions_match_the_models(
+    workload: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The regions=N the benchmark passes perfcast must be what the model really does.
+    from benchmarks.accuracy import workloads
+    from benchmarks.accuracy.workloads import TrainConfig, Trainer
+
+    calls = []
+    real = workloads._maybe_checkpoint
+
+    def counting(block, x, enabled):  # type: ignore[no-untyped-def]
+        if enabled:
+            calls.append(1)
+        return real(block, x, enabled)
+
+    monkeypatch.setattr(workloads, "_maybe_checkpoint", counting)
+    trainer = Trainer(workload, TrainConfig(device="cpu", preset="quick", checkpointing=True))
+    try:
+        trainer._loss(trainer._next_batch())
+    finally:
+        trainer.close()
+    assert len(calls) == workloads.checkpoint_regions(workload, "quick")

@@ -497,6 +497,15 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
 WORKLOADS: tuple[str, ...] = tuple(PRESETS)
 
 
+def checkpoint_regions(workload: str, preset: str) -> int:
+    """checkpoint() calls per training step with activation checkpointing on: one per CNN
+    stage, per transformer or MLP block, and the DLRM's bottom and top MLPs."""
+    p = PRESETS[workload][preset]
+    return {"cnn": 3, "transformer": p.get("layers", 0), "dlrm": 2, "mlp": p.get("layers", 0)}[
+        workload
+    ]
+
+
 def build(workload: str, cfg: TrainConfig) -> tuple[nn.Module, Dataset[Any], int]:
     """Model (on CPU), dataset and batch size for ``workload`` under ``cfg``."""
     p = PRESETS[workload][cfg.preset]
