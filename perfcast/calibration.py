@@ -185,19 +185,22 @@ def save(cal: Calibration, path: str | Path) -> Path:
     return p
 
 
-def machine_info() -> dict[str, Any]:
-    cpu = platform.processor() or platform.machine()
+def cpu_model() -> str:
+    """The CPU's marketing name (Linux /proc/cpuinfo), else what platform knows."""
     try:
         with open("/proc/cpuinfo") as fh:
             for line in fh:
                 if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
+                    return line.split(":", 1)[1].strip()
     except OSError:
         pass
+    return platform.processor() or platform.machine()
+
+
+def machine_info() -> dict[str, Any]:
     info: dict[str, Any] = {
         "hostname": socket.gethostname(),
-        "cpu_model": cpu,
+        "cpu_model": cpu_model(),
         "cores": os.cpu_count(),
         "platform": platform.platform(),
         "python": platform.python_version(),

@@ -140,17 +140,8 @@ def _split_cpus(threads: int) -> tuple[set[int], tuple[int, ...]] | None:
 def machine_info(device: str, threads: int) -> dict[str, Any]:
     import torch
 
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
     info: dict[str, Any] = {
-        "cpu_model": cpu,
+        "cpu_model": calibration.cpu_model(),
         "cores": os.cpu_count(),
         "torch_threads": threads,
         "torch_version": torch.__version__,
