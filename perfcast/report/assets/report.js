@@ -152,6 +152,23 @@
     return div;
   }
 
+  // One bar per step (x), one stacked series per part, values in ms.
+  function stepBars(name, x, y, color) {
+    return {
+      type: "bar", name: name, x: x, y: y, marker: { color: color },
+      hovertemplate: "%{x}<br>" + name + ": %{y:.3f} ms<extra></extra>"
+    };
+  }
+
+  function stackedStepChart(parent, id, x, traces, yTitle) {
+    return chart(parent, id, traces, {
+      barmode: "stack",
+      bargap: x.length < 4 ? 0.6 : 0.2,
+      yaxis: { title: { text: yTitle } },
+      xaxis: { type: "category", automargin: true }
+    });
+  }
+
   function median(xs) {
     if (!xs.length) {
       return null;
@@ -291,17 +308,9 @@
         compute: COLORS.compute, "communication exposed": COLORS.communication,
         "copies exposed": COLORS.copy, idle: COLORS.idle
       };
-      chart(root, "chart-breakdown-gpu", Object.keys(parts).map(function (k) {
-        return {
-          type: "bar", name: k, x: x, y: parts[k], marker: { color: gcol[k] },
-          hovertemplate: "%{x}<br>" + k + ": %{y:.3f} ms<extra></extra>"
-        };
-      }), {
-        barmode: "stack",
-        bargap: x.length < 4 ? 0.6 : 0.2,
-        yaxis: { title: { text: "ms" } },
-        xaxis: { type: "category", automargin: true }
-      });
+      stackedStepChart(root, "chart-breakdown-gpu", x, Object.keys(parts).map(function (k) {
+        return stepBars(k, x, parts[k], gcol[k]);
+      }), "ms");
       caption(root, "Compute: any non-communication kernel running. Communication and copies " +
         "count only where not hidden by compute. Idle: nothing on any stream. The four add up " +
         "to the step time.");
@@ -314,17 +323,9 @@
       backward: COLORS.backward, optimizer: COLORS.optimizer,
       communication: "#4bacc6"
     };
-    chart(root, "chart-breakdown-cpu", Object.keys(cpu).map(function (k) {
-      return {
-        type: "bar", name: k, x: x, y: cpu[k], marker: { color: ccol[k] },
-        hovertemplate: "%{x}<br>" + k + ": %{y:.3f} ms<extra></extra>"
-      };
-    }), {
-      barmode: "stack",
-      bargap: x.length < 4 ? 0.6 : 0.2,
-      yaxis: { title: { text: "CPU ms (summed over threads)" } },
-      xaxis: { type: "category", automargin: true }
-    });
+    stackedStepChart(root, "chart-breakdown-cpu", x, Object.keys(cpu).map(function (k) {
+      return stepBars(k, x, cpu[k], ccol[k]);
+    }), "CPU ms (summed over threads)");
     caption(root, "CPU time of the outermost events of each phase, per thread: two threads " +
       "busy at once count twice.");
   }
@@ -485,22 +486,13 @@
     var cats = Object.keys(paths[0].by_category_ms);
     var x = paths.map(function (p) { return stepKey(p.rank, p.iteration); });
     var traces = cats.map(function (c) {
-      return {
-        type: "bar", name: c, x: x,
-        y: paths.map(function (p) { return p.by_category_ms[c] || 0; }),
-        marker: { color: COLORS[c] || "#888" },
-        hovertemplate: "%{x}<br>" + c + ": %{y:.3f} ms<extra></extra>"
-      };
+      var y = paths.map(function (p) { return p.by_category_ms[c] || 0; });
+      return stepBars(c, x, y, COLORS[c] || "#888");
     }).filter(function (t) {
       return t.y.some(function (v) { return v > 0.0005; });
     });
     add(root, el("h3", null, "Time on the critical path, by category"));
-    chart(root, "chart-critical-path", traces, {
-      barmode: "stack",
-      bargap: x.length < 4 ? 0.6 : 0.2,
-      yaxis: { title: { text: "ms" } },
-      xaxis: { type: "category", automargin: true }
-    });
+    stackedStepChart(root, "chart-critical-path", x, traces, "ms");
     caption(root, "The chain of work and waits that sets each simulated step's time: what " +
       "would have to get faster for the step to get faster.");
     var agg = {};
