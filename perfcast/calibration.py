@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from perfcast.errors import PerfcastError
+from perfcast.paths import user_cache_dir
 
 ENV = "PERFCAST_CALIBRATION"
 FORMAT = 2
@@ -117,8 +118,7 @@ class Calibration:
 
 
 def default_path() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "perfcast" / "calibration.json"
+    return user_cache_dir() / "calibration.json"
 
 
 def _configured_path() -> Path | None:
@@ -208,7 +208,7 @@ def machine_info() -> dict[str, Any]:
     try:
         import torch
 
-        info["torch"] = torch.__version__
+        info["torch"] = str(torch.__version__)  # TorchVersion: a str subclass encoders refuse
     except ImportError:
         pass
     return info
@@ -233,7 +233,8 @@ class _Tensors:
         return tuple(torch.full((256,), float(idx)) for _ in range(self.k))
 
 
-def _pin(cpus: tuple[int, ...], worker_id: int) -> None:
+def pin_worker(cpus: tuple[int, ...], worker_id: int) -> None:
+    """A DataLoader worker_init_fn (bind with functools.partial) keeping workers on `cpus`."""
     os.sched_setaffinity(0, cpus)
 
 
@@ -264,7 +265,7 @@ def measure_dataloader(
     torch = _require_torch()
     from torch.utils.data import DataLoader
 
-    init = functools.partial(_pin, tuple(worker_cpus)) if worker_cpus else None
+    init = functools.partial(pin_worker, tuple(worker_cpus)) if worker_cpus else None
     receive: dict[tuple[int, float], float] = {}
     extra: dict[int, float] = {}
     for k in tensors:

@@ -27,6 +27,8 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 from torch.utils.data import DataLoader, Dataset
 
+from perfcast.calibration import pin_worker
+
 # Datasets report this many samples; items repeat modulo the stored pool, with per-index
 # augmentation, so a run never exhausts an epoch.
 VIRTUAL_LENGTH = 1 << 20
@@ -533,10 +535,6 @@ def build(workload: str, cfg: TrainConfig) -> tuple[nn.Module, Dataset[Any], int
     return model, dataset, p["batch"] * cfg.batch_factor
 
 
-def _pin_worker(cpus: tuple[int, ...], worker_id: int) -> None:
-    os.sched_setaffinity(0, cpus)
-
-
 class Trainer:
     """One training setup; ``step()`` runs a full iteration, data loading included."""
 
@@ -574,7 +572,7 @@ class Trainer:
             persistent_workers=cfg.num_workers > 0,
             pin_memory=self.device.type == "cuda",
             drop_last=True,
-            worker_init_fn=functools.partial(_pin_worker, cfg.worker_cpus) if pin else None,
+            worker_init_fn=functools.partial(pin_worker, cfg.worker_cpus) if pin else None,
         )
         with warnings.catch_warnings():
             # With the main process pinned, torch counts only its CPUs and warns about

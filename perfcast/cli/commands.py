@@ -227,6 +227,7 @@ def _cpu_list(text: str | None) -> tuple[int, ...]:
 
 
 def cmd_calibrate(args: argparse.Namespace, ui: Any) -> int:
+    import dataclasses
     import os
     import warnings
 
@@ -254,8 +255,7 @@ def cmd_calibrate(args: argparse.Namespace, ui: Any) -> int:
         except (RuntimeError, OSError) as exc:  # e.g. workers that could not start
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise PerfcastError(f"calibration failed: {first}") from None
-    path = calibration.save(cal, target)
-    cal = calibration.load(path)
+    cal = dataclasses.replace(cal, path=str(calibration.save(cal, target)))
     if args.json:
         ui.emit_json(cal.to_dict())
         return 0

@@ -13,6 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from perfcast.paths import user_cache_dir
+
 try:  # numba is optional: callers fall back to plain Python without it.
     import numba
 
@@ -23,8 +25,7 @@ except ImportError:  # pragma: no cover - depends on the environment
 
 
 def _cache_dir() -> Path | None:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    path = Path(base) / "perfcast" / "numba"
+    path = user_cache_dir() / "numba"
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError:
