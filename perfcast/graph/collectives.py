@@ -82,6 +82,23 @@ def add_collective_waits(graph: Graph) -> int:
         r = int(c["rank"][node])
         return t + origin[r] - offset[r]
 
+    # Every participant gets an arrival node (a zero-length copy of it, just before it on its
+    # stream), all appended at once: one append per node would copy every column each time.
+    parts = np.array([x for m in matches.values() for x in m.values()], dtype=np.int64)
+    copied = ("lane", "launch_order", "op", "op_name", "scope", "phase", "iteration", "name")
+    copied += ("gpu_kind", "klass", "launch", "launch_w", "stream_w", "release", "rank")
+    arrivals = graph.append(
+        kind=int(NodeKind.GPU),
+        order=c["order"][parts] - 0.5,
+        dur=0,
+        dur_measured=0,
+        start_measured=start[parts],
+        source=int(Source.MEASURED),
+        event=NONE,
+        **{k: c[k][parts] for k in copied},
+    )
+    arrival_of = dict(zip(parts.tolist(), arrivals.tolist()))
+    c = graph.cols
     n_edges = 0
     src_all, dst_all, w_all = [], [], []
     for m in matches.values():
@@ -89,34 +106,7 @@ def add_collective_waits(graph: Graph) -> int:
         transfer = int(min(c["dur_measured"][x] for x in nodes))
         arrive = {x: aligned(x, int(start[x])) for x in nodes}
         last = max(arrive.values())
-        new_arrivals = {}
-        for x in nodes:
-            a = graph.append(
-                kind=int(NodeKind.GPU),
-                lane=int(c["lane"][x]),
-                order=float(c["order"][x]) - 0.5,
-                launch_order=float(c["launch_order"][x]),
-                dur=0,
-                dur_measured=0,
-                start_measured=int(start[x]),
-                source=int(Source.MEASURED),
-                event=NONE,
-                op=int(c["op"][x]),
-                op_name=int(c["op_name"][x]),
-                scope=int(c["scope"][x]),
-                phase=int(c["phase"][x]),
-                iteration=int(c["iteration"][x]),
-                name=int(c["name"][x]),
-                gpu_kind=int(c["gpu_kind"][x]),
-                klass=int(c["klass"][x]),
-                launch=int(c["launch"][x]),
-                launch_w=int(c["launch_w"][x]),
-                stream_w=int(c["stream_w"][x]),
-                release=int(c["release"][x]),
-                rank=int(c["rank"][x]),
-            )[0]
-            c = graph.cols
-            new_arrivals[x] = int(a)
+        new_arrivals = {x: arrival_of[x] for x in nodes}
         for x in nodes:
             t_start = aligned(x, int(end[x])) - transfer  # when the transfer began
             c["launch"][x] = NONE
