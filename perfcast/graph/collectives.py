@@ -52,7 +52,7 @@ def match_collectives(graph: Graph) -> dict[tuple[str, str, int], dict[int, int]
         per_rank[int(c["rank"][node])][(kind, group)].append(node)
     out: dict[tuple[str, str, int], dict[int, int]] = {}
     keys = set.intersection(*(set(d) for d in per_rank.values()))
-    for key in keys:
+    for key in sorted(keys):  # not set order: the same trace gives the same graph
         lists = [per_rank[r][key] for r in ranks]
         if len({len(lst) for lst in lists}) != 1:
             continue  # unequal counts: the ranks were not profiled over the same work
