@@ -47,7 +47,6 @@ PREDICT_SPECS: dict[str, str | None] = {
     "channels-last": None,
 }
 
-NOT_PREDICTED = "not yet predicted"
 MISS = 0.10  # rows off by more than this get the explanation below
 # What perfcast's models cannot see, found by looking at the rows that missed on the CPU
 # machine (stated, not tuned away: see README "Accuracy").
@@ -226,28 +225,24 @@ def profile_baseline(trainer: Any, trace_dir: Path, timing: Timing) -> list[Path
 
 def predict(trace_dir: Path, spec: str | None) -> tuple[float | None, float | None, str]:
     """(predicted_ms, predicted_baseline_ms, note) from ``perfcast.predict``."""
+    import perfcast
+    from perfcast.errors import NotApplicableError
+
     if spec is None:
         return None, None, "perfcast has no model for this optimization"
     try:
-        from perfcast import predict as perfcast_predict
-    except ImportError:
-        return None, None, NOT_PREDICTED  # perfcast.predict is not written yet
-    try:
-        result = perfcast_predict(str(trace_dir), apply=[spec])
-        return float(result.predicted_ms), float(result.baseline_ms), ""
-    except (ImportError, AttributeError, NotImplementedError) as exc:
-        return None, None, f"{NOT_PREDICTED} ({type(exc).__name__}: {exc})"
-    except Exception as exc:  # a failing prediction is a result to record, not a crash
-        if type(exc).__name__ == "NotApplicableError":
+        table = perfcast.load(trace_dir)  # once, for the prediction and a no-change fallback
+        try:
+            result = perfcast.predict(table, [spec])
+        except NotApplicableError as exc:
             # perfcast's verdict that the trace shows nothing this optimization would change:
             # a prediction of no change, recorded as such.
-            base = perfcast_predict(str(trace_dir), apply=[])
-            return (
-                float(base.baseline_ms),
-                float(base.baseline_ms),
-                f"not applicable, so no change predicted: {exc}",
-            )
+            base = perfcast.predict(table, [])
+            note = f"not applicable, so no change predicted: {exc}"
+            return float(base.baseline_ms), float(base.baseline_ms), note
+    except Exception as exc:  # a failing prediction is a result to record, not a crash
         return None, None, f"prediction failed: {type(exc).__name__}: {exc}"
+    return float(result.predicted_ms), float(result.baseline_ms), ""
 
 
 def predict_spec(
