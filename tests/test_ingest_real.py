@@ -48,7 +48,9 @@ def raw_events(path: Path) -> list[dict]:
 
 
 def raw_summary(events: list[dict]) -> dict:
-    kernels = [e for e in events if e.get("ph") == "X" and e.get("cat") == "kernel"]
+    kernels = [
+        e for e in events if e.get("ph") == "X" and str(e.get("cat", "")).lower() == "kernel"
+    ]
     steps = {
         e["name"]
         for e in events
