@@ -19,8 +19,8 @@ import numpy as np
 
 import perfcast
 from perfcast.graph import build_graph
+from perfcast.graph.lower import Lowered, lower
 from perfcast.sim.engine import replay_fast, replay_reference
-from perfcast.sim.lower import Lowered, lower
 
 TRACE = (
     Path(__file__).resolve().parents[2] / "shared" / "traces" / "hta_ddp_v100_rank1_memory.json.gz"

@@ -18,7 +18,7 @@ from perfcast.events import EventTable
 from perfcast.ingest import load
 
 if TYPE_CHECKING:
-    from perfcast.analysis.advisor import Advice
+    from perfcast.advisor.advisor import Advice
     from perfcast.analysis.replay import ReplayResult
     from perfcast.analysis.summary import Summary
     from perfcast.whatif.runner import WhatIfResult
@@ -58,6 +58,6 @@ def predict(trace: TraceLike, apply: list[str] | str) -> WhatIfResult:
 
 
 def advise(trace: TraceLike, device: str | None = None) -> Advice:
-    from perfcast.analysis.advisor import advise as _advise
+    from perfcast.advisor.advisor import advise as _advise
 
     return _advise(_table(trace), target_device=device)

@@ -196,7 +196,7 @@ def test_collectives_couple_ranks(shared_traces):
 
 
 def test_edges_from_removed_nodes_pass_to_the_lane_predecessor(shared_traces):
-    from perfcast.sim.lower import _redirect_removed
+    from perfcast.graph.lower import _redirect_removed
 
     g = build_graph(perfcast.load(shared_traces / "hta_ddp_a100_rank0_nccl_args.json.gz"))
     rng = np.random.default_rng(0)

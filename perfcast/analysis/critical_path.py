@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from perfcast.analysis.phases import collective_name_mask
 from perfcast.graph.model import NONE, GpuKind, NodeKind
+from perfcast.graph.phases import collective_name_mask
 from perfcast.sim.timeline import Timeline
 
 # "latency": launch latency and back-to-back gaps; "unexplained": a start delayed
@@ -113,7 +113,7 @@ _walk_compiled = None
 def _walk_fn():
     global _walk_compiled
     if _walk_compiled is None:
-        from perfcast.sim.jit import compile_loop
+        from perfcast.jit import compile_loop
 
         _walk_compiled = compile_loop(_walk_kernel)
     return _walk_compiled

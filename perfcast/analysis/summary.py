@@ -13,14 +13,14 @@ import numpy as np
 
 from perfcast.analysis import intervals as iv
 from perfcast.analysis.notes import rank_notes
-from perfcast.analysis.phases import (
+from perfcast.events import NONE, EventTable, Kind
+from perfcast.graph.phases import (
     PHASE_LABELS,
     Phase,
     collective_kernel_mask,
     enclosing_scopes,
     event_phases,
 )
-from perfcast.events import NONE, EventTable, Kind
 
 NS_PER_MS = 1e6
 

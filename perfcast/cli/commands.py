@@ -159,7 +159,7 @@ def cmd_whatif(args: argparse.Namespace, ui: Any) -> int:
 
 
 def cmd_advise(args: argparse.Namespace, ui: Any) -> int:
-    from perfcast.analysis.advisor import advise
+    from perfcast.advisor.advisor import advise
 
     return _output(advise(ui.load(args.path), target_device=args.device), "render_advice", args, ui)
 
@@ -168,7 +168,7 @@ def cmd_show(args: argparse.Namespace, ui: Any) -> int:
     """Re-render a saved result: its kind is told by the keys it has."""
     import msgspec
 
-    from perfcast.analysis.advisor import Advice
+    from perfcast.advisor.advisor import Advice
     from perfcast.analysis.replay import ReplayResult
     from perfcast.analysis.summary import Summary
     from perfcast.whatif.runner import WhatIfResult

@@ -8,7 +8,7 @@ belongs to one op. GPU lanes hold kernels, copies and memsets in stream order.
 Only dependencies that cannot be recomputed from the lanes are stored as
 edges (cross-stream waits, cross-thread waits, collectives). Thread order,
 stream order, launch -> kernel and "this sync waits for the last work on its
-stream" are derived by `perfcast.sim.lower` from the graph as it is at replay
+stream" are derived by `perfcast.graph.lower` from the graph as it is at replay
 time, so a transformed graph (work added, removed, reordered) replays right.
 
 Every node keeps where its duration comes from (`source`): measured from the

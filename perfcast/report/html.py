@@ -27,11 +27,11 @@ from typing import Any
 import numpy as np
 
 from perfcast import __version__
-from perfcast.analysis.phases import collective_kernel_mask
 from perfcast.analysis.summary import summarize
 from perfcast.errors import PerfcastError
 from perfcast.events import EventTable, Kind
 from perfcast.graph.model import NONE, GpuKind, Graph, NodeKind
+from perfcast.graph.phases import collective_kernel_mask
 from perfcast.sim.timeline import Timeline
 
 CSP = "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:"
@@ -112,7 +112,7 @@ def report_data(table: EventTable) -> dict[str, Any]:
         notes.append(f"the trace could not be replayed: {exc}")
     if graph is not None and tl is not None:
         try:
-            from perfcast.analysis.advisor import advise
+            from perfcast.advisor.advisor import advise
 
             advice = advise(table, graph=graph, baseline=tl)
         except PerfcastError as exc:

@@ -9,7 +9,7 @@ from rich.table import Table
 from rich.text import Text
 
 if TYPE_CHECKING:  # types only: importing the simulator here would load numba for `summary`
-    from perfcast.analysis.advisor import Advice
+    from perfcast.advisor.advisor import Advice
     from perfcast.analysis.replay import ReplayResult
     from perfcast.analysis.summary import NamedTime, Summary
     from perfcast.calibration import Calibration

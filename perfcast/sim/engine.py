@@ -14,9 +14,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from perfcast.graph.acyclic import topological_order
+from perfcast.graph.lower import Lowered
 from perfcast.graph.model import NO_RELEASE
-from perfcast.sim.jit import HAVE_NUMBA, compile_loop
-from perfcast.sim.lower import Lowered
+from perfcast.jit import HAVE_NUMBA, compile_loop
 
 
 class CycleError(RuntimeError):
@@ -91,45 +92,14 @@ def replay_reference(low: Lowered) -> Replay:
     )
 
 
-def _replay_kernel(n, s_ptr, s_src, s_w, e_ptr, e_src, e_w, release, dur, no_release):
-    # Out-adjacency for Kahn's algorithm.
-    indeg = np.zeros(n, np.int64)
-    cnt = np.zeros(n + 1, np.int64)
-    for v in range(n):
-        for k in range(s_ptr[v], s_ptr[v + 1]):
-            cnt[s_src[k] + 1] += 1
-            indeg[v] += 1
-        for k in range(e_ptr[v], e_ptr[v + 1]):
-            cnt[e_src[k] + 1] += 1
-            indeg[v] += 1
-    for i in range(n):
-        cnt[i + 1] += cnt[i]
-    fill = cnt[:-1].copy()
-    adj = np.empty(cnt[n], np.int64)
-    for v in range(n):
-        for k in range(s_ptr[v], s_ptr[v + 1]):
-            u = s_src[k]
-            adj[fill[u]] = v
-            fill[u] += 1
-        for k in range(e_ptr[v], e_ptr[v + 1]):
-            u = e_src[k]
-            adj[fill[u]] = v
-            fill[u] += 1
-    stack = np.empty(n, np.int64)
-    top = 0
-    for v in range(n - 1, -1, -1):
-        if indeg[v] == 0:
-            stack[top] = v
-            top += 1
+def _replay_kernel(order, s_ptr, s_src, s_w, e_ptr, e_src, e_w, release, dur, no_release):
+    n = release.shape[0]
     start = np.zeros(n, np.int64)
     end = np.zeros(n, np.int64)
     sb = np.full(n, -1, np.int64)
     eb = np.full(n, -1, np.int64)
-    done = 0
-    while top > 0:
-        top -= 1
-        v = stack[top]
-        done += 1
+    for i in range(order.shape[0]):
+        v = order[i]
         s = release[v]
         by = -1
         for k in range(s_ptr[v], s_ptr[v + 1]):
@@ -150,13 +120,7 @@ def _replay_kernel(n, s_ptr, s_src, s_w, e_ptr, e_src, e_w, release, dur, no_rel
         end[v] = e
         sb[v] = by
         eb[v] = eby
-        for k in range(cnt[v], cnt[v + 1]):
-            w = adj[k]
-            indeg[w] -= 1
-            if indeg[w] == 0:
-                stack[top] = w
-                top += 1
-    return start, end, sb, eb, done
+    return start, end, sb, eb
 
 
 _compiled = None
@@ -168,8 +132,11 @@ def replay_fast(low: Lowered) -> Replay:
         return replay_reference(low)
     if _compiled is None:
         _compiled = compile_loop(_replay_kernel)
-    start, end, sb, eb, done = _compiled(
-        low.n,
+    order = topological_order(low)
+    if order.size != low.n:
+        raise CycleError(f"{low.n - order.size} nodes are in dependency cycles")
+    start, end, sb, eb = _compiled(
+        order,
         low.s_ptr,
         low.s_src,
         low.s_w,
@@ -180,6 +147,4 @@ def replay_fast(low: Lowered) -> Replay:
         low.dur,
         NO_RELEASE,
     )
-    if done != low.n:
-        raise CycleError(f"{low.n - done} nodes are in dependency cycles")
     return Replay(start, end, sb, eb)

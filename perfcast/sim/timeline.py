@@ -6,9 +6,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from perfcast.graph.lower import Lowered, lower
 from perfcast.graph.model import NONE, Graph, NodeKind
 from perfcast.sim.engine import Replay, replay_fast, replay_reference
-from perfcast.sim.lower import Lowered, lower
 
 
 @dataclass

@@ -19,8 +19,8 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from perfcast.analysis.phases import Phase
 from perfcast.graph.model import NONE, Graph, Lane, NodeKind, Source
+from perfcast.graph.phases import Phase
 
 _KIND_NAMES = {
     "cpu": (NodeKind.CPU,),

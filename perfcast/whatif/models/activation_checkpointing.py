@@ -47,10 +47,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from perfcast import calibration
-from perfcast.analysis.phases import Phase
 from perfcast.errors import NotApplicableError
 from perfcast.events import Kind
 from perfcast.graph.model import NONE, GpuKind, Graph, NodeKind, Source
+from perfcast.graph.phases import Phase
 from perfcast.whatif import primitives as P
 
 SUMMARY = (

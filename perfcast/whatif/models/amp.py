@@ -65,10 +65,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from perfcast.analysis.phases import Phase
 from perfcast.errors import NotApplicableError
 from perfcast.events import Kind
 from perfcast.graph.model import GpuKind, Graph, NodeKind, Source
+from perfcast.graph.phases import Phase
 from perfcast.hardware import (
     KernelClass,
     dtype_from_kernel_name,

@@ -42,9 +42,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from perfcast.analysis.phases import Phase
 from perfcast.errors import NotApplicableError
 from perfcast.graph.model import GpuKind, Graph
+from perfcast.graph.phases import Phase
 from perfcast.hardware import KernelClass, lookup_device
 from perfcast.whatif import primitives as P
 from perfcast.whatif.kernels import (

@@ -61,10 +61,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from perfcast import calibration
-from perfcast.analysis.phases import Phase, event_phases
 from perfcast.errors import NotApplicableError
 from perfcast.events import EventTable
 from perfcast.graph.model import Graph, NodeKind, Source
+from perfcast.graph.phases import Phase, event_phases
 from perfcast.sim.timeline import simulate
 from perfcast.whatif import primitives as P
 

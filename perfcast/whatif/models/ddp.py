@@ -53,10 +53,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from perfcast.analysis.phases import Phase, collective_kernel_mask
 from perfcast.errors import NotApplicableError
 from perfcast.events import Kind
 from perfcast.graph.model import NONE, EdgeType, GpuKind, Graph, NodeKind, Source
+from perfcast.graph.phases import Phase, collective_kernel_mask
 from perfcast.hardware.classify import KernelClass
 from perfcast.hardware.collectives import allreduce_time_us, collective_from_kernel_name
 from perfcast.hardware.devices import lookup_device
