@@ -24,6 +24,19 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ["PERFCAST_CALIBRATION"] = "off"
 
 
+def pytest_sessionstart(session: pytest.Session) -> None:
+    if not hasattr(session.config, "workerinput"):  # the controller, before any test runs
+        session.config.cache.set("perfcast/recorded_table", None)
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    """Print the recorded accuracy table (every GPU and CPU row) when its test ran."""
+    table = config.cache.get("perfcast/recorded_table", None)
+    if table:
+        terminalreporter.section("recorded accuracy (python -m benchmarks.accuracy)")
+        terminalreporter.write_line(table)
+
+
 @pytest.fixture(scope="session")
 def shared_traces() -> Path:
     """The folder of real traces; tests that need it are skipped where it is absent."""

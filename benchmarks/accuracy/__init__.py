@@ -1,8 +1,6 @@
-"""Accuracy benchmark: real optimizations on real workloads vs. perfcast's predictions.
+"""Accuracy benchmark: perfcast's predictions against measured optimizations.
 
-Run with ``python -m benchmarks.accuracy [--quick]``; see ``runner.main`` for the options.
+``python -m benchmarks.accuracy`` scores the recorded pairs (committed traces and unprofiled
+measurements, GPU and CPU; no GPU needed); ``python -m benchmarks.accuracy live [--quick]``
+measures new pairs on this machine (see ``runner.main``).
 """
-
-from benchmarks.accuracy.runner import PREDICT_SPECS, main, run
-
-__all__ = ["PREDICT_SPECS", "main", "run"]

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from benchmarks.accuracy.recorded_rows import RECORDED_DIR
 from perfcast import calibration
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -136,6 +137,11 @@ def _split_cpus(threads: int) -> tuple[set[int], tuple[int, ...]] | None:
     return set(cpus[:main]), tuple(cpus[main:])
 
 
+def cpu_label() -> str:
+    """The CPU as recorded rows name it: model and core count."""
+    return f"{calibration.cpu_model()} ({os.cpu_count()} cores)"
+
+
 def machine_info(device: str, threads: int) -> dict[str, Any]:
     import torch
 
@@ -179,6 +185,8 @@ class PairTiming:
     baseline_ms: float
     optimized_ms: float
     noise: float  # the larger relative interquartile range of the two sides' windows
+    baseline_windows_ms: tuple[float, ...] = ()
+    optimized_windows_ms: tuple[float, ...] = ()
 
 
 def _rel_iqr(values: list[float]) -> float:
@@ -202,6 +210,8 @@ def measure_pair(baseline: Any, variant: Any, timing: Timing) -> PairTiming:
         statistics.median(samples[0]),
         statistics.median(samples[1]),
         max(_rel_iqr(samples[0]), _rel_iqr(samples[1])),
+        tuple(round(x, 4) for x in samples[0]),
+        tuple(round(x, 4) for x in samples[1]),
     )
 
 
@@ -337,8 +347,15 @@ def run(
     seed: int = 0,
     pin: bool = True,
     log: Any = sys.stderr,
+    recorder: Recorder | None = None,
+    deadline: float | None = None,
 ) -> dict[str, Any]:
-    """Run every applicable (workload, optimization) pair; returns the results document."""
+    """Run every applicable (workload, optimization) pair; returns the results document.
+
+    With a `recorder`, each row is also written as a recorded row (with its baseline trace)
+    as soon as it is measured, and rows it already holds are skipped: a run cut short, or
+    stopped at `deadline` (a `time.monotonic()` value; no new workload or row starts after
+    it), resumes where it stopped."""
     from benchmarks.accuracy.workloads import OPTIMIZATIONS, TrainConfig, Trainer
 
     threads = _setup(device, threads, seed)
@@ -356,11 +373,21 @@ def run(
     try:
         if split:
             os.sched_setaffinity(0, split[0])
-        if any(o in optimizations for o in CALIBRATED):
+        todo = {
+            w: [
+                o
+                for o in optimizations
+                if OPTIMIZATIONS[o].applies_to(w, device) and not (recorder and recorder.has(w, o))
+            ]
+            for w in workloads
+        }
+        if any(o in CALIBRATED for opts in todo.values() for o in opts):
             cal = _calibrate(traces_dir, base_cfg.worker_cpus, log)
+            if recorder:
+                recorder.save_calibration(traces_dir / "calibration.json")
         for workload in workloads:
-            opts = [o for o in optimizations if OPTIMIZATIONS[o].applies_to(workload, device)]
-            if not opts:
+            opts = todo[workload]
+            if not opts or _past(deadline):
                 continue
             trace_dir = traces_dir / device / workload
             baseline = Trainer(workload, base_cfg)
@@ -369,10 +396,17 @@ def run(
                 print(
                     f"[{workload}] baseline profiled: {', '.join(p.name for p in traces)}", file=log
                 )
+                traced_ms = _median_traced_ms(traces)
                 for name in opts:
-                    rows.append(
-                        _run_row(workload, name, baseline, base_cfg, trace_dir, timing, log)
-                    )
+                    if _past(deadline):
+                        print(f"[{workload}] time is up: {name} and later rows left", file=log)
+                        break
+                    row = _run_row(workload, name, baseline, base_cfg, trace_dir, timing, log)
+                    rows.append(row)
+                    if recorder:
+                        recorder.add(
+                            row, traces, traced_ms, baseline.batch_size, name in CALIBRATED
+                        )
             finally:
                 baseline.close()
     finally:
@@ -398,6 +432,94 @@ def run(
     }
 
 
+def _past(deadline: float | None) -> bool:
+    return deadline is not None and time.monotonic() >= deadline
+
+
+def _median_traced_ms(traces: Sequence[Path]) -> float | None:
+    import perfcast
+
+    its = perfcast.load(traces[0]).iterations if traces else []
+    return statistics.median(it.dur_ns / 1e6 for it in its) if its else None
+
+
+class Recorder:
+    """Writes live rows in the recorded format (see recorded_rows), one line per row as soon as
+    it is measured, with the baseline trace copied beside them."""
+
+    def __init__(self, source: str, device_name: str, root: Path) -> None:
+        from benchmarks.accuracy.recorded_rows import load_rows
+
+        self.source = source
+        self.device_name = device_name
+        self.root = root
+        self.path = root / "rows" / f"{source}.jsonl"
+        exists = self.path.exists()
+        self.done = {r.id for r in load_rows([self.path], root)} if exists else set()
+        self.calibration: str | None = None
+
+    def row_id(self, workload: str, optimization: str) -> str:
+        return f"{self.source}/{workload}/{optimization}"
+
+    def has(self, workload: str, optimization: str) -> bool:
+        return self.row_id(workload, optimization) in self.done
+
+    def save_calibration(self, path: Path) -> None:
+        import shutil
+
+        rel = f"calibrations/{self.source}.json"
+        (self.root / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, self.root / rel)
+        self.calibration = rel
+
+    def add(
+        self,
+        row: dict[str, Any],
+        traces: Sequence[Path],
+        traced_ms: float | None,
+        batch: int,
+        calibrated: bool,
+    ) -> None:
+        import msgspec
+
+        from benchmarks.accuracy.recorded_rows import RecordedRow
+
+        if row["baseline_measured_ms"] is None or row["optimized_measured_ms"] is None:
+            return  # the variant failed: nothing measured to record
+        workload, name = row["workload"], row["optimization"]
+        trace = f"traces/{self.source}/{workload}.json.gz"
+        dst = self.root / trace
+        if not dst.exists():
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            dst.write_bytes(traces[0].read_bytes())
+        rec = RecordedRow(
+            id=self.row_id(workload, name),
+            source=self.source,
+            device=self.device_name,
+            processor="gpu" if self.device_name != cpu_label() else "cpu",
+            workload=workload,
+            baseline=f"{workload} baseline",
+            variant=name,
+            change=name,
+            spec=row["spec"],
+            baseline_trace=trace,
+            measured="unprofiled",
+            baseline_ms=row["baseline_measured_ms"],
+            variant_ms=row["optimized_measured_ms"],
+            baseline_windows_ms=list(row.get("baseline_windows_ms", [])),
+            variant_windows_ms=list(row.get("optimized_windows_ms", [])),
+            baseline_traced_ms=None if traced_ms is None else round(traced_ms, 4),
+            batch=batch,
+            variant_batch=batch * 2 if name == "batch-size-x2" else batch,
+            calibration=self.calibration if calibrated else None,
+            notes=row["note"],
+        )
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("ab") as f:
+            f.write(msgspec.json.encode(rec) + b"\n")
+        self.done.add(rec.id)
+
+
 def _run_row(
     workload: str,
     name: str,
@@ -414,12 +536,14 @@ def _run_row(
     base_ms: float | None = None
     opt_ms: float | None = None
     noise: float | None = None
+    windows: tuple[list[float], list[float]] = ([], [])
     notes = []
     variant = None
     try:
         variant = Trainer(workload, OPTIMIZATIONS[name].apply(base_cfg))
         pair = measure_pair(baseline, variant, timing)
         base_ms, opt_ms, noise = pair.baseline_ms, pair.optimized_ms, pair.noise
+        windows = (list(pair.baseline_windows_ms), list(pair.optimized_windows_ms))
         if noise > NOISY:
             notes.append(f"noisy: window times spread {100 * noise:.0f}%")
     except Exception as exc:  # e.g. torch.compile unavailable; keep the other rows
@@ -445,6 +569,7 @@ def _run_row(
         noise,
         spec,
     )
+    row["baseline_windows_ms"], row["optimized_windows_ms"] = windows
     print(
         f"[{workload}] {name}: baseline {_fmt(base_ms, '.2f')} ms, optimized "
         f"{_fmt(opt_ms, '.2f')} ms, measured speedup {_fmt(row['measured_speedup'], '.3f')}, "
@@ -476,37 +601,11 @@ def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def _not_measured_gpu_rows(workloads: Sequence[str], optimizations: Any) -> list[dict[str, Any]]:
-    """Placeholders for the GPU rows, so the results say plainly what was not measured."""
-    rows = []
-    for workload in workloads:
-        for name, opt in optimizations.items():
-            if not opt.applies_to(workload, "cuda"):
-                continue
-            rows.append(
-                {
-                    "workload": workload,
-                    "optimization": name,
-                    "device": "cuda",
-                    "spec": PREDICT_SPECS.get(name),
-                    "baseline_measured_ms": None,
-                    "optimized_measured_ms": None,
-                    "predicted_ms": None,
-                    "predicted_baseline_ms": None,
-                    "measured_speedup": None,
-                    "predicted_speedup": None,
-                    "error": None,
-                    "note": "not yet measured: no GPU was available to this run",
-                }
-            )
-    return rows
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     from benchmarks.accuracy.workloads import OPTIMIZATIONS, WORKLOADS
 
     parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.accuracy",
+        prog="python -m benchmarks.accuracy live",
         description="Measure real optimizations and compare with perfcast's predictions.",
     )
     parser.add_argument("--quick", action="store_true", help="small models, few steps")
@@ -529,6 +628,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
+        "--record",
+        metavar="SOURCE",
+        default=None,
+        help="also write each row in the recorded format to recorded/rows/SOURCE.jsonl (with "
+        "its baseline trace); rows already there are skipped, so an interrupted run resumes",
+    )
+    parser.add_argument(
+        "--recorded-dir",
+        type=Path,
+        default=RECORDED_DIR,
+        help="where recorded rows, traces and calibrations go (default: the project's)",
+    )
+    parser.add_argument(
+        "--max-minutes",
+        type=float,
+        default=None,
+        help="start no new row after this many minutes (use with --record, then run again)",
+    )
+    parser.add_argument(
         "--no-pin",
         dest="pin",
         action="store_false",
@@ -549,6 +667,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
 
+    recorder = None
+    if args.record:
+        name = torch.cuda.get_device_name() if device == "cuda" else cpu_label()
+        recorder = Recorder(args.record, name, args.recorded_dir)
+    deadline = None if args.max_minutes is None else time.monotonic() + 60 * args.max_minutes
     doc = run(
         args.workloads,
         args.optimizations,
@@ -558,6 +681,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         threads=args.threads,
         seed=args.seed,
         pin=args.pin,
+        recorder=recorder,
+        deadline=deadline,
     )
     for row in doc["rows"]:
         if row.get("error") is not None and row["error"] > MISS:
@@ -569,9 +694,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         "max_error": errors[-1] if errors else None,
         "rows_over_10pct": sum(e > MISS for e in errors),
     }
-    if device != "cuda":
-        wanted = {k: v for k, v in OPTIMIZATIONS.items() if k in args.optimizations}
-        doc["rows"].extend(_not_measured_gpu_rows(args.workloads, wanted))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(doc, indent=2) + "\n")
     print(markdown_table(doc["rows"]))

@@ -1,0 +1,101 @@
+"""The recorded accuracy benchmark: every measured pair scored from its committed trace.
+
+Runs in CI with no GPU. The table of every row is printed at the end of the test session
+(conftest), the README's table must be the one generated from the rows, and the committed
+median / max error may not get worse by more than one percentage point (a ratchet).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks.accuracy import recorded
+from benchmarks.accuracy.recorded_rows import RECORDED_DIR, RecordedRow, load_rows
+
+SHARED_GPU_TRUTH = Path(__file__).parents[2] / "shared" / "gpu-truth"
+
+
+@pytest.fixture(scope="module")
+def rows() -> list[RecordedRow]:
+    return load_rows()
+
+
+@pytest.fixture(scope="module")
+def scored(rows: list[RecordedRow]) -> list[dict]:
+    return recorded.score(rows)
+
+
+def test_rows_cover_the_measured_sets(rows: list[RecordedRow]) -> None:
+    gpu = [r for r in rows if r.source == "gpu-truth-2026-11"]
+    assert len(gpu) >= 25
+    assert any(r.id == "v100/resnet50_nw0->nw4" and r.measured == "traced" for r in rows)
+    # Device pairs start from the H100 trace and name the GPU they were measured on.
+    assert {r.variant_device for r in gpu} == {None, "NVIDIA H200"}
+    for r in gpu:
+        assert r.measured == "unprofiled" and r.baseline_traced_ms and r.batch
+        assert r.baseline_trace.startswith("traces/h100/")
+
+
+def test_traces_are_byte_identical_to_what_was_recorded() -> None:
+    sums = (RECORDED_DIR / "traces" / "SHA256SUMS").read_text().split("\n")
+    listed = {}
+    for line in filter(None, sums):
+        digest, name = line.split()
+        listed[name] = digest
+        assert hashlib.sha256((RECORDED_DIR / name).read_bytes()).hexdigest() == digest, name
+    on_disk = {str(p.relative_to(RECORDED_DIR)) for p in RECORDED_DIR.glob("traces/*/*.json.gz")}
+    assert on_disk == set(listed)
+    if SHARED_GPU_TRUTH.is_dir():  # and identical to the shared originals, where present
+        for name in listed:
+            if name.startswith("traces/h100/"):
+                original = SHARED_GPU_TRUTH / name
+                assert original.read_bytes() == (RECORDED_DIR / name).read_bytes(), name
+
+
+def test_every_row_is_predicted_and_scored(rows: list[RecordedRow], scored: list[dict]) -> None:
+    assert [p["id"] for p in scored] == [r.id for r in rows]
+    for r, p in zip(rows, scored):
+        if r.spec is None:
+            continue
+        assert p.get("predicted_speedup", 0) > 0, (r.id, p["note"])
+        expected = abs(p["predicted_speedup"] - r.speedup) / r.speedup
+        assert p["speedup_error"] == pytest.approx(expected)
+
+
+def test_readme_table_is_generated_from_the_rows(
+    rows: list[RecordedRow], scored: list[dict], pytestconfig: pytest.Config
+) -> None:
+    table = recorded.markdown(rows, scored)
+    pytestconfig.cache.set("perfcast/recorded_table", table)  # printed by conftest
+    assert recorded.readme_block() == table, (
+        "README's recorded-accuracy table is out of date: "
+        "run `python -m benchmarks.accuracy --update-readme`"
+    )
+
+
+def test_error_ratchet(rows: list[RecordedRow], scored: list[dict]) -> None:
+    committed = json.loads(recorded.RATCHET.read_text())
+    problems = recorded.check_ratchet(recorded.summarize(rows, scored), committed)
+    assert not problems, "; ".join(problems)
+
+
+def test_ratchet_catches_a_regression_and_a_stale_figure() -> None:
+    def summary(unpredicted: int = 0) -> dict:
+        return {
+            "by_processor": {"gpu": {"median": 0.10, "max": 0.50}},
+            "unpredicted_by_processor": {"gpu": unpredicted} if unpredicted else {},
+        }
+
+    ok = {"median_error": 0.10, "max_error": 0.50, "unpredicted": 0}
+    assert recorded.check_ratchet(summary(), {"gpu": ok}) == []
+    worse = recorded.check_ratchet(summary(), {"gpu": {**ok, "median_error": 0.08}})
+    assert len(worse) == 1 and "got worse" in worse[0]
+    stale = recorded.check_ratchet(summary(), {"gpu": {**ok, "max_error": 0.60}})
+    assert len(stale) == 1 and "improved" in stale[0]
+    lost = recorded.check_ratchet(summary(1), {"gpu": ok})
+    assert len(lost) == 1 and "no prediction" in lost[0]
+    assert recorded.check_ratchet(summary(), {"gpu": ok, "cpu": ok})  # a group went missing
