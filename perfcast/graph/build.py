@@ -18,7 +18,7 @@ from perfcast.events import NONE, EventTable, RankInfo
 from perfcast.graph.acyclic import cyclic_node_count
 from perfcast.graph.collectives import add_collective_waits
 from perfcast.graph.lanes import CPU_LANE_KINDS, NodeColumns, build_cpu_lanes, build_gpu_lanes
-from perfcast.graph.launches import attribute_names, gpu_weights, link_launches
+from perfcast.graph.launches import attribute_names, gpu_weights, link_launches, queue_weights
 from perfcast.graph.lower import lower
 from perfcast.graph.model import EdgeType, Graph, IterationSpan, Lane
 from perfcast.graph.phases import enclosing_scopes, event_phases
@@ -88,6 +88,7 @@ def build_graph(table: EventTable) -> Graph:
     cross = cross_stream_edges(table, graph, row_to_node)
     gpu_weights(graph, cross, unresolved, edges)
     sync_weights(graph, unresolved)
+    queue_weights(graph)
     cross_thread_waits(table, graph, edges)
     forward_backward_edges(table, graph, edges)
     for src, dst, w, etype, at_end in edges:

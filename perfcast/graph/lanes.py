@@ -60,7 +60,16 @@ class NodeColumns:
 
 
 def _default_of(key: str) -> int:
-    if key in ("dur", "dur_measured", "start_measured", "launch_w", "stream_w", "sync_w", "nbytes"):
+    if key in (
+        "dur",
+        "dur_measured",
+        "start_measured",
+        "launch_w",
+        "stream_w",
+        "sync_w",
+        "queue_w",
+        "nbytes",
+    ):
         return 0
     if key == "release":
         return NO_RELEASE

@@ -17,12 +17,23 @@ from perfcast.graph.model import EdgeType, Graph, NodeKind
 from perfcast.graph.phases import Phase
 
 DEFAULT_LAUNCH_LATENCY_NS = 5_000
-
-
 DEFAULT_STREAM_GAP_NS = 1_000
-
-
 UNEXPLAINED_TOL_NS = 20_000
+
+# The launch queue: a launch returns only once the stream has a free slot. About 1,000
+# launches can be pending per stream (NVIDIA developer forum, "CUDA stream are blocked when
+# launching lots of kernels (>1000)", 2018: ~1,000 per stream, each stream its own queue).
+# Measured on the traces here (H100, CUDA 13; V100, CUDA 11): a blocked launch returns when the
+# 1,022nd entry before it on its stream ends, so that is the default depth; a trace whose
+# launches block shows its own depth and that is used instead.
+DEFAULT_LAUNCH_QUEUE_DEPTH = 1022
+QUEUE_RELEASE_NS = 5_000  # a blocked launch returns this soon after its slot frees (at most)
+QUEUE_TOL_NS = 50_000  # a launch that returned within this of a slot freeing had waited for it
+MIN_BLOCKED_LAUNCHES = 3  # blocked launches needed to read the depth off the trace
+MIN_BLOCKED_NS = 20_000  # a launch this long that returned as a slot freed had been blocked
+# No driver keeps fewer pending launches than this; a smaller "depth" read off a trace is a
+# launch-bound step whose launches merely return as the previous tiny kernel ends.
+MIN_PLAUSIBLE_DEPTH = 256
 
 
 def link_launches(table: EventTable, graph: Graph, row_to_node: np.ndarray) -> None:
@@ -44,11 +55,35 @@ def link_launches(table: EventTable, graph: Graph, row_to_node: np.ndarray) -> N
     has = lnode >= 0
     c["kind"][lnode[has]] = NodeKind.LAUNCH
     c["launch_order"][gpu[has]] = c["order"][lnode[has]]
+    _order_unlaunched(graph, gpu)
     # GPU work takes the op, phase and iteration of the call that launched it.
     c["op"][gpu[has]] = c["op"][lnode[has]]
     launched_phase = c["phase"][lnode[has]]
     own = c["phase"][gpu[has]]
     c["phase"][gpu[has]] = np.where(own == Phase.COMMUNICATION, own, launched_phase)
+
+
+def _order_unlaunched(graph: Graph, gpu: np.ndarray) -> None:
+    """When GPU work whose launch the trace lacks was enqueued: right after the work before it
+    on its stream, or before the trace began if nothing precedes it.
+
+    Most such work was launched before the profiler's window opened (a CPU running ahead of
+    the GPU leaves up to a full launch queue of work behind), so its start time, the default,
+    would put it far too late among the launches that syncs and the launch queue count.
+    """
+    c = graph.cols
+    before_trace = float(np.min(c["order"])) - 1.0
+    for lane in np.unique(c["lane"][gpu]).tolist():
+        g = gpu[c["lane"][gpu] == lane]
+        g = g[np.argsort(c["order"][g], kind="stable")]
+        unlaunched = c["launch"][g] < 0
+        if not unlaunched.any():
+            continue
+        key = np.where(unlaunched, -np.inf, c["launch_order"][g])
+        running = np.maximum.accumulate(key)
+        c["launch_order"][g[unlaunched]] = np.where(
+            np.isinf(running[unlaunched]), before_trace, running[unlaunched]
+        )
 
 
 def attribute_names(table: EventTable, graph: Graph, scopes: np.ndarray) -> None:
@@ -168,3 +203,118 @@ def _infer_cross_stream(
             if i >= 0 and start[node] - ends[i] <= UNEXPLAINED_TOL_NS:
                 cross[node] = int(order[i])
                 unresolved["cross_stream_inferred"] = unresolved.get("cross_stream_inferred", 0) + 1
+
+
+def _queue_entries(graph: Graph) -> tuple[np.ndarray, ...]:
+    """Launch queue entries of every stream, in enqueue order within each stream.
+
+    An entry is one launch call's work on one stream (a kernel, a copy, or all kernels of a
+    graph launch); GPU work whose launch the trace lacks is an entry of its own.
+    Returns (lane, launch node or NONE, last task, position in its lane) per entry.
+    """
+    c = graph.cols
+    gpu = np.flatnonzero((c["kind"] == NodeKind.GPU) & graph.alive)
+    g = gpu[np.lexsort((c["order"][gpu], c["launch_order"][gpu], c["lane"][gpu]))]
+    lane = c["lane"][g]
+    launch = c["launch"][g].astype(np.int64)
+    new = np.ones(g.size, dtype=bool)
+    new[1:] = (lane[1:] != lane[:-1]) | (launch[1:] != launch[:-1]) | (launch[1:] < 0)
+    first = np.flatnonzero(new)
+    last_task = g[np.r_[first[1:] - 1, g.size - 1]] if g.size else g
+    entry_lane = lane[first]
+    lane_first = np.ones(first.size, dtype=bool)
+    lane_first[1:] = entry_lane[1:] != entry_lane[:-1]
+    lane_begin = np.maximum.accumulate(np.where(lane_first, np.arange(first.size), 0))
+    return entry_lane, launch[first], last_task, np.arange(first.size) - lane_begin
+
+
+def launch_queue_pairs(graph: Graph, depth: int) -> tuple[np.ndarray, np.ndarray]:
+    """(last task of queue entry k - depth, launch node of entry k) for every stream.
+
+    The launch of entry k cannot return before entry k - depth has finished: until then its
+    stream's queue is full. Derived from the graph as it is, so a what-if that adds or removes
+    GPU work changes who waits for whom.
+    """
+    _, launch, last_task, pos = _queue_entries(graph)
+    sel = (pos >= depth) & (launch >= 0)
+    sel[sel] = graph.alive[launch[sel]]
+    idx = np.flatnonzero(sel)
+    return last_task[idx - depth], launch[idx]
+
+
+def queue_depth(graph: Graph) -> tuple[int, bool]:
+    """(launch queue depth, whether it was read off this trace).
+
+    For each launch, the entries of its stream enqueued and not yet finished when it began.
+    A launch that took over MIN_BLOCKED_NS and returned within QUEUE_TOL_NS of an entry
+    finishing was blocked on a full queue; the occupancy most of them saw is the depth.
+    """
+    c = graph.cols
+    lane, launch, last_task, _ = _queue_entries(graph)
+    start = c["start_measured"]
+    seen: list[np.ndarray] = []
+    for ln in np.unique(lane).tolist():
+        on = lane == ln
+        lnode, task = launch[on], last_task[on]
+        # Entries finish in stream order, so the last task's end is when each frees its slot.
+        fin = np.sort(start[task] + c["dur_measured"][task])
+        has = np.flatnonzero(lnode >= 0)
+        ls = start[lnode[has]]
+        d = c["dur_measured"][lnode[has]]
+        occupancy = has - np.searchsorted(fin, ls, side="right")
+        k = np.searchsorted(fin, ls + d, side="right") - 1
+        freed = np.where(k >= 0, fin[np.maximum(k, 0)], np.iinfo(np.int64).min)
+        blocked = (d > MIN_BLOCKED_NS) & (freed > ls) & (ls + d - freed <= QUEUE_TOL_NS)
+        seen.append(occupancy[blocked & (occupancy >= MIN_PLAUSIBLE_DEPTH)])
+    occ = np.concatenate(seen) if seen else np.zeros(0, np.int64)
+    if occ.size:
+        values, counts = np.unique(occ, return_counts=True)
+        if counts.max() >= MIN_BLOCKED_LAUNCHES:
+            return int(values[np.argmax(counts)]), True
+    return DEFAULT_LAUNCH_QUEUE_DEPTH, False
+
+
+def queue_weights(graph: Graph) -> None:
+    """A launch that returned only when its queue slot freed: its own cost, then a wait.
+
+    Its duration becomes what an unblocked launch of the same call costs on this trace
+    (median), and the rest a dependency on the entry whose end freed the slot, with the
+    measured release delay; a launch that did not wait keeps its time and would wait (after
+    at most QUEUE_RELEASE_NS) only if work ahead of it ran later.
+    """
+    c = graph.cols
+    depth, measured = queue_depth(graph)
+    graph.nominal["launch_queue_depth"] = depth
+    src, dst = launch_queue_pairs(graph, depth)
+    if dst.size:
+        start = c["start_measured"]
+        l_start, l_end = start[dst], start[dst] + c["dur_measured"][dst]
+        t_end = start[src] + c["dur_measured"][src]
+        slack = l_end - t_end
+        blocked = (t_end > l_start) & (slack >= 0) & (slack <= QUEUE_TOL_NS)
+        free = np.flatnonzero(c["kind"] == NodeKind.LAUNCH)
+        free = free[~np.isin(free, dst[blocked])]
+        own = _typical_cost(graph, free)
+        b = dst[blocked]
+        typical = np.array([own.get(int(n), own.get(-1, 0)) for n in c["name"][b].tolist()])
+        c["dur"][b] = np.minimum(c["dur_measured"][b], typical)
+        c["queue_w"][dst] = np.where(blocked, slack, np.minimum(slack, QUEUE_RELEASE_NS))
+        graph.unresolved["launches_blocked_on_queue"] = int(blocked.sum())
+    how = "measured on this trace" if measured else "the driver's default, not seen here"
+    graph.assumptions.append(
+        f"a launch waits for a free slot when {depth} launches are pending on its stream ({how})"
+    )
+
+
+def _typical_cost(graph: Graph, launches: np.ndarray) -> dict[int, int]:
+    """Median duration per call name of launches that did not wait (-1: over all names)."""
+    c = graph.cols
+    out: dict[int, int] = {}
+    if launches.size == 0:
+        return out
+    d = c["dur_measured"][launches]
+    names = c["name"][launches]
+    out[-1] = int(np.median(d))
+    for n in np.unique(names).tolist():
+        out[int(n)] = int(np.median(d[names == n]))
+    return out

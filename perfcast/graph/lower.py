@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from perfcast.graph.launches import launch_queue_pairs
 from perfcast.graph.model import NO_RELEASE, Graph, NodeKind, SyncKind
 from perfcast.graph.resolve import resolve_sync_targets
 
@@ -77,6 +78,13 @@ def lower(graph: Graph) -> Lowered:
                 e_dst.append(np.array([compact[node]]))
                 e_src.append(np.array([compact[x]]))
                 e_w.append(np.array([c["sync_w"][node]]))
+
+    # A launch returns only once its stream's queue has a free slot.
+    q_src, q_dst = launch_queue_pairs(graph, int(graph.nominal.get("launch_queue_depth", 0)))
+    if q_dst.size:
+        e_dst.append(compact[q_dst])
+        e_src.append(compact[q_src])
+        e_w.append(c["queue_w"][q_dst])
 
     # Stored edges; a removed source hands the edge to its lane predecessor.
     if graph.edge_src.size:

@@ -110,6 +110,7 @@ NODE_COLUMNS: dict[str, type] = {
     "sync_kind": np.int8,
     "sync_lane": np.int32,  # SYNC on a stream: which lane
     "sync_w": np.int64,  # SYNC end >= waited work end + sync_w
+    "queue_w": np.int64,  # LAUNCH end >= end of the entry that frees its queue slot + queue_w
     "nbytes": np.int64,
     "rank": np.int32,
 }
@@ -203,6 +204,7 @@ class Graph:
                 "launch_w",
                 "stream_w",
                 "sync_w",
+                "queue_w",
                 "nbytes",
             ):
                 default = 0
