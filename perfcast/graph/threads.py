@@ -7,11 +7,9 @@ from __future__ import annotations
 import numpy as np
 
 from perfcast.events import EventTable, Kind
-from perfcast.graph.model import EdgeType, Graph, NodeKind
+from perfcast.graph.model import NO_RELEASE, EdgeType, Graph, NodeKind
 
 CROSS_THREAD_TOL_NS = 500_000
-
-
 MIN_WAIT_GAP_NS = 20_000
 
 
@@ -26,6 +24,10 @@ def cross_thread_waits(
     itself went idle (the autograd thread ending backward, the main thread
     calling it) is taken to have waited for that work. Requiring the source
     thread to go idle keeps busy neighbours from being mistaken for causes.
+    Idle means CPU time outside every op, or directly inside a user annotation
+    or a step marker (in 2021-era traces `ProfilerStep#N` is an op, and the main
+    thread's wait for backward sits in it). A thread whose first event comes
+    right after such a hand-off started because of it.
     """
     c = graph.cols
     cpu = np.flatnonzero(
@@ -37,11 +39,12 @@ def cross_thread_waits(
     start = c["start_measured"]
     end = start + c["dur"]
     op = c["op"]
-    is_gap = (
-        (c["kind"] == NodeKind.CPU)
-        & ((op < 0) | (table.kind[np.maximum(op, 0)] == Kind.USER_ANNOTATION))
-        & (c["dur"] >= MIN_WAIT_GAP_NS)
+    is_marker = np.array([n.startswith("ProfilerStep#") for n in table.names], dtype=bool)
+    op_row = np.maximum(op, 0)
+    in_no_op = (
+        (op < 0) | (table.kind[op_row] == Kind.USER_ANNOTATION) | is_marker[table.name[op_row]]
     )
+    is_gap = (c["kind"] == NodeKind.CPU) & in_no_op & (c["dur"] >= MIN_WAIT_GAP_NS)
     # Per lane order: which work nodes are followed by idleness (or end their lane).
     o = cpu[np.lexsort((c["order"][cpu], c["lane"][cpu]))]
     lane_o = c["lane"][o]
@@ -49,32 +52,55 @@ def cross_thread_waits(
     same = lane_o[1:] == lane_o[:-1]
     nxt_gap[:-1] = np.where(same, is_gap[o[1:]], True)
     handoff = o[nxt_gap & ~is_gap[o]]
+    # A lane's first node, when it is work: its thread may have been started by another.
+    lane_first = np.ones(o.size, dtype=bool)
+    lane_first[1:] = ~same
+    first_work = o[lane_first & ~is_gap[o]]
     srcs, dsts, ws = [], [], []
+    f_srcs, f_dsts, f_ws = [], [], []
     for rank in np.unique(c["rank"][cpu]).tolist():
         cand = handoff[c["rank"][handoff] == rank]
-        gaps = cpu[is_gap[cpu] & (c["rank"][cpu] == rank)]
-        if cand.size == 0 or gaps.size == 0:
+        if cand.size == 0:
             continue
         cand = cand[np.argsort(end[cand], kind="stable")]
-        cend = end[cand]
-        clane = c["lane"][cand]
-        for gnode in gaps.tolist():
-            ge, gs, gl = int(end[gnode]), int(start[gnode]), int(c["lane"][gnode])
-            i = int(np.searchsorted(cend, ge, side="right")) - 1
-            while i >= 0 and clane[i] == gl:
-                i -= 1
-            if i < 0:
-                continue
-            pe = int(cend[i])
-            if pe > gs and ge - pe <= CROSS_THREAD_TOL_NS:
-                srcs.append(int(cand[i]))
+        cand_lane = c["lane"][cand]
+        for gnode in cpu[is_gap[cpu] & (c["rank"][cpu] == rank)].tolist():
+            ge = int(end[gnode])
+            src = _source(cand, end[cand], cand_lane, ge, int(c["lane"][gnode]), int(start[gnode]))
+            if src >= 0:
+                srcs.append(src)
                 dsts.append(gnode)
-                ws.append(ge - pe)
+                ws.append(ge - int(end[src]))
+        for fnode in first_work[c["rank"][first_work] == rank].tolist():
+            fs = int(start[fnode])
+            src = _source(cand, end[cand], cand_lane, fs, int(c["lane"][fnode]), NO_RELEASE)
+            if src >= 0:
+                f_srcs.append(src)
+                f_dsts.append(fnode)
+                f_ws.append(fs - int(end[src]))
     if dsts:
         d = np.array(dsts)
         c["kind"][d] = NodeKind.WAIT
         c["dur"][d] = 0
         edges.append((np.array(srcs), d, np.array(ws), int(EdgeType.CROSS_THREAD), True))
+    if f_dsts:
+        # The thread starts when it is handed work, no longer at its measured time.
+        f = np.array(f_dsts)
+        c["release"][f] = NO_RELEASE
+        edges.append((np.array(f_srcs), f, np.array(f_ws), int(EdgeType.CROSS_THREAD), False))
+
+
+def _source(
+    cand: np.ndarray, cend: np.ndarray, clane: np.ndarray, t: int, lane: int, after: int
+) -> int:
+    """The last hand-off candidate (sorted by end) on another lane ending in (after, t] and
+    within CROSS_THREAD_TOL_NS of t; -1 if none."""
+    i = int(np.searchsorted(cend, t, side="right")) - 1
+    while i >= 0 and clane[i] == lane:
+        i -= 1
+    if i < 0 or cend[i] <= after or t - cend[i] > CROSS_THREAD_TOL_NS:
+        return -1
+    return int(cand[i])
 
 
 def forward_backward_edges(
