@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from perfcast.analysis.critical_path import critical_paths
+from perfcast.analysis.critical_path import GPU, HOST, critical_paths
 from perfcast.analysis.notes import input_notes
 from perfcast.events import EventTable
 from perfcast.graph.build import build_graph
@@ -79,24 +79,15 @@ def _facts(graph: Graph, tl: Timeline) -> dict[str, float]:
     paths = critical_paths(tl, keep_steps=False)
     if paths:
         tot = sum(p.total_ms for p in paths) or 1.0
-        host = sum(p.by_category_ms["cpu"] + p.by_category_ms["runtime"] for p in paths)
-        facts["host_critical_pct"] = 100.0 * host / tot
-        for key, cat in (
-            ("wait", "sync wait"),
-            ("latency", "latency"),
-            ("unexplained", "unexplained"),
-        ):
-            facts[f"{key}_critical_pct"] = 100.0 * sum(p.by_category_ms[cat] for p in paths) / tot
-        facts["gpu_critical_pct"] = (
-            100.0
-            * sum(
-                p.by_category_ms["gpu compute"]
-                + p.by_category_ms["gpu communication"]
-                + p.by_category_ms["gpu copy"]
-                for p in paths
-            )
-            / tot
-        )
+
+        def pct(cats: tuple[str, ...]) -> float:
+            return 100.0 * sum(p.by_category_ms[c] for p in paths for c in cats) / tot
+
+        facts["host_critical_pct"] = pct(HOST)
+        facts["gpu_critical_pct"] = pct(GPU)
+        facts["ranks_critical_pct"] = pct(("other ranks",))
+        facts["latency_critical_pct"] = pct(("latency",))
+        facts["idle_critical_pct"] = pct(("idle",))
     if KernelClass is not None and gpu.size:
         klass = c["klass"][gpu]
         heavy = np.isin(klass, [KernelClass.MATMUL, KernelClass.CONV, KernelClass.ATTENTION])
@@ -133,7 +124,7 @@ def _facts(graph: Graph, tl: Timeline) -> dict[str, float]:
 
 
 def _bottleneck(f: dict[str, float]) -> str:
-    """What sets the step: the largest share of the critical path."""
+    """What sets the step: the largest share of the critical path (which adds up to it)."""
     if "host_critical_pct" not in f:
         return "unknown (no steps to analyse)"
     if f.get("gpu_ms", 0.0) == 0.0:
@@ -141,9 +132,9 @@ def _bottleneck(f: dict[str, float]) -> str:
     shares = {
         "host-bound: CPU work and launches": f["host_critical_pct"],
         "GPU-bound: GPU work": f.get("gpu_critical_pct", 0.0),
-        "sync-bound: waiting for the GPU or other threads": f.get("wait_critical_pct", 0.0),
-        "latency-bound: launch and dependency latencies": f.get("latency_critical_pct", 0.0),
-        "delays the trace does not explain": f.get("unexplained_critical_pct", 0.0),
+        "waiting on other ranks": f.get("ranks_critical_pct", 0.0),
+        "latency-bound: launch and hand-off latencies": f.get("latency_critical_pct", 0.0),
+        "idle: delays the trace does not explain": f.get("idle_critical_pct", 0.0),
     }
     label, pct = max(shares.items(), key=lambda kv: kv[1])
     return f"{label} set {pct:.0f}% of the critical path"

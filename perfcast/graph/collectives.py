@@ -78,6 +78,8 @@ def add_collective_waits(graph: Graph) -> int:
         diffs = [(end[m[r]] + origin[r]) - (end[m[ref]] + origin[ref]) for m in matches.values()]
         offset[r] = int(np.median(diffs))
 
+    graph.rank_clock_ns = {r: origin[r] - offset[r] for r in ranks}
+
     def aligned(node: int, t: int) -> int:
         r = int(c["rank"][node])
         return t + origin[r] - offset[r]

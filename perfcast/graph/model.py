@@ -133,6 +133,8 @@ class Graph:
     iterations: list[IterationSpan]
     rank_origin_ns: dict[int, int]
     device_names: dict[int, str | None]
+    # Added to a rank's times to put every rank on one clock (collectives aligned).
+    rank_clock_ns: dict[int, int] = field(default_factory=dict)
     unresolved: dict[str, int] = field(default_factory=dict)
     assumptions: list[str] = field(default_factory=list)
     removed: np.ndarray | None = None
@@ -168,6 +170,7 @@ class Graph:
         g.nominal = dict(self.nominal)
         g.device_names = dict(self.device_names)
         g.rank_origin_ns = dict(self.rank_origin_ns)
+        g.rank_clock_ns = dict(self.rank_clock_ns)
         g.assumptions = list(self.assumptions)
         g.removed = None if self.removed is None else self.removed.copy()
         return g

@@ -11,6 +11,10 @@ from perfcast.graph.model import NO_RELEASE, EdgeType, Graph, NodeKind
 
 CROSS_THREAD_TOL_NS = 500_000
 MIN_WAIT_GAP_NS = 20_000
+# A thread's first work may come this long after the hand-off that started it: the first
+# time the profiler sees a thread (the autograd thread in the first profiled step) it can
+# take ~0.5 ms to show up.
+FIRST_WORK_TOL_NS = 5_000_000
 
 
 def cross_thread_waits(
@@ -73,7 +77,9 @@ def cross_thread_waits(
                 ws.append(ge - int(end[src]))
         for fnode in first_work[c["rank"][first_work] == rank].tolist():
             fs = int(start[fnode])
-            src = _source(cand, end[cand], cand_lane, fs, int(c["lane"][fnode]), NO_RELEASE)
+            src = _source(
+                cand, end[cand], cand_lane, fs, int(c["lane"][fnode]), NO_RELEASE, FIRST_WORK_TOL_NS
+            )
             if src >= 0:
                 f_srcs.append(src)
                 f_dsts.append(fnode)
@@ -91,14 +97,20 @@ def cross_thread_waits(
 
 
 def _source(
-    cand: np.ndarray, cend: np.ndarray, clane: np.ndarray, t: int, lane: int, after: int
+    cand: np.ndarray,
+    cend: np.ndarray,
+    clane: np.ndarray,
+    t: int,
+    lane: int,
+    after: int,
+    tol: int = CROSS_THREAD_TOL_NS,
 ) -> int:
     """The last hand-off candidate (sorted by end) on another lane ending in (after, t] and
-    within CROSS_THREAD_TOL_NS of t; -1 if none."""
+    within tol of t; -1 if none."""
     i = int(np.searchsorted(cend, t, side="right")) - 1
     while i >= 0 and clane[i] == lane:
         i -= 1
-    if i < 0 or cend[i] <= after or t - cend[i] > CROSS_THREAD_TOL_NS:
+    if i < 0 or cend[i] <= after or t - cend[i] > tol:
         return -1
     return int(cand[i])
 
