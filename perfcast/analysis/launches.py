@@ -131,21 +131,21 @@ def launch_stats(
     >>> r.summary[0].launches > 0                                 # doctest: +SKIP
     True
     """
-    L = launched(table)
+    lau = launched(table)
     out = LaunchStats([], [], [], [], [], runtime_cutoff_us, launch_delay_cutoff_us)
     out.notes = input_notes(table)
-    if L.gpu.size == 0:
+    if lau.gpu.size == 0:
         return out
-    short = L.gpu_dur < L.cpu
-    slow_call = L.cpu > runtime_cutoff_us * NS_PER_US
-    late = L.delay > launch_delay_cutoff_us * NS_PER_US
-    rank = table.rank[L.gpu].astype(np.int64)
+    short = lau.gpu_dur < lau.cpu
+    slow_call = lau.cpu > runtime_cutoff_us * NS_PER_US
+    late = lau.delay > launch_delay_cutoff_us * NS_PER_US
+    rank = table.rank[lau.gpu].astype(np.int64)
     flags = np.stack([short, slow_call, late], axis=1).astype(np.int64)
 
-    g = group_stats(rank, L.cpu)
-    gg = group_stats(rank, L.gpu_dur)
-    gd = group_stats(rank, L.delay)
-    q = percentiles_by_group(rank, L.delay, (50, 95))
+    g = group_stats(rank, lau.cpu)
+    gg = group_stats(rank, lau.gpu_dur)
+    gd = group_stats(rank, lau.delay)
+    q = percentiles_by_group(rank, lau.delay, (50, 95))
     fl = _flag_sums(rank, flags, g.keys)
     for i, r in enumerate(g.keys.tolist()):
         out.summary.append(
@@ -165,28 +165,28 @@ def launch_stats(
                 delay_outliers=int(fl[i, 2]),
             )
         )
-    op = launching_op(table, L.gpu)
+    op = launching_op(table, lau.gpu)
     op_name = np.where(op >= 0, table.name[np.maximum(op, 0)], NONE)
-    out.by_kernel = _groups(table, rank, table.name[L.gpu], L, flags, top)
-    out.by_op = _groups(table, rank, op_name, L, flags, top)
-    out.by_runtime = _groups(table, rank, table.name[L.call], L, flags, top)
+    out.by_kernel = _groups(table, rank, table.name[lau.gpu], lau, flags, top)
+    out.by_op = _groups(table, rank, op_name, lau, flags, top)
+    out.by_runtime = _groups(table, rank, table.name[lau.call], lau, flags, top)
 
     # The worst outliers: longest delays and calls first.
     bad = np.flatnonzero(flags[:, 1:].any(axis=1))
-    bad = bad[np.argsort(-(L.delay[bad] + L.cpu[bad]), kind="stable")[:top]]
+    bad = bad[np.argsort(-(lau.delay[bad] + lau.cpu[bad]), kind="stable")[:top]]
     base = {r: int(table.ts[table.rank == r].min()) for r in np.unique(rank[bad]).tolist()}
     for i in bad.tolist():
         f = [n for n, on in zip(("short", "slow call", "late"), flags[i]) if on]
         out.outliers.append(
             LaunchOutlier(
                 rank=int(rank[i]),
-                kernel=table.names[int(table.name[L.gpu[i]])],
+                kernel=table.names[int(table.name[lau.gpu[i]])],
                 op=table.names[int(op_name[i])] if op_name[i] >= 0 else "",
-                runtime=table.names[int(table.name[L.call[i]])],
-                start_ms=(int(table.ts[L.gpu[i]]) - base[int(rank[i])]) / NS_PER_MS,
-                cpu_us=L.cpu[i] / NS_PER_US,
-                gpu_us=L.gpu_dur[i] / NS_PER_US,
-                delay_us=L.delay[i] / NS_PER_US,
+                runtime=table.names[int(table.name[lau.call[i]])],
+                start_ms=(int(table.ts[lau.gpu[i]]) - base[int(rank[i])]) / NS_PER_MS,
+                cpu_us=lau.cpu[i] / NS_PER_US,
+                gpu_us=lau.gpu_dur[i] / NS_PER_US,
+                delay_us=lau.delay[i] / NS_PER_US,
                 flags=", ".join(f),
             )
         )
@@ -204,7 +204,7 @@ def _groups(
     table: EventTable,
     rank: np.ndarray,
     name: np.ndarray,
-    L: Launches,
+    lau: Launches,
     flags: np.ndarray,
     top: int,
 ) -> list[LaunchGroup]:
@@ -212,9 +212,9 @@ def _groups(
     ok = name >= 0
     n_names = len(table.names) + 1
     key = rank[ok] * n_names + name[ok]
-    g = group_stats(key, L.cpu[ok])
-    gg = group_stats(key, L.gpu_dur[ok])
-    gd = group_stats(key, L.delay[ok])
+    g = group_stats(key, lau.cpu[ok])
+    gg = group_stats(key, lau.gpu_dur[ok])
+    gd = group_stats(key, lau.delay[ok])
     fl = _flag_sums(key, flags[ok], g.keys)
     r_of, n_of = np.divmod(g.keys, n_names)
     rows: list[LaunchGroup] = []
