@@ -19,7 +19,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from perfcast.analysis.common import NS_PER_MS, NS_PER_US, group_stats, percentiles_by_group
+from perfcast.analysis.common import (
+    NS_PER_MS,
+    NS_PER_US,
+    combine_codes,
+    group_stats,
+    percentiles_by_group,
+)
 from perfcast.analysis.notes import input_notes
 from perfcast.events import EventTable
 from perfcast.frames import Tables, plain
@@ -87,8 +93,7 @@ def idle_time(table: EventTable, kernel_gap_ns: int = 30) -> IdleTime:
     dev = table.pid[gpu]
     stream = table.tid[gpu]
     # One integer per (rank, device, stream), then rows sorted by stream and start.
-    lanes, lane = np.unique(np.stack([rank, dev, stream], axis=1), axis=0, return_inverse=True)
-    lane = lane.reshape(-1)
+    lane, lanes = combine_codes(rank, dev, stream)
     ts = table.ts[gpu]
     order = np.lexsort((ts, lane))
     rows, lane, ts = gpu[order], lane[order], ts[order]

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from perfcast.analysis.common import NS_PER_MS, downsample_steps
+from perfcast.analysis.common import NS_PER_MS, combine_codes, downsample_steps
 from perfcast.analysis.notes import input_notes
 from perfcast.events import EventTable
 from perfcast.frames import Tables, plain
@@ -80,9 +80,7 @@ def _streams(table: EventTable) -> list[_Stream]:
     if gpu.size == 0:
         return []
     call = table.launch[gpu].astype(np.int64)
-    keys = np.stack([table.rank[gpu].astype(np.int64), table.pid[gpu], table.tid[gpu]], axis=1)
-    lanes, lane = np.unique(keys, axis=0, return_inverse=True)
-    lane = lane.reshape(-1)
+    lane, lanes = combine_codes(table.rank[gpu].astype(np.int64), table.pid[gpu], table.tid[gpu])
     n = gpu.size
     # Events: launch (+1 at the call's start) and finish (−1 at the operation's end).
     t = np.r_[table.ts[call], table.ts[gpu] + table.dur[gpu]]

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from perfcast.analysis.common import NS_PER_MS, downsample_steps, group_stats
+from perfcast.analysis.common import NS_PER_MS, combine_codes, downsample_steps, group_stats
 from perfcast.analysis.notes import input_notes
 from perfcast.events import NONE, EventTable, Kind
 from perfcast.frames import Tables, plain
@@ -166,10 +166,8 @@ def _enclosing_cpu_event(table: EventTable, rows: np.ndarray) -> np.ndarray:
     out = np.full(rows.size, NONE, dtype=np.int64)
     if cpu.size == 0 or rows.size == 0:
         return out
-    thread_keys = np.stack([table.rank, table.pid, table.tid], axis=1)
     both = np.r_[cpu, rows]
-    _, th = np.unique(thread_keys[both], axis=0, return_inverse=True)
-    th = th.reshape(-1).astype(np.int64)
+    th, _ = combine_codes(table.rank[both], table.pid[both], table.tid[both])
     th_cpu, th_rows = th[: cpu.size], th[cpu.size :]
     lo = int(min(table.ts[cpu].min(), table.ts[rows].min()))
     width = int(max((table.ts[cpu] + table.dur[cpu]).max(), table.ts[rows].max())) - lo + 1
