@@ -104,7 +104,7 @@ def kernel_breakdown(trace: TraceLike, top: int = 10) -> KernelBreakdown:
     return fn(_table(trace), top=top)
 
 
-def idle_time(trace: TraceLike, kernel_gap_ns: int = 30) -> IdleTime:
+def idle_time(trace: TraceLike, kernel_gap_ns: int = 30_000) -> IdleTime:
     """GPU idle time per stream: host wait, kernel-to-kernel wait, other.
 
     >>> perfcast.idle_time("trace.json.gz").by_stream[0].host_wait_ms     # doctest: +SKIP

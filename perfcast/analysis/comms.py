@@ -90,7 +90,7 @@ class CollectiveSummary:
     busbw_gbs: float | None  # summed bytes × factor / summed time
 
 
-@dataclass
+@dataclass(repr=False)
 class Collectives(Tables):
     """Result of `collectives`; tables: by_op (per op, size, algorithm), summary (per op)."""
 

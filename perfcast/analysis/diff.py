@@ -74,7 +74,7 @@ class Prediction:
     assumptions: list[str] = field(default_factory=list)
 
 
-@dataclass
+@dataclass(repr=False)
 class TraceDiff(Tables):
     """Result of `diff`; tables: ops, kernels, phases, predicted (with `apply`)."""
 

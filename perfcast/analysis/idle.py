@@ -5,8 +5,9 @@ classified as HTA defines it (HolisticTraceAnalysis, `get_idle_time_breakdown`):
 
 - host wait: the runtime call that launched the next operation started after the previous
   one ended: the CPU had not enqueued it yet;
-- kernel wait: otherwise, a gap shorter than `kernel_gap_ns` (HTA's default 30 ns): the cost
-  of starting back-to-back kernels;
+- kernel wait: otherwise, a gap shorter than `kernel_gap_ns`: the cost of starting
+  back-to-back kernels. HTA's default is "30", documented as ns but applied to its
+  microsecond timestamps, so 30 µs in effect; the default here is the same 30 µs;
 - other: the rest (waits on other streams or events, launches whose call is unknown).
 
 The whole trace of each rank is analysed; gaps are measured between the first and the last
@@ -65,7 +66,7 @@ class IdleIntervals:
     max_us: float
 
 
-@dataclass
+@dataclass(repr=False)
 class IdleTime(Tables):
     """Result of `idle_time`; tables: by_stream, intervals."""
 
@@ -77,7 +78,7 @@ class IdleTime(Tables):
     ROW_TYPES = {"by_stream": StreamIdle, "intervals": IdleIntervals}  # noqa: RUF012
 
 
-def idle_time(table: EventTable, kernel_gap_ns: int = 30) -> IdleTime:
+def idle_time(table: EventTable, kernel_gap_ns: int = 30_000) -> IdleTime:
     """Idle time of every GPU stream split into host wait, kernel wait and other.
 
     >>> import perfcast

@@ -62,7 +62,7 @@ class KernelAcrossRanks:
     spread_pct: float  # (max - min) / median of the per-rank totals
 
 
-@dataclass
+@dataclass(repr=False)
 class KernelBreakdown(Tables):
     """Result of `kernel_breakdown`; tables: by_kind, overlap, top, across_ranks."""
 

@@ -54,7 +54,7 @@ class QueuePoint:
     length: int  # from t_ms to the next point (the bin's maximum when downsampled)
 
 
-@dataclass
+@dataclass(repr=False)
 class LaunchQueue(Tables):
     """Result of `launch_queue`; tables: by_stream, series (downsampled step functions)."""
 

@@ -77,7 +77,7 @@ class LaunchOutlier:
     flags: str
 
 
-@dataclass
+@dataclass(repr=False)
 class LaunchStats(Tables):
     """Result of `launch_stats`; tables: summary, by_kernel, by_op, by_runtime, outliers."""
 

@@ -93,7 +93,7 @@ class BandwidthPoint:
     gbs: float  # bytes moved in the bin / bin width
 
 
-@dataclass
+@dataclass(repr=False)
 class Memory(Tables):
     """Result of `memory`; tables: allocators, by_step, by_phase, copies, timeline, bandwidth."""
 
@@ -307,19 +307,17 @@ def copy_kind(name: str) -> str:
 
 
 def _copies(table: EventTable, out: Memory, rank: int, origin: int) -> None:
-    rows = np.flatnonzero(
-        (table.rank == rank) & np.isin(table.kind, [Kind.MEMCPY, Kind.MEMSET]) & (table.nbytes > 0)
-    )
+    rows = np.flatnonzero((table.rank == rank) & np.isin(table.kind, [Kind.MEMCPY, Kind.MEMSET]))
     if rows.size == 0:
         return
-    kinds = sorted({copy_kind(n) for n in {table.names[i] for i in np.unique(table.name[rows])}})
-    kind_of_name = {
-        i: kinds.index(copy_kind(table.names[i])) for i in np.unique(table.name[rows]).tolist()
-    }
+    uniq_names = np.unique(table.name[rows]).tolist()
+    kinds = sorted({copy_kind(table.names[i]) for i in uniq_names})
+    kind_of_name = {i: kinds.index(copy_kind(table.names[i])) for i in uniq_names}
     k = np.array([kind_of_name[i] for i in table.name[rows].tolist()], dtype=np.int64)
     ts = table.ts[rows]
-    dur = np.maximum(table.dur[rows], 1)  # a 0 ns copy is below the clock's resolution
-    nbytes = table.nbytes[rows].astype(np.float64)
+    # A 0-length copy is below the clock's resolution: count it as 1 µs, as HTA does.
+    dur = np.where(table.dur[rows] > 0, table.dur[rows], 1000)
+    nbytes = np.maximum(table.nbytes[rows], 0).astype(np.float64)  # unknown size: 0 bytes
     bw = nbytes / dur  # bytes per ns = GB/s
     lo, hi = int(ts.min()), int((ts + dur).max())
     edges = np.linspace(lo, hi, BANDWIDTH_BINS + 1)

@@ -48,7 +48,7 @@ class KernelSequence:
     mean_runtime_delay_us: float
 
 
-@dataclass
+@dataclass(repr=False)
 class OpKernelResult(Tables):
     """Result of `op_kernels`; tables: by_op, sequences."""
 

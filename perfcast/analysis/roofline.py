@@ -155,7 +155,7 @@ class OpRoofline:
     bound: str  # "compute" or "memory": which side of the device's ridge point
 
 
-@dataclass
+@dataclass(repr=False)
 class Roofline(Tables):
     """Result of `roofline`; table: ops (one row per op, shapes and rank)."""
 

@@ -39,7 +39,7 @@ class ScopeTime:
     kernels: int
 
 
-@dataclass
+@dataclass(repr=False)
 class Scopes(Tables):
     """Result of `scopes`; table: scopes (annotations, modules, GPU annotations)."""
 

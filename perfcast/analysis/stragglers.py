@@ -56,7 +56,7 @@ class LateCollective:
     start_ms: float  # last arrival, aligned clock, from the first matched collective
 
 
-@dataclass
+@dataclass(repr=False)
 class Stragglers(Tables):
     """Result of `stragglers`; tables: by_rank, worst (the collectives with the longest waits)."""
 
