@@ -312,3 +312,12 @@ def test_result_tables_lists_empty_tables(table) -> None:
     r = stragglers(table)
     tables = result_tables(r)
     assert tables["by_rank"] == {name: [] for name in tables["by_rank"]}
+
+
+def test_report_has_the_analyses_section(write_trace) -> None:
+    from perfcast.report.html import render_report, report_data
+
+    t = perfcast.load(write_trace(small_trace()))
+    data = report_data(t)
+    assert set(data["analyses"]["results"]) == set(ANALYSES)
+    assert 'id="analyses-body"' in render_report(t)
