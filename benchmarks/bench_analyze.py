@@ -31,7 +31,7 @@ import textwrap
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_ingest import DEFAULT_TRACE, HTA_VENV, build_hta_venv, measure  # noqa: E402
+from bench_ingest import DEFAULT_TRACE, HTA_VENV, build_hta_venv, measure
 
 HTA_BATTERY = textwrap.dedent(
     """

@@ -139,7 +139,7 @@ def test_launch_queue_by_hand(table) -> None:
     assert s7.blocked_calls == 2
     assert s7.blocked_ms == pytest.approx((5 + 2) / 1000)
     assert next(s for s in launch_queue(table).by_stream if s.stream == 7).blocked_calls == 0
-    t, q = queue_length_series(table, 0, 0, 7)
+    _t, q = queue_length_series(table, 0, 0, 7)
     assert q.tolist() == [1, 2, 1, 0, 1, 2, 1, 0, 1, 0]
 
 
@@ -272,7 +272,7 @@ def test_dataframes(table) -> None:
     pa = pytest.importorskip("pyarrow")
     at = table.to_arrow()
     assert at.num_rows == len(table) and pa.types.is_dictionary(at.schema.field("name").type)
-    pl = pytest.importorskip("polars")
+    pytest.importorskip("polars")
     assert table.to_polars().height == len(table)
     assert kernel_breakdown(table).to_polars("by_kind").height == 3
 

@@ -222,7 +222,7 @@ def diff(a: EventTable, b: EventTable, top: int = 20) -> TraceDiff:
         ),
         ops=_rows("op", pa.op_count, pa.op_ms, pb.op_count, pb.op_ms, delta, top),
         kernels=_rows("kernel", pa.kernel_count, pa.kernel_ms, pb.kernel_count, pb.kernel_ms,
-                      delta, top),  # fmt: skip
+                      delta, top),
         phases=_rows("phase", {}, pa.phase_ms, {}, pb.phase_ms, delta, top),
         a_files=[r.path for r in a.ranks],
         b_files=[r.path for r in b.ranks],
@@ -286,7 +286,7 @@ def compare_prediction(
     ):
         part = [
             PredictedRow(kind, nm, a_t.get(nm, 0.0), pred.get(nm, 0.0), b_t.get(nm, 0.0),
-                         pred.get(nm, 0.0) - b_t.get(nm, 0.0))  # fmt: skip
+                         pred.get(nm, 0.0) - b_t.get(nm, 0.0))
             for nm in set(pred) | set(b_t)
         ]
         part.sort(key=lambda r: (-max(r.b_ms, r.predicted_ms), r.name))
