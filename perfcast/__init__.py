@@ -1,6 +1,23 @@
 """perfcast: predict how much faster a PyTorch training step gets, from its profiler trace."""
 
-from perfcast.api import advise, predict, replay, summary
+from perfcast.api import (
+    advise,
+    analyze,
+    collectives,
+    diff,
+    idle_time,
+    kernel_breakdown,
+    launch_queue,
+    launch_stats,
+    memory,
+    op_kernels,
+    predict,
+    replay,
+    roofline,
+    scopes,
+    stragglers,
+    summary,
+)
 from perfcast.errors import NotApplicableError, PerfcastError, TraceFormatError
 from perfcast.events import EventTable, Kind
 from perfcast.ingest import load
@@ -15,8 +32,20 @@ __all__ = [
     "TraceFormatError",
     "__version__",
     "advise",
+    "analyze",
+    "collectives",
+    "diff",
+    "idle_time",
+    "kernel_breakdown",
+    "launch_queue",
+    "launch_stats",
     "load",
+    "memory",
+    "op_kernels",
     "predict",
     "replay",
+    "roofline",
+    "scopes",
+    "stragglers",
     "summary",
 ]

@@ -61,3 +61,159 @@ def advise(trace: TraceLike, device: str | None = None) -> Advice:
     from perfcast.advisor.advisor import advise as _advise
 
     return _advise(_table(trace), target_device=device)
+
+
+# ---------------------------------------------------------------------------------------------
+# Trace analyses (HTA / TraceLens parity) and trace comparison. Every result has
+# `.to_pandas(table)`, `.to_polars(table)`, `.to_arrow(table)` and `.table_names()`.
+
+if TYPE_CHECKING:
+    from perfcast.analysis.battery import Analyses
+    from perfcast.analysis.comms import Collectives
+    from perfcast.analysis.diff import TraceDiff
+    from perfcast.analysis.idle import IdleTime
+    from perfcast.analysis.kernels import KernelBreakdown
+    from perfcast.analysis.launch_queue import LaunchQueue
+    from perfcast.analysis.launches import LaunchStats
+    from perfcast.analysis.memory import Memory
+    from perfcast.analysis.op_kernels import OpKernelResult
+    from perfcast.analysis.roofline import Roofline
+    from perfcast.analysis.scopes import Scopes
+    from perfcast.analysis.stragglers import Stragglers
+
+
+def analyze(trace: TraceLike, only: str | list[str] | None = None, top: int = 10) -> Analyses:
+    """Every trace analysis (or those named in `only`), on every rank.
+
+    >>> import perfcast
+    >>> a = perfcast.analyze("traces/", only=["idle", "stragglers"])      # doctest: +SKIP
+    >>> a.stragglers.candidates, a.idle.to_pandas("by_stream")            # doctest: +SKIP
+    """
+    from perfcast.analysis.battery import analyze as _analyze
+
+    return _analyze(_table(trace), only=only, top=top)
+
+
+def kernel_breakdown(trace: TraceLike, top: int = 10) -> KernelBreakdown:
+    """GPU time by kind (computation / communication / memory) and the top kernels per rank.
+
+    >>> perfcast.kernel_breakdown("trace.json.gz").to_pandas("by_kind")    # doctest: +SKIP
+    """
+    from perfcast.analysis.kernels import kernel_breakdown as fn
+
+    return fn(_table(trace), top=top)
+
+
+def idle_time(trace: TraceLike, kernel_gap_ns: int = 30_000) -> IdleTime:
+    """GPU idle time per stream: host wait, kernel-to-kernel wait, other.
+
+    >>> perfcast.idle_time("trace.json.gz").by_stream[0].host_wait_ms     # doctest: +SKIP
+    """
+    from perfcast.analysis.idle import idle_time as fn
+
+    return fn(_table(trace), kernel_gap_ns=kernel_gap_ns)
+
+
+def launch_stats(trace: TraceLike, top: int = 20) -> LaunchStats:
+    """Launch CPU time, GPU time and launch delay per kernel, op and runtime call; outliers.
+
+    >>> perfcast.launch_stats("trace.json.gz").summary[0].mean_delay_us    # doctest: +SKIP
+    """
+    from perfcast.analysis.launches import launch_stats as fn
+
+    return fn(_table(trace), top=top)
+
+
+def launch_queue(trace: TraceLike, max_depth: int = 1024) -> LaunchQueue:
+    """Launch-queue length per stream over time and time blocked on a full queue.
+
+    >>> perfcast.launch_queue("trace.json.gz").by_stream[0].max_length    # doctest: +SKIP
+    """
+    from perfcast.analysis.launch_queue import launch_queue as fn
+
+    return fn(_table(trace), max_depth=max_depth)
+
+
+def memory(trace: TraceLike) -> Memory:
+    """Allocation timeline (peak, per step, per phase) and memcpy/memset bandwidth.
+
+    >>> max(a.peak_mb for a in perfcast.memory("trace.json.gz").allocators)  # doctest: +SKIP
+    """
+    from perfcast.analysis.memory import memory as fn
+
+    return fn(_table(trace))
+
+
+def stragglers(trace: TraceLike, candidates: int = 2) -> Stragglers:
+    """Which ranks arrive last at collectives, and how long the others wait for them.
+
+    >>> perfcast.stragglers("traces/").candidates                           # doctest: +SKIP
+    """
+    from perfcast.analysis.stragglers import stragglers as fn
+
+    return fn(_table(trace), candidates=candidates)
+
+
+def collectives(trace: TraceLike, link: str | None = None) -> Collectives:
+    """Per collective op and size: algorithm, bus bandwidth, % of the link's peak.
+
+    >>> perfcast.collectives("trace.json.gz", link="nvlink4").to_pandas()   # doctest: +SKIP
+    """
+    from perfcast.analysis.comms import collectives as fn
+
+    return fn(_table(trace), link=link)
+
+
+def roofline(trace: TraceLike, top: int = 30) -> Roofline:
+    """Per-op FLOPs, bytes, achieved TFLOP/s and GB/s against the device's peak.
+
+    >>> perfcast.roofline("trace.json.gz").to_pandas()                      # doctest: +SKIP
+    """
+    from perfcast.analysis.roofline import roofline as fn
+
+    return fn(_table(trace), top=top)
+
+
+def scopes(trace: TraceLike, top: int = 30) -> Scopes:
+    """Time per record_function annotation, nn.Module scope and GPU annotation.
+
+    >>> perfcast.scopes("trace.json.gz").to_pandas()                        # doctest: +SKIP
+    """
+    from perfcast.analysis.scopes import scopes as fn
+
+    return fn(_table(trace), top=top)
+
+
+def op_kernels(trace: TraceLike, top: int = 30) -> OpKernelResult:
+    """Kernels grouped by the ATen op that launched them, with op-to-kernel delays.
+
+    >>> perfcast.op_kernels("trace.json.gz").to_pandas("sequences")        # doctest: +SKIP
+    """
+    from perfcast.analysis.op_kernels import op_kernels as fn
+
+    return fn(_table(trace), top=top)
+
+
+def diff(
+    a: TraceLike, b: TraceLike, apply: list[str] | str | None = None, top: int = 20
+) -> TraceDiff:
+    """What changed from trace A to trace B, per step, op, kernel and phase; with `apply`
+    (what-if specs) also the prediction from A next to what B measured.
+
+    >>> d = perfcast.diff("mlp_base.json.gz", "mlp_fused.json.gz",
+    ...                   apply="fused-optimizer:kind=fused")             # doctest: +SKIP
+    >>> d.prediction.error_pct                                             # doctest: +SKIP
+    """
+    from perfcast.analysis.diff import compare_prediction
+    from perfcast.analysis.diff import diff as _diff
+
+    ta, tb = _table(a), _table(b)
+    out = _diff(ta, tb, top=top)
+    specs = [apply] if isinstance(apply, str) else list(apply or [])
+    if specs:
+        from perfcast.whatif.registry import parse_spec
+        from perfcast.whatif.runner import run_whatif
+
+        result, _, predicted = run_whatif(ta, [parse_spec(s) for s in specs])
+        compare_prediction(out, ta, tb, specs, result, predicted, top=top)
+    return out

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -136,6 +137,45 @@ class EventTable:
 
     def __len__(self) -> int:
         return int(self.kind.shape[0])
+
+    def __repr__(self) -> str:
+        # The generated repr printed every column (100k+ characters): say what it holds.
+        steps = len(self.iterations)
+        return (
+            f"EventTable({len(self):,} events, {len(self.ranks)} rank(s) "
+            f"{self.rank_ids()[:8]}{'...' if len(self.ranks) > 8 else ''}, {steps} steps, "
+            f"{len(self.names):,} names)"
+        )
+
+    def to_pandas(self) -> Any:
+        """One row per event as a pandas DataFrame (`pip install 'perfcast[dataframe]'`).
+
+        Numeric columns are the table's own arrays; `kind` and the name columns are
+        categoricals over the interned names. Times are integer ns on each rank's clock.
+
+        >>> perfcast.load("trace.json.gz").to_pandas().groupby("name").dur.sum()  # doctest: +SKIP
+        """
+        from perfcast.frames import events_to_pandas
+
+        return events_to_pandas(self)
+
+    def to_arrow(self) -> Any:
+        """One row per event as a pyarrow Table (names dictionary-encoded, no copy of codes).
+
+        >>> perfcast.load("trace.json.gz").to_arrow().schema                     # doctest: +SKIP
+        """
+        from perfcast.frames import events_to_arrow
+
+        return events_to_arrow(self)
+
+    def to_polars(self) -> Any:
+        """One row per event as a polars DataFrame (through Arrow).
+
+        >>> perfcast.load("trace.json.gz").to_polars().filter(kind="kernel")     # doctest: +SKIP
+        """
+        from perfcast.frames import events_to_polars
+
+        return events_to_polars(self)
 
     @property
     def end(self) -> np.ndarray:

@@ -54,6 +54,7 @@ SECTIONS = (
     ("critical-path", "Critical path"),
     ("advice", "Suggested optimizations"),
     ("ranks", "Ranks"),
+    ("analyses", "Trace analyses: kernels, idle time, launches, memory, collectives, roofline"),
 )
 
 
@@ -135,8 +136,24 @@ def report_data(table: EventTable) -> dict[str, Any]:
         "advice": _asdict(advice) if advice is not None else None,
         "timeline": _timeline(table, graph, tl),
         "categories": list(CATEGORIES),
+        "analyses": _analyses(table, notes),
     }
     return _clean(data)
+
+
+def _analyses(table: EventTable, notes: list[str]) -> dict[str, Any] | None:
+    """`perfcast analyze`'s battery for the report's own section (drawn by analyses.js)."""
+    from perfcast.analysis.battery import ANALYSES, analyze
+
+    try:
+        result = analyze(table, top=TOP_N)
+    except PerfcastError as exc:
+        notes.append(f"the trace analyses failed: {exc}")
+        return None
+    return {
+        "titles": {name: title for name, (_, title) in ANALYSES.items()},
+        "results": {name: _asdict(res) for name, res in result.results().items()},
+    }
 
 
 def _now() -> str:
@@ -441,6 +458,11 @@ def _script_safe(js: str) -> str:
     return _END_SCRIPT.sub(r"<\\/\1", js).replace("<!--", "<\\!--")
 
 
+def _page_js() -> str:
+    """The page's own script: report.js, then analyses.js (the trace-analyses section)."""
+    return _script_safe(_asset("report.js") + "\n" + _asset("analyses.js"))
+
+
 def json_for_html(data: Any) -> str:
     """JSON text that is safe inside a <script> element: no `<`, `>` or `&` at all."""
     text = json.dumps(data, ensure_ascii=True, allow_nan=False, separators=(",", ":"))
@@ -509,7 +531,7 @@ def render_html(data: dict[str, Any]) -> str:
 {_plotly_js()}
 </script>
 <script>
-{_script_safe(_asset("report.js"))}
+{_page_js()}
 </script>
 </body>
 </html>

@@ -1,0 +1,107 @@
+"""The whole battery of trace analyses in one call: `analyze(table)` (`perfcast analyze`).
+
+Each analysis is a pure function of the EventTable in its own module; this one only runs the
+chosen ones and keeps their results side by side, JSON-serializable and tabular.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from perfcast.analysis.comms import Collectives, collectives
+from perfcast.analysis.idle import IdleTime, idle_time
+from perfcast.analysis.kernels import KernelBreakdown, kernel_breakdown
+from perfcast.analysis.launch_queue import LaunchQueue, launch_queue
+from perfcast.analysis.launches import LaunchStats, launch_stats
+from perfcast.analysis.memory import Memory, memory
+from perfcast.analysis.notes import input_notes
+from perfcast.analysis.op_kernels import OpKernelResult, op_kernels
+from perfcast.analysis.roofline import Roofline, roofline
+from perfcast.analysis.scopes import Scopes, scopes
+from perfcast.analysis.stragglers import Stragglers, stragglers
+from perfcast.errors import PerfcastError
+from perfcast.events import EventTable
+from perfcast.frames import result_tables
+
+# name -> (function(table, top) -> result, one-line title). Order is the report's order.
+ANALYSES: dict[str, tuple[Callable[[EventTable, int], Any], str]] = {
+    "kernels": (lambda t, top: kernel_breakdown(t, top=top), "GPU kernels by kind, top kernels"),
+    "idle": (lambda t, top: idle_time(t), "GPU idle time per stream, by cause"),
+    "launches": (lambda t, top: launch_stats(t, top=top), "kernel launch statistics"),
+    "queue": (lambda t, top: launch_queue(t), "launch-queue length and blocked launches"),
+    "memory": (lambda t, top: memory(t), "memory timeline and copy bandwidth"),
+    "stragglers": (lambda t, top: stragglers(t, top=top), "stragglers across ranks"),
+    "collectives": (lambda t, top: collectives(t), "collectives: size, algorithm, bus bandwidth"),
+    "roofline": (lambda t, top: roofline(t, top=top), "per-op roofline from shapes"),
+    "scopes": (lambda t, top: scopes(t, top=top), "record_function and module scopes"),
+    "ops": (lambda t, top: op_kernels(t, top=top), "kernels by launching ATen op"),
+}
+
+
+@dataclass
+class Analyses:
+    """Results of `analyze`; an analysis not run is None."""
+
+    kernels: KernelBreakdown | None = None
+    idle: IdleTime | None = None
+    launches: LaunchStats | None = None
+    queue: LaunchQueue | None = None
+    memory: Memory | None = None
+    stragglers: Stragglers | None = None
+    collectives: Collectives | None = None
+    roofline: Roofline | None = None
+    scopes: Scopes | None = None
+    ops: OpKernelResult | None = None
+    ranks: list[int] = field(default_factory=list)
+    files: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def results(self) -> dict[str, Any]:
+        """The results that were computed, by analysis name."""
+        return {name: getattr(self, name) for name in ANALYSES if getattr(self, name) is not None}
+
+    def tables(self) -> dict[str, dict[str, Any]]:
+        """Every table of every result, named `analysis.table` (as `--csv` writes them)."""
+        return {
+            f"{name}.{tname}": cols
+            for name, res in self.results().items()
+            for tname, cols in result_tables(res).items()
+        }
+
+    def __repr__(self) -> str:
+        return f"Analyses({', '.join(repr(r) for r in self.results().values())})"
+
+
+def parse_only(only: str | list[str] | None) -> list[str]:
+    """Analysis names from "a,b" or a list; every analysis when empty."""
+    if not only:
+        return list(ANALYSES)
+    items = only.split(",") if isinstance(only, str) else list(only)
+    names = [s.strip() for s in items if s.strip()]
+    unknown = [n for n in names if n not in ANALYSES]
+    if unknown:
+        raise PerfcastError(
+            f"unknown analysis {unknown[0]!r}", hint=f"choose from {', '.join(ANALYSES)}"
+        )
+    return names
+
+
+def analyze(table: EventTable, only: str | list[str] | None = None, top: int = 10) -> Analyses:
+    """Run the chosen analyses (all by default) on every rank of `table`.
+
+    >>> import perfcast
+    >>> a = analyze(perfcast.load("perfcast/examples/ddp_a100_rank0.json.gz"), only="idle")
+    >>> a.idle.by_stream[0].idle_ms >= 0                               # doctest: +SKIP
+    True
+    """
+    out = Analyses(
+        ranks=table.rank_ids(), files=[r.path for r in table.ranks], notes=input_notes(table)
+    )
+    for name in parse_only(only):
+        fn, _ = ANALYSES[name]
+        res = fn(table, top)
+        res.notes = [n for n in res.notes if n not in out.notes]  # input notes once, at the top
+        setattr(out, name, res)
+    return out

@@ -1,0 +1,186 @@
+"""Helpers the trace analyses share: grouped statistics, attribution of GPU work to the CPU
+events that launched it, kernel kinds, device specs. All vectorized over the EventTable."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from perfcast.events import NONE, EventTable, Kind, RankInfo
+from perfcast.graph.phases import collective_kernel_mask
+from perfcast.hardware.devices import DeviceSpec, lookup_device, lookup_device_properties
+
+NS_PER_US = 1e3
+NS_PER_MS = 1e6
+
+# Kernel kinds, as HTA names them (compute / communication / memory).
+COMPUTATION = "computation"
+COMMUNICATION = "communication"
+MEMORY = "memory"
+KINDS = (COMPUTATION, COMMUNICATION, MEMORY)
+
+
+def gpu_kind_codes(table: EventTable) -> np.ndarray:
+    """Per row: 0 computation, 1 communication, 2 memory (copies and memsets), -1 not GPU."""
+    out = np.full(len(table), -1, dtype=np.int8)
+    gpu = table.is_gpu()
+    out[gpu] = 0
+    out[collective_kernel_mask(table)] = 1
+    out[gpu & (table.kind != Kind.KERNEL)] = 2
+    return out
+
+
+@dataclass
+class Groups:
+    """Statistics of `values` grouped by integer `keys` (one entry per distinct key)."""
+
+    keys: np.ndarray
+    count: np.ndarray
+    sum: np.ndarray
+    mean: np.ndarray
+    std: np.ndarray  # population standard deviation (0 for one value)
+    min: np.ndarray
+    max: np.ndarray
+    first: np.ndarray  # index (into the inputs) of each group's first element, sorted order
+
+    def __len__(self) -> int:
+        return int(self.keys.size)
+
+
+def group_stats(keys: np.ndarray, values: np.ndarray) -> Groups:
+    """count/sum/mean/std/min/max of `values` per distinct key, in key order.
+
+    >>> g = group_stats(np.array([2, 1, 2]), np.array([1.0, 5.0, 3.0]))
+    >>> g.keys.tolist(), g.sum.tolist(), g.max.tolist()
+    ([1, 2], [5.0, 4.0], [5.0, 3.0])
+    """
+    values = np.asarray(values, dtype=np.float64)
+    if keys.size == 0:
+        z = np.zeros(0)
+        return Groups(keys[:0], np.zeros(0, np.int64), z, z, z, z, z, np.zeros(0, np.int64))
+    order = np.argsort(keys, kind="stable")
+    k = keys[order]
+    v = values[order]
+    starts = np.flatnonzero(np.r_[True, k[1:] != k[:-1]])
+    count = np.diff(np.r_[starts, k.size])
+    total = np.add.reduceat(v, starts)
+    mean = total / count
+    sq = np.add.reduceat(v * v, starts)
+    var = np.maximum(sq / count - mean * mean, 0.0)
+    return Groups(
+        keys=k[starts],
+        count=count,
+        sum=total,
+        mean=mean,
+        std=np.sqrt(var),
+        min=np.minimum.reduceat(v, starts),
+        max=np.maximum.reduceat(v, starts),
+        first=order[starts],
+    )
+
+
+def percentiles_by_group(keys: np.ndarray, values: np.ndarray, qs: tuple[float, ...]) -> np.ndarray:
+    """(groups, len(qs)) percentiles (linear interpolation) of values per distinct key."""
+    if keys.size == 0:
+        return np.zeros((0, len(qs)))
+    order = np.lexsort((values, keys))
+    k = keys[order]
+    v = np.asarray(values, dtype=np.float64)[order]
+    starts = np.flatnonzero(np.r_[True, k[1:] != k[:-1]])
+    counts = np.diff(np.r_[starts, k.size])
+    out = np.empty((starts.size, len(qs)))
+    for j, q in enumerate(qs):
+        pos = starts + (counts - 1) * (q / 100.0)
+        lo = np.floor(pos).astype(np.int64)
+        hi = np.ceil(pos).astype(np.int64)
+        out[:, j] = v[lo] + (v[hi] - v[lo]) * (pos - lo)
+    return out
+
+
+def nearest_ancestor(table: EventTable, rows: np.ndarray, wanted: np.ndarray) -> np.ndarray:
+    """Per row of `rows`: the nearest enclosing event (itself included) where `wanted`
+    (a mask over all rows) holds, or NONE. Walks the parent links level by level."""
+    cur = rows.astype(np.int64)
+    out = np.full(rows.size, NONE, dtype=np.int64)
+    parent = table.parent
+    for _ in range(256):
+        live = cur >= 0
+        if not live.any():
+            break
+        hit = live & wanted[np.maximum(cur, 0)]
+        out[hit] = cur[hit]
+        cur = np.where(live & ~hit, parent[np.maximum(cur, 0)], NONE)
+    return out
+
+
+def launching_op(table: EventTable, gpu_rows: np.ndarray, aten_first: bool = True) -> np.ndarray:
+    """Per GPU row, the CPU op that launched it (NONE where no launch is known).
+
+    The innermost `aten::` op around the launching runtime call, as HTA attributes kernels,
+    else the innermost CPU op of any name.
+    """
+    launch = table.launch[gpu_rows].astype(np.int64)
+    has = launch >= 0
+    start = np.where(has, table.parent[np.maximum(launch, 0)], NONE)
+    is_op = table.kind == Kind.CPU_OP
+    if aten_first:
+        aten = np.array([n.startswith("aten::") for n in table.names], dtype=bool)
+        found = nearest_ancestor(table, start, is_op & aten[table.name])
+        rest = found < 0
+        if rest.any():
+            found[rest] = nearest_ancestor(table, start[rest], is_op)
+        return found
+    return nearest_ancestor(table, start, is_op)
+
+
+def device_spec(info: RankInfo) -> DeviceSpec | None:
+    """The spec of the rank's GPU, from its deviceProperties or its device name."""
+    spec = None
+    if info.device_properties:
+        spec = lookup_device_properties(info.device_properties)
+    if spec is None and info.device_name:
+        spec = lookup_device(info.device_name)
+    return spec
+
+
+def rank_span_ns(table: EventTable, rank: int) -> tuple[int, int]:
+    """First start and last end of any event of the rank (its own clock)."""
+    on = table.rank == rank
+    if not on.any():
+        return 0, 0
+    return int(table.ts[on].min()), int((table.ts[on] + table.dur[on]).max())
+
+
+def downsample_steps(t: np.ndarray, y: np.ndarray, points: int) -> tuple[np.ndarray, np.ndarray]:
+    """A step function (value y[i] from t[i] on) cut to at most `points` samples, keeping the
+    maximum of each bin so peaks survive."""
+    if t.size <= points:
+        return t, y
+    edges = np.linspace(t[0], t[-1], points + 1)
+    b = np.clip(np.searchsorted(edges, t, side="right") - 1, 0, points - 1)
+    starts = np.flatnonzero(np.r_[True, b[1:] != b[:-1]])
+    return t[starts], np.maximum.reduceat(y, starts)
+
+
+def combine_codes(*cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Dense codes of the distinct tuples of several integer columns, and those tuples
+    (rows of a 2-D array, in code order). Faster than `np.unique(axis=0)` on many rows.
+
+    >>> codes, keys = combine_codes(np.array([1, 1, 2]), np.array([7, 8, 7]))
+    >>> codes.tolist(), keys.tolist()
+    ([0, 1, 2], [[1, 7], [1, 8], [2, 7]])
+    """
+    key = np.zeros(cols[0].shape[0], dtype=np.int64)
+    parts = []
+    for c in cols:
+        u, inv = np.unique(c, return_inverse=True)
+        parts.append(u)
+        key = key * u.size + inv.reshape(-1)
+    uk, codes = np.unique(key, return_inverse=True)
+    rows = np.empty((uk.size, len(cols)), dtype=np.int64)
+    rest = uk.copy()
+    for j in range(len(cols) - 1, -1, -1):
+        rest, idx = np.divmod(rest, parts[j].size)
+        rows[:, j] = parts[j][idx]
+    return codes.reshape(-1), rows

@@ -1,0 +1,258 @@
+"""Collectives: per operation, message size, algorithm and bus bandwidth against the link.
+
+Sizes follow the nccl-tests convention (doc/PERFORMANCE.md): the buffer of an all-reduce, the
+output of an all-gather, the input of a reduce-scatter. algbw = bytes / kernel time; bus
+bandwidth = algbw × factor (all-reduce 2(n−1)/n; all-gather, reduce-scatter, all-to-all
+(n−1)/n; others 1), comparable to the link's peak (`hardware.interconnects`, the device's
+usual intra-node link unless `link=` names one).
+
+Sizes and group sizes come from the kernel's collective arguments (recent traces), else from
+the CPU op that launched it (`record_param_comms`); the algorithm and protocol from the NCCL
+kernel name (`..._RING_LL_...`). A collective's kernel time includes waiting for the last
+rank to arrive, so a bus bandwidth far below the peak may be a straggler, not the link.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from perfcast.analysis.common import NS_PER_MS, NS_PER_US, device_spec, group_stats
+from perfcast.analysis.notes import input_notes
+from perfcast.events import NONE, EventTable
+from perfcast.frames import Tables, plain
+from perfcast.graph.phases import collective_kernel_mask
+from perfcast.hardware.collectives import bus_bandwidth_factor, collective_from_kernel_name
+from perfcast.hardware.interconnects import default_intra_node_link, lookup_link
+
+_ALGO = re.compile(
+    r"(RING|TREE|COLLNET_DIRECT|COLLNET_CHAIN|COLLNET|NVLS_TREE|NVLS|PAT)", re.IGNORECASE
+)
+_PROTO = re.compile(r"_(LL128|LL|SIMPLE)(?:_|\(|$)", re.IGNORECASE)
+_DTYPE_BYTES = {
+    "float": 4, "float32": 4, "f32": 4, "int": 4, "int32": 4, "i32": 4, "u32": 4, "uint32": 4,
+    "half": 2, "float16": 2, "f16": 2, "bfloat16": 2, "bf16": 2, "short": 2, "int16": 2,
+    "double": 8, "float64": 8, "f64": 8, "long": 8, "int64": 8, "i64": 8, "u64": 8,
+    "uint64": 8, "byte": 1, "char": 1, "int8": 1, "uint8": 1, "i8": 1, "u8": 1, "bool": 1,
+    "int8_t": 1, "uint8_t": 1, "float8": 1, "fp8": 1, "f8": 1,
+}  # fmt: skip
+_NAME_DTYPE = re.compile(
+    r"_(f32|f16|bf16|f64|i32|i64|u8|i8|u32|u64|float|half|double|int8_t|uint8_t|int32_t|"
+    r"int64_t|uint32_t|uint64_t|bfloat16|fp8_e4m3|fp8_e5m2)(?:\(|_|$)",
+    re.IGNORECASE,
+)
+
+
+def dtype_bytes(name: str | None) -> int | None:
+    """Bytes per element of a collective's dtype as traces spell it ("Float", "c10::Half",
+    "bf16", "int8_t"); None if unknown."""
+    if not name:
+        return None
+    key = name.lower().replace("c10::", "").replace("torch.", "").strip()
+    key = key.replace("_t", "_t") if key.endswith("_t") else key
+    if key in _DTYPE_BYTES:
+        return _DTYPE_BYTES[key]
+    if key.startswith("fp8") or key.startswith("float8"):
+        return 1
+    return _DTYPE_BYTES.get(key.rstrip("_t"))
+
+
+@dataclass
+class CollectiveGroup:
+    rank: int
+    op: str  # allreduce, allgather, reducescatter, broadcast, alltoall, sendrecv, ...
+    algorithm: str  # RING / TREE / ... from the kernel name ("" if it does not say)
+    protocol: str  # LL / LL128 / SIMPLE
+    dtype: str
+    size_bytes: int  # per call, nccl-tests convention (0: unknown)
+    group_size: int
+    count: int
+    total_ms: float
+    mean_us: float
+    min_us: float
+    algbw_gbs: float | None  # from the mean time
+    busbw_gbs: float | None
+    best_busbw_gbs: float | None  # from the fastest call
+    link: str
+    link_peak_gbs: float | None
+    pct_of_peak: float | None  # best bus bandwidth / link peak
+
+
+@dataclass
+class CollectiveSummary:
+    rank: int
+    op: str
+    count: int
+    total_ms: float
+    total_mb: float
+    busbw_gbs: float | None  # summed bytes × factor / summed time
+
+
+@dataclass(repr=False)
+class Collectives(Tables):
+    """Result of `collectives`; tables: by_op (per op, size, algorithm), summary (per op)."""
+
+    by_op: list[CollectiveGroup]
+    summary: list[CollectiveSummary]
+    notes: list[str] = field(default_factory=list)
+
+    ROW_TYPES = {"by_op": CollectiveGroup, "summary": CollectiveSummary}  # noqa: RUF012
+
+
+def _args_source(table: EventTable, rows: np.ndarray) -> np.ndarray:
+    """Per collective kernel, the row carrying its collective arguments: itself, else the
+    nearest enclosing CPU event of its launch call that has them; NONE if none."""
+    src = np.where(table.coll_name[rows] >= 0, rows, NONE).astype(np.int64)
+    launch = table.launch[rows].astype(np.int64)
+    cur = np.where((src < 0) & (launch >= 0), table.parent[np.maximum(launch, 0)], NONE)
+    for _ in range(64):
+        live = cur >= 0
+        if not live.any():
+            break
+        hit = live & (table.coll_name[np.maximum(cur, 0)] >= 0)
+        src[hit] = cur[hit]
+        cur = np.where(live & ~hit, table.parent[np.maximum(cur, 0)], NONE)
+    return src
+
+
+def collectives(table: EventTable, link: str | None = None) -> Collectives:
+    """Per collective op, size and algorithm: time, algbw, bus bandwidth and % of link peak.
+
+    >>> import perfcast
+    >>> r = collectives(perfcast.load("perfcast/examples/ddp_a100_rank0.json.gz"))
+    >>> [row.op for row in r.summary]                                 # doctest: +SKIP
+    ['allreduce']
+    """
+    out = Collectives([], [], notes=input_notes(table))
+    rows = np.flatnonzero(collective_kernel_mask(table))
+    if rows.size == 0:
+        return out
+    link_spec = lookup_link(link) if link else None
+    if link and link_spec is None:
+        from perfcast.errors import PerfcastError
+
+        raise PerfcastError(f"unknown link {link!r}", hint="e.g. nvlink4, pcie4, ib-ndr")
+    src = _args_source(table, rows)
+    names = table.names
+    # Per distinct kernel name: op, algorithm, protocol, dtype from the name.
+    by_name = {}
+    for i in np.unique(table.name[rows]).tolist():
+        nm = names[i]
+        a = _ALGO.search(nm)
+        p = _PROTO.search(nm)
+        d = _NAME_DTYPE.search(nm)
+        by_name[i] = (
+            collective_from_kernel_name(nm) or "collective",
+            a.group(1).upper() if a else "",
+            p.group(1).upper() if p else "",
+            d.group(1) if d else "",
+        )
+    has = src >= 0
+    s = np.maximum(src, 0)
+    coll_op = [
+        (collective_from_kernel_name(names[c]) if c >= 0 else None)
+        for c in np.where(has, table.coll_name[s], NONE).tolist()
+    ]
+    dtype_idx = np.where(has, table.coll_dtype[s], NONE)
+    n_in = np.where(has, table.coll_in[s], NONE)
+    n_out = np.where(has, table.coll_out[s], NONE)
+    group = np.where(has, table.coll_group[s], NONE)
+
+    keys: list[tuple] = []
+    for j, r in enumerate(rows.tolist()):
+        op, algo, proto, name_dt = by_name[int(table.name[r])]
+        op = coll_op[j] or op
+        dt = names[int(dtype_idx[j])] if dtype_idx[j] >= 0 else name_dt
+        size = _size_bytes(op, int(n_in[j]), int(n_out[j]), dtype_bytes(dt))
+        rank = int(table.rank[r])
+        gs = int(group[j]) if group[j] > 0 else (table.rank_info(rank).world_size or 0)
+        keys.append((rank, op, algo, proto, dt, size, gs))
+    uniq = sorted(set(keys))
+    index = {k: i for i, k in enumerate(uniq)}
+    key_idx = np.array([index[k] for k in keys], dtype=np.int64)
+    g = group_stats(key_idx, table.dur[rows])
+    devices = {info.rank: device_spec(info) for info in table.ranks}
+    for i, k in enumerate(g.keys.tolist()):
+        rank, op, algo, proto, dt, size, gs = uniq[k]
+        spec = devices.get(rank)
+        lk = link_spec or (default_intra_node_link(spec) if spec else None)
+        factor = _factor(op, gs)
+        mean_ns = g.mean[i]
+        algbw = size / mean_ns if size and mean_ns > 0 else None  # bytes/ns = GB/s
+        busbw = algbw * factor if algbw is not None and factor is not None else None
+        best = (size / g.min[i]) * factor if size and g.min[i] > 0 and factor else None
+        peak = lk.bw_gbs_per_direction if lk else None
+        out.by_op.append(
+            CollectiveGroup(
+                rank=rank,
+                op=op,
+                algorithm=algo,
+                protocol=proto,
+                dtype=dt,
+                size_bytes=size,
+                group_size=gs,
+                count=int(g.count[i]),
+                total_ms=g.sum[i] / NS_PER_MS,
+                mean_us=mean_ns / NS_PER_US,
+                min_us=g.min[i] / NS_PER_US,
+                algbw_gbs=algbw,
+                busbw_gbs=busbw,
+                best_busbw_gbs=best,
+                link=lk.name if lk else "",
+                link_peak_gbs=peak,
+                pct_of_peak=100.0 * best / peak if best is not None and peak else None,
+            )
+        )
+    out.by_op.sort(key=lambda r: (r.rank, -r.total_ms))
+    # Per (rank, op): bytes-weighted bus bandwidth over the calls of known size.
+    agg: dict[tuple[int, str], list[float]] = {}
+    for row in out.by_op:
+        a = agg.setdefault((row.rank, row.op), [0, 0.0, 0.0, 0.0, 0.0])
+        a[0] += row.count
+        a[1] += row.total_ms
+        if row.size_bytes and row.busbw_gbs is not None:
+            f = _factor(row.op, row.group_size) or 0.0
+            a[2] += row.size_bytes * row.count
+            a[3] += row.total_ms
+            a[4] += row.size_bytes * row.count * f
+    for (rank, op), (cnt, tot, nbytes, timed_ms, fbytes) in sorted(agg.items()):
+        out.summary.append(
+            CollectiveSummary(
+                rank=rank,
+                op=op,
+                count=int(cnt),
+                total_ms=tot,
+                total_mb=nbytes / 1e6,
+                busbw_gbs=(fbytes / (timed_ms * NS_PER_MS)) if timed_ms > 0 else None,
+            )
+        )
+    if any(r.size_bytes == 0 for r in out.by_op):
+        out.notes.append(
+            "some collectives carry no size (no collective arguments in the trace): their "
+            "bandwidth is unknown"
+        )
+    return plain(out)
+
+
+def _factor(op: str, n: int) -> float | None:
+    if n < 1:
+        return None
+    try:
+        return bus_bandwidth_factor(op, n)
+    except ValueError:
+        return None
+
+
+def _size_bytes(op: str, n_in: int, n_out: int, elem: int | None) -> int:
+    """Bytes moved per call in the nccl-tests convention; 0 when unknown."""
+    if elem is None:
+        return 0
+    if op == "allgather":
+        n = n_out if n_out > 0 else n_in
+    elif op == "reducescatter":
+        n = n_in if n_in > 0 else n_out
+    else:
+        n = n_in if n_in > 0 else n_out
+    return max(n, 0) * elem

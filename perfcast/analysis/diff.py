@@ -1,0 +1,295 @@
+"""`perfcast diff A B`: what changed between two traces of the same program, and (with
+`apply`) how well a prediction made from A matches B.
+
+Everything is per step, so traces with different numbers of steps compare: counts and times
+are summed over the steps of all ranks and divided by the number of steps. A step's time is
+the slowest rank's (the mean over steps), as the what-if results count it. Rows are sorted by
+the size of their change, largest first; `share_pct` is the change as a share of the step
+time's change (GPU work overlaps, so shares need not add up to 100).
+
+`compare_prediction` puts a what-if prediction made from A (run by the API or the CLI, never
+here: an analysis runs no model) next to B: the predicted step, and the GPU time per kernel
+and per launching op, against what B measured. Predict, apply, measure: the loop closed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from perfcast.analysis.common import NS_PER_MS, launching_op
+from perfcast.analysis.notes import input_notes
+from perfcast.events import NONE, EventTable, Kind
+from perfcast.frames import Tables, plain
+
+if TYPE_CHECKING:
+    from perfcast.sim.timeline import Timeline
+    from perfcast.whatif.runner import WhatIfResult
+
+
+@dataclass
+class StepDelta:
+    a_ms: float
+    b_ms: float
+    delta_ms: float
+    delta_pct: float
+    speedup: float  # A / B
+    a_steps: int
+    b_steps: int
+
+
+@dataclass
+class DeltaRow:
+    kind: str  # "op" (CPU time of the op), "kernel", "phase"
+    name: str
+    a_count: float  # per step
+    b_count: float
+    a_ms: float  # per step
+    b_ms: float
+    delta_ms: float
+    share_pct: float | None  # delta / step delta
+
+
+@dataclass
+class PredictedRow:
+    kind: str  # "kernel" or "op" (GPU time launched by the op)
+    name: str
+    a_ms: float  # measured in A, per step
+    predicted_ms: float  # A after the what-ifs, replayed
+    b_ms: float  # measured in B
+    error_ms: float  # predicted − B
+
+
+@dataclass
+class Prediction:
+    applied: list[str]
+    predicted_ms: float
+    measured_ms: float  # B
+    baseline_ms: float  # A replayed without changes
+    predicted_speedup: float
+    measured_speedup: float
+    error_pct: float  # (predicted − measured) / measured
+    assumptions: list[str] = field(default_factory=list)
+
+
+@dataclass(repr=False)
+class TraceDiff(Tables):
+    """Result of `diff`; tables: ops, kernels, phases, predicted (with `apply`)."""
+
+    step: StepDelta
+    ops: list[DeltaRow]
+    kernels: list[DeltaRow]
+    phases: list[DeltaRow]
+    predicted: list[PredictedRow] = field(default_factory=list)
+    prediction: Prediction | None = None
+    a_files: list[str] = field(default_factory=list)
+    b_files: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    ROW_TYPES = {  # noqa: RUF012
+        "ops": DeltaRow,
+        "kernels": DeltaRow,
+        "phases": DeltaRow,
+        "predicted": PredictedRow,
+    }
+
+
+def step_time_ms(table: EventTable) -> tuple[float, int]:
+    """(mean step time in ms, steps): per step name the slowest rank, then the mean."""
+    by_name: dict[str, int] = {}
+    for it in table.iterations:
+        by_name[it.name] = max(by_name.get(it.name, 0), it.dur_ns)
+    if not by_name:
+        return 0.0, 0
+    return float(np.mean(list(by_name.values()))) / NS_PER_MS, len(by_name)
+
+
+def _in_steps(table: EventTable) -> np.ndarray:
+    """Rows inside a step (all rows of ranks without steps)."""
+    no_steps = np.array([not info.has_steps for info in table.ranks], dtype=bool)
+    ranks = np.array(table.rank_ids(), dtype=np.int64)
+    whole = np.isin(table.rank, ranks[no_steps]) if no_steps.any() else np.zeros(len(table), bool)
+    return (table.iteration != NONE) | whole
+
+
+def _steps(table: EventTable) -> int:
+    """Steps summed over ranks (a rank without steps counts one)."""
+    n = sum(1 for _ in table.iterations)
+    return max(n, 1)
+
+
+@dataclass
+class _Profile:
+    steps: int
+    op_count: dict[str, float]
+    op_ms: dict[str, float]
+    op_gpu_ms: dict[str, float]
+    kernel_count: dict[str, float]
+    kernel_ms: dict[str, float]
+    phase_ms: dict[str, float]
+
+
+def _per_name(table: EventTable, rows: np.ndarray, names: np.ndarray, steps: int):
+    if rows.size == 0:
+        return {}, {}
+    uniq, inv = np.unique(names, return_inverse=True)
+    counts = np.bincount(inv) / steps
+    total = np.bincount(inv, weights=table.dur[rows]) / steps / NS_PER_MS
+    keys = [table.names[i] for i in uniq.tolist()]
+    return dict(zip(keys, counts.tolist())), dict(zip(keys, total.tolist()))
+
+
+def _profile(table: EventTable) -> _Profile:
+    from perfcast.analysis.summary import summarize
+
+    steps = _steps(table)
+    inside = _in_steps(table)
+    ops = np.flatnonzero(inside & (table.kind == Kind.CPU_OP))
+    op_count, op_ms = _per_name(table, ops, table.name[ops], steps)
+    gpu = np.flatnonzero(inside & table.is_gpu())
+    k_count, k_ms = _per_name(table, gpu, table.name[gpu], steps)
+    launched = gpu[table.launch[gpu] >= 0]
+    op = launching_op(table, launched, aten_first=False)
+    has = op >= 0
+    _, op_gpu = _per_name(table, launched[has], table.name[op[has]], steps)
+    phase: dict[str, float] = {}
+    for rs in summarize(table, top=1).ranks:
+        for k, v in rs.gpu_ms_by_phase.items():
+            phase[f"GPU {k}"] = phase.get(f"GPU {k}", 0.0) + v / steps
+        for it in rs.iterations:
+            c = it.cpu
+            for k, v in (("data loading", c.dataloader_ms), ("forward", c.forward_ms),
+                         ("backward", c.backward_ms), ("optimizer", c.optimizer_ms),
+                         ("communication", c.communication_ms)):  # fmt: skip
+                phase[f"CPU {k}"] = phase.get(f"CPU {k}", 0.0) + v / steps
+    return _Profile(steps, op_count, op_ms, op_gpu, k_count, k_ms, phase)
+
+
+def _rows(
+    kind: str,
+    a_n: dict[str, float],
+    a_t: dict[str, float],
+    b_n: dict[str, float],
+    b_t: dict[str, float],
+    step_delta: float,
+    top: int,
+) -> list[DeltaRow]:
+    names = set(a_t) | set(b_t)
+    rows = []
+    for nm in names:
+        a, b = a_t.get(nm, 0.0), b_t.get(nm, 0.0)
+        rows.append(
+            DeltaRow(
+                kind=kind,
+                name=nm,
+                a_count=a_n.get(nm, 0.0),
+                b_count=b_n.get(nm, 0.0),
+                a_ms=a,
+                b_ms=b,
+                delta_ms=b - a,
+                share_pct=100.0 * (b - a) / step_delta if step_delta else None,
+            )
+        )
+    rows.sort(key=lambda r: (-abs(r.delta_ms), -abs(r.b_count - r.a_count), r.name))
+    return rows[:top]
+
+
+def diff(a: EventTable, b: EventTable, top: int = 20) -> TraceDiff:
+    """Step, op, kernel and phase deltas from trace A to trace B.
+
+    `perfcast.diff(a, b, apply=[...])` (the API) also predicts B from A; this analysis only
+    measures.
+
+    >>> import perfcast
+    >>> d = diff(perfcast.load("base.json.gz"), perfcast.load("fused.json.gz"))  # doctest: +SKIP
+    >>> d.step.speedup, d.kernels[0].name                                        # doctest: +SKIP
+    """
+    a_ms, a_steps = step_time_ms(a)
+    b_ms, b_steps = step_time_ms(b)
+    pa, pb = _profile(a), _profile(b)
+    delta = b_ms - a_ms
+    out = TraceDiff(
+        step=StepDelta(
+            a_ms=a_ms,
+            b_ms=b_ms,
+            delta_ms=delta,
+            delta_pct=100.0 * delta / a_ms if a_ms else 0.0,
+            speedup=a_ms / b_ms if b_ms else 0.0,
+            a_steps=a_steps,
+            b_steps=b_steps,
+        ),
+        ops=_rows("op", pa.op_count, pa.op_ms, pb.op_count, pb.op_ms, delta, top),
+        kernels=_rows("kernel", pa.kernel_count, pa.kernel_ms, pb.kernel_count, pb.kernel_ms,
+                      delta, top),
+        phases=_rows("phase", {}, pa.phase_ms, {}, pb.phase_ms, delta, top),
+        a_files=[r.path for r in a.ranks],
+        b_files=[r.path for r in b.ranks],
+        notes=[f"A: {n}" for n in input_notes(a)] + [f"B: {n}" for n in input_notes(b)],
+    )
+    if len(a.ranks) != len(b.ranks):
+        out.notes.append(f"A has {len(a.ranks)} ranks, B {len(b.ranks)}: per-step sums differ")
+    return plain(out)
+
+
+def _predicted_gpu(tl: Timeline, steps: int) -> tuple[dict[str, float], dict[str, float]]:
+    """GPU ms per step by kernel name and by launching op name, in a replayed timeline."""
+    from perfcast.graph.model import NodeKind
+
+    g = tl.graph
+    c = g.cols
+    sel = np.flatnonzero((c["kind"] == NodeKind.GPU) & g.alive & (c["iteration"] >= 0))
+    if sel.size == 0:  # traces without steps: every GPU node
+        sel = np.flatnonzero((c["kind"] == NodeKind.GPU) & g.alive)
+    dur = (tl.end[sel] - tl.start[sel]).astype(np.float64)
+
+    def by(col: np.ndarray) -> dict[str, float]:
+        ok = col >= 0
+        if not ok.any():
+            return {}
+        uniq, inv = np.unique(col[ok], return_inverse=True)
+        tot = np.bincount(inv, weights=dur[ok]) / steps / NS_PER_MS
+        return {g.names[i]: t for i, t in zip(uniq.tolist(), tot.tolist())}
+
+    return by(c["name"][sel]), by(c["op_name"][sel])
+
+
+def compare_prediction(
+    out: TraceDiff,
+    a: EventTable,
+    b: EventTable,
+    applied: list[str],
+    result: WhatIfResult,
+    predicted: Timeline,
+    top: int = 20,
+) -> TraceDiff:
+    """Put a what-if prediction made from A (its result and replayed timeline) next to what B
+    measured: the step, and GPU time per kernel and per launching op. Returns `out`."""
+    pa, pb = _profile(a), _profile(b)
+    b_ms = out.step.b_ms
+    pred_k, pred_op = _predicted_gpu(predicted, pa.steps)
+    out.prediction = Prediction(
+        applied=list(applied),
+        predicted_ms=result.predicted_ms,
+        measured_ms=b_ms,
+        baseline_ms=result.baseline_ms,
+        predicted_speedup=result.speedup,
+        measured_speedup=out.step.speedup,
+        error_pct=100.0 * (result.predicted_ms - b_ms) / b_ms if b_ms else 0.0,
+        assumptions=[x for ap in result.applied for x in ap.assumptions],
+    )
+    rows: list[PredictedRow] = []
+    for kind, pred, a_t, b_t in (
+        ("kernel", pred_k, pa.kernel_ms, pb.kernel_ms),
+        ("op", pred_op, pa.op_gpu_ms, pb.op_gpu_ms),
+    ):
+        part = [
+            PredictedRow(kind, nm, a_t.get(nm, 0.0), pred.get(nm, 0.0), b_t.get(nm, 0.0),
+                         pred.get(nm, 0.0) - b_t.get(nm, 0.0))
+            for nm in set(pred) | set(b_t)
+        ]
+        part.sort(key=lambda r: (-max(r.b_ms, r.predicted_ms), r.name))
+        rows.extend(part[:top])
+    out.predicted = rows
+    return plain(out)

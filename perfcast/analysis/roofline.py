@@ -1,0 +1,299 @@
+"""Per-op roofline: FLOPs and bytes from the recorded input shapes, the GPU time of the kernels
+each op launched, achieved TFLOP/s and GB/s, and the fraction of the device's peak.
+
+Needs `record_shapes=True`. Formulas (per call; b = bytes per element):
+
+- mm [M,K]x[K,N]: 2MKN FLOPs, (MK + KN + MN)·b bytes; addmm adds the bias (read) to that;
+  bmm / baddbmm the same per batch; linear [...,K] with weight [N,K]: 2·rows·K·N.
+- scaled dot-product attention q [B,H,L,E], k [B,H,S,E], v [B,H,S,Ev]: 2·B·H·L·S·(E + Ev)
+  FLOPs (QKᵀ and PV), q + k + v + output bytes.
+- elementwise ops (add, mul, relu, ...) and normalizations / softmax: one FLOP per output
+  element (five for norms and softmax), every input read and the output written once.
+
+Convolutions are left out: the trace records their input shapes but not stride, padding or
+dilation, so their output size and FLOPs cannot be known.
+
+The dtype (and so b and the peak) is read from the names of the kernels the op launched
+(`hardware.classify.dtype_from_kernel_name`), fp32 when they do not say (the row says so).
+The peak is the device's for that dtype (`DeviceSpec.peak`), the bandwidth its memory's.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from perfcast.analysis.common import NS_PER_MS, device_spec, nearest_ancestor
+from perfcast.analysis.notes import input_notes
+from perfcast.events import EventTable, Kind
+from perfcast.frames import Tables, plain
+from perfcast.hardware.classify import dtype_from_kernel_name
+
+DTYPE_BYTES = {"fp64": 8, "fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
+
+_MATMUL = {
+    "aten::mm",
+    "aten::addmm",
+    "aten::bmm",
+    "aten::baddbmm",
+    "aten::linear",
+    "aten::matmul",
+    "aten::_addmm_activation",
+}
+_SDPA = (
+    "aten::_scaled_dot_product_flash_attention",
+    "aten::_scaled_dot_product_efficient_attention",
+    "aten::_scaled_dot_product_cudnn_attention",
+    "aten::_flash_attention_forward",
+    "aten::_efficient_attention_forward",
+)
+_ELEMENTWISE = {
+    "add", "add_", "sub", "sub_", "mul", "mul_", "div", "div_", "relu", "relu_", "gelu",
+    "silu", "silu_", "sigmoid", "tanh", "threshold_backward", "gelu_backward",
+    "silu_backward", "sigmoid_backward", "tanh_backward", "addcmul_", "addcdiv_", "lerp_",
+    "sqrt", "rsqrt", "exp", "neg", "pow", "clamp", "clamp_", "where", "fill_", "copy_",
+    "_foreach_add_", "_foreach_mul_", "dropout", "native_dropout", "abs", "maximum", "minimum",
+}  # fmt: skip
+_NORMS = {
+    "native_layer_norm",
+    "native_layer_norm_backward",
+    "_softmax",
+    "_log_softmax",
+    "_softmax_backward_data",
+    "native_batch_norm",
+    "cudnn_batch_norm",
+    "native_group_norm",
+    "_fused_rms_norm",
+}
+
+
+def op_cost(name: str, shapes: list, b: int) -> tuple[float, float] | None:
+    """(FLOPs, bytes) of one call of op `name` with input shapes `shapes`, or None.
+
+    >>> op_cost("aten::mm", [[64, 256], [256, 128]], 4)
+    (4194304.0, 229376.0)
+    """
+    # A tensor's shape is a list of ints; tensor lists and scalars count as no tensor.
+    dims = [
+        s if isinstance(s, list) and all(isinstance(x, int) for x in s) else [] for s in shapes
+    ]
+
+    def numel(s: list) -> int:
+        return math.prod(int(x) for x in s) if s else 0
+
+    tensors = [d for d in dims if d]
+    if name in _MATMUL:
+        return _matmul(name, dims, b)
+    if name in _SDPA and len(dims) >= 3 and len(dims[0]) == 4 and len(dims[1]) == 4:
+        bq, h, lq, e = dims[0]
+        s_len = dims[1][2]
+        ev = dims[2][3] if len(dims[2]) == 4 else e
+        flops = 2.0 * bq * h * lq * s_len * (e + ev)
+        out = bq * h * lq * ev
+        return flops, float(numel(dims[0]) + numel(dims[1]) + numel(dims[2]) + out) * b
+    short = name.removeprefix("aten::")
+    if (short in _ELEMENTWISE or short in _NORMS) and tensors:
+        out = max(numel(t) for t in tensors)
+        per = 5.0 if short in _NORMS else 1.0
+        return per * out, float(sum(numel(t) for t in tensors) + out) * b
+    return None
+
+
+def _matmul(name: str, dims: list[list], b: int) -> tuple[float, float] | None:
+    if name in ("aten::mm",) and len(dims) >= 2 and len(dims[0]) == 2 and len(dims[1]) == 2:
+        (m, k), (_, n) = dims[0], dims[1]
+        return 2.0 * m * k * n, float(m * k + k * n + m * n) * b
+    if name in ("aten::addmm", "aten::_addmm_activation") and len(dims) >= 3:
+        bias, a, w = dims[0], dims[1], dims[2]
+        if len(a) == 2 and len(w) == 2:
+            (m, k), (_, n) = a, w
+            bias_n = math.prod(bias) if bias else 0
+            return 2.0 * m * k * n, float(m * k + k * n + m * n + bias_n) * b
+    if name == "aten::bmm" and len(dims) >= 2 and len(dims[0]) == 3 and len(dims[1]) == 3:
+        (bt, m, k), (_, _, n) = dims[0], dims[1]
+        return 2.0 * bt * m * k * n, float(bt * (m * k + k * n + m * n)) * b
+    if name == "aten::baddbmm" and len(dims) >= 3 and len(dims[1]) == 3 and len(dims[2]) == 3:
+        (bt, m, k), (_, _, n) = dims[1], dims[2]
+        return 2.0 * bt * m * k * n, float(bt * (m * k + k * n + 2 * m * n)) * b
+    if name == "aten::linear" and len(dims) >= 2 and dims[0] and len(dims[1]) == 2:
+        rows = math.prod(dims[0][:-1]) if len(dims[0]) > 1 else 1
+        k = dims[0][-1]
+        n = dims[1][0]
+        bias_n = math.prod(dims[2]) if len(dims) > 2 and dims[2] else 0
+        return 2.0 * rows * k * n, float(rows * k + k * n + rows * n + bias_n) * b
+    if name == "aten::matmul" and len(dims) >= 2 and len(dims[0]) >= 2 and len(dims[1]) == 2:
+        rows = math.prod(dims[0][:-1])
+        k = dims[0][-1]
+        n = dims[1][1]
+        return 2.0 * rows * k * n, float(rows * k + k * n + rows * n) * b
+    return None
+
+
+@dataclass
+class OpRoofline:
+    rank: int
+    op: str
+    shapes: str
+    dtype: str
+    dtype_assumed: bool  # the kernels' names did not say: fp32 assumed
+    calls: int
+    kernels: int
+    gpu_ms: float
+    gflops_per_call: float
+    mb_per_call: float
+    intensity: float  # FLOPs per byte
+    tflops: float  # achieved
+    gbs: float  # achieved
+    peak_tflops: float | None
+    peak_gbs: float | None
+    pct_peak_flops: float | None
+    pct_peak_bw: float | None
+    bound: str  # "compute" or "memory": which side of the device's ridge point
+
+
+@dataclass(repr=False)
+class Roofline(Tables):
+    """Result of `roofline`; table: ops (one row per op, shapes and rank)."""
+
+    ops: list[OpRoofline]
+    covered_pct: list[float]  # per rank: share of kernel time the rows account for
+    notes: list[str] = field(default_factory=list)
+
+    ROW_TYPES = {"ops": OpRoofline}  # noqa: RUF012
+
+
+def _parse_shapes(text: str) -> list | None:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        try:
+            import ast
+
+            value = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            return None
+    return value if isinstance(value, list) else None
+
+
+def roofline(table: EventTable, top: int = 30) -> Roofline:
+    """FLOPs, bytes, achieved TFLOP/s and GB/s per op (and shapes), against the device's peak.
+
+    >>> import perfcast
+    >>> r = roofline(perfcast.load("trace_with_shapes.json.gz"))      # doctest: +SKIP
+    >>> r.to_pandas()[["op", "tflops", "pct_peak_flops"]]             # doctest: +SKIP
+    """
+    out = Roofline([], [], notes=input_notes(table))
+    names = table.names
+    formula = np.array(
+        [
+            n in _MATMUL
+            or n in _SDPA
+            or n.removeprefix("aten::") in _ELEMENTWISE
+            or n.removeprefix("aten::") in _NORMS
+            for n in names
+        ],
+        dtype=bool,
+    )
+    wanted = (table.kind == Kind.CPU_OP) & formula[table.name] & (table.shapes >= 0)
+    kern = np.flatnonzero((table.kind == Kind.KERNEL) & (table.launch >= 0))
+    launch = table.launch[kern].astype(np.int64)
+    op = nearest_ancestor(table, table.parent[launch], wanted)
+    ok = op >= 0
+    kern, op = kern[ok], op[ok]
+    if kern.size == 0:
+        out.notes.append(
+            "no kernel was launched by an op with recorded shapes "
+            "(record_shapes=True) and a known formula"
+        )
+        return plain(out)
+    # Per op instance: GPU time, kernel count, kernel names (for the dtype).
+    inst, inv = np.unique(op, return_inverse=True)
+    gpu_ns = np.bincount(inv, weights=table.dur[kern])
+    n_kern = np.bincount(inv)
+    first_kernel = np.full(inst.size, -1, dtype=np.int64)
+    first_kernel[inv[::-1]] = kern[::-1]
+    # Group instances by (rank, op name, shapes).
+    key = np.stack([table.rank[inst], table.name[inst], table.shapes[inst]], axis=1)
+    groups, ginv = np.unique(key, axis=0, return_inverse=True)
+    ginv = ginv.reshape(-1)
+    g_gpu = np.bincount(ginv, weights=gpu_ns)
+    g_calls = np.bincount(ginv)
+    g_kern = np.bincount(ginv, weights=n_kern)
+    devices = {info.rank: device_spec(info) for info in table.ranks}
+    dtype_of_kernel: dict[int, str | None] = {}
+    for gi in np.argsort(-g_gpu, kind="stable").tolist():
+        rank, name_i, shape_i = (int(x) for x in groups[gi])
+        shapes = _parse_shapes(names[shape_i])
+        members = first_kernel[ginv == gi]
+        votes: Counter[str] = Counter()
+        for kname in table.name[members].tolist():
+            if kname not in dtype_of_kernel:
+                dtype_of_kernel[kname] = dtype_from_kernel_name(names[kname])
+            if dtype_of_kernel[kname]:
+                votes[dtype_of_kernel[kname]] += 1  # type: ignore[index]
+        dtype = votes.most_common(1)[0][0] if votes else "fp32"
+        b = DTYPE_BYTES.get(dtype, 4)
+        cost = op_cost(names[name_i], shapes, b) if shapes is not None else None
+        if cost is None:
+            continue
+        flops, nbytes = cost
+        calls = int(g_calls[gi])
+        secs = g_gpu[gi] / 1e9
+        spec = devices.get(rank)
+        peak = spec.peak(dtype) if spec else None
+        bw = spec.mem_bw_gbs if spec else None
+        tflops = flops * calls / secs / 1e12 if secs > 0 else 0.0
+        gbs = nbytes * calls / secs / 1e9 if secs > 0 else 0.0
+        intensity = flops / nbytes if nbytes else 0.0
+        ridge = (peak * 1e12) / (bw * 1e9) if peak and bw else None
+        out.ops.append(
+            OpRoofline(
+                rank=rank,
+                op=names[name_i],
+                shapes=names[shape_i],
+                dtype=dtype,
+                dtype_assumed=not votes,
+                calls=calls,
+                kernels=int(g_kern[gi]),
+                gpu_ms=g_gpu[gi] / NS_PER_MS,
+                gflops_per_call=flops / 1e9,
+                mb_per_call=nbytes / 1e6,
+                intensity=intensity,
+                tflops=tflops,
+                gbs=gbs,
+                peak_tflops=peak,
+                peak_gbs=bw,
+                pct_peak_flops=100.0 * tflops / peak if peak else None,
+                pct_peak_bw=100.0 * gbs / bw if bw else None,
+                bound="compute"
+                if ridge is not None and intensity >= ridge
+                else "memory"
+                if ridge is not None
+                else "",
+            )
+        )
+    total_kernel = {
+        info.rank: float(table.dur[(table.kind == Kind.KERNEL) & (table.rank == info.rank)].sum())
+        for info in table.ranks
+    }
+    covered: dict[int, float] = {}
+    for row in out.ops:
+        covered[row.rank] = covered.get(row.rank, 0.0) + row.gpu_ms * NS_PER_MS
+    out.covered_pct = [
+        100.0 * covered.get(r, 0.0) / (total_kernel[r] or 1.0) for r in table.rank_ids()
+    ]
+    # Keep the `top` rows by GPU time per rank (the table is sorted that way already).
+    kept: dict[int, int] = {}
+    rows = []
+    for row in out.ops:
+        if kept.get(row.rank, 0) < top:
+            rows.append(row)
+            kept[row.rank] = kept.get(row.rank, 0) + 1
+    out.ops = rows
+    if any(devices[r] is None for r in devices):
+        out.notes.append("unknown device on some ranks: no peak to compare with")
+    return plain(out)

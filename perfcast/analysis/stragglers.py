@@ -1,0 +1,166 @@
+"""Stragglers across ranks: which rank's late arrival at each collective makes the others wait.
+
+The n-th collective of a kind in one process group is matched across ranks (as the graph
+builder matches them). A collective ends at about the same moment everywhere, so rank clocks
+are aligned on the median difference of matched end times. A rank's arrival is its kernel's
+start on the aligned clock; the last rank to arrive is that collective's straggler, and every
+other rank waits (last arrival − its own arrival) for it.
+
+Per rank: how often it arrived last, the waiting it caused (summed over the ranks that
+waited) and its mean lateness (arrival − median arrival). Ranks are ranked by the waiting
+they caused; the candidates are the top `candidates` (HTA's `get_potential_stragglers`
+reports two by default; it ranks ranks by how late their dominant collective starts).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from perfcast.analysis.common import NS_PER_MS, NS_PER_US
+from perfcast.analysis.notes import input_notes
+from perfcast.events import EventTable
+from perfcast.frames import Tables, plain
+from perfcast.graph.phases import collective_kernel_mask
+
+_KIND = re.compile(
+    r"(AllReduce|AllGather|ReduceScatter|Broadcast|Reduce|SendRecv|AllToAll|"
+    r"Send|Recv|all_reduce|all_gather|reduce_scatter|broadcast)",
+    re.IGNORECASE,
+)
+
+
+@dataclass
+class RankLateness:
+    rank: int
+    collectives: int  # matched collectives it took part in
+    times_last: int
+    last_pct: float
+    wait_caused_ms: float  # summed over the ranks that waited for it
+    mean_lateness_us: float  # arrival − median arrival, averaged over collectives
+    clock_offset_us: float  # added to this rank's clock to align it
+    candidate: bool
+
+
+@dataclass
+class LateCollective:
+    index: int  # position among the matched collectives of its kind and group
+    kind: str
+    group: str
+    last_rank: int
+    max_wait_us: float  # last arrival − first arrival
+    wait_caused_ms: float  # summed over the other ranks
+    start_ms: float  # last arrival, aligned clock, from the first matched collective
+
+
+@dataclass(repr=False)
+class Stragglers(Tables):
+    """Result of `stragglers`; tables: by_rank, worst (the collectives with the longest waits)."""
+
+    by_rank: list[RankLateness]
+    worst: list[LateCollective]
+    candidates: list[int]  # the ranks that caused the most waiting, most first
+    matched: int  # collectives matched across all ranks
+    notes: list[str] = field(default_factory=list)
+
+    ROW_TYPES = {"by_rank": RankLateness, "worst": LateCollective}  # noqa: RUF012
+
+
+def _collective_lists(table: EventTable) -> dict[int, dict[tuple[str, str], np.ndarray]]:
+    """Per rank, per (kind, group): its collective kernel rows in start order."""
+    rows = np.flatnonzero(collective_kernel_mask(table))
+    kind_of = {}
+    for i in np.unique(table.name[rows]).tolist():
+        m = _KIND.search(table.names[i])
+        kind_of[i] = m.group(1).lower() if m else "collective"
+    out: dict[int, dict[tuple[str, str], list[int]]] = defaultdict(lambda: defaultdict(list))
+    rows = rows[np.argsort(table.ts[rows], kind="stable")]
+    groups = table.coll_ranks[rows]
+    for r, nm, rk, gr in zip(
+        rows.tolist(), table.name[rows].tolist(), table.rank[rows].tolist(), groups.tolist()
+    ):
+        out[rk][(kind_of[nm], table.names[gr] if gr >= 0 else "")].append(r)
+    return {rk: {k: np.array(v) for k, v in d.items()} for rk, d in out.items()}
+
+
+def stragglers(table: EventTable, candidates: int = 2, top: int = 20) -> Stragglers:
+    """Which ranks arrive last at collectives, and how long the others wait for them.
+
+    >>> import perfcast
+    >>> r = stragglers(perfcast.load("traces/dlrm_8_ranks/"))        # doctest: +SKIP
+    >>> r.candidates                                                  # doctest: +SKIP
+    [7, 2]
+    """
+    out = Stragglers([], [], [], 0, notes=input_notes(table))
+    ranks = table.rank_ids()
+    if len(ranks) < 2:
+        out.notes.append("one rank: stragglers need the traces of several ranks")
+        return out
+    lists = _collective_lists(table)
+    keys = set.intersection(*(set(lists.get(r, {})) for r in ranks)) if lists else set()
+    matched: list[tuple[str, str, int, np.ndarray]] = []  # (kind, group, index, rows per rank)
+    for key in sorted(keys):
+        per = [lists[r][key] for r in ranks]
+        if len({p.size for p in per}) != 1:
+            out.notes.append(
+                f"{key[0]} collectives in group {key[1] or '(default)'}: counts differ across "
+                "ranks; not matched"
+            )
+            continue
+        mat = np.stack(per, axis=1)  # (collectives, ranks)
+        matched.extend((key[0], key[1], i, mat[i]) for i in range(mat.shape[0]))
+    if not matched:
+        out.notes.append("no collective is present on every rank: nothing to compare")
+        return out
+    rows = np.stack([m[3] for m in matched])  # (n, ranks)
+    base = np.array([table.rank_info(r).base_ns for r in ranks], dtype=np.int64)
+    start = table.ts[rows] + base
+    end = start + table.dur[rows]
+    offset = np.median(end - end[:, :1], axis=0)  # align every rank to the first
+    arrive = start - offset
+    last = np.argmax(arrive, axis=1)
+    latest = arrive.max(axis=1)
+    waits = latest[:, None] - arrive  # each rank's wait for the last one
+    caused = waits.sum(axis=1)
+    lateness = arrive - np.median(arrive, axis=1, keepdims=True)
+    n = rows.shape[0]
+    out.matched = n
+    caused_by_rank = np.bincount(last, weights=caused, minlength=len(ranks))
+    times_last = np.bincount(last, minlength=len(ranks))
+    # Candidates: the ranks that are late most consistently (mean lateness), not the one that
+    # caused the single longest wait; the waits they caused are reported beside it.
+    mean_late = lateness.mean(axis=0)
+    order = np.argsort(-mean_late, kind="stable")
+    cand = [ranks[i] for i in order[:candidates].tolist() if mean_late[i] > 0]
+    out.candidates = cand
+    for j, r in enumerate(ranks):
+        out.by_rank.append(
+            RankLateness(
+                rank=r,
+                collectives=n,
+                times_last=int(times_last[j]),
+                last_pct=100.0 * times_last[j] / n,
+                wait_caused_ms=caused_by_rank[j] / NS_PER_MS,
+                mean_lateness_us=float(lateness[:, j].mean()) / NS_PER_US,
+                clock_offset_us=-float(offset[j]) / NS_PER_US,
+                candidate=r in cand,
+            )
+        )
+    t0 = float(arrive.min())
+    for i in np.argsort(-caused, kind="stable")[:top].tolist():
+        kind, group, idx, _ = matched[i]
+        out.worst.append(
+            LateCollective(
+                index=idx,
+                kind=kind,
+                group=group,
+                last_rank=ranks[int(last[i])],
+                max_wait_us=float(latest[i] - arrive[i].min()) / NS_PER_US,
+                wait_caused_ms=float(caused[i]) / NS_PER_MS,
+                start_ms=(float(latest[i]) - t0) / NS_PER_MS,
+            )
+        )
+    return plain(out)

@@ -1,0 +1,114 @@
+"""`perfcast analyze` (the HTA / TraceLens battery) and `perfcast diff A B` (registered by main)."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from typing import Any
+
+from perfcast.errors import PerfcastError
+
+
+def register(sub: Any, add_common: Callable[[Any], None], table: dict[str, Any]) -> None:
+    """Add `analyze` and `diff` to the parser and the dispatch table."""
+    from perfcast.analysis.battery import ANALYSES
+
+    p = sub.add_parser(
+        "analyze",
+        help="kernel breakdown, idle time, launches, launch queue, memory, stragglers, "
+        "collectives, roofline, scopes, kernels by op",
+        description="Every trace analysis HTA and TraceLens offer, on every rank. Analyses: "
+        + "; ".join(f"{k} ({v[1]})" for k, v in ANALYSES.items()),
+    )
+    p.add_argument("path", help="trace file (.json/.json.gz) or folder of rank files")
+    p.add_argument(
+        "--only", metavar="NAME,...", help=f"run only these ({', '.join(ANALYSES)})"
+    )
+    p.add_argument("--top", type=int, default=10, help="rows per ranked table (default 10)")
+    p.add_argument("--rows", type=int, default=12, help="rows shown per table in the terminal")
+    _add_exports(p)
+    add_common(p)
+    table["analyze"] = cmd_analyze
+
+    p = sub.add_parser(
+        "diff",
+        help="compare two traces of the same program; --apply predicts B from A",
+        description="Step time delta and, per op, kernel and phase, count and time deltas per "
+        "step, largest first. With --apply, the what-ifs are applied to A and the prediction "
+        "is put next to what B measured.",
+    )
+    p.add_argument("a", metavar="A", help="baseline trace file or folder of rank files")
+    p.add_argument("b", metavar="B", help="changed trace file or folder of rank files")
+    p.add_argument(
+        "--apply",
+        action="append",
+        default=[],
+        metavar="NAME[:key=value,...]",
+        help="predict B from A with these what-ifs (repeat to compose; see `perfcast whatif "
+        "--list`)",
+    )
+    p.add_argument("--top", type=int, default=20, help="rows per table (default 20)")
+    _add_exports(p)
+    add_common(p)
+    table["diff"] = cmd_diff
+
+
+def _add_exports(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--csv", metavar="DIR", help="also write every table as DIR/NAME.csv")
+    p.add_argument(
+        "--parquet", metavar="DIR", help="also write every table as DIR/NAME.parquet (pyarrow)"
+    )
+
+
+def _write_exports(args: argparse.Namespace, tables: dict[str, Any], ui: Any) -> None:
+    from perfcast.frames import write_tables
+
+    for fmt, folder in (("csv", args.csv), ("parquet", args.parquet)):
+        if folder:
+            try:
+                paths = write_tables(tables, folder, fmt)
+            except OSError as exc:
+                raise PerfcastError(f"cannot write tables ({exc.strerror})", path=folder) from None
+            ui.note(f"wrote {len(paths)} {fmt} tables to {folder}")
+
+
+def cmd_analyze(args: argparse.Namespace, ui: Any) -> int:
+    from perfcast.analysis.battery import analyze, parse_only
+
+    only = parse_only(args.only)  # bad names fail before the trace is read
+    if args.top < 1:
+        raise PerfcastError("--top must be at least 1")
+    table = ui.load(args.path)
+    result = analyze(table, only=only, top=args.top)
+    _write_exports(args, result.tables(), ui)
+    if args.json:
+        ui.emit_json(result)
+        return 0
+    from perfcast.report.analyses_terminal import render_analyses
+
+    render_analyses(result, ui.out, rows=args.rows)
+    return 0
+
+
+def cmd_diff(args: argparse.Namespace, ui: Any) -> int:
+    from perfcast.api import diff
+    from perfcast.frames import result_tables
+
+    if args.top < 1:
+        raise PerfcastError("--top must be at least 1")
+    if args.apply:
+        from perfcast.whatif.registry import parse_spec
+
+        for spec in args.apply:
+            parse_spec(spec)  # a bad spec fails before the traces are read
+    a = ui.load(args.a)
+    b = ui.load(args.b)
+    result = diff(a, b, apply=args.apply or None, top=args.top)
+    _write_exports(args, result_tables(result), ui)
+    if args.json:
+        ui.emit_json(result)
+        return 0
+    from perfcast.report.analyses_terminal import render_diff
+
+    render_diff(result, ui.out, rows=args.top)
+    return 0

@@ -1,0 +1,289 @@
+"""Hand results and events to pandas, polars or Arrow (optional extras: `perfcast[dataframe]`).
+
+Every analysis result is a dataclass whose list-of-row fields are its tables (`Tables`):
+`result.table_names()` lists them, `result.to_pandas()` gives the first one as a DataFrame and
+`result.to_pandas("by_stream")` a named one. An `EventTable` converts column by column:
+numeric columns are handed over without a copy where the library allows it, and names become
+categoricals (the interned strings once, plus the int32 codes the table already has).
+
+    >>> import perfcast
+    >>> table = perfcast.load("perfcast/examples/ddp_a100_rank0.json.gz")
+    >>> df = table.to_pandas()                          # one row per event   # doctest: +SKIP
+    >>> perfcast.idle_time(table).to_pandas("by_stream")                     # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from perfcast.errors import PerfcastError
+
+if TYPE_CHECKING:
+    from perfcast.events import EventTable
+
+Columns = dict[str, Any]  # column name -> NumPy array or list
+
+
+def _need(module: str, extra: str = "dataframe") -> Any:
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise PerfcastError(
+            f"this needs {module.split('.')[0]}, which is not installed",
+            hint=f"pip install 'perfcast[{extra}]'",
+        ) from None
+
+
+# ---------------------------------------------------------------------------------------------
+# Results
+
+
+def _is_row_list(value: Any) -> bool:
+    return (
+        isinstance(value, list)
+        and bool(value)
+        and dataclasses.is_dataclass(value[0])
+        and not isinstance(value[0], type)
+    )
+
+
+def _scalar(v: Any) -> Any:
+    if isinstance(v, enum.Enum):
+        return v.name.lower()
+    if isinstance(v, (list, tuple, dict)):
+        return ", ".join(map(str, v)) if isinstance(v, (list, tuple)) else str(v)
+    return v
+
+
+def rows_to_columns(rows: list[Any], row_type: type | None = None) -> Columns:
+    """A list of row dataclasses as columns (nested lists become comma-joined text)."""
+    if not rows and row_type is None:
+        return {}
+    fields = [f.name for f in dataclasses.fields(row_type or rows[0])]
+    return {name: [_scalar(getattr(r, name)) for r in rows] for name in fields}
+
+
+def result_tables(result: Any) -> dict[str, Columns]:
+    """Every table of a result dataclass: its fields that are lists of row dataclasses.
+
+    Empty lists still give a table (with its columns) when the field's row type is known
+    from `Tables.ROW_TYPES`.
+    """
+    out: dict[str, Columns] = {}
+    row_types: dict[str, type] = getattr(result, "ROW_TYPES", {})
+    for f in dataclasses.fields(result):
+        value = getattr(result, f.name)
+        if _is_row_list(value):
+            out[f.name] = rows_to_columns(value)
+        elif isinstance(value, list) and not value and f.name in row_types:
+            out[f.name] = rows_to_columns([], row_types[f.name])
+    return out
+
+
+def columns_to_pandas(cols: Columns) -> Any:
+    pd = _need("pandas")
+    return pd.DataFrame({k: v for k, v in cols.items()}, copy=False)
+
+
+def columns_to_arrow(cols: Columns) -> Any:
+    pa = _need("pyarrow")
+    return pa.table({k: v if isinstance(v, np.ndarray) else pa.array(v) for k, v in cols.items()})
+
+
+def columns_to_polars(cols: Columns) -> Any:
+    pl = _need("polars")
+    return pl.DataFrame({k: v for k, v in cols.items()})
+
+
+class Tables:
+    """Mixin for result dataclasses: their list-of-row fields as DataFrames.
+
+    Example:
+        >>> r = perfcast.kernel_breakdown("trace.json.gz")      # doctest: +SKIP
+        >>> r.table_names()                                     # doctest: +SKIP
+        ['by_kind', 'overlap', 'top', 'across_ranks']
+        >>> r.to_pandas("top").head()                           # doctest: +SKIP
+    """
+
+    ROW_TYPES: dict[str, type] = {}  # noqa: RUF012  (class-level metadata, never mutated)
+
+    def table_names(self) -> list[str]:
+        """Names of this result's tables, the main one first."""
+        return list(result_tables(self))
+
+    def table(self, name: str | None = None) -> Columns:
+        """One table as plain columns (lists), the first one when `name` is None."""
+        tables = result_tables(self)
+        if not tables:
+            raise PerfcastError(f"{type(self).__name__} has no rows to tabulate")
+        if name is None:
+            return next(iter(tables.values()))
+        if name not in tables:
+            raise PerfcastError(
+                f"{type(self).__name__} has no table {name!r}", hint=f"one of {list(tables)}"
+            )
+        return tables[name]
+
+    def to_pandas(self, name: str | None = None) -> Any:
+        """One table as a pandas DataFrame (`pip install 'perfcast[dataframe]'`)."""
+        return columns_to_pandas(self.table(name))
+
+    def to_polars(self, name: str | None = None) -> Any:
+        """One table as a polars DataFrame."""
+        return columns_to_polars(self.table(name))
+
+    def to_arrow(self, name: str | None = None) -> Any:
+        """One table as a pyarrow Table."""
+        return columns_to_arrow(self.table(name))
+
+    def __repr__(self) -> str:
+        return short_repr(self)
+
+
+def short_repr(result: Any) -> str:
+    """`Name(table: N rows, ...; notes: K)`: what a result holds, never its whole content."""
+    parts = []
+    for f in dataclasses.fields(result):
+        v = getattr(result, f.name)
+        if isinstance(v, list):
+            if _is_row_list(v):
+                parts.append(f"{f.name}: {len(v)} rows")
+            elif len(repr(v)) < 60:
+                parts.append(f"{f.name}={v!r}")
+            else:
+                parts.append(f"{f.name}: {len(v)} items")
+        elif dataclasses.is_dataclass(v):
+            parts.append(f"{f.name}: {type(v).__name__}")
+        elif v is None or isinstance(v, (int, float, str, bool)):
+            text = repr(v)
+            parts.append(f"{f.name}={text if len(text) < 60 else text[:57] + '...'}")
+    return f"{type(result).__name__}({', '.join(parts)})"
+
+
+# ---------------------------------------------------------------------------------------------
+# Events
+
+# Columns handed over as they are (one value per event).
+_PLAIN = (
+    "rank", "pid", "tid", "ts", "dur", "correlation", "external_id", "seq", "fwd_tid",
+    "parent", "iteration", "nbytes", "mem_total", "coll_in", "coll_out", "coll_group",
+    "wait_stream", "wait_corr", "launch",
+)  # fmt: skip
+# Columns that index `names` (NONE = -1 where absent).
+_NAMED = ("name", "shapes", "coll_name", "coll_dtype", "coll_ranks")
+
+
+def event_columns(table: EventTable) -> dict[str, Any]:
+    """The table's columns: plain arrays, plus (codes, names) pairs for the named ones."""
+    cols: dict[str, Any] = {"kind": table.kind}
+    for c in _PLAIN:
+        cols[c] = getattr(table, c)
+    for c in _NAMED:
+        cols[c] = (getattr(table, c), table.names)
+    return cols
+
+
+def events_to_pandas(table: EventTable) -> Any:
+    """One row per event; `kind` and the name columns are categoricals, times in ns."""
+    pd = _need("pandas")
+    from perfcast.events import Kind
+
+    kinds = [k.name.lower() for k in Kind]
+    data: dict[str, Any] = {}
+    for key, col in event_columns(table).items():
+        if key == "kind":
+            data[key] = pd.Categorical.from_codes(col.astype(np.int16), categories=kinds)
+        elif isinstance(col, tuple):
+            codes, names = col
+            # from_codes wants unique categories; interned names are unique by construction.
+            data[key] = pd.Categorical.from_codes(codes, categories=pd.Index(names))
+        else:
+            data[key] = col
+    return pd.DataFrame(data, copy=False)
+
+
+def events_to_arrow(table: EventTable) -> Any:
+    """One row per event as a pyarrow Table; name columns are dictionary-encoded."""
+    pa = _need("pyarrow")
+    from perfcast.events import Kind
+
+    kinds = pa.array([k.name.lower() for k in Kind])
+    names = pa.array(table.names, type=pa.string())
+    arrays: dict[str, Any] = {}
+    for key, col in event_columns(table).items():
+        if key == "kind":
+            arrays[key] = pa.DictionaryArray.from_arrays(pa.array(col), kinds)
+        elif isinstance(col, tuple):
+            codes = col[0]
+            idx = pa.array(codes, mask=codes < 0)  # absent -> null
+            arrays[key] = pa.DictionaryArray.from_arrays(idx, names)
+        else:
+            arrays[key] = pa.array(col)
+    return pa.table(arrays)
+
+
+def events_to_polars(table: EventTable) -> Any:
+    """One row per event as a polars DataFrame (via Arrow: categoricals kept)."""
+    pl = _need("polars")
+    return pl.from_arrow(events_to_arrow(table))
+
+
+# ---------------------------------------------------------------------------------------------
+# Files
+
+
+def write_tables(tables: dict[str, Columns], folder: str, fmt: str) -> list[str]:
+    """Write each table to FOLDER/<name>.csv or .parquet; the paths written.
+
+    CSV needs nothing beyond the standard library; Parquet needs pyarrow.
+    """
+    import csv
+    import os
+
+    if os.path.exists(folder) and not os.path.isdir(folder):
+        raise PerfcastError("not a folder", path=folder)
+    os.makedirs(folder, exist_ok=True)
+    written = []
+    for name, cols in tables.items():
+        path = os.path.join(folder, f"{name}.{fmt}")
+        if fmt == "csv":
+            keys = list(cols)
+            n = len(cols[keys[0]]) if keys else 0
+            with open(path, "w", newline="", encoding="utf-8") as fh:
+                w = csv.writer(fh)
+                w.writerow(keys)
+                columns = [list(cols[k]) for k in keys]
+                for i in range(n):
+                    w.writerow([c[i] for c in columns])
+        elif fmt == "parquet":
+            pq = _need("pyarrow.parquet")
+            pq.write_table(columns_to_arrow(cols), path)
+        else:
+            raise PerfcastError(f"unknown table format {fmt!r}")
+        written.append(path)
+    return written
+
+
+def plain(obj: Any) -> Any:
+    """Replace NumPy scalars inside a result (dataclasses and lists, in place) by Python
+    numbers, so msgspec and json can encode it; returns `obj`."""
+    if isinstance(obj, list):
+        for i, v in enumerate(obj):
+            if isinstance(v, np.generic):
+                obj[i] = v.item()
+            elif isinstance(v, list) or (dataclasses.is_dataclass(v) and not isinstance(v, type)):
+                plain(v)
+    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        for f in dataclasses.fields(obj):
+            v = getattr(obj, f.name)
+            if isinstance(v, np.generic):
+                setattr(obj, f.name, v.item())
+            elif isinstance(v, list) or (dataclasses.is_dataclass(v) and not isinstance(v, type)):
+                plain(v)
+    return obj

@@ -1,0 +1,119 @@
+"""Terminal tables for `perfcast analyze` and `perfcast diff`. Renderers only format."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from perfcast.frames import result_tables
+
+if TYPE_CHECKING:
+    from perfcast.analysis.battery import Analyses
+    from perfcast.analysis.diff import TraceDiff
+
+# Tables drawn as charts in the HTML report, too long for a terminal.
+SERIES = {"series", "timeline", "bandwidth"}
+# Columns shown in the terminal where a table has many; --json and --csv have them all.
+COLUMNS: dict[str, tuple[str, ...]] = {
+    "kernels.top": ("rank", "kind", "count", "total_ms", "mean_us", "max_us", "pct", "name"),
+    "launches.by_kernel": ("rank", "launches", "mean_cpu_us", "mean_gpu_us", "mean_delay_us",
+                           "short_kernels", "delay_outliers", "name"),
+    "launches.by_op": ("rank", "launches", "mean_cpu_us", "mean_gpu_us", "mean_delay_us",
+                       "short_kernels", "delay_outliers", "name"),
+    "launches.by_runtime": ("rank", "launches", "mean_cpu_us", "mean_gpu_us", "mean_delay_us",
+                            "runtime_outliers", "name"),
+    "collectives.by_op": ("rank", "op", "algorithm", "protocol", "dtype", "size_bytes",
+                          "group_size", "count", "mean_us", "busbw_gbs", "best_busbw_gbs",
+                          "link", "pct_of_peak"),
+    "roofline.ops": ("rank", "op", "dtype", "calls", "gpu_ms", "gflops_per_call", "tflops",
+                     "gbs", "pct_peak_flops", "pct_peak_bw", "bound", "shapes"),
+    "scopes.scopes": ("rank", "kind", "count", "total_ms", "cpu_ms", "gpu_ms", "kernels", "name"),
+    "ops.by_op": ("rank", "calls", "kernels", "gpu_ms", "mean_gpu_us", "mean_op_to_launch_us",
+                  "mean_runtime_delay_us", "mean_op_to_kernel_us", "op"),
+    "ops.sequences": ("rank", "occurrences", "mean_op_to_launch_us", "mean_runtime_delay_us",
+                      "op", "sequence"),
+    "idle.intervals": ("rank", "stream", "category", "count", "total_ms", "mean_us", "p50_us",
+                       "max_us"),
+}  # fmt: skip
+TEXT_COLUMNS = {"name", "op", "sequence", "shapes", "kernel", "runtime", "kinds", "group"}
+
+
+def _cell(v: Any, width: int = 60) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, bool):
+        return "yes" if v else ""
+    if isinstance(v, float):
+        a = abs(v)
+        if a == 0:
+            return "0"
+        if a >= 100:
+            return f"{v:,.0f}"
+        if a >= 1:
+            return f"{v:,.2f}"
+        return f"{v:.3g}"
+    if isinstance(v, int):
+        return f"{v:,}" if abs(v) >= 10_000 else str(v)
+    s = str(v)
+    return s if len(s) <= width else s[: width - 1] + "…"
+
+
+def render_table(
+    console: Console, title: str, cols: dict[str, list], keep: tuple[str, ...] | None, rows: int
+) -> None:
+    names = [c for c in (keep or tuple(cols)) if c in cols]
+    n = len(cols[names[0]]) if names else 0
+    if n == 0:
+        return
+    t = Table(title=Text(title), title_justify="left", box=None, pad_edge=False)
+    for c in names:
+        t.add_column(c, justify="left" if c in TEXT_COLUMNS else "right", no_wrap=c != "name",
+                     overflow="fold" if c in TEXT_COLUMNS else "ellipsis")
+    for i in range(min(n, rows)):
+        t.add_row(*(Text(_cell(cols[c][i])) for c in names))
+    console.print(t)
+    if n > rows:
+        console.print(Text(f"  … {n - rows} more rows (--json, --csv or the API have them all)",
+                           style="dim"))
+
+
+def render_analyses(result: Analyses, console: Console, rows: int = 12) -> None:
+    from perfcast.analysis.battery import ANALYSES
+
+    for note in result.notes:
+        console.print(Text(f"note: {note}", style="yellow"))
+    for name, res in result.results().items():
+        console.rule(Text(f"{name}: {ANALYSES[name][1]}", style="bold"), align="left")
+        if name == "stragglers" and res.candidates:
+            console.print(Text(f"straggler candidates: ranks {', '.join(map(str, res.candidates))}"
+                               f" ({res.matched} collectives matched across ranks)"))
+        for tname, cols in result_tables(res).items():
+            if tname in SERIES:
+                continue
+            render_table(console, f"{name} · {tname}", cols, COLUMNS.get(f"{name}.{tname}"), rows)
+        for note in res.notes:
+            console.print(Text(f"  note: {note}", style="yellow"))
+        console.print()
+
+
+def render_diff(result: TraceDiff, console: Console, rows: int = 15) -> None:
+    for note in result.notes:
+        console.print(Text(f"note: {note}", style="yellow"))
+    s = result.step
+    head = (
+        f"step time: A {s.a_ms:,.3f} ms → B {s.b_ms:,.3f} ms "
+        f"({s.delta_ms:+,.3f} ms, {s.delta_pct:+.1f}%, speedup {s.speedup:.3f}×)"
+    )
+    console.print(Text(head, style="bold"))
+    if result.prediction is not None:
+        p = result.prediction
+        console.print(Text(
+            f"predicted from A with {', '.join(p.applied)}: {p.predicted_ms:,.3f} ms per step "
+            f"(speedup {p.predicted_speedup:.3f}×), measured in B {p.measured_ms:,.3f} ms "
+            f"(speedup {p.measured_speedup:.3f}×): error {p.error_pct:+.1f}%",
+            style="bold"))
+    for tname, cols in result_tables(result).items():
+        render_table(console, tname, cols, None, rows)

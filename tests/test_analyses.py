@@ -1,0 +1,323 @@
+"""The trace analyses of `perfcast analyze`: numbers computed by hand on a small built trace,
+and numbers HTA 0.5.0 reports on shared traces (within 1%)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import perfcast
+from perfcast.analysis.battery import ANALYSES, analyze
+from perfcast.analysis.comms import collectives
+from perfcast.analysis.idle import idle_time
+from perfcast.analysis.kernels import kernel_breakdown
+from perfcast.analysis.launch_queue import launch_queue, queue_length_series
+from perfcast.analysis.launches import launch_stats
+from perfcast.analysis.memory import allocator_chains, memory
+from perfcast.analysis.op_kernels import op_kernels
+from perfcast.analysis.roofline import op_cost, roofline
+from perfcast.analysis.scopes import scopes
+from perfcast.analysis.stragglers import stragglers
+from perfcast.frames import result_tables
+from tests.tracegen import TraceBuilder
+
+# ---------------------------------------------------------------------------------------------
+# A hand-built trace (times in µs). Stream 7 runs, in order:
+#   sgemm  [100, 140]  launched at 20-30 inside aten::mm [10, 60]
+#   add    [150, 160]  launched at 75-80 inside aten::add [70, 90]    gap 10: other (75 < 140)
+#   relu   [320, 323]  launched at 305-310 inside aten::relu          gap 160: host wait
+#   kw     [323.02, 333.02] launched at 310-312                       gap 0.02: kernel wait
+#   comp2  [450, 470]  launched at 440-445                            gap 116.98: host wait
+# Stream 9: an NCCL all-reduce [410, 510] (1e6 floats, 2 ranks), overlapping comp2 by 20.
+# Stream 11: a 1 MB host-to-device copy [610, 620].
+
+
+def _memory_event(ts: float, nbytes: int, total: int, device_type: int) -> dict:
+    return {
+        "ph": "i", "cat": "cpu_instant_event", "s": "t", "name": "[memory]", "pid": 100,
+        "tid": 100, "ts": ts,
+        "args": {"Device Type": device_type, "Device Id": 0 if device_type else -1,
+                 "Bytes": nbytes, "Total Allocated": total},
+    }  # fmt: skip
+
+
+def small_trace() -> dict:
+    b = TraceBuilder()
+    b.step(1, 0, 1000)
+    b.op("my_block", 5, 100, cat="user_annotation")
+    b.op("nn.Module: Linear_0", 8, 60, cat="python_function")
+    b.op("aten::mm", 10, 50, **{"Input Dims": [[64, 256], [256, 128]]})
+    b.launch("ampere_sgemm_64x64_nn", 20, 10, 100, 40)
+    b.op("aten::add", 70, 20, **{"Input Dims": [[64, 128], [64, 128], []]})
+    b.launch("vectorized_elementwise_kernel<float>", 75, 5, 150, 10)
+    b.op("aten::relu", 300, 20)
+    b.launch("relu_kernel", 305, 5, 320, 3)
+    b.launch("kw_kernel", 310, 2, 323.02, 10)
+    b.op("record_param_comms", 395, 20)
+    b.launch(
+        "ncclKernel_AllReduce_RING_LL_Sum_float",
+        400, 5, 410, 100, stream=9,
+        **{"Collective name": "allreduce", "In msg nelems": 1_000_000,
+           "Out msg nelems": 1_000_000, "Group size": 2, "dtype": "Float"},
+    )  # fmt: skip
+    b.launch("comp2_kernel", 440, 5, 450, 20)
+    b.launch(
+        "Memcpy HtoD (Pageable -> Device)", 600, 5, 610, 10, stream=11, cat="gpu_memcpy",
+        name="cudaMemcpyAsync", bytes=1_000_000,
+    )  # fmt: skip
+    # GPU allocator: +1000, +500, -1000; the CPU allocator interleaved: +8, -8.
+    b.events += [
+        _memory_event(15, 1000, 1000, 1),
+        _memory_event(16, 8, 8, 0),
+        _memory_event(25, 500, 1500, 1),
+        _memory_event(26, -8, 0, 0),
+        _memory_event(85, -1000, 500, 1),
+    ]
+    return b.doc()
+
+
+@pytest.fixture
+def table(write_trace):
+    return perfcast.load(write_trace(small_trace()))
+
+
+def test_kernel_breakdown_by_hand(table) -> None:
+    r = kernel_breakdown(table)
+    kinds = {row.kind: row for row in r.by_kind}
+    assert kinds["computation"].total_ms == pytest.approx((40 + 10 + 3 + 10 + 20) / 1000)
+    assert kinds["communication"].total_ms == pytest.approx(0.1)
+    assert kinds["memory"].total_ms == pytest.approx(0.01)
+    overlap = {row.kinds: row.time_ms for row in r.overlap}
+    assert overlap["computation + communication"] == pytest.approx(0.02)
+    assert overlap["communication"] == pytest.approx(0.08)
+    assert overlap["computation"] == pytest.approx(0.063)
+    top = {row.name: row for row in r.top}
+    assert top["ampere_sgemm_64x64_nn"].mean_us == pytest.approx(40)
+
+
+def test_idle_time_by_hand(table) -> None:
+    r = idle_time(table)
+    s7 = next(s for s in r.by_stream if s.stream == 7)
+    assert s7.host_wait_ms == pytest.approx((160 + 116.98) / 1000)
+    # HTA's default threshold (30 µs) makes the 10 µs gap a kernel wait too.
+    assert s7.kernel_wait_ms == pytest.approx(10.02 / 1000) and s7.other_ms == 0
+    s7 = next(s for s in idle_time(table, kernel_gap_ns=1000).by_stream if s.stream == 7)
+    assert s7.kernel_wait_ms == pytest.approx(0.02 / 1000)
+    assert s7.other_ms == pytest.approx(10 / 1000)
+    assert s7.span_ms == pytest.approx(0.37)
+    assert s7.busy_ms == pytest.approx(0.083)
+    # With a 10 ns threshold the 20 ns gap is no kernel wait.
+    s7 = next(s for s in idle_time(table, kernel_gap_ns=10).by_stream if s.stream == 7)
+    assert s7.kernel_wait_ms == 0 and s7.other_ms == pytest.approx(0.01002)
+    host = next(i for i in r.intervals if i.stream == 7 and i.category == "host wait")
+    assert host.count == 2 and host.max_us == pytest.approx(160)
+
+
+def test_launch_stats_by_hand(table) -> None:
+    r = launch_stats(table, launch_delay_cutoff_us=50)
+    s = r.summary[0]
+    delays = [70, 70, 10, 11.02, 5, 5, 5]  # kernel start − end of its launch call
+    assert s.launches == 7
+    assert s.mean_delay_us == pytest.approx(sum(delays) / 7)
+    assert s.short_kernels == 1  # relu: 3 µs on the GPU, 5 µs to launch
+    assert s.delay_outliers == 2
+    by_op = {g.name: g for g in r.by_op}
+    assert by_op["aten::mm"].mean_delay_us == pytest.approx(70)
+    assert {o.kernel for o in r.outliers} == {"ampere_sgemm_64x64_nn",
+                                             "vectorized_elementwise_kernel<float>"}
+
+
+def test_launch_queue_by_hand(table) -> None:
+    r = launch_queue(table, max_depth=1)
+    s7 = next(s for s in r.by_stream if s.stream == 7)
+    assert s7.max_length == 2
+    # Queue at 1 or more: [20, 160], [305, 333.02], [440, 470].
+    assert s7.time_at_max_ms == pytest.approx((140 + 28.02 + 30) / 1000)
+    # The launches at 75 and 310 found a kernel queued: blocked until the call returned.
+    assert s7.blocked_calls == 2
+    assert s7.blocked_ms == pytest.approx((5 + 2) / 1000)
+    assert next(s for s in launch_queue(table).by_stream if s.stream == 7).blocked_calls == 0
+    _t, q = queue_length_series(table, 0, 0, 7)
+    assert q.tolist() == [1, 2, 1, 0, 1, 2, 1, 0, 1, 0]
+
+
+def test_launch_queue_blocked_until_a_slot_frees(write_trace) -> None:
+    # Depth 1: the second launch starts at 10 with one kernel queued; the call returns at 60,
+    # 10 µs after the first kernel ended (50) and freed the slot: blocked 40 µs, not 50.
+    b = TraceBuilder()
+    b.launch("k1", 0, 5, 10, 40)
+    b.launch("k2", 10, 50, 60, 10)
+    r = launch_queue(perfcast.load(write_trace(b.doc())), max_depth=1)
+    assert r.by_stream[0].blocked_calls == 1
+    assert r.by_stream[0].blocked_ms == pytest.approx(0.04)
+
+
+def test_memory_by_hand(table) -> None:
+    r = memory(table)
+    gpu, cpu = r.allocators  # largest peak first
+    assert gpu.peak_mb == pytest.approx(1500 / 1e6) and gpu.events == 3
+    assert cpu.peak_mb == pytest.approx(8 / 1e6) and cpu.events == 2
+    step = r.by_step[0]
+    assert (step.start_mb, step.peak_mb, step.end_mb) == pytest.approx((0, 0.0015, 0.0005))
+    fwd = next(p for p in r.by_phase if p.phase == "forward")
+    assert fwd.allocated_mb == pytest.approx(0.0015) and fwd.freed_mb == pytest.approx(0.001)
+    copy = next(c for c in r.copies if c.kind == "Memcpy HtoD")
+    assert copy.effective_gbs == pytest.approx(100.0)  # 1 MB in 10 µs
+    moved = sum(p.gbs for p in r.bandwidth if p.kind == "Memcpy HtoD")
+    width_ns = (620 - 610) * 1000 / 100
+    assert moved * width_ns == pytest.approx(1e6)  # the series conserves bytes
+
+
+def test_allocator_chains_split_interleaved_allocators() -> None:
+    import numpy as np
+
+    total = np.array([100, 8, 150, 0, 50, 4])
+    nbytes = np.array([100, 8, 50, -8, -100, 4])
+    assert allocator_chains(total, nbytes).tolist() == [0, 1, 0, 1, 0, 1]
+
+
+def _rank_trace(rank: int, starts: list[float], ends: list[float]) -> dict:
+    b = TraceBuilder()
+    b.step(1, 0, 1000)
+    for i, (s, e) in enumerate(zip(starts, ends)):
+        b.launch("ncclKernel_AllReduce_RING_LL_Sum_float", s - 20 + i, 5, s, e - s, stream=9)
+    d = b.doc()
+    d["distributedInfo"] = {"rank": rank, "world_size": 2}
+    return d
+
+
+def test_stragglers_by_hand(write_trace) -> None:
+    # Rank 1 arrives 50 µs, then 10 µs after rank 0; both collectives end together.
+    write_trace(_rank_trace(0, [100, 300], [200, 350]), "run/rank0.json")
+    path = write_trace(_rank_trace(1, [150, 310], [200, 350]), "run/rank1.json")
+    r = stragglers(perfcast.load(path.parent))
+    assert r.matched == 2 and r.candidates == [1]
+    by = {x.rank: x for x in r.by_rank}
+    assert by[1].times_last == 2
+    assert by[1].wait_caused_ms == pytest.approx(0.06)
+    assert by[1].mean_lateness_us == pytest.approx(15)
+    assert r.worst[0].max_wait_us == pytest.approx(50)
+
+
+def test_stragglers_need_several_ranks(table) -> None:
+    r = stragglers(table)
+    assert r.candidates == [] and "several ranks" in r.notes[-1]
+
+
+def test_collectives_by_hand(table) -> None:
+    r = collectives(table)
+    row = r.by_op[0]
+    assert (row.op, row.algorithm, row.protocol) == ("allreduce", "RING", "LL")
+    assert row.size_bytes == 4_000_000 and row.group_size == 2
+    assert row.algbw_gbs == pytest.approx(40.0)  # 4 MB in 100 µs
+    assert row.busbw_gbs == pytest.approx(40.0)  # factor 2(n-1)/n = 1 for n = 2
+    assert row.link == "nvlink3"
+    assert row.pct_of_peak == pytest.approx(100 * 40 / row.link_peak_gbs)
+
+
+def test_roofline_by_hand(table) -> None:
+    assert op_cost("aten::mm", [[64, 256], [256, 128]], 4) == (4194304.0, 229376.0)
+    r = roofline(table)
+    mm = next(o for o in r.ops if o.op == "aten::mm")
+    assert mm.dtype == "fp32" and not mm.dtype_assumed  # "sgemm" in the kernel name
+    assert mm.tflops == pytest.approx(2 * 64 * 256 * 128 / 40e-6 / 1e12)
+    assert mm.pct_peak_flops == pytest.approx(100 * mm.tflops / mm.peak_tflops)
+    add = next(o for o in r.ops if o.op == "aten::add")
+    assert add.gbs == pytest.approx(3 * 64 * 128 * 4 / 10e-6 / 1e9)
+    assert add.bound == "memory"
+
+
+def test_scopes_by_hand(table) -> None:
+    r = scopes(table)
+    rows = {(s.kind, s.name): s for s in r.scopes}
+    block = rows[("annotation", "my_block")]
+    assert block.cpu_ms == pytest.approx(0.1)
+    assert block.gpu_ms == pytest.approx(0.05) and block.kernels == 2  # sgemm + add
+    module = rows[("module", "nn.Module: Linear_0")]
+    assert module.gpu_ms == pytest.approx(0.04)
+
+
+def test_op_kernels_by_hand(table) -> None:
+    r = op_kernels(table)
+    mm = next(o for o in r.by_op if o.op == "aten::mm")
+    assert mm.mean_op_to_launch_us == pytest.approx(10)
+    assert mm.mean_runtime_delay_us == pytest.approx(80)
+    assert mm.mean_op_to_kernel_us == pytest.approx(90)
+    relu = next(o for o in r.by_op if o.op == "aten::relu")
+    assert relu.kernels == 2 and relu.gpu_ms == pytest.approx(0.013)
+    seq = next(s for s in r.sequences if s.op == "aten::relu")
+    assert seq.sequence == "relu_kernel -> kw_kernel"
+
+
+def test_results_are_json_and_tables(table) -> None:
+    import msgspec
+
+    result = analyze(table)
+    assert set(result.results()) == set(ANALYSES)
+    data = json.loads(msgspec.json.encode(result))
+    assert data["idle"]["by_stream"][0]["stream"] == 7
+    names = result.tables()
+    assert "kernels.top" in names and "queue.series" in names
+    assert len(repr(result)) < 2000
+    assert len(repr(table)) < 200
+
+
+def test_dataframes(table) -> None:
+    pd = pytest.importorskip("pandas")
+    df = table.to_pandas()
+    assert len(df) == len(table) and df["name"].dtype.name == "category"
+    assert isinstance(idle_time(table).to_pandas("by_stream"), pd.DataFrame)
+    pa = pytest.importorskip("pyarrow")
+    at = table.to_arrow()
+    assert at.num_rows == len(table) and pa.types.is_dictionary(at.schema.field("name").type)
+    pytest.importorskip("polars")
+    assert table.to_polars().height == len(table)
+    assert kernel_breakdown(table).to_polars("by_kind").height == 3
+
+
+def test_cli_analyze_json_and_csv(write_trace, tmp_path: Path, capsys) -> None:
+    from perfcast.cli.main import main
+
+    path = write_trace(small_trace())
+    assert main(["analyze", str(path), "--json", "-q", "--csv", str(tmp_path / "csv")]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["kernels"]["by_kind"][0]["kind"] == "computation"
+    assert (tmp_path / "csv" / "idle.by_stream.csv").read_text().startswith("rank,device")
+    assert main(["analyze", str(path), "--only", "idle,queue"]) == 0
+    out = capsys.readouterr().out
+    assert "idle · by_stream" in out and "kernels ·" not in out
+
+
+def test_cli_analyze_bad_input(write_trace, capsys) -> None:
+    from perfcast.cli.main import main
+
+    path = write_trace(small_trace())
+    assert main(["analyze", str(path), "--only", "nope"]) == 2
+    assert "unknown analysis 'nope'" in capsys.readouterr().err
+    assert main(["analyze", str(path.parent / "missing.json")]) == 2
+
+
+def test_parquet_needs_pyarrow_or_writes(write_trace, tmp_path: Path) -> None:
+    from perfcast.cli.main import main
+
+    pytest.importorskip("pyarrow")
+    path = write_trace(small_trace())
+    assert main(["analyze", str(path), "-q", "--json", "--parquet", str(tmp_path / "pq")]) == 0
+    assert (tmp_path / "pq" / "kernels.by_kind.parquet").is_file()
+
+
+def test_result_tables_lists_empty_tables(table) -> None:
+    r = stragglers(table)
+    tables = result_tables(r)
+    assert tables["by_rank"] == {name: [] for name in tables["by_rank"]}
+
+
+def test_report_has_the_analyses_section(write_trace) -> None:
+    from perfcast.report.html import render_report, report_data
+
+    t = perfcast.load(write_trace(small_trace()))
+    data = report_data(t)
+    assert set(data["analyses"]["results"]) == set(ANALYSES)
+    assert 'id="analyses-body"' in render_report(t)
