@@ -92,8 +92,10 @@ def main(argv: list[str] | None = None) -> int:
     import platform
 
     print(f"trace: {trace} ({trace.stat().st_size / 1e6:.1f} MB on disk)")
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs; "
-          f"python {sys.version.split()[0]}")
+    print(
+        f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs; "
+        f"python {sys.version.split()[0]}"
+    )
     py = sys.executable
     cli = [py, "-m", "perfcast.cli.main"]
     contenders = {
@@ -108,8 +110,11 @@ def main(argv: list[str] | None = None) -> int:
             if hta_py is None:
                 print(f"hta: skipped: {why}")
             else:
-                ver = subprocess.run([str(hta_py), "-m", "pip", "show", "HolisticTraceAnalysis"],
-                                     capture_output=True, text=True).stdout
+                ver = subprocess.run(
+                    [str(hta_py), "-m", "pip", "show", "HolisticTraceAnalysis"],
+                    capture_output=True,
+                    text=True,
+                ).stdout
                 ver = next((ln for ln in ver.splitlines() if ln.startswith("Version")), "")
                 print(f"hta: {hta_py} {ver}")
                 rank_dir = workdir / "hta_trace_dir"
@@ -121,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         names = list(contenders)
         results: dict[str, list[dict]] = {n: [] for n in names}
         for rep in range(args.repeat):
-            order = names[rep % len(names):] + names[: rep % len(names)]
+            order = names[rep % len(names) :] + names[: rep % len(names)]
             for n in order:
                 results[n].append(measure(contenders[n]))
             print(f"  repetition {rep + 1}/{args.repeat} done", flush=True)
@@ -138,18 +143,24 @@ def main(argv: list[str] | None = None) -> int:
     if "hta" in results:
         inner = [r["inner"] for r in results["hta"] if r.get("inner")]
         if inner:
-            print("\nHTA inside its process (medians): "
-                  f"load {statistics.median(i['load_s'] for i in inner):.2f} s, "
-                  f"analyses {statistics.median(i['analyses_s'] for i in inner):.2f} s")
+            print(
+                "\nHTA inside its process (medians): "
+                f"load {statistics.median(i['load_s'] for i in inner):.2f} s, "
+                f"analyses {statistics.median(i['analyses_s'] for i in inner):.2f} s"
+            )
             for k in inner[0]["steps"]:
                 vals = [i["steps"].get(k) for i in inner if k in i["steps"]]
                 print(f"  {k:24} {statistics.median(vals):7.2f} s")
     print("\nratios")
-    print(f"  perfcast analyze / perfcast summary    {med('analyze') / med('summary'):6.2f}x"
-          "   (target: at most 2x)")
+    print(
+        f"  perfcast analyze / perfcast summary    {med('analyze') / med('summary'):6.2f}x"
+        "   (target: at most 2x)"
+    )
     if "hta" in results:
-        print(f"  HTA battery / perfcast analyze         {med('hta') / med('analyze'):6.2f}x"
-              "   (target: at least 3x)")
+        print(
+            f"  HTA battery / perfcast analyze         {med('hta') / med('analyze'):6.2f}x"
+            "   (target: at least 3x)"
+        )
     out = {n: {"wall_s": med(n), "maxrss_mib": med(n, "maxrss_mib")} for n in names}
     print("\n" + json.dumps(out))
     return 0

@@ -125,8 +125,10 @@ def test_launch_stats_by_hand(table) -> None:
     assert s.delay_outliers == 2
     by_op = {g.name: g for g in r.by_op}
     assert by_op["aten::mm"].mean_delay_us == pytest.approx(70)
-    assert {o.kernel for o in r.outliers} == {"ampere_sgemm_64x64_nn",
-                                             "vectorized_elementwise_kernel<float>"}
+    assert {o.kernel for o in r.outliers} == {
+        "ampere_sgemm_64x64_nn",
+        "vectorized_elementwise_kernel<float>",
+    }
 
 
 def test_launch_queue_by_hand(table) -> None:

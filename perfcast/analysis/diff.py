@@ -221,8 +221,9 @@ def diff(a: EventTable, b: EventTable, top: int = 20) -> TraceDiff:
             b_steps=b_steps,
         ),
         ops=_rows("op", pa.op_count, pa.op_ms, pb.op_count, pb.op_ms, delta, top),
-        kernels=_rows("kernel", pa.kernel_count, pa.kernel_ms, pb.kernel_count, pb.kernel_ms,
-                      delta, top),
+        kernels=_rows(
+            "kernel", pa.kernel_count, pa.kernel_ms, pb.kernel_count, pb.kernel_ms, delta, top
+        ),
         phases=_rows("phase", {}, pa.phase_ms, {}, pb.phase_ms, delta, top),
         a_files=[r.path for r in a.ranks],
         b_files=[r.path for r in b.ranks],
@@ -285,8 +286,14 @@ def compare_prediction(
         ("op", pred_op, pa.op_gpu_ms, pb.op_gpu_ms),
     ):
         part = [
-            PredictedRow(kind, nm, a_t.get(nm, 0.0), pred.get(nm, 0.0), b_t.get(nm, 0.0),
-                         pred.get(nm, 0.0) - b_t.get(nm, 0.0))
+            PredictedRow(
+                kind,
+                nm,
+                a_t.get(nm, 0.0),
+                pred.get(nm, 0.0),
+                b_t.get(nm, 0.0),
+                pred.get(nm, 0.0) - b_t.get(nm, 0.0),
+            )
             for nm in set(pred) | set(b_t)
         ]
         part.sort(key=lambda r: (-max(r.b_ms, r.predicted_ms), r.name))

@@ -78,9 +78,7 @@ def op_cost(name: str, shapes: list, b: int) -> tuple[float, float] | None:
     (4194304.0, 229376.0)
     """
     # A tensor's shape is a list of ints; tensor lists and scalars count as no tensor.
-    dims = [
-        s if isinstance(s, list) and all(isinstance(x, int) for x in s) else [] for s in shapes
-    ]
+    dims = [s if isinstance(s, list) and all(isinstance(x, int) for x in s) else [] for s in shapes]
 
     def numel(s: list) -> int:
         return math.prod(int(x) for x in s) if s else 0

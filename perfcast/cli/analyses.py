@@ -21,9 +21,7 @@ def register(sub: Any, add_common: Callable[[Any], None], table: dict[str, Any])
         + "; ".join(f"{k} ({v[1]})" for k, v in ANALYSES.items()),
     )
     p.add_argument("path", help="trace file (.json/.json.gz) or folder of rank files")
-    p.add_argument(
-        "--only", metavar="NAME,...", help=f"run only these ({', '.join(ANALYSES)})"
-    )
+    p.add_argument("--only", metavar="NAME,...", help=f"run only these ({', '.join(ANALYSES)})")
     p.add_argument("--top", type=int, default=10, help="rows per ranked table (default 10)")
     p.add_argument("--rows", type=int, default=12, help="rows shown per table in the terminal")
     _add_exports(p)

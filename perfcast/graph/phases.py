@@ -14,6 +14,7 @@ import re
 import numpy as np
 
 from perfcast.events import NONE, EventTable, Kind
+from perfcast.hardware.classify import COMMUNICATION_PATTERN
 
 
 class Phase(enum.IntEnum):
@@ -88,13 +89,11 @@ def event_phases(table: EventTable) -> np.ndarray:
     return phase
 
 
-_COLLECTIVE_NAME = re.compile(
-    r"nccl|rccl|AllReduce|AllGather|ReduceScatter|all_reduce", re.IGNORECASE
-)
+_COLLECTIVE_NAME = re.compile(COMMUNICATION_PATTERN, re.IGNORECASE)
 
 
 def collective_name_mask(names: list[str]) -> np.ndarray:
-    """Per name: does it name a collective (NCCL/RCCL kernels and their kinds)?"""
+    """Per name: does it name communication between GPUs (hardware.classify's definition)?"""
     return np.array([bool(_COLLECTIVE_NAME.search(nm)) for nm in names], dtype=bool)
 
 

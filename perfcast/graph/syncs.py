@@ -16,7 +16,12 @@ from perfcast.graph.lanes import RT_KINDS
 from perfcast.graph.model import Graph, NodeKind, Source, SyncKind
 from perfcast.graph.resolve import resolve_sync_targets
 
-_DEVICE_SYNC = re.compile(r"^(cuda|hip)DeviceSynchronize$|^cu(Ctx)?Synchronize$|CtxSynchronize")
+# Freeing device or pinned memory waits for all work on the device (CUDA runtime API docs:
+# cudaFree and cudaFreeHost synchronize implicitly); the stream-ordered cudaFreeAsync does not.
+_DEVICE_SYNC = re.compile(
+    r"^(cuda|hip)DeviceSynchronize$|^cu(Ctx)?Synchronize$|CtxSynchronize"
+    r"|^(cuda|hip)Free(Host)?$|^hipHostFree$|^cuMemFree(Host)?(_v2)?$"
+)
 
 
 _STREAM_SYNC = re.compile(r"^(cuda|hip|cu)(Stream|Event)Synchronize$")

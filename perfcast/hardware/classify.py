@@ -41,11 +41,17 @@ class KernelClass(enum.IntEnum):
 
 _COMPUTE_BOUND = frozenset({KernelClass.MATMUL, KernelClass.CONV, KernelClass.ATTENTION})
 
+# Kernels that move data between GPUs: NCCL/RCCL/MSCCL collectives and send/recv, NVSHMEM,
+# expert-parallel all-to-all (DeepEP's dispatch/combine, pplx-kernels), custom all-reduces
+# (vLLM's cross_device_reduce), and anything named after a collective. The single definition:
+# graph phases and the critical path use it too.
+COMMUNICATION_PATTERN = (
+    r"nccl|rccl|msccl|nvshmem|c10d::|gloo|cross_device_reduce|deep_?ep|pplx"
+    r"|all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|send_?recv"
+)
+
 _PATTERNS: dict[KernelClass, str] = {
-    KernelClass.COMMUNICATION: (
-        r"nccl|rccl|msccl|nvshmem|c10d::|gloo|cross_device_reduce"
-        r"|all_?reduce|all_?gather|reduce_?scatter|all_?to_?all"
-    ),
+    KernelClass.COMMUNICATION: COMMUNICATION_PATTERN,
     KernelClass.MEMSET: r"memset|FillFunctor|fillBuffer",
     KernelClass.COPY: (
         r"memcpy|copy_kernel|CatArrayBatchedCopy|direct_copy|copyBuffer|nchwToNhwc|nhwcToNchw"

@@ -70,14 +70,19 @@ def render_table(
         return
     t = Table(title=Text(title), title_justify="left", box=None, pad_edge=False)
     for c in names:
-        t.add_column(c, justify="left" if c in TEXT_COLUMNS else "right", no_wrap=c != "name",
-                     overflow="fold" if c in TEXT_COLUMNS else "ellipsis")
+        t.add_column(
+            c,
+            justify="left" if c in TEXT_COLUMNS else "right",
+            no_wrap=c != "name",
+            overflow="fold" if c in TEXT_COLUMNS else "ellipsis",
+        )
     for i in range(min(n, rows)):
         t.add_row(*(Text(_cell(cols[c][i])) for c in names))
     console.print(t)
     if n > rows:
-        console.print(Text(f"  … {n - rows} more rows (--json, --csv or the API have them all)",
-                           style="dim"))
+        console.print(
+            Text(f"  … {n - rows} more rows (--json, --csv or the API have them all)", style="dim")
+        )
 
 
 def render_analyses(result: Analyses, console: Console, rows: int = 12) -> None:
@@ -88,8 +93,12 @@ def render_analyses(result: Analyses, console: Console, rows: int = 12) -> None:
     for name, res in result.results().items():
         console.rule(Text(f"{name}: {ANALYSES[name][1]}", style="bold"), align="left")
         if name == "stragglers" and res.candidates:
-            console.print(Text(f"straggler candidates: ranks {', '.join(map(str, res.candidates))}"
-                               f" ({res.matched} collectives matched across ranks)"))
+            console.print(
+                Text(
+                    f"straggler candidates: ranks {', '.join(map(str, res.candidates))}"
+                    f" ({res.matched} collectives matched across ranks)"
+                )
+            )
         for tname, cols in result_tables(res).items():
             if tname in SERIES:
                 continue
@@ -110,10 +119,13 @@ def render_diff(result: TraceDiff, console: Console, rows: int = 15) -> None:
     console.print(Text(head, style="bold"))
     if result.prediction is not None:
         p = result.prediction
-        console.print(Text(
-            f"predicted from A with {', '.join(p.applied)}: {p.predicted_ms:,.3f} ms per step "
-            f"(speedup {p.predicted_speedup:.3f}×), measured in B {p.measured_ms:,.3f} ms "
-            f"(speedup {p.measured_speedup:.3f}×): error {p.error_pct:+.1f}%",
-            style="bold"))
+        console.print(
+            Text(
+                f"predicted from A with {', '.join(p.applied)}: {p.predicted_ms:,.3f} ms per step "
+                f"(speedup {p.predicted_speedup:.3f}×), measured in B {p.measured_ms:,.3f} ms "
+                f"(speedup {p.measured_speedup:.3f}×): error {p.error_pct:+.1f}%",
+                style="bold",
+            )
+        )
     for tname, cols in result_tables(result).items():
         render_table(console, tname, cols, None, rows)

@@ -9,6 +9,7 @@ its launch cost.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -16,6 +17,8 @@ import numpy as np
 from perfcast.errors import NotApplicableError
 from perfcast.graph.model import Graph, SyncKind
 from perfcast.whatif import primitives as P
+
+_FREE = re.compile(r"Free")
 
 SUMMARY = "remove host-device synchronizations (.item(), .cpu(), explicit syncs) (op=REGEX)"
 
@@ -32,6 +35,9 @@ def apply(graph: Graph, options: Options) -> Graph:
     syncs = syncs[c["iteration"][syncs] >= 0] if (c["iteration"][syncs] >= 0).any() else syncs
     if not options.include_explicit:
         syncs = syncs[c["sync_kind"][syncs] == SyncKind.COPY]
+    # Freeing memory synchronizes too, but that is the allocator's doing, not a host read.
+    frees = np.array([bool(_FREE.search(graph.names[i])) for i in c["name"][syncs]], dtype=bool)
+    syncs = syncs[~frees] if syncs.size else syncs
     if syncs.size == 0:
         raise NotApplicableError(
             "remove-host-sync: the trace has no host-device synchronization inside its steps"
