@@ -231,6 +231,43 @@ def _sum_up(trie_parent: np.ndarray, level_start: np.ndarray, excl: np.ndarray) 
     return incl
 
 
+def node_context(
+    parent: np.ndarray,
+    level_start: np.ndarray,
+    kind: np.ndarray,
+    label: np.ndarray,
+    labels: list[str],
+) -> dict[str, np.ndarray]:
+    """Per node, the nearest frame, user frame, module, scope and first op (ContextIndex)."""
+    user = np.zeros(kind.shape[0], dtype=bool)
+    frames = np.flatnonzero(kind == CtxKind.FRAME)
+    if frames.size:
+        labs = np.unique(label[frames])
+        lib = np.zeros(len(labels), dtype=bool)
+        lib[labs] = [is_library_frame(labels[i]) for i in labs.tolist()]
+        user[frames] = ~lib[label[frames]]
+    is_scope = (kind == CtxKind.MODULE) | (kind == CtxKind.ANNOTATION)
+    # The op a line of code called: an op with no op between it and the nearest frame or
+    # scope above it (so aten::linear, not the aten::addmm inside it).
+    first_op = np.where(kind == CtxKind.OP, np.arange(kind.shape[0]), NONE).astype(np.int64)
+    reset = (kind == CtxKind.FRAME) | is_scope
+    for d in range(1, level_start.shape[0] - 1):
+        a, b = int(level_start[d]), int(level_start[d + 1])
+        if a == b:
+            continue
+        up = first_op[parent[a:b]]
+        seg = first_op[a:b]
+        take = ~reset[a:b] & (up >= 0)
+        seg[take] = up[take]
+    return {
+        "frame": _propagate_down(parent, level_start, kind == CtxKind.FRAME),
+        "user_frame": _propagate_down(parent, level_start, user),
+        "module": _propagate_down(parent, level_start, kind == CtxKind.MODULE),
+        "scope": _propagate_down(parent, level_start, is_scope),
+        "first_op": first_op,
+    }
+
+
 # ---------------------------------------------------------------------------------------------
 # The structure
 
@@ -253,13 +290,15 @@ class ContextIndex:
     row_node: np.ndarray
     row_parent: np.ndarray  # per row: its parent on the tree (after backward re-rooting)
     on_tree: np.ndarray  # per row: has a node of its own (not borrowed from an enclosing row)
-    frame: np.ndarray  # per node: nearest Python frame at or above it (NONE)
-    user_frame: np.ndarray  # per node: nearest frame that is not library code (NONE)
-    module: np.ndarray  # per node: nearest nn.Module scope at or above it (NONE)
-    first_op: np.ndarray  # per node: the outermost op on its path (NONE)
     level: str
     backward_attached: int  # backward ops attached to their forward op
     handed_to_caller: int  # other autograd-thread work attached to the backward() call
+    # Per node, the nearest node at or above it (NONE if none) that is:
+    frame: np.ndarray  # a Python frame
+    user_frame: np.ndarray  # a frame of the user's code (not PyTorch or the interpreter)
+    module: np.ndarray  # an nn.Module scope
+    scope: np.ndarray  # an nn.Module scope or a record_function range
+    first_op: np.ndarray  # the outermost op below the nearest frame or scope
     rank_nodes: dict[int, int] = field(default_factory=dict)
 
     def __len__(self) -> int:
@@ -498,22 +537,7 @@ def build_index(table: EventTable) -> ContextIndex:
         fallback = top_of_rank[table.rank[off]] if multi else 0
         row_node[off] = np.where(anc >= 0, row_node[np.maximum(anc, 0)], fallback)
 
-    tk = trie.kind
-    lab_arr = trie.label
-    user = np.zeros(tk.shape[0], dtype=bool)
-    frame_nodes = np.flatnonzero(tk == CtxKind.FRAME)
-    if frame_nodes.size:
-        frame_labels = np.unique(lab_arr[frame_nodes])
-        lib = np.zeros(len(labels), dtype=bool)
-        lib[frame_labels] = [is_library_frame(labels[i]) for i in frame_labels.tolist()]
-        user[frame_nodes] = ~lib[lab_arr[frame_nodes]]
-    is_op = tk == CtxKind.OP
-    first_op = _propagate_down(trie.parent, trie.level_start, is_op)
-    # The outermost op: the nearest op whose parent has no op above it.
-    if is_op.any():
-        par_op = np.where(trie.parent >= 0, first_op[np.maximum(trie.parent, 0)], NONE)
-        outer = is_op & (par_op < 0)
-        first_op = _propagate_down(trie.parent, trie.level_start, outer)
+    ctx = node_context(trie.parent, trie.level_start, trie.kind, trie.label, labels)
     has_frames = bool((kind == CtxKind.FRAME).any()) if n else False
     has_scopes = (
         bool(((kind == CtxKind.MODULE) | (kind == CtxKind.ANNOTATION)).any()) if n else False
@@ -529,14 +553,11 @@ def build_index(table: EventTable) -> ContextIndex:
         row_node=row_node,
         row_parent=row_parent.astype(np.int32),
         on_tree=on_tree,
-        frame=_propagate_down(trie.parent, trie.level_start, tk == CtxKind.FRAME),
-        user_frame=_propagate_down(trie.parent, trie.level_start, user),
-        module=_propagate_down(trie.parent, trie.level_start, tk == CtxKind.MODULE),
-        first_op=first_op,
         level=level,
         backward_attached=attached,
         handed_to_caller=handed,
         rank_nodes=rank_nodes,
+        **ctx,
     )
 
 

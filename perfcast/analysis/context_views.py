@@ -18,6 +18,7 @@ from perfcast.analysis.context import (
     _sum_up,
     _Trie,
     is_library_frame,
+    node_context,
     parse_frame,
 )
 from perfcast.events import NONE
@@ -57,19 +58,11 @@ def _reindex(index: ContextIndex, keep: np.ndarray) -> tuple[ContextIndex, np.nd
     new_of_old = np.zeros(len(index), dtype=np.int64)
     kept_old = nearest > 0
     new_of_old[kept_old] = trie.item_node[pos[nearest[kept_old]]]
-    tk = trie.kind
-    labels = index.labels
-    user = np.zeros(tk.shape[0], dtype=bool)
-    frames = np.flatnonzero(tk == CtxKind.FRAME)
-    user[frames] = [not is_library_frame(labels[i]) for i in trie.label[frames].tolist()]
-    is_op = tk == CtxKind.OP
-    first = _propagate_down(trie.parent, trie.level_start, is_op)
-    par_op = np.where(trie.parent >= 0, first[np.maximum(trie.parent, 0)], NONE)
-    first_op = _propagate_down(trie.parent, trie.level_start, is_op & (par_op < 0))
+    ctx = node_context(trie.parent, trie.level_start, trie.kind, trie.label, index.labels)
     row_node = np.where(index.row_node >= 0, new_of_old[np.maximum(index.row_node, 0)], NONE)
     new = ContextIndex(
         table=index.table,
-        labels=labels,
+        labels=index.labels,
         parent=trie.parent,
         label=trie.label,
         kind=trie.kind,
@@ -77,14 +70,11 @@ def _reindex(index: ContextIndex, keep: np.ndarray) -> tuple[ContextIndex, np.nd
         row_node=row_node.astype(np.int32),
         row_parent=index.row_parent,
         on_tree=index.on_tree,
-        frame=_propagate_down(trie.parent, trie.level_start, tk == CtxKind.FRAME),
-        user_frame=_propagate_down(trie.parent, trie.level_start, user),
-        module=_propagate_down(trie.parent, trie.level_start, tk == CtxKind.MODULE),
-        first_op=first_op,
         level=index.level,
         backward_attached=index.backward_attached,
         handed_to_caller=index.handed_to_caller,
         rank_nodes={r: int(new_of_old[n]) for r, n in index.rank_nodes.items()},
+        **ctx,
     )
     return new, new_of_old
 
@@ -199,10 +189,13 @@ def _same_label_above(index: ContextIndex) -> np.ndarray:
 
 
 def site_parts(index: ContextIndex, node: int) -> tuple[str | None, str | None, str | None]:
-    """(module, source line, op) that name where a node sits: its nearest nn.Module scope,
+    """(module, source line, op) that name where a node sits: its nearest nn.Module scope
+    (else record_function range),
     its nearest frame of the user's (not PyTorch's) code as "file:line (function)", and the
     outermost op of its path."""
     mod = int(index.module[node])
+    if mod < 0:  # no nn.Module: a record_function range names the place instead
+        mod = int(index.scope[node])
     uf = int(index.user_frame[node])
     if uf < 0:
         uf = int(index.frame[node])

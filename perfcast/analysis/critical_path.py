@@ -119,8 +119,17 @@ def _walk_fn():
     return _walk_compiled
 
 
-def critical_paths(tl: Timeline, top: int = 8, keep_steps: bool = True) -> list[CriticalPath]:
-    """One critical path per iteration of the timeline."""
+def critical_paths(
+    tl: Timeline, top: int = 8, keep_steps: bool = True, from_completion: bool = False
+) -> list[CriticalPath]:
+    """One critical path per iteration of the timeline.
+
+    The walk starts at the end of the step's CPU range and stops at the step's first node.
+    With `from_completion` it covers the step's window as `Timeline.iteration_ns` counts
+    step time: from the previous step's completion to whichever ends later, the step's CPU
+    range or its last GPU work (the CPU may run ahead, as after a what-if that makes the
+    host faster), so the paths' lengths add up to the step times.
+    """
     g = tl.graph
     low = tl.lowered
     compact = np.full(len(g), -1, dtype=np.int64)
@@ -128,6 +137,7 @@ def critical_paths(tl: Timeline, top: int = 8, keep_steps: bool = True) -> list[
     cats = _node_categories(tl)
     out = []
     alive = g.alive
+    prev_done: dict[int, int] = {}
     for span in g.iterations:
         if span.start_node == NONE:
             on_rank = np.flatnonzero((g.cols["rank"] == span.rank) & alive)
@@ -138,6 +148,16 @@ def critical_paths(tl: Timeline, top: int = 8, keep_steps: bool = True) -> list[
         else:
             end_node = span.end_node
             lo = int(tl.start[span.start_node])
+            if from_completion:
+                gpu = np.flatnonzero(
+                    (g.cols["kind"] == NodeKind.GPU) & alive & (g.cols["iteration"] == span.index)
+                )
+                if gpu.size:
+                    last = int(gpu[np.argmax(tl.end[gpu])])
+                    if tl.end[last] > tl.end[end_node]:
+                        end_node = last
+                lo = prev_done.get(span.rank, lo)
+                prev_done[span.rank] = int(tl.end[end_node])
         out.append(_walk(tl, compact, cats, span.rank, span.name, end_node, lo, top, keep_steps))
     return out
 
