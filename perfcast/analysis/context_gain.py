@@ -22,7 +22,6 @@ Three measures per tree node:
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -33,7 +32,7 @@ from perfcast.analysis.context import (
     _aggregate,
     _sum_up,
 )
-from perfcast.analysis.context_views import short_path, site_parts
+from perfcast.analysis.context_views import sites
 from perfcast.analysis.critical_path import critical_paths
 from perfcast.events import NONE, EventTable
 from perfcast.graph.model import Graph, NodeKind
@@ -265,9 +264,6 @@ def _span(tl: Timeline) -> np.ndarray:
     return np.where(ok, tl.end - tl.start, 0).astype(np.float64)
 
 
-_INSTANCE = re.compile(r"_\d+$")
-
-
 def call_sites(
     index: ContextIndex,
     weights: np.ndarray,
@@ -276,54 +272,17 @@ def call_sites(
     min_share: float = 0.01,
 ) -> list[CallSite]:
     """The `top` call sites of a gain of `total_ns`, shared out by `weights` (per tree node,
-    exclusive; only positive weights count) and grouped by (module class, user source line,
-    outermost op): the same line in twelve instances of a layer is one site. Sites under
-    `min_share` are left out."""
+    exclusive; only positive weights count), grouped as `context_views.sites` does."""
     if total_ns <= 0:
         return []
-    nodes = np.flatnonzero(weights > 0)
-    if nodes.size == 0:
-        return []
-    frame = np.where(index.user_frame[nodes] >= 0, index.user_frame[nodes], index.frame[nodes])
-    lab = index.label.astype(np.int64)
-    big = len(index.labels) + 1
-    # Module scopes by class: "nn.Module: TimesformerLayer_3" -> "TimesformerLayer".
-    mod = index.module[nodes]
-    mod_lab = np.where(mod >= 0, lab[np.maximum(mod, 0)], -1)
-    classes: dict[str, int] = {}
-    cls_of = {
-        int(m): classes.setdefault(_INSTANCE.sub("", index.labels[int(m)]), len(classes))
-        for m in np.unique(mod_lab[mod_lab >= 0]).tolist()
-    }
-    mod_key = np.array([cls_of.get(int(m), -1) for m in mod_lab.tolist()], dtype=np.int64) + 1
-
-    def key_of(col: np.ndarray) -> np.ndarray:
-        return np.where(col >= 0, lab[np.maximum(col, 0)], -1) + 1
-
-    key = (mod_key * big + key_of(frame)) * big + key_of(index.first_op[nodes])
-    _, inv = np.unique(key, return_inverse=True)
-    inv = inv.reshape(-1)
-    tot = np.bincount(inv, weights=weights[nodes])
-    gross = float(tot.sum())
-    out = []
-    for i in np.argsort(-tot, kind="stable")[:top].tolist():
-        share = float(tot[i]) / gross
-        if share < min_share:
-            break
-        members = nodes[inv == i]
-        biggest = int(members[np.argmax(weights[members])])
-        module, source, op = site_parts(index, biggest)
-        instances = np.unique(mod_lab[inv == i])
-        if module is not None and instances.size > 1:
-            module = f"{_INSTANCE.sub('', module)} ({instances.size} instances)"
-        out.append(
-            CallSite(
-                module=module,
-                source=source,
-                op=op,
-                path=short_path(index, biggest),
-                gain_ms=share * total_ns / 1e6,
-                share=share,
-            )
+    return [
+        CallSite(
+            module=s.module,
+            source=s.source,
+            op=s.op,
+            path=s.path,
+            gain_ms=s.share * total_ns / 1e6,
+            share=s.share,
         )
-    return out
+        for s in sites(index, weights, top=top, min_share=min_share)
+    ]

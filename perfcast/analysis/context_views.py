@@ -9,8 +9,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from perfcast.analysis.context import (
+    KIND_NAMES,
+    LEVEL_TEXT,
+    CompiledCode,
     ContextIndex,
     ContextTree,
+    Coverage,
     CtxKind,
     _depths,
     _intern_paths,
@@ -156,9 +160,9 @@ def focus(tree: ContextTree, pattern: str) -> ContextTree:
 
 @dataclass
 class CallPath:
-    path: str  # the path, condensed to modules, user frames and the outermost op
+    path: str  # the place: module (class), user source line and op, or a condensed path
     value: float
-    node: int
+    node: int  # a node of the tree on that path (-1 when it stands for a group of them)
 
 
 @dataclass
@@ -231,19 +235,85 @@ def short_path(index: ContextIndex, node: int, keep_last: int = 6) -> str:
     return " ▸ ".join(parts)
 
 
+@dataclass
+class Site:
+    """A place in the program: the module (class, and how many instances), the line of the
+    user's code, the op it called, and how much of something lands there."""
+
+    module: str | None
+    source: str | None
+    op: str | None
+    path: str  # the condensed call path of its largest node
+    value: float
+    share: float  # of the positive total
+
+    def text(self) -> str:
+        return " · ".join(x for x in (self.module, self.source, self.op) if x) or self.path
+
+
+_INSTANCE = re.compile(r"_\d+$")
+
+
+def sites(
+    index: ContextIndex, weights: np.ndarray, top: int = 5, min_share: float = 0.01
+) -> list[Site]:
+    """The `top` places with the most (positive) `weights`, a per-node exclusive measure,
+    grouped by (module class, user source line, op): the same line in twelve instances of
+    a layer is one site. Sites under `min_share` of the total are left out."""
+    nodes = np.flatnonzero(weights > 0)
+    if nodes.size == 0:
+        return []
+    frame = np.where(index.user_frame[nodes] >= 0, index.user_frame[nodes], index.frame[nodes])
+    lab = index.label.astype(np.int64)
+    big = len(index.labels) + 1
+    # Scopes by class: "nn.Module: TimesformerLayer_3" -> "TimesformerLayer".
+    scope = np.where(index.module[nodes] >= 0, index.module[nodes], index.scope[nodes])
+    scope_lab = np.where(scope >= 0, lab[np.maximum(scope, 0)], -1)
+    classes: dict[str, int] = {}
+    cls_of = {
+        int(m): classes.setdefault(_INSTANCE.sub("", index.labels[int(m)]), len(classes))
+        for m in np.unique(scope_lab[scope_lab >= 0]).tolist()
+    }
+    scope_key = np.array([cls_of.get(int(m), -1) for m in scope_lab.tolist()], np.int64) + 1
+
+    def key_of(col: np.ndarray) -> np.ndarray:
+        return np.where(col >= 0, lab[np.maximum(col, 0)], -1) + 1
+
+    key = (scope_key * big + key_of(frame)) * big + key_of(index.first_op[nodes])
+    _, inv = np.unique(key, return_inverse=True)
+    inv = inv.reshape(-1)
+    tot = np.bincount(inv, weights=weights[nodes])
+    gross = float(tot.sum())
+    out = []
+    for i in np.argsort(-tot, kind="stable")[:top].tolist():
+        share = float(tot[i]) / gross
+        if share < min_share:
+            break
+        members = nodes[inv == i]
+        biggest = int(members[np.argmax(weights[members])])
+        module, source, op = site_parts(index, biggest)
+        instances = np.unique(scope_lab[inv == i])
+        if module is not None and instances.size > 1:
+            module = f"{_INSTANCE.sub('', module)} ({instances.size} instances)"
+        out.append(Site(module, source, op, short_path(index, biggest), float(tot[i]), share))
+    return out
+
+
 def hot_spots(
     tree: ContextTree, metric: str = "gpu_ns", top: int = 10, paths: int = 3
 ) -> list[HotSpot]:
-    """The kernels (and copies) and ops with the most `metric`, each with its top paths."""
+    """Bottom-up: the kernels (and copies) and the ops called from a line of code (the
+    outermost op below a frame or scope) with the most `metric`, each with the `paths`
+    call sites that reach it the most."""
     index = tree.index
     kind = index.kind
     incl = tree.incl[metric].astype(np.float64)
-    calls = tree.incl["calls"]
     recursive = _same_label_above(index)
+    called = index.first_op == np.arange(len(index))
     out: list[HotSpot] = []
     groups = (
         ("kernel", np.isin(kind, [CtxKind.KERNEL, CtxKind.COPY])),
-        ("op", (kind == CtxKind.OP) & ~recursive),
+        ("op", (kind == CtxKind.OP) & called & ~recursive),
     )
     for kname, mask in groups:
         nodes = np.flatnonzero(mask & (incl > 0))
@@ -256,7 +326,10 @@ def hot_spots(
         cnt = np.bincount(inv, weights=tree.excl["calls"][nodes].astype(np.float64))
         for i in np.argsort(-tot, kind="stable")[:top].tolist():
             members = nodes[inv == i]
-            members = members[np.argsort(-incl[members], kind="stable")][:paths]
+            w = np.zeros(len(index), dtype=np.float64)
+            # A kernel's place is its parent's (the op that launched it), not the kernel.
+            at = index.parent[members] if kname == "kernel" else members
+            np.add.at(w, at, incl[members])
             lab = int(uniq[i]) // len(CtxKind)
             k = CtxKind(int(uniq[i]) % len(CtxKind))
             out.append(
@@ -266,10 +339,158 @@ def hot_spots(
                     value=float(tot[i]),
                     calls=int(cnt[i]),
                     paths=[
-                        CallPath(short_path(index, int(m)), float(incl[m]), int(m))
-                        for m in members.tolist()
+                        CallPath(s.text(), s.value, -1)
+                        for s in sites(index, w, top=paths, min_share=0.0)
                     ],
                 )
             )
-    del calls
     return out
+
+
+# ---------------------------------------------------------------------------------------------
+# A tree as rows to show: what `perfcast tree` prints and --json writes
+
+
+@dataclass
+class TreeRow:
+    id: int  # node of the tree
+    parent: int  # row id of its parent (-1 for the root)
+    depth: int
+    name: str
+    kind: str
+    incl: dict[str, float]
+    excl: dict[str, float]
+    hidden: int = 0  # children below the threshold or the depth limit, not shown
+    hidden_value: float = 0.0  # their `metric`, summed
+
+
+def _children(parent: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """CSR children lists: the children of node i are order[start[i]:start[i + 1]]."""
+    n = parent.shape[0]
+    has = parent >= 0
+    kids = np.flatnonzero(has)
+    order = kids[np.argsort(parent[kids], kind="stable")]
+    start = np.searchsorted(parent[order], np.arange(n + 1))
+    return order, start
+
+
+def tree_rows(
+    tree: ContextTree,
+    metric: str,
+    depth: int | None = None,
+    min_pct: float = 1.0,
+    metrics: tuple[str, ...] | None = None,
+    max_rows: int = 100_000,
+) -> list[TreeRow]:
+    """The nodes to show, depth first, children by |metric| (largest first): those whose
+    |inclusive metric| is at least `min_pct` % of the total and at most `depth` levels
+    below the root. The total is the root's value, or for a signed metric (a gain, which
+    can be negative at some nodes) the sum of the absolute exclusive values."""
+    index = tree.index
+    incl = tree.incl[metric].astype(np.float64)
+    excl = tree.excl[metric].astype(np.float64)
+    total = float(np.abs(excl).sum()) if (excl < 0).any() else float(incl[0])
+    floor = max(total * min_pct / 100.0, 0.0)
+    names = metrics or tuple(tree.incl)
+    order, start = _children(index.parent)
+    mag = np.abs(incl)
+    rows: list[TreeRow] = []
+
+    def row(node: int, parent_row: int, d: int) -> TreeRow:
+        return TreeRow(
+            id=node,
+            parent=parent_row,
+            depth=d,
+            name=index.name(node),
+            kind=KIND_NAMES[CtxKind(int(index.kind[node]))],
+            incl={k: float(tree.incl[k][node]) for k in names},
+            excl={k: float(tree.excl[k][node]) for k in names},
+        )
+
+    stack: list[tuple[int, int, int]] = [(0, -1, 0)]
+    while stack and len(rows) < max_rows:
+        node, parent_row, d = stack.pop()
+        r = row(node, parent_row, d)
+        rows.append(r)
+        me = len(rows) - 1
+        kids = order[start[node] : start[node + 1]]
+        if kids.size == 0:
+            continue
+        kids = kids[np.argsort(-mag[kids], kind="stable")]
+        shown = (mag[kids] >= floor) & (mag[kids] > 0)
+        if depth is not None and d >= depth:
+            shown[:] = False
+        hidden = kids[~shown & (mag[kids] > 0)]
+        r.hidden = int(hidden.size)
+        r.hidden_value = float(incl[hidden].sum())
+        for k in kids[shown][::-1].tolist():
+            stack.append((k, me, d + 1))
+    return rows
+
+
+@dataclass
+class TreeResult:
+    """What `perfcast tree` shows: the rows of the top-down tree and the bottom-up hot
+    spots, with what the trace allowed (level, coverage) and what was selected."""
+
+    paths: list[str]
+    selection: dict[str, object]
+    steps: int
+    level: str
+    level_text: str
+    metric: str
+    min_pct: float
+    depth: int | None
+    library_frames_hidden: int  # frame nodes elided (PyTorch, interpreter, stdlib)
+    coverage: Coverage
+    unattributed_pct: float
+    unattributed_launched_pct: float
+    compiled: CompiledCode | None
+    notes: list[str]
+    rows: list[TreeRow]
+    bottom_up: list[HotSpot] | None = None
+
+
+def tree_result(
+    tree: ContextTree,
+    metric: str | None = None,
+    depth: int | None = None,
+    min_pct: float = 1.0,
+    focus_re: str | None = None,
+    all_frames: bool = False,
+    bottom_up: bool = False,
+    top: int = 10,
+) -> TreeResult:
+    """The view `perfcast tree` prints: library frames elided unless `all_frames`, only
+    the paths through `focus_re` if given; `metric` defaults to GPU time when there is
+    any, else CPU time."""
+    if metric is None:
+        metric = "gpu_ns" if tree.coverage.gpu_ns > 0 else "cpu_ns"
+    if focus_re:
+        tree = focus(tree, focus_re)
+    hidden = 0
+    if not all_frames:
+        lib = library_frames(tree.index)
+        hidden = int(lib.sum())
+        if hidden:
+            tree = project(tree, ~lib)
+    rows = tree_rows(tree, metric, depth=depth, min_pct=min_pct)
+    cov = tree.coverage
+    return TreeResult(
+        paths=sorted({info.path for info in tree.index.table.ranks}),
+        selection=dict(tree.selection),
+        steps=tree.steps,
+        level=tree.level,
+        level_text=LEVEL_TEXT[tree.level],
+        metric=metric,
+        min_pct=min_pct,
+        depth=depth,
+        library_frames_hidden=hidden,
+        coverage=cov,
+        unattributed_pct=cov.unattributed_pct,
+        unattributed_launched_pct=cov.unattributed_launched_pct,
+        compiled=tree.compiled,
+        notes=list(tree.notes),
+        rows=rows,
+        bottom_up=hot_spots(tree, metric=metric, top=top) if bottom_up else None,
+    )
