@@ -1,6 +1,6 @@
 """perfcast: predict how much faster a PyTorch training step gets, from its profiler trace."""
 
-from perfcast.api import advise, predict, replay, summary
+from perfcast.api import advise, predict, replay, summary, tree
 from perfcast.errors import NotApplicableError, PerfcastError, TraceFormatError
 from perfcast.events import EventTable, Kind
 from perfcast.ingest import load
@@ -19,4 +19,5 @@ __all__ = [
     "predict",
     "replay",
     "summary",
+    "tree",
 ]

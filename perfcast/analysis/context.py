@@ -290,6 +290,7 @@ class ContextIndex:
     row_node: np.ndarray
     row_parent: np.ndarray  # per row: its parent on the tree (after backward re-rooting)
     on_tree: np.ndarray  # per row: has a node of its own (not borrowed from an enclosing row)
+    cpu_self_ns: np.ndarray  # per row: CPU time in it and in none of its children (cpu_self)
     level: str
     backward_attached: int  # backward ops attached to their forward op
     handed_to_caller: int  # other autograd-thread work attached to the backward() call
@@ -393,6 +394,64 @@ def _attach_to_caller(
         row_parent[orr[ok]] = cand[ok]
         moved += int(ok.sum())
     return moved
+
+
+CPU_KINDS_ARR = np.array(
+    [Kind.CPU_OP, Kind.USER_ANNOTATION, Kind.PYTHON_FUNCTION, Kind.RUNTIME, Kind.DRIVER],
+    dtype=np.int8,
+)
+
+
+def cpu_self(table: EventTable) -> np.ndarray:
+    """CPU time of each CPU event that none of its children covers (ns; 0 for other rows).
+
+    Events nest by time on their thread, but not always cleanly: a record_function range
+    and a Python frame that start together can overlap without one containing the other,
+    and a child's time would then count twice. Each event's start is moved past the end of
+    the siblings before it, and into its parent, so the self times of a thread add up to
+    the time it spent inside its outermost events.
+    """
+    n = len(table)
+    out = np.zeros(n, dtype=np.int64)
+    rows = np.flatnonzero(np.isin(table.kind, CPU_KINDS_ARR)) if n else np.zeros(0, np.int64)
+    if rows.size == 0:
+        return out
+    parent = table.parent
+    start = table.ts.astype(np.int64).copy()
+    end = table.ts + table.dur
+    is_row = np.zeros(n, dtype=bool)
+    is_row[rows] = True
+    depth, _ = _depths(np.where(is_row, parent, NONE))
+    # Siblings share a parent; outermost events are siblings on their thread.
+    group = parent.astype(np.int64).copy()
+    tops = rows[parent[rows] < 0]
+    if tops.size:
+        key = np.stack([table.rank[tops], table.pid[tops], table.tid[tops]], axis=1)
+        thread = np.unique(key, axis=0, return_inverse=True)[1].reshape(-1)
+        group[tops] = -2 - thread
+    order = rows[np.lexsort((table.ts[rows], group[rows], depth[rows]))]
+    bounds = np.searchsorted(depth[order], np.arange(int(depth[rows].max()) + 2))
+    for d in range(bounds.size - 1):
+        lvl = order[bounds[d] : bounds[d + 1]]
+        if lvl.size == 0:
+            continue
+        p = parent[lvl]
+        nested = p >= 0
+        start[lvl[nested]] = np.maximum(start[lvl[nested]], start[p[nested]])
+        # Overlapping siblings are rare: only their groups need a running maximum.
+        g = group[lvl]
+        same = g[1:] == g[:-1]
+        bad = np.flatnonzero(same & (end[lvl[:-1]] > start[lvl[1:]]))
+        for gid in np.unique(g[bad + 1]).tolist():
+            members = lvl[g == gid]
+            reach = np.maximum.accumulate(end[members])
+            start[members[1:]] = np.maximum(start[members[1:]], reach[:-1])
+    eff = np.maximum(end - start, 0)
+    eff[~is_row] = 0
+    kids = rows[parent[rows] >= 0]
+    covered = np.bincount(parent[kids], weights=eff[kids].astype(np.float64), minlength=n)
+    out[rows] = np.maximum(eff[rows] - np.rint(covered[rows]).astype(np.int64), 0)
+    return out
 
 
 def build_index(table: EventTable) -> ContextIndex:
@@ -553,6 +612,7 @@ def build_index(table: EventTable) -> ContextIndex:
         row_node=row_node,
         row_parent=row_parent.astype(np.int32),
         on_tree=on_tree,
+        cpu_self_ns=cpu_self(table),
         level=level,
         backward_attached=attached,
         handed_to_caller=handed,
@@ -809,18 +869,10 @@ def _aggregate(
     excl: dict[str, np.ndarray] = {}
     gpu_rows = np.flatnonzero(use & is_gpu)
     excl["gpu_ns"] = np.rint(per_node(gpu_rows, dur[gpu_rows].astype(np.float64))).astype(np.int64)
-    # CPU self time: a CPU event's duration less its children's on the same thread.
-    cpu_kinds = np.array(
-        [Kind.CPU_OP, Kind.USER_ANNOTATION, Kind.PYTHON_FUNCTION, Kind.RUNTIME, Kind.DRIVER],
-        dtype=np.int8,
-    )
-    is_cpu = np.isin(kind, cpu_kinds)
-    cpu_all = np.flatnonzero(is_cpu)
-    child = cpu_all[t.parent[cpu_all] >= 0]
-    kids = np.bincount(t.parent[child], weights=dur[child].astype(np.float64), minlength=len(t))
-    self_ns = np.maximum(dur.astype(np.float64) - kids, 0.0)
-    cpu_rows = np.flatnonzero(use & is_cpu)
-    excl["cpu_ns"] = np.rint(per_node(cpu_rows, self_ns[cpu_rows])).astype(np.int64)
+    self_ns = index.cpu_self_ns
+    cpu_rows = np.flatnonzero(use & np.isin(kind, CPU_KINDS_ARR))
+    excl["cpu_ns"] = per_node(cpu_rows, self_ns[cpu_rows].astype(np.float64))
+    excl["cpu_ns"] = np.rint(excl["cpu_ns"]).astype(np.int64)
     excl["calls"] = per_node(np.flatnonzero(use & index.on_tree))
     launched = np.zeros(len(t), dtype=bool)
     lk = t.launch[t.launch >= 0]

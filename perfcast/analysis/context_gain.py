@@ -172,20 +172,72 @@ def _work(tl: Timeline) -> tuple[np.ndarray, np.ndarray]:
     return np.where(gpu, dur, 0.0), np.where(gpu, 0.0, dur)
 
 
+@dataclass
+class BaselineContext:
+    """What every prediction against one baseline shares: the tree, where each baseline
+    node sits on it, and the baseline's critical-path and replayed times per node."""
+
+    index: ContextIndex
+    baseline: Timeline
+    ctx: np.ndarray
+    path_ns: np.ndarray
+    span_ns: np.ndarray
+    tree: ContextTree
+
+    @classmethod
+    def of(cls, index: ContextIndex, baseline: Timeline) -> BaselineContext:
+        steps = max(len({s.name for s in baseline.graph.iterations}), 1)
+        return cls(
+            index=index,
+            baseline=baseline,
+            ctx=graph_context(index, baseline.graph),
+            path_ns=_path_ns(baseline),
+            span_ns=_span(baseline),
+            tree=_aggregate(index, np.ones(len(index.table), dtype=bool), {}, steps),
+        )
+
+
+def _added_context(index: ContextIndex, graph: Graph, start: int) -> np.ndarray:
+    """Tree nodes of graph nodes from `start` on (added by a what-if): by event, else op."""
+    c = graph.cols
+    n_rows = len(index.table)
+    out = np.zeros(len(graph) - start, dtype=np.int64)
+    if index.rank_nodes:
+        lut = np.zeros(max(index.rank_nodes) + 1, dtype=np.int64)
+        for r, node in index.rank_nodes.items():
+            lut[r] = node
+        out[:] = lut[c["rank"][start:]]
+    for col in ("op", "event"):  # the event, where there is one, wins
+        rows = c[col][start:].astype(np.int64)
+        ok = (rows >= 0) & (rows < n_rows)
+        node = np.where(ok, index.row_node[np.where(ok, rows, 0)], NONE)
+        out = np.where(node >= 0, node, out)
+    return out
+
+
 def attribute_gain(
-    index: ContextIndex, baseline: Timeline, predicted: Timeline, top: int = 5
+    index: ContextIndex,
+    baseline: Timeline,
+    predicted: Timeline,
+    top: int = 5,
+    base: BaselineContext | None = None,
 ) -> GainAttribution:
-    """The predicted gain of `predicted` over `baseline`, per node of the tree."""
+    """The predicted gain of `predicted` over `baseline`, per node of the tree. Pass `base`
+    (BaselineContext.of) to share the baseline's work among many predictions."""
+    if base is None or base.baseline is not baseline or base.index is not index:
+        base = BaselineContext.of(index, baseline)
     gb, gp = baseline.graph, predicted.graph
     n_base = len(gb)
     notes: list[str] = []
     same_nodes = len(gp) >= n_base and bool(
         np.array_equal(gp.cols["event"][:n_base], gb.cols["event"])
     )
-    if not same_nodes:  # a model that rebuilt the graph: only events tell nodes apart
+    ctx_b = base.ctx
+    if same_nodes:
+        ctx_p = np.concatenate([ctx_b, _added_context(index, gp, n_base)])
+    else:  # a model that rebuilt the graph: only events and ops place its nodes
         notes.append("the prediction renumbered the graph: its nodes are placed by event only")
-    ctx_b = graph_context(index, gb)
-    ctx_p = graph_context(index, gp, n_base if same_nodes else 0)
+        ctx_p = graph_context(index, gp, 0)
     steps = max(len({s.name for s in gb.iterations}), 1)
     n_nodes = len(index)
 
@@ -211,7 +263,7 @@ def attribute_gain(
     cpu_saved = on_tree(ctx_b[changed_b], cpu_b[changed_b]) - on_tree(
         ctx_p[changed_p], cpu_p[changed_p]
     )
-    path_b, path_p = _path_ns(baseline), _path_ns(predicted)
+    path_b, path_p = base.path_ns, _path_ns(predicted)
     path_saved = on_tree(ctx_b, path_b) - on_tree(ctx_p, path_p)
     gain = on_tree(ctx_b[changed_b], path_b[changed_b]) - on_tree(
         ctx_p[changed_p], path_p[changed_p]
@@ -225,7 +277,7 @@ def attribute_gain(
     method = "critical path"
     weights = gain
     if step_saved > 0 and float(gain[gain > 0].sum()) < 0.5 * step_saved:
-        span_b, span_p = _span(baseline), _span(predicted)
+        span_b, span_p = base.span_ns, _span(predicted)
         weights = on_tree(ctx_b[changed_b], span_b[changed_b]) - on_tree(
             ctx_p[changed_p], span_p[changed_p]
         )
@@ -237,16 +289,15 @@ def attribute_gain(
         "cpu_saved_ns": np.rint(cpu_saved).astype(np.int64),
     }
     incl = {k: _sum_up(index.parent, index.level_start, v) for k, v in excl.items()}
-    base = _aggregate(index, np.ones(len(index.table), dtype=bool), {}, steps)
     tree = ContextTree(
         index=index,
         excl=excl,
         incl=incl,
-        coverage=base.coverage,
-        compiled=base.compiled,
+        coverage=base.tree.coverage,
+        compiled=base.tree.compiled,
         selection={},
         steps=steps,
-        notes=list(base.notes) + notes,
+        notes=list(base.tree.notes) + notes,
     )
     return GainAttribution(
         tree=tree,
@@ -286,3 +337,22 @@ def call_sites(
         )
         for s in sites(index, weights, top=top, min_share=min_share)
     ]
+
+
+class SiteFinder:
+    """The call sites of many predictions against one baseline, for the advisor: the tree
+    and the baseline's share of the work are computed once, on first use."""
+
+    def __init__(self, table: EventTable, baseline: Timeline, top: int = 5) -> None:
+        self.table = table
+        self.baseline = baseline
+        self.top = top
+        self._base: BaselineContext | None = None
+
+    def __call__(self, predicted: Timeline) -> list[CallSite]:
+        if self._base is None:
+            from perfcast.analysis.context import build_index
+
+            self._base = BaselineContext.of(build_index(self.table), self.baseline)
+        base = self._base
+        return attribute_gain(base.index, base.baseline, predicted, self.top, base).sites

@@ -74,6 +74,7 @@ def _reindex(index: ContextIndex, keep: np.ndarray) -> tuple[ContextIndex, np.nd
         row_node=row_node.astype(np.int32),
         row_parent=index.row_parent,
         on_tree=index.on_tree,
+        cpu_self_ns=index.cpu_self_ns,
         level=index.level,
         backward_attached=index.backward_attached,
         handed_to_caller=index.handed_to_caller,

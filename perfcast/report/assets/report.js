@@ -564,7 +564,7 @@
         return [
           String(i + 1), s.name, ms(s.predicted_ms),
           s.speedup === null ? "-" : ms(s.speedup, 2) + "×", ms(s.gain_ms),
-          pct(100 * s.measured_share, 0), s.explanation || "-",
+          pct(100 * s.measured_share, 0), whyAndWhere(s),
           s.assumptions.length ? list(s.assumptions) : "-"
         ];
       }), function (i) { return i === 0 && S[0].gain_ms > 0 ? "best" : null; });
@@ -578,6 +578,20 @@
       table(det, [{ label: "optimization" }, { label: "why not" }],
         A.not_applicable.map(function (n) { return [n.name, n.reason]; }));
     }
+  }
+
+  // The reason for a suggestion, then where its gain comes from (module · line · op).
+  function whyAndWhere(s) {
+    if (!s.where || !s.where.length) {
+      return s.explanation || "-";
+    }
+    var div = el("div", null, s.explanation || "");
+    var ul = add(div, el("ul", { "class": "where" }));
+    s.where.forEach(function (w) {
+      var place = [w.module, w.source, w.op].filter(function (x) { return x; }).join(" · ");
+      add(ul, el("li", null, pct(100 * w.share, 0) + " " + (place || w.path)));
+    });
+    return div;
   }
 
   // ---- ranks -----------------------------------------------------------------------------
