@@ -735,6 +735,7 @@ class Coverage:
     gpu_ns: int  # sum of kernel, copy and memset durations selected
     root_gpu_ns: int  # the root's inclusive GPU time (equals gpu_ns by construction)
     with_frame_ns: int  # GPU time whose path has a Python frame
+    with_user_frame_ns: int  # ... a frame of the user's code (not PyTorch's or Python's)
     with_module_ns: int  # ... an nn.Module scope
     no_launch_ns: int  # GPU time whose launching call is not in the trace
     early_ns: int  # ... of which was launched before the trace began (earlier correlation)
@@ -891,6 +892,7 @@ def _aggregate(
     gpu_total = int(dur[gpu_rows].sum())
     g_nodes = node[gpu_rows]
     with_frame = int(dur[gpu_rows][index.frame[g_nodes] >= 0].sum())
+    with_user = int(dur[gpu_rows][index.user_frame[g_nodes] >= 0].sum())
     with_module = int(dur[gpu_rows][index.module[g_nodes] >= 0].sum())
     no_launch = int(dur[gpu_rows][t.launch[gpu_rows] < 0].sum())
     early_label = index.labels.index(EARLY_LAUNCH_LABEL) if no_launch else NONE
@@ -903,6 +905,7 @@ def _aggregate(
         gpu_ns=gpu_total,
         root_gpu_ns=int(incl["gpu_ns"][0]) if n_nodes else 0,
         with_frame_ns=with_frame,
+        with_user_frame_ns=with_user,
         with_module_ns=with_module,
         no_launch_ns=no_launch,
         early_ns=early,

@@ -204,14 +204,14 @@ def _added_context(index: ContextIndex, graph: Graph, start: int) -> np.ndarray:
     out = np.zeros(len(graph) - start, dtype=np.int64)
     if index.rank_nodes:
         lut = np.zeros(max(index.rank_nodes) + 1, dtype=np.int64)
-        for r, node in index.rank_nodes.items():
-            lut[r] = node
+        for r, top in index.rank_nodes.items():
+            lut[r] = top
         out[:] = lut[c["rank"][start:]]
     for col in ("op", "event"):  # the event, where there is one, wins
         rows = c[col][start:].astype(np.int64)
         ok = (rows >= 0) & (rows < n_rows)
-        node = np.where(ok, index.row_node[np.where(ok, rows, 0)], NONE)
-        out = np.where(node >= 0, node, out)
+        found = np.where(ok, index.row_node[np.where(ok, rows, 0)], NONE)
+        out = np.where(found >= 0, found, out)
     return out
 
 

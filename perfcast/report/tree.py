@@ -223,7 +223,11 @@ def render_gain_tree(
         Column("CPU work", per_step("cpu_saved_ns"), _signed_ms),
     ]
     _render_rows(
-        rows, cols, console, lambda v: _signed_ms(v / steps) + " ms", f"below {min_pct:g}%"
+        rows,
+        cols,
+        console,
+        lambda v: (_signed_ms(v / steps) or "±0.000") + " ms",
+        f"below {min_pct:g}%",
     )
     console.print(
         Text(
