@@ -17,6 +17,7 @@ import perfcast
 from perfcast.analysis.context import (
     EARLY_LAUNCH_LABEL,
     NO_LAUNCH_LABEL,
+    STEP_GAP_LABEL,
     ContextTree,
     build_index,
     context_tree,
@@ -189,7 +190,9 @@ def test_paths_and_times_by_hand(hand: ContextTree) -> None:
     # The root: every kernel and copy (2 x 65 + 20 + 7 µs), every CPU µs of both threads.
     assert t.incl["gpu_ns"][0] == t.coverage.gpu_ns == 157 * US
     assert t.incl["cpu_ns"][0] == (2 * 100 + 20) * US
-    assert t.excl["cpu_ns"][0] == 2 * 11 * US  # ProfilerStep's own time: it is no path
+    # ProfilerStep's own time (no path of its own) under a node that says what it is.
+    assert t.excl["cpu_ns"][0] == 0
+    assert t.excl["cpu_ns"][node_at(t, STEP_GAP_LABEL)] == 2 * 11 * US
 
 
 def test_coverage_and_work_without_a_launch(hand: ContextTree) -> None:
@@ -298,6 +301,10 @@ def test_labels_flops_and_library_frames() -> None:
     assert inductor_fused_ops("triton_red_fused_add_mean_mul_pow_rsqrt_0") == [
         "add", "mean", "mul", "pow", "rsqrt"
     ]  # fmt: skip
+    assert inductor_fused_ops("triton_poi_fused__unsafe_view_mul_silu_2") == [
+        "_unsafe_view", "mul", "silu"
+    ]  # fmt: skip
+    assert inductor_fused_ops("triton_per_fused_native_layer_norm_3") == ["native_layer_norm"]
     assert inductor_fused_ops("ampere_sgemm_128x64_nn") is None
 
 

@@ -55,6 +55,7 @@ METRICS = ("gpu_ns", "cpu_ns", "calls", "launches", "kernels", "copies", "flops"
 
 NO_LAUNCH_LABEL = "[GPU work whose launching call is not in the trace]"
 EARLY_LAUNCH_LABEL = "[GPU work launched before the trace began]"
+STEP_GAP_LABEL = "[step time outside any recorded event]"
 
 # Levels of context a trace allows, best first.
 LEVEL_PYTHON = "python"  # Python frames (with_stack=True)
@@ -104,15 +105,67 @@ def is_library_frame(label: str) -> bool:
     return bool(_LIBRARY_FILE.match(label))
 
 
+# Op names with underscores that Inductor's kernel names contain (the name is the only
+# source, and it joins op names with underscores too).
+_COMPOUND_OPS = (
+    "_unsafe_view",
+    "_to_copy",
+    "native_layer_norm",
+    "native_batch_norm",
+    "native_dropout",
+    "log_softmax",
+    "clamp_min",
+    "clamp_max",
+    "index_put",
+    "index_select",
+    "embedding_dense",
+    "max_pool2d",
+    "avg_pool2d",
+    "new_zeros",
+    "new_ones",
+    "full_like",
+    "zeros_like",
+    "ones_like",
+    "constant_pad_nd",
+    "scatter_add",
+    "slice_scatter",
+    "select_scatter",
+    "masked_fill",
+    "leaky_relu",
+    "hardtanh",
+    "group_norm",
+    "layer_norm",
+    "batch_norm",
+)
+
+
 def inductor_fused_ops(name: str) -> list[str] | None:
     """The ops an Inductor kernel name says it fused ("triton_red_fused_add_mean_0" ->
-    ["add", "mean"]), or None for other kernels. Names are cut at underscores, so an op
-    with an underscore in its name reads as two; the kernel name is the only source."""
+    ["add", "mean"]), or None for other kernels. The name joins op names with underscores,
+    so ops with underscores are recognized from a list; the kernel name is the only source."""
     m = _INDUCTOR.search(name)
     if m is None:
         return None
-    ops = [p for p in m.group("ops").split("_") if p and p != "unsafe" and not p.isdigit()]
-    return ops
+    text = m.group("ops")
+    out: list[str] = []
+    while text:
+        text = text.lstrip("_")
+        hit = next(
+            (
+                op
+                for op in _COMPOUND_OPS
+                if text == op.lstrip("_") or text.startswith(op.lstrip("_") + "_")
+            ),
+            None,
+        )
+        if hit is not None:
+            out.append(hit)
+            text = text[len(hit.lstrip("_")) :]
+            continue
+        token, _, text = text.partition("_")
+        if token and not token.isdigit():
+            out.append(token)
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -580,6 +633,19 @@ def build_index(table: EventTable) -> ContextIndex:
         item_label = np.concatenate([item_label, labs[need % 2]])
         item_kind = np.concatenate([item_kind, np.full(need.size, int(CtxKind.SPECIAL))])
         item_rank = np.concatenate([item_rank, need // 2])
+    # Time in a ProfilerStep range outside every event it holds (Python code on a trace
+    # without stacks, or idle): under a node that says so, not mixed into the root's own.
+    off = np.flatnonzero(~on_tree & np.isin(table.kind, [Kind.CPU_OP, Kind.USER_ANNOTATION]))
+    anc = _climb_to(parent, parent[off], on_tree) if off.size else np.zeros(0, np.int64)
+    loose = off[anc < 0]
+    gap_items = np.full(max(ranks, default=0) + 1, NONE, dtype=np.int64)
+    if loose.size:
+        need = np.unique(table.rank[loose])
+        gap_items[need] = item_parent.size + np.arange(need.size)
+        item_parent = np.concatenate([item_parent, np.full(need.size, NONE)])
+        item_label = np.concatenate([item_label, np.full(need.size, intern(STEP_GAP_LABEL))])
+        item_kind = np.concatenate([item_kind, np.full(need.size, int(CtxKind.SPECIAL))])
+        item_rank = np.concatenate([item_rank, need])
     depth, cyclic = _depths(item_parent)
     if cyclic.any():  # not expected after the undo above; never loop forever on bad data
         item_parent[cyclic] = NONE
@@ -589,12 +655,11 @@ def build_index(table: EventTable) -> ContextIndex:
 
     row_node = np.full(n, NONE, dtype=np.int32)
     row_node[rows] = trie.item_node[: rows.size]
-    # Rows off the tree take the node of their nearest enclosing row on it.
-    off = np.flatnonzero(~on_tree & np.isin(table.kind, [Kind.CPU_OP, Kind.USER_ANNOTATION]))
+    # Rows off the tree (ProfilerStep ranges) take the node of their nearest enclosing row
+    # on it, or the node for step time outside recorded events.
     if off.size:
-        anc = _climb_to(parent, parent[off], on_tree)
-        fallback = top_of_rank[table.rank[off]] if multi else 0
-        row_node[off] = np.where(anc >= 0, row_node[np.maximum(anc, 0)], fallback)
+        gap_node = trie.item_node[np.maximum(gap_items[table.rank[off]], 0)]
+        row_node[off] = np.where(anc >= 0, row_node[np.maximum(anc, 0)], gap_node)
 
     ctx = node_context(trie.parent, trie.level_start, trie.kind, trie.label, labels)
     has_frames = bool((kind == CtxKind.FRAME).any()) if n else False

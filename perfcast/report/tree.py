@@ -145,6 +145,17 @@ def render_tree(result: TreeResult, console: Console) -> None:
         console.print(Text(text))
     for note in result.notes[1:]:  # the first one repeats the level
         console.print(Text(f"note: {note}", style="yellow"))
+    if result.compiled is not None:
+        for name, fused, ns in result.compiled.top[:3]:
+            console.print(
+                Text(
+                    f"  compiled kernel {name} ({ns / 1e6:,.3f} ms) fuses: "
+                    + (", ".join(fused) or "?"),
+                    style="yellow",
+                ),
+                no_wrap=True,
+                overflow="ellipsis",
+            )
     if result.library_frames_hidden:
         console.print(
             Text(
