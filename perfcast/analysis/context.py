@@ -1030,7 +1030,7 @@ def _compiled(index: ContextIndex, gpu_rows: np.ndarray) -> CompiledCode | None:
 def _notes(tree: ContextTree) -> list[str]:
     cov = tree.coverage
     notes = [f"context from {LEVEL_TEXT[tree.level]}"]
-    if cov.gpu_ns:
+    if cov.gpu_ns and tree.level == LEVEL_PYTHON:
         text = f"{cov.unattributed_pct:.2f}% of GPU time has no Python frame on its path"
         if cov.no_launch_ns:
             why = []

@@ -50,8 +50,13 @@ def _pct(x: float | None) -> str:
     return "" if x is None else f"{x:.1f}%"
 
 
-def _gflop(x: float | None) -> str:
-    return "" if not x else f"{x / 1e9:,.1f}"
+def _flop(x: float | None) -> str:
+    if not x:
+        return ""
+    for scale, suffix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if x >= scale:
+            return f"{x / scale:.3g}{suffix}"
+    return f"{x:.0f}"
 
 
 def _short(name: str, width: int) -> str:
@@ -112,11 +117,12 @@ def _tree_columns(result: TreeResult) -> list[Column]:
     ]
     if result.coverage.gpu_ns:
         cols.append(Column(other_label, lambda r: r.incl[other], _ms))
-    cols.append(Column("launches", lambda r: r.incl["launches"], _count, 8))
+    if result.rows and result.rows[0].incl.get("launches"):
+        cols.append(Column("launches", lambda r: r.incl["launches"], _count, 8))
     if result.coverage.gpu_ns:
         cols.append(Column("kernels", lambda r: r.incl["kernels"], _count, 7))
     if result.rows and result.rows[0].incl.get("flops"):
-        cols.append(Column("GFLOP", lambda r: r.incl["flops"], _gflop, 8))
+        cols.append(Column("FLOP", lambda r: r.incl["flops"], _flop, 7))
     return cols
 
 
@@ -134,14 +140,12 @@ def render_tree(result: TreeResult, console: Console) -> None:
     if cov.gpu_ns:
         text = (
             f"GPU time {cov.gpu_ns / 1e6:,.2f} ms (kernels, copies, memsets); root "
-            f"{cov.root_gpu_ns / 1e6:,.2f} ms; not attributed to a Python frame: "
-            f"{result.unattributed_pct:.2f}%"
+            f"{cov.root_gpu_ns / 1e6:,.2f} ms; "
         )
-        if cov.no_launch_ns:
-            text += (
-                f" ({100.0 * cov.no_launch_ns / cov.gpu_ns:.2f}% has no launch in the trace; "
-                f"of the rest {result.unattributed_launched_pct:.2f}%)"
-            )
+        if result.level == "python":
+            text += f"not attributed to a Python frame: {result.unattributed_pct:.2f}%"
+        else:
+            text += "no Python frames recorded"
         console.print(Text(text))
     for note in result.notes[1:]:  # the first one repeats the level
         console.print(Text(f"note: {note}", style="yellow"))
