@@ -223,6 +223,22 @@ def test_selection_by_phase_step_and_rank(tmp_path: Path) -> None:
             context_tree(index, **bad)  # type: ignore[arg-type]
 
 
+def test_autograd_thread_work_goes_under_the_backward_call(tmp_path: Path) -> None:
+    b = TraceBuilder()
+    b.op("train.py(20): train_step", 0, 100, cat="python_function")
+    b.op("torch/autograd/graph.py(824): _engine_run_backward", 10, 80, cat="python_function")
+    acc = "autograd::engine::evaluate_function: torch::autograd::AccumulateGrad"
+    b.op(acc, 20, 10, tid=200)
+    b.launch("acc_kernel", 21, 2, 30, 3, tid=200)
+    b.op("aten::copy_", 40, 10, tid=300)  # another thread that is not autograd's
+    t = context_tree(perfcast.load(b.write(tmp_path / "bwd.json")))
+    frames = ("train.py(20): train_step", "torch/autograd/graph.py(824): _engine_run_backward")
+    kernel = node_at(t, *frames, acc, "cudaLaunchKernel", "acc_kernel")
+    assert t.incl["gpu_ns"][kernel] == 3 * US
+    assert t.index.handed_to_caller == 1
+    assert t.incl["cpu_ns"][node_at(t, "aten::copy_")] == 10 * US
+
+
 def test_fallback_levels_without_stacks(tmp_path: Path) -> None:
     table = perfcast.load(hand_trace(tmp_path / "ops.json", stacks=False))
     t = context_tree(table)

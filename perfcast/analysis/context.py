@@ -14,7 +14,14 @@ How the path of an event is found:
     (with its `evaluate_function` wrapper) is attached to the forward op it differentiates
     (fwdbwd flows or sequence numbers), so a backward kernel reaches the model line that
     created it.
-  - GPU work whose launching call is not in the trace goes under one node that says so.
+    Other work of that thread (gradient accumulation, DDP's all-reduce hooks) hangs under
+    the Python `backward()` call that waited for it.
+  - GPU work whose launching call is not in the trace, and step time outside every recorded
+    event, go under nodes that say so.
+
+A Python frame is named as the profiler records it, "file.py(84): forward", where 84 is the
+first line of the function (the profiler records function entries, not the line of each
+call); the module scope, the next frame and the op below it narrow the place down.
 
 The structure (`ContextIndex`) is built once per table; a `ContextTree` adds the metrics of
 a selection of events (a rank, a phase, a step). Everything is vectorized over rows with
@@ -406,9 +413,9 @@ _BACKWARD_CALL = re.compile(
 def _attach_to_caller(
     table: EventTable, kind: np.ndarray, on_tree: np.ndarray, row_parent: np.ndarray
 ) -> int:
-    """Hang top-level CPU work of other threads under the Python `backward()` frame whose
-    time span contains it (the innermost such frame of the same rank). Returns how many
-    rows moved."""
+    """Hang top-level CPU work of autograd's threads (those that run evaluate_function ops)
+    under the Python `backward()` frame whose time span contains it (the innermost such
+    frame of the same rank). Returns how many rows moved."""
     if len(table) == 0:
         return 0
     is_call = np.fromiter(
@@ -422,6 +429,13 @@ def _attach_to_caller(
         & (row_parent < 0)
         & np.isin(kind, [CtxKind.OP, CtxKind.ANNOTATION, CtxKind.RUNTIME])
     )
+    is_eval = np.fromiter(
+        (s.startswith(_EVALUATE) for s in table.names), dtype=bool, count=len(table.names)
+    )
+    ev = np.flatnonzero(is_eval[table.name])
+    engine = set(zip(table.rank[ev].tolist(), table.pid[ev].tolist(), table.tid[ev].tolist()))
+    keys = zip(table.rank[orphan].tolist(), table.pid[orphan].tolist(), table.tid[orphan].tolist())
+    orphan = orphan[np.fromiter((k in engine for k in keys), dtype=bool, count=orphan.size)]
     if orphan.size == 0:
         return 0
     end = table.ts + table.dur

@@ -46,7 +46,7 @@ class CallSite:
     """Where part of a gain lands: the module, the line of the user's code and the op."""
 
     module: str | None
-    source: str | None  # "file.py:84 (forward)"
+    source: str | None  # "file.py:84 (forward)": the function's first line, as recorded
     op: str | None
     path: str  # the condensed call path of its largest node
     gain_ms: float  # its share of the step time saved, per step
