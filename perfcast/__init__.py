@@ -17,6 +17,7 @@ from perfcast.api import (
     scopes,
     stragglers,
     summary,
+    tree,
 )
 from perfcast.errors import NotApplicableError, PerfcastError, TraceFormatError
 from perfcast.events import EventTable, Kind
@@ -48,4 +49,5 @@ __all__ = [
     "scopes",
     "stragglers",
     "summary",
+    "tree",
 ]

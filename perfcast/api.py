@@ -7,6 +7,7 @@ perfcast.replay(table).max_abs_error_pct               # does the replay match?
 r = perfcast.predict(table, apply=["amp", "cuda-graphs"])
 r.baseline_ms, r.predicted_ms, r.speedup
 perfcast.advise(table).suggestions[0]
+perfcast.tree(table).incl["gpu_ns"][0]                # GPU time per call path (node 0: all)
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from perfcast.ingest import load
 
 if TYPE_CHECKING:
     from perfcast.advisor.advisor import Advice
+    from perfcast.analysis.context import ContextTree
     from perfcast.analysis.replay import ReplayResult
     from perfcast.analysis.summary import Summary
     from perfcast.whatif.runner import WhatIfResult
@@ -217,3 +219,20 @@ def diff(
         result, _, predicted = run_whatif(ta, [parse_spec(s) for s in specs])
         compare_prediction(out, ta, tb, specs, result, predicted, top=top)
     return out
+def tree(
+    trace: TraceLike,
+    rank: int | None = None,
+    phase: str | None = None,
+    step: str | int | None = None,
+) -> ContextTree:
+    """The calling-context tree: GPU and CPU time (and calls, launches, kernels, FLOPs,
+    bytes) per call path, from the Python frames through modules and ops to the kernels.
+
+    `tree.index` holds the nodes (`parent`, `label`/`labels`, `kind`; node 0 is the root),
+    `tree.incl` / `tree.excl` the inclusive and exclusive values per node, and
+    `tree.coverage` how much GPU time reached a Python frame. Filter by rank, phase
+    ("forward", "backward", "optimizer", ...) or step ("ProfilerStep#3" or 3).
+    """
+    from perfcast.analysis.context import context_tree
+
+    return context_tree(_table(trace), rank=rank, phase=phase, step=step)

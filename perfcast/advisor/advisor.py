@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from perfcast.analysis.context_gain import CallSite, SiteFinder
 from perfcast.analysis.critical_path import GPU, HOST, critical_paths
 from perfcast.analysis.notes import input_notes
 from perfcast.events import EventTable
@@ -38,6 +39,9 @@ class Suggestion:
     explanation: str
     assumptions: list[str]
     measured_share: float  # of the predicted critical path, with measured durations
+    # Where the gain comes from: its top call sites (module, source line, op, share), from
+    # the calling-context tree; empty when the trace cannot tell or nothing is gained.
+    where: list[CallSite] = field(default_factory=list)
 
 
 @dataclass
@@ -197,6 +201,7 @@ def advise(
         specs.append(f"device:target={target_device}")
     suggestions: list[Suggestion] = []
     skipped: list[NotApplicable] = []
+    where = SiteFinder(table, base)
     for text in specs:
         try:
             spec: Spec = parse_spec(text)
@@ -215,6 +220,7 @@ def advise(
                 explanation=_explain(text, facts),
                 assumptions=[a for ap in applied for a in ap.assumptions],
                 measured_share=measured_share(tl),
+                where=where(tl),
             )
         )
     suggestions.sort(key=lambda s: s.predicted_ms)

@@ -155,7 +155,13 @@ def _walk_fn():
 
 
 def critical_paths(tl: Timeline, top: int = 8, keep_steps: bool = True) -> list[CriticalPath]:
-    """One critical path per iteration of the timeline."""
+    """One critical path per iteration of the timeline.
+
+    It covers the step's window as `Timeline.iteration_ns` counts step time: from the
+    previous step's completion to whichever ends later, the step's CPU range or its last GPU
+    work (the CPU may run ahead, as after a what-if that makes the host faster), so the
+    paths' categories add up to the step times.
+    """
     g = tl.graph
     low = tl.lowered
     compact = np.full(len(g), -1, dtype=np.int64)

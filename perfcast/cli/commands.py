@@ -46,6 +46,10 @@ def register(sub: Any, add_common: Callable[[Any], None], table: dict[str, Any])
         metavar="OUT.json",
         help="write baseline and predicted timelines side by side for Perfetto",
     )
+    p.add_argument("--tree", action="store_true", help="show where the gain lands, per call path")
+    from perfcast.cli.tree import add_view_options
+
+    add_view_options(p)
     add_common(p)
     table["whatif"] = cmd_whatif
 
@@ -155,6 +159,15 @@ def cmd_whatif(args: argparse.Namespace, ui: Any) -> int:
     table = ui.load(args.path)
     result, base_tl, pred_tl = run_whatif(table, specs)
     _export([("baseline (simulated)", base_tl), ("predicted", pred_tl)], args.export_trace, ui)
+    if args.tree:
+        from perfcast.cli.tree import whatif_tree
+
+        if args.json:
+            ui.emit_json({**vars(result), "tree": whatif_tree(table, base_tl, pred_tl, args, ui)})
+            return 0
+        _output(result, "render_whatif", args, ui)
+        whatif_tree(table, base_tl, pred_tl, args, ui)
+        return 0
     return _output(result, "render_whatif", args, ui)
 
 

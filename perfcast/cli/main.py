@@ -117,12 +117,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _register_extra_commands(sub: Any) -> None:
     """Subcommands defined in other modules add themselves here."""
-    from perfcast.cli import commands
+    from perfcast.cli import commands, tree
 
     commands.register(sub, _add_common, COMMANDS)
     from perfcast.cli import analyses
 
     analyses.register(sub, _add_common, COMMANDS)
+    tree.register(sub, _add_common, COMMANDS)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -55,6 +55,7 @@ SECTIONS = (
     ("advice", "Suggested optimizations"),
     ("ranks", "Ranks"),
     ("analyses", "Trace analyses: kernels, idle time, launches, memory, collectives, roofline"),
+    ("context", "Where in the code: GPU and CPU time per call path"),
 )
 
 
@@ -119,6 +120,14 @@ def report_data(table: EventTable) -> dict[str, Any]:
         except PerfcastError as exc:
             notes.append(f"no advice: {exc}")
 
+    context = None
+    try:
+        from perfcast.report.flame import flame_data
+
+        context = flame_data(table)
+    except PerfcastError as exc:
+        notes.append(f"no calling context: {exc}")
+
     devices = sorted({info.device_name for info in table.ranks if info.device_name})
     data: dict[str, Any] = {
         "meta": {
@@ -135,6 +144,7 @@ def report_data(table: EventTable) -> dict[str, Any]:
         "replay": _asdict(replay) if replay is not None else None,
         "advice": _asdict(advice) if advice is not None else None,
         "timeline": _timeline(table, graph, tl),
+        "context": context,
         "categories": list(CATEGORIES),
         "analyses": _analyses(table, notes),
     }

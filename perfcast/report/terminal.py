@@ -201,6 +201,9 @@ def render_advice(advice: Advice, console: Console) -> None:
     console.print("why, and what each prediction assumes:", style="bold")
     for i, s in enumerate(advice.suggestions, 1):
         console.print(Text(f"{i}. {s.name}: {s.explanation}"))
+        for site in getattr(s, "where", None) or []:
+            where = " · ".join(x for x in (site.module, site.source, site.op) if x) or site.path
+            console.print(Text(f"     where: {100 * site.share:.0f}%  {where}"))
         for line in s.assumptions:
             console.print(Text(f"     assumes: {line}", style="dim"))
     for na in advice.not_applicable:

@@ -564,7 +564,7 @@
         return [
           String(i + 1), s.name, ms(s.predicted_ms),
           s.speedup === null ? "-" : ms(s.speedup, 2) + "×", ms(s.gain_ms),
-          pct(100 * s.measured_share, 0), s.explanation || "-",
+          pct(100 * s.measured_share, 0), whyAndWhere(s),
           s.assumptions.length ? list(s.assumptions) : "-"
         ];
       }), function (i) { return i === 0 && S[0].gain_ms > 0 ? "best" : null; });
@@ -578,6 +578,20 @@
       table(det, [{ label: "optimization" }, { label: "why not" }],
         A.not_applicable.map(function (n) { return [n.name, n.reason]; }));
     }
+  }
+
+  // The reason for a suggestion, then where its gain comes from (module · line · op).
+  function whyAndWhere(s) {
+    if (!s.where || !s.where.length) {
+      return s.explanation || "-";
+    }
+    var div = el("div", null, s.explanation || "");
+    var ul = add(div, el("ul", { "class": "where" }));
+    s.where.forEach(function (w) {
+      var place = [w.module, w.source, w.op].filter(function (x) { return x; }).join(" · ");
+      add(ul, el("li", null, pct(100 * w.share, 0) + " " + (place || w.path)));
+    });
+    return div;
   }
 
   // ---- ranks -----------------------------------------------------------------------------
@@ -659,4 +673,306 @@
     }
   });
   document.body.setAttribute("data-perfcast-rendered", "1");
+})();
+
+// ---- calling context: icicle (flame) graph of `perfcast tree` --------------------------
+// Its own closure so the sections above stay as they are. One rectangle per call path,
+// drawn on a canvas; only paths at least half a pixel wide are laid out, so a tree of
+// tens of thousands of paths redraws in milliseconds. Names reach the page through
+// canvas text and textContent only.
+(function () {
+  "use strict";
+
+  var ROW = 18;
+  var KIND_COLORS = {
+    "root": "#9aa5b1", "rank": "#9aa5b1", "frame": "#e8a33d", "module": "#3aa39a",
+    "annotation": "#7fb3d5", "op": "#5fa35f", "runtime": "#e6c84f", "kernel": "#8e6bbf",
+    "copy": "#b07cc6", "special": "#d9534f"
+  };
+
+  function el(tag, attrs, text) {
+    var node = document.createElement(tag);
+    for (var k in attrs || {}) {
+      if (Object.prototype.hasOwnProperty.call(attrs, k)) {
+        node.setAttribute(k, attrs[k]);
+      }
+    }
+    if (text !== undefined && text !== null) {
+      node.textContent = String(text);
+    }
+    return node;
+  }
+
+  function fmtMs(ns) {
+    return (ns / 1e6).toLocaleString("en-US", { minimumFractionDigits: 2, maximumFractionDigits: 2 }) + " ms";
+  }
+
+  function renderContext(C) {
+    var root = document.getElementById("context-body");
+    if (!root) {
+      return;
+    }
+    root.textContent = "";
+    if (!C) {
+      root.appendChild(el("p", { "class": "empty" }, "No calling context: the trace holds no events."));
+      return;
+    }
+    var n = C.parent.length;
+    var kids = [];
+    var i;
+    for (i = 0; i < n; i++) {
+      kids.push([]);
+    }
+    for (i = 1; i < n; i++) {
+      kids[C.parent[i]].push(i);
+    }
+    var state = { metric: C.gpu_total_ns > 0 ? "gpu" : "cpu", zoom: 0, match: null };
+    var sorted = {};
+
+    function childrenOf(node) {
+      var key = state.metric;
+      if (!sorted[key]) {
+        var v = C[key];
+        sorted[key] = kids.map(function (list) {
+          return list.slice().sort(function (a, b) { return v[b] - v[a]; });
+        });
+      }
+      return sorted[key][node];
+    }
+
+    var head = root.appendChild(el("p", { "class": "caption" },
+      "Context from " + C.level_text + ". One box per call path, as wide as its time " +
+      "(summed over " + C.steps + " step(s)); click to zoom, search to highlight. " +
+      C.library_frames_hidden.toLocaleString("en-US") + " frames of PyTorch and the " +
+      "interpreter are hidden (perfcast tree --all-frames shows them)."));
+    head.id = "flame-caption";
+    if (C.gpu_total_ns > 0) {
+      root.appendChild(el("p", { "class": "caption" },
+        "GPU time not attributed to a Python frame: " + C.unattributed_pct.toFixed(2) + "%" +
+        (C.no_launch_pct > 0 ? " (" + C.no_launch_pct.toFixed(2) + "% has no launching call " +
+          "in the trace)" : "") + "."));
+    }
+    var bar = root.appendChild(el("div", { "class": "flame-controls" }));
+    var metric = bar.appendChild(el("select", { id: "flame-metric", "aria-label": "metric" }));
+    [["gpu", "GPU time"], ["cpu", "CPU time"]].forEach(function (m) {
+      var o = metric.appendChild(el("option", { value: m[0] }, m[1]));
+      if (m[0] === state.metric) {
+        o.selected = true;
+      }
+    });
+    var search = bar.appendChild(el("input", {
+      id: "flame-search", type: "search", placeholder: "search frames, modules, ops, kernels",
+      "aria-label": "search", size: "40"
+    }));
+    var reset = bar.appendChild(el("button", { id: "flame-reset", type: "button" }, "reset zoom"));
+    var summary = bar.appendChild(el("span", { id: "flame-match-summary", "class": "caption" }));
+    var crumbs = root.appendChild(el("p", { id: "flame-zoom", "class": "caption" }));
+    var wrap = root.appendChild(el("div", { "class": "flame-wrap" }));
+    var canvas = wrap.appendChild(el("canvas", { id: "flame-canvas" }));
+    var tip = wrap.appendChild(el("div", { id: "flame-tip", "class": "flame-tip" }));
+    tip.hidden = true;
+    var matches = root.appendChild(el("ul", { id: "flame-matches", "class": "flame-matches" }));
+    var rects = [];  // per row: [x, w, node] triples, in x order
+
+    function matchesNode(node) {
+      return state.match !== null && state.match[C.name[node]];
+    }
+
+    function ancestors(node) {
+      var out = [];
+      while (node > 0) {
+        node = C.parent[node];
+        out.unshift(node);
+      }
+      return out;
+    }
+
+    function color(node, dim) {
+      var c = KIND_COLORS[C.kinds[C.kind[node]]] || "#999";
+      if (state.match !== null) {
+        return matchesNode(node) ? "#e0457b" : "#dcdfe3";
+      }
+      return dim ? "#cfd6dd" : c;
+    }
+
+    function draw() {
+      var v = C[state.metric];
+      var width = Math.max(wrap.clientWidth || 1200, 400);
+      var up = ancestors(state.zoom);
+      var total = v[state.zoom];
+      var scale = total > 0 ? width / total : 0;
+      var boxes = [];
+      var maxRow = up.length;
+      up.forEach(function (a, r) {
+        boxes.push([0, width, a, r, true]);
+      });
+      var stack = [[state.zoom, 0, up.length]];
+      while (stack.length) {
+        var top = stack.pop();
+        var node = top[0], x = top[1], row = top[2];
+        var w = v[node] * scale;
+        if (w < 0.5) {
+          continue;
+        }
+        boxes.push([x, w, node, row, false]);
+        if (row > maxRow) {
+          maxRow = row;
+        }
+        var cx = x;
+        var ch = childrenOf(node);
+        var next = [];
+        for (var k = 0; k < ch.length; k++) {
+          var cw = v[ch[k]] * scale;
+          if (cw < 0.5) {
+            break;  // sorted: the rest are narrower still
+          }
+          next.push([ch[k], cx, row + 1]);
+          cx += cw;
+        }
+        for (k = next.length - 1; k >= 0; k--) {
+          stack.push(next[k]);
+        }
+      }
+      canvas.width = width;
+      canvas.height = (maxRow + 1) * ROW;
+      canvas.style.width = width + "px";
+      canvas.style.height = canvas.height + "px";
+      var ctx = canvas.getContext("2d");
+      ctx.clearRect(0, 0, canvas.width, canvas.height);
+      ctx.font = "11px system-ui, sans-serif";
+      ctx.textBaseline = "middle";
+      rects = [];
+      boxes.forEach(function (b) {
+        var x = b[0], w = b[1], node = b[2], row = b[3];
+        ctx.fillStyle = color(node, b[4]);
+        ctx.fillRect(x, row * ROW, Math.max(w - 0.5, 0.5), ROW - 1);
+        if (w > 28) {
+          var label = C.names[C.name[node]];
+          var chars = Math.floor((w - 6) / 6.2);
+          ctx.fillStyle = "#111";
+          ctx.fillText(label.length > chars ? label.slice(0, Math.max(chars - 1, 1)) + "…" : label,
+            x + 3, row * ROW + ROW / 2);
+        }
+        (rects[row] = rects[row] || []).push([x, w, node]);
+      });
+      canvas.setAttribute("data-boxes", String(boxes.length));
+      crumbs.textContent = state.zoom === 0 ? "showing everything" :
+        "zoomed into " + C.names[C.name[state.zoom]] + " (" + fmtMs(C[state.metric][state.zoom]) +
+        "); click a bar above it or reset to zoom out";
+    }
+
+    function at(evt) {
+      var box = canvas.getBoundingClientRect();
+      var x = evt.clientX - box.left, y = evt.clientY - box.top;
+      var row = rects[Math.floor(y / ROW)] || [];
+      for (var k = 0; k < row.length; k++) {
+        if (x >= row[k][0] && x < row[k][0] + row[k][1]) {
+          return { node: row[k][2], x: x, y: y };
+        }
+      }
+      return null;
+    }
+
+    function showTip(hit) {
+      if (!hit) {
+        tip.hidden = true;
+        return;
+      }
+      var node = hit.node;
+      var v = C[state.metric];
+      var total = v[0] || 1;
+      tip.textContent = "";
+      tip.appendChild(el("b", null, C.names[C.name[node]]));
+      [
+        C.kinds[C.kind[node]],
+        "GPU " + fmtMs(C.gpu[node]) + " (self " + fmtMs(C.gpu_self[node]) + ")",
+        "CPU " + fmtMs(C.cpu[node]) + " (self " + fmtMs(C.cpu_self[node]) + ")",
+        (100 * v[node] / total).toFixed(2) + "% of all " + (state.metric === "gpu" ? "GPU" : "CPU") +
+          " time",
+        C.calls[node].toLocaleString("en-US") + " calls · " +
+          C.launches[node].toLocaleString("en-US") + " launches · " +
+          C.kernels[node].toLocaleString("en-US") + " kernels"
+      ].forEach(function (line) {
+        tip.appendChild(el("div", null, line));
+      });
+      tip.hidden = false;
+      tip.style.left = Math.min(hit.x + 12, Math.max(canvas.width - 360, 0)) + "px";
+      tip.style.top = (hit.y + 14) + "px";
+    }
+
+    function runSearch() {
+      var q = search.value.trim().toLowerCase();
+      matches.textContent = "";
+      if (!q) {
+        state.match = null;
+        summary.textContent = "";
+        draw();
+        return;
+      }
+      state.match = C.names.map(function (s) { return s.toLowerCase().indexOf(q) >= 0; });
+      var v = C[state.metric];
+      var hits = [];
+      var covered = 0;
+      // Depth first from the root: a match inside a match counts once in the total.
+      var stack = [[0, false]];
+      while (stack.length) {
+        var top = stack.pop();
+        var node = top[0], inside = top[1];
+        var m = node > 0 && state.match[C.name[node]];
+        if (m) {
+          hits.push(node);
+          if (!inside) {
+            covered += v[node];
+          }
+        }
+        var ch = kids[node];
+        for (var k = 0; k < ch.length; k++) {
+          stack.push([ch[k], inside || m]);
+        }
+      }
+      hits.sort(function (a, b) { return v[b] - v[a]; });
+      summary.textContent = hits.length.toLocaleString("en-US") + " matching paths, " +
+        fmtMs(covered) + " (" + (v[0] > 0 ? (100 * covered / v[0]).toFixed(1) : "0") + "%)";
+      hits.slice(0, 10).forEach(function (node) {
+        var li = matches.appendChild(el("li", { "data-node": String(node) }));
+        li.appendChild(el("span", { "class": "flame-hit" }, C.names[C.name[node]]));
+        li.appendChild(document.createTextNode(" · " + fmtMs(v[node])));
+        li.addEventListener("click", function () {
+          state.zoom = node;
+          draw();
+        });
+      });
+      draw();
+    }
+
+    metric.addEventListener("change", function () {
+      state.metric = metric.value;
+      runSearch();
+    });
+    search.addEventListener("input", runSearch);
+    reset.addEventListener("click", function () {
+      state.zoom = 0;
+      draw();
+    });
+    canvas.addEventListener("mousemove", function (evt) { showTip(at(evt)); });
+    canvas.addEventListener("mouseleave", function () { tip.hidden = true; });
+    canvas.addEventListener("click", function (evt) {
+      var hit = at(evt);
+      if (hit) {
+        state.zoom = hit.node;
+        draw();
+      }
+    });
+    draw();
+  }
+
+  try {
+    renderContext(JSON.parse(document.getElementById("perfcast-data").textContent).context);
+  } catch (e) {
+    console.error("section context: " + (e && e.stack ? e.stack : e));
+    var b = document.getElementById("context-body");
+    if (b) {
+      b.textContent = "This section failed to render: " + e;
+    }
+  }
 })();

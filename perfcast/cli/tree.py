@@ -1,0 +1,149 @@
+"""`perfcast tree`: GPU and CPU time on the calling context (Python frames, modules, ops),
+and `perfcast whatif --tree`: where a prediction's gain lands."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from typing import Any
+
+from perfcast.errors import PerfcastError
+
+
+def register(sub: Any, add_common: Callable[[Any], None], table: dict[str, Any]) -> None:
+    p = sub.add_parser(
+        "tree",
+        help="GPU and CPU time per call path: Python frames, modules, ops, kernels",
+        description="The calling-context tree of a trace: from the Python frames "
+        "(with_stack=True), through nn.Module scopes and record_function ranges, to the op, "
+        "the runtime call and the kernel. Without stacks it falls back to module scopes, "
+        "then op nesting, and says which.",
+    )
+    p.add_argument("path", help="trace file or folder of rank files")
+    add_view_options(p)
+    p.add_argument("--rank", type=int, help="only this rank")
+    p.add_argument(
+        "--phase", help="only this phase: forward, backward, optimizer, dataloader, communication"
+    )
+    p.add_argument("--step", help="only this step (ProfilerStep#N, or N)")
+    p.add_argument(
+        "--metric",
+        choices=["gpu", "cpu"],
+        help="what sizes the tree (default: GPU time, CPU time for a trace without GPU work)",
+    )
+    p.add_argument(
+        "--bottom-up",
+        action="store_true",
+        help="also list the hot kernels and ops with the call paths that reach them",
+    )
+    p.add_argument("--top", type=int, default=10, help="hot spots listed by --bottom-up")
+    p.add_argument("--speedscope", metavar="FILE.json", help="write the tree for speedscope")
+    p.add_argument(
+        "--folded", metavar="FILE.txt", help="write folded stacks (flamegraph.pl, inferno)"
+    )
+    add_common(p)
+    table["tree"] = cmd_tree
+
+
+def add_view_options(p: argparse.ArgumentParser) -> None:
+    """Options shared by `tree` and `whatif --tree`."""
+    p.add_argument("--depth", type=int, help="show at most this many levels below the root")
+    p.add_argument(
+        "--min-pct",
+        type=float,
+        default=1.0,
+        help="collapse call paths below this share of the total (default 1)",
+    )
+    p.add_argument("--focus", metavar="REGEX", help="only the call paths through matching nodes")
+    p.add_argument(
+        "--all-frames",
+        action="store_true",
+        help="keep the frames of PyTorch and the interpreter (hidden by default)",
+    )
+
+
+def _check_view(args: argparse.Namespace) -> None:
+    if args.depth is not None and args.depth < 0:
+        raise PerfcastError("--depth must be 0 or more")
+    if not 0.0 <= args.min_pct <= 100.0:
+        raise PerfcastError("--min-pct must be between 0 and 100")
+
+
+def cmd_tree(args: argparse.Namespace, ui: Any) -> int:
+    from perfcast.analysis.context import context_tree
+    from perfcast.analysis.context_views import focus, library_frames, project, tree_result
+    from perfcast.cli.commands import _check_output
+
+    _check_view(args)
+    if args.top < 1:
+        raise PerfcastError("--top must be at least 1")
+    for out in (args.speedscope, args.folded):
+        _check_output(out, args.path)
+    table = ui.load(args.path)
+    tree = context_tree(table, rank=args.rank, phase=args.phase, step=args.step)
+    metric = {"gpu": "gpu_ns", "cpu": "cpu_ns", None: None}[args.metric]
+    if args.speedscope or args.folded:
+        from perfcast.report.speedscope import write_folded, write_speedscope
+
+        shown = focus(tree, args.focus) if args.focus else tree
+        if not args.all_frames:
+            shown = project(shown, ~library_frames(shown.index))
+        if args.speedscope:
+            write_speedscope(shown, args.speedscope, name=_name(args.path))
+            ui.note(f"wrote {args.speedscope} (open it at www.speedscope.app)")
+        if args.folded:
+            m = metric or ("gpu_ns" if tree.coverage.gpu_ns else "cpu_ns")
+            write_folded(shown, args.folded, metric=m)
+            ui.note(f"wrote {args.folded} ({'GPU' if m == 'gpu_ns' else 'CPU'} ns per path)")
+    result = tree_result(
+        tree,
+        metric=metric,
+        depth=args.depth,
+        min_pct=args.min_pct,
+        focus_re=args.focus,
+        all_frames=args.all_frames,
+        bottom_up=args.bottom_up,
+        top=args.top,
+    )
+    if args.json:
+        ui.emit_json(result)
+        return 0
+    from perfcast.report.tree import render_tree
+
+    render_tree(result, ui.out)
+    return 0
+
+
+def _name(path: str) -> str:
+    import os
+
+    return os.path.basename(path.rstrip("/")) or path
+
+
+def whatif_tree(table: Any, base: Any, predicted: Any, args: argparse.Namespace, ui: Any) -> Any:
+    """`perfcast whatif --tree`: the gain per call path, printed after the prediction (or
+    returned for --json)."""
+    from perfcast.analysis.context import build_index
+    from perfcast.analysis.context_gain import attribute_gain
+    from perfcast.analysis.context_views import focus, library_frames, project, tree_rows
+
+    _check_view(args)
+    gain = attribute_gain(build_index(table), base, predicted)
+    tree = gain.tree
+    if args.focus:
+        tree = focus(tree, args.focus)
+    if not args.all_frames:
+        tree = project(tree, ~library_frames(tree.index))
+    rows = tree_rows(tree, "path_saved_ns", depth=args.depth, min_pct=args.min_pct)
+    if args.json:
+        return {
+            "step_saved_ms": gain.step_saved_ms,
+            "method": gain.method,
+            "sites": gain.sites,
+            "notes": gain.tree.notes,
+            "rows": rows,
+        }
+    from perfcast.report.tree import render_gain_tree
+
+    render_gain_tree(gain, rows, ui.out, args.min_pct)
+    return None

@@ -1,0 +1,263 @@
+"""Calling-context trees in the terminal: top-down with guides, and bottom-up hot spots.
+
+Renderers only format: the rows to show were chosen by `analysis.context_views`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from rich.console import Console
+from rich.text import Text
+
+if TYPE_CHECKING:
+    from perfcast.analysis.context_gain import CallSite, GainAttribution
+    from perfcast.analysis.context_views import HotSpot, TreeResult, TreeRow
+
+_KIND_STYLE = {
+    "frame": "",
+    "module": "bold cyan",
+    "annotation": "cyan",
+    "op": "green",
+    "runtime": "yellow",
+    "kernel": "magenta",
+    "copy": "magenta",
+    "special": "red",
+    "rank": "bold",
+    "root": "bold",
+}
+
+
+@dataclass
+class Column:
+    header: str
+    value: Callable[[TreeRow], float | None]
+    fmt: Callable[[float | None], str]
+    width: int = 9
+
+
+def _ms(x: float | None) -> str:
+    return "" if x is None else f"{x / 1e6:,.2f}"
+
+
+def _count(x: float | None) -> str:
+    return "" if not x else f"{int(x):,}"
+
+
+def _pct(x: float | None) -> str:
+    return "" if x is None else f"{x:.1f}%"
+
+
+def _flop(x: float | None) -> str:
+    if not x:
+        return ""
+    for scale, suffix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if x >= scale:
+            return f"{x / scale:.3g}{suffix}"
+    return f"{x:.0f}"
+
+
+def _short(name: str, width: int) -> str:
+    if width <= 1:
+        return "…"
+    return name if len(name) <= width else name[: width - 1] + "…"
+
+
+def _render_rows(
+    rows: Sequence[TreeRow],
+    columns: Sequence[Column],
+    console: Console,
+    more_value: Callable[[float], str],
+    more_what: str,
+) -> None:
+    """The rows with their columns on the left and tree guides before each name."""
+    if not rows:
+        return
+    kids: dict[int, list[int]] = {}
+    for i, r in enumerate(rows):
+        if r.parent >= 0:
+            kids.setdefault(r.parent, []).append(i)
+    head = " ".join(f"{c.header:>{c.width}}" for c in columns)
+    console.print(Text(f"{head}  call path", style="bold"), no_wrap=True, overflow="crop")
+    width = max(console.width, 80)
+
+    def emit(i: int, prefix: str, last: bool, top: bool) -> None:
+        r = rows[i]
+        cells = " ".join(f"{c.fmt(c.value(r)):>{c.width}}" for c in columns)
+        guide = "" if top else prefix + ("└─ " if last else "├─ ")
+        room = width - len(cells) - 2 - len(guide)
+        line = Text(f"{cells}  {guide}")
+        line.append(_short(r.name, room), style=_KIND_STYLE.get(r.kind, ""))
+        console.print(line, no_wrap=True, overflow="crop")
+        child_prefix = "" if top else prefix + ("   " if last else "│  ")
+        mine = kids.get(i, [])
+        for k, ci in enumerate(mine):
+            emit(ci, child_prefix, k == len(mine) - 1 and not r.hidden, False)
+        if r.hidden:
+            blank = " ".join(" " * c.width for c in columns)
+            note = f"… {r.hidden:,} more {more_what} ({more_value(r.hidden_value)})"
+            text = Text(f"{blank}  {child_prefix}└─ ")
+            text.append(note, style="dim")
+            console.print(text, no_wrap=True, overflow="crop")
+
+    emit(0, "", True, True)
+
+
+def _tree_columns(result: TreeResult) -> list[Column]:
+    gpu = result.metric == "gpu_ns"
+    main, other = ("gpu_ns", "cpu_ns") if gpu else ("cpu_ns", "gpu_ns")
+    label, other_label = ("GPU ms", "CPU ms") if gpu else ("CPU ms", "GPU ms")
+    total = result.rows[0].incl[main] if result.rows else 0.0
+    cols = [
+        Column(label, lambda r: r.incl[main], _ms),
+        Column("%", lambda r: 100.0 * r.incl[main] / total if total else None, _pct, 6),
+        Column("self", lambda r: r.excl[main], _ms),
+    ]
+    if result.coverage.gpu_ns:
+        cols.append(Column(other_label, lambda r: r.incl[other], _ms))
+    if result.rows and result.rows[0].incl.get("launches"):
+        cols.append(Column("launches", lambda r: r.incl["launches"], _count, 8))
+    if result.coverage.gpu_ns:
+        cols.append(Column("kernels", lambda r: r.incl["kernels"], _count, 7))
+    if result.rows and result.rows[0].incl.get("flops"):
+        cols.append(Column("FLOP", lambda r: r.incl["flops"], _flop, 7))
+    return cols
+
+
+def render_tree(result: TreeResult, console: Console) -> None:
+    """`perfcast tree`: header, coverage, the top-down tree, and the bottom-up hot spots."""
+    sel = result.selection
+    parts = [f"rank {sel['rank']}" if "rank" in sel else "all ranks"]
+    parts.append(str(sel.get("phase", "all phases")))
+    parts.append(f"step {sel['step']}" if "step" in sel else f"{result.steps} step(s), summed")
+    if "focus" in sel:
+        parts.append(f"focus {sel['focus']!r}")
+    console.print(Text("calling context · " + " · ".join(parts), style="bold"))
+    console.print(Text(f"context from {result.level_text}"))
+    cov = result.coverage
+    if cov.gpu_ns:
+        text = (
+            f"GPU time {cov.gpu_ns / 1e6:,.2f} ms (kernels, copies, memsets); root "
+            f"{cov.root_gpu_ns / 1e6:,.2f} ms; "
+        )
+        if result.level == "python":
+            text += f"not attributed to a Python frame: {result.unattributed_pct:.2f}%"
+        else:
+            text += "no Python frames recorded"
+        console.print(Text(text))
+    for note in result.notes[1:]:  # the first one repeats the level
+        console.print(Text(f"note: {note}", style="yellow"))
+    if result.compiled is not None:
+        for name, fused, ns in result.compiled.top[:3]:
+            console.print(
+                Text(
+                    f"  compiled kernel {name} ({ns / 1e6:,.3f} ms) fuses: "
+                    + (", ".join(fused) or "?"),
+                    style="yellow",
+                ),
+                no_wrap=True,
+                overflow="ellipsis",
+            )
+    if result.library_frames_hidden:
+        console.print(
+            Text(
+                f"{result.library_frames_hidden:,} frames of PyTorch and the interpreter "
+                "hidden (--all-frames shows them)",
+                style="dim",
+            )
+        )
+    _render_rows(
+        result.rows,
+        _tree_columns(result),
+        console,
+        _ms_text,
+        f"below {result.min_pct:g}%"
+        + (f" or deeper than {result.depth}" if result.depth is not None else ""),
+    )
+    if result.bottom_up is not None:
+        render_hot_spots(result.bottom_up, result.metric, console)
+
+
+def _ms_text(ns: float) -> str:
+    return f"{ns / 1e6:,.2f} ms"
+
+
+def render_hot_spots(spots: Sequence[HotSpot], metric: str, console: Console) -> None:
+    """Bottom-up: each hot kernel or op, then the call paths that reach it."""
+    what = "GPU" if metric == "gpu_ns" else "CPU"
+    console.print()
+    console.print(Text(f"bottom-up: hot kernels and ops by {what} time", style="bold"))
+    width = max(console.width, 80)
+    for s in spots:
+        line = Text(f"{s.value / 1e6:10,.2f} ms  {s.kind:<6} {s.calls:>8,}×  ")
+        line.append(_short(s.name, width - len(line)), style=_KIND_STYLE.get(s.kind, ""))
+        console.print(line, no_wrap=True, overflow="crop")
+        for p in s.paths:
+            text = Text(f"{p.value / 1e6:10,.2f} ms    ◂ ", style="dim")
+            text.append(_short(p.path, width - len(text)))
+            console.print(text, no_wrap=True, overflow="crop")
+
+
+def _site_text(site: CallSite) -> str:
+    where = " · ".join(x for x in (site.module, site.source, site.op) if x) or site.path
+    return where
+
+
+def render_call_sites(sites: Sequence[CallSite], console: Console, indent: str = "") -> None:
+    for s in sites:
+        console.print(
+            Text(f"{indent}{100 * s.share:5.1f}%  {s.gain_ms:8.3f} ms  {_site_text(s)}"),
+            no_wrap=True,
+            overflow="ellipsis",
+        )
+
+
+def render_gain_tree(
+    gain: GainAttribution, rows: Sequence[TreeRow], console: Console, min_pct: float
+) -> None:
+    """`perfcast whatif --tree`: where the predicted gain lands, per call path, per step."""
+    steps = max(gain.steps, 1)
+    console.print()
+    console.print(
+        Text(
+            f"where the gain lands: {gain.step_saved_ms:,.3f} ms per step "
+            f"(critical-path time saved, summed over the tree; per step)",
+            style="bold",
+        )
+    )
+
+    def per_step(key: str) -> Callable[[TreeRow], float]:
+        return lambda r: r.incl[key] / steps
+
+    cols = [
+        Column("step ms", per_step("path_saved_ns"), _signed_ms),
+        Column("at changes", per_step("gain_ns"), _signed_ms, 10),
+        Column("GPU work", per_step("gpu_saved_ns"), _signed_ms),
+        Column("CPU work", per_step("cpu_saved_ns"), _signed_ms),
+    ]
+    _render_rows(
+        rows,
+        cols,
+        console,
+        lambda v: (_signed_ms(v / steps) or "±0.000") + " ms",
+        f"below {min_pct:g}%",
+    )
+    console.print(
+        Text(
+            "step ms: critical-path time saved there (adds up to the step time saved; "
+            "negative where hidden work now sets the step) · at changes: the same, at the "
+            "work the what-if changed · GPU/CPU work: time the what-if removed there",
+            style="dim",
+        )
+    )
+    if gain.sites:
+        console.print(Text(f"where it comes from ({gain.method}):", style="bold"))
+        render_call_sites(gain.sites, console, indent="  ")
+
+
+def _signed_ms(x: float | None) -> str:
+    if x is None or abs(x) < 500:  # below 0.5 µs: nothing to show
+        return ""
+    return f"{x / 1e6:+,.3f}"
