@@ -32,37 +32,58 @@ def _table(trace: TraceLike) -> EventTable:
     return trace if isinstance(trace, EventTable) else load(trace)
 
 
-def summary(trace: TraceLike, top: int = 10) -> Summary:
+def summary(trace: TraceLike, top: int = 10, correct: bool = True) -> Summary:
+    """Where the time of each step goes, per rank; each step also estimated without the
+    profiler (`correct=False` skips that, and the replay it needs).
+
+    >>> perfcast.summary("trace.json.gz").ranks[0].iterations[0].real_ms    # doctest: +SKIP
+    """
     from perfcast.analysis.summary import summarize
 
-    return summarize(_table(trace), top=top)
+    return summarize(_table(trace), top=top, real=correct)
 
 
-def replay(trace: TraceLike) -> ReplayResult:
+def replay(trace: TraceLike, correct: bool = True) -> ReplayResult:
+    """Does the replay reproduce the trace? Each step also carries its estimate without the
+    profiler (`correct=False`: none).
+
+    >>> perfcast.replay("trace.json.gz").ranks[0].iterations[0].real_ms   # doctest: +SKIP
+    """
+    from perfcast.analysis.real_step import real_world
     from perfcast.analysis.replay import replay_result
     from perfcast.graph import build_graph
-    from perfcast.sim import simulate
 
-    return replay_result(simulate(build_graph(_table(trace))))
+    world = real_world(build_graph(_table(trace)), correct=correct)
+    return replay_result(world.traced, world)
 
 
-def predict(trace: TraceLike, apply: list[str] | str) -> WhatIfResult:
+def predict(trace: TraceLike, apply: list[str] | str, correct: bool = True) -> WhatIfResult:
     """Predicted step time after the optimizations in `apply` (composed in order).
 
-    Each item is `NAME[:key=value,...]`, e.g. "fused-optimizer:kind=foreach".
+    Each item is `NAME[:key=value,...]`, e.g. "fused-optimizer:kind=foreach". The prediction
+    is for the run without the profiler (its cost estimated and taken out of the trace; the
+    result's `correction` says how); `predicted_traced_ms` keeps the profiler's cost in, and
+    `correct=False` predicts the profiled run only.
+
+    >>> r = perfcast.predict("trace.json.gz", "fused-optimizer:kind=fused")  # doctest: +SKIP
+    >>> r.baseline_ms, r.predicted_ms, r.speedup, r.correction.source       # doctest: +SKIP
     """
     from perfcast.whatif.registry import parse_spec
     from perfcast.whatif.runner import run_whatif
 
     specs = [parse_spec(s) for s in ([apply] if isinstance(apply, str) else apply)]
-    result, _, _ = run_whatif(_table(trace), specs)
+    result, _, _ = run_whatif(_table(trace), specs, correct=correct)
     return result
 
 
-def advise(trace: TraceLike, device: str | None = None) -> Advice:
+def advise(trace: TraceLike, device: str | None = None, correct: bool = True) -> Advice:
+    """Every applicable optimization, ranked by predicted step time without the profiler.
+
+    >>> perfcast.advise("trace.json.gz").suggestions[0].name              # doctest: +SKIP
+    """
     from perfcast.advisor.advisor import advise as _advise
 
-    return _advise(_table(trace), target_device=device)
+    return _advise(_table(trace), target_device=device, correct=correct)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -219,6 +240,8 @@ def diff(
         result, _, predicted = run_whatif(ta, [parse_spec(s) for s in specs])
         compare_prediction(out, ta, tb, specs, result, predicted, top=top)
     return out
+
+
 def tree(
     trace: TraceLike,
     rank: int | None = None,

@@ -80,6 +80,10 @@ class RankInfo:
     salvage_note: str | None = None
     n_events: int = 0
     warnings: list[str] = field(default_factory=list)
+    # From the `perfcast` object perfcast's capture writes into the trace: steps timed without
+    # the profiler around the traced window (ms), and the machine that ran them.
+    unprofiled_step_ms: list[float] = field(default_factory=list)
+    machine: dict[str, object] | None = None
 
 
 @dataclass

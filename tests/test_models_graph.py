@@ -111,7 +111,7 @@ def dataloader_steps(t_dl: float = 8000, t_rest: float = 2000, steps: int = 2) -
 
 def predict(path: Path, *specs: str):
     table = perfcast.load(path)
-    result, _, predicted = run_whatif(table, [parse_spec(s) for s in specs])
+    result, _, predicted = run_whatif(table, [parse_spec(s) for s in specs], correct=False)
     return result, predicted
 
 
@@ -515,9 +515,9 @@ def test_dataloader_composes_with_other_models(tmp_path: Path) -> None:
 def test_real_ddp_trace(shared_traces: Path) -> None:
     table = perfcast.load(shared_traces / "hta_ddp_v100_rank1_memory.json.gz")
     with pytest.raises(NotApplicableError, match="params_mb"):
-        run_whatif(table, [parse_spec("ddp")])
+        run_whatif(table, [parse_spec("ddp")], correct=False)
     for spec in ("ddp:params_mb=100", "ddp:params_mb=100,gpus=64,link=pcie3"):
-        result, _, _ = run_whatif(table, [parse_spec(spec)])
+        result, _, _ = run_whatif(table, [parse_spec(spec)], correct=False)
         assert math.isfinite(result.speedup) and result.speedup > 0
         assert any("replaced" in a for a in result.applied[0].assumptions)
 
@@ -532,7 +532,7 @@ def test_real_bert_inference_trace(shared_traces: Path) -> None:
         ("dataloader-overlap", "no data loading"),
     ):
         with pytest.raises(NotApplicableError, match=why):
-            run_whatif(table, [parse_spec(spec)])
+            run_whatif(table, [parse_spec(spec)], correct=False)
 
 
 @pytest.mark.slow
@@ -543,7 +543,7 @@ def test_real_single_gpu_training_trace(shared_traces: Path) -> None:
         ["activation-checkpointing"],
         ["activation-checkpointing", "ddp:params_mb=100"],
     ):
-        result, _, _ = run_whatif(table, [parse_spec(s) for s in specs])
+        result, _, _ = run_whatif(table, [parse_spec(s) for s in specs], correct=False)
         assert math.isfinite(result.speedup) and result.speedup > 0
     # Recomputing the forward cannot make the step faster.
     assert result.speedup < 1

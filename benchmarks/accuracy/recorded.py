@@ -65,16 +65,20 @@ def predict_row(row: RecordedRow, table: Any) -> dict[str, Any]:
             os.environ.pop(calibration.ENV, None)
         else:
             os.environ[calibration.ENV] = saved
-    out["predicted_speedup"] = result.speedup
-    out["predicted_ms"] = result.predicted_ms
-    out["baseline_predicted_ms"] = result.baseline_ms
-    # Where the API separates the profiled world from the real one, keep both.
-    for key in ("predicted_traced_ms", "baseline_traced_ms", "correction_source"):
-        if hasattr(result, key):
-            out[key] = getattr(result, key)
-    out["speedup_error"] = abs(result.speedup - row.speedup) / row.speedup
-    if row.measured == "unprofiled":
+    # A row measured between profiled runs is compared with the profiled prediction.
+    traced = row.measured == "traced"
+    speedup = result.speedup_traced if traced else result.speedup
+    out["predicted_speedup"] = speedup
+    out["predicted_ms"] = result.predicted_traced_ms if traced else result.predicted_ms
+    out["baseline_predicted_ms"] = result.traced_ms if traced else result.baseline_ms
+    out["predicted_traced_ms"] = result.predicted_traced_ms
+    out["traced_ms"] = result.traced_ms
+    out["correction"] = result.correction.source
+    out["speedup_error"] = abs(speedup - row.speedup) / row.speedup
+    if not traced:
         out["step_error"] = abs(result.predicted_ms - row.variant_ms) / row.variant_ms
+        # The baseline estimated without the profiler, against its unprofiled measurement.
+        out["baseline_error"] = (result.baseline_ms - row.baseline_ms) / row.baseline_ms
     return out
 
 
@@ -122,8 +126,13 @@ def summarize(rows: Sequence[RecordedRow], results: Sequence[dict[str, Any]]) ->
     for r, p in pairs:
         if p.get("speedup_error") is None:
             unpredicted[r.processor] = unpredicted.get(r.processor, 0) + 1
+    baselines: dict[str, float] = {}
+    for r, p in pairs:
+        if p.get("baseline_error") is not None:
+            baselines[f"{r.device} {r.baseline}"] = abs(p["baseline_error"])
     return {
         "all": _stats([p["speedup_error"] for _, p in scored]),
+        "baseline_estimate": _stats(list(baselines.values())),
         "unpredicted": len(pairs) - len(scored),
         "unpredicted_by_processor": unpredicted,
         "by_processor": group(lambda r: r.processor),
@@ -140,6 +149,10 @@ def _pct(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:.1f}%"
 
 
+def _signed_pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:+.1f}%"
+
+
 def _short(device: str) -> str:
     return device.replace("NVIDIA ", "").replace(" 80GB HBM3", "").replace("Tesla ", "")
 
@@ -148,8 +161,8 @@ def markdown(rows: Sequence[RecordedRow], results: Sequence[dict[str, Any]]) -> 
     """The README table: every row (none dropped), then medians and maxima by device, change."""
     lines = [
         "| row | device | change | measured × | predicted × | error | predicted ms "
-        "| measured ms | step error | traced / real | spread |",
-        "|" + "---|" * 11,
+        "| measured ms | step error | baseline est. | traced / real | spread |",
+        "|" + "---|" * 12,
     ]
     for r, p in zip(rows, results):
         device = _short(r.device)
@@ -160,8 +173,8 @@ def markdown(rows: Sequence[RecordedRow], results: Sequence[dict[str, Any]]) -> 
             f"| {r.id} | {device} | {r.change} | {measured} "
             f"| {_fmt(p.get('predicted_speedup'), '.3f')} | {_pct(p.get('speedup_error'))} "
             f"| {_fmt(p.get('predicted_ms'), '.1f')} | {_fmt(r.variant_ms, '.1f')} "
-            f"| {_pct(p.get('step_error'))} | {_fmt(r.traced_over_real, '.2f')} "
-            f"| {_pct(r.window_spread)} |"
+            f"| {_pct(p.get('step_error'))} | {_signed_pct(p.get('baseline_error'))} "
+            f"| {_fmt(r.traced_over_real, '.2f')} | {_pct(r.window_spread)} |"
         )
     s = summarize(rows, results)
     lines += ["", "| group | rows | median error | max error |", "|---|---|---|---|"]
@@ -174,6 +187,12 @@ def markdown(rows: Sequence[RecordedRow], results: Sequence[dict[str, Any]]) -> 
                 f"| {title}: {_short(name)} | {g['rows']} | {_pct(g['median'])} "
                 f"| {_pct(g['max'])} |"
             )
+    b = s["baseline_estimate"]
+    if b["rows"]:
+        lines.append(
+            f"| baseline step without the profiler, estimated vs measured ({b['rows']} "
+            f"baselines) | {b['rows']} | {_pct(b['median'])} | {_pct(b['max'])} |"
+        )
     if s["unpredicted"]:
         lines.append(f"\n{s['unpredicted']} rows have no prediction (see their notes).")
     return "\n".join(lines)

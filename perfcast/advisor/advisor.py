@@ -15,9 +15,11 @@ import numpy as np
 from perfcast.analysis.context_gain import CallSite, SiteFinder
 from perfcast.analysis.critical_path import GPU, HOST, critical_paths
 from perfcast.analysis.notes import input_notes
+from perfcast.analysis.real_step import RealWorld, real_world
 from perfcast.events import EventTable
 from perfcast.graph.build import build_graph
 from perfcast.graph.model import GpuKind, Graph, NodeKind
+from perfcast.real import Correction
 from perfcast.sim.timeline import Timeline, simulate
 from perfcast.whatif.registry import Spec
 from perfcast.whatif.runner import apply_specs, measured_share, step_ms
@@ -52,8 +54,9 @@ class NotApplicable:
 
 @dataclass
 class Advice:
-    baseline_ms: float
-    measured_ms: float
+    baseline_ms: float  # mean step without the profiler (estimated; see correction)
+    traced_ms: float  # mean step as traced
+    correction: Correction
     bottleneck: str
     suggestions: list[Suggestion]
     not_applicable: list[NotApplicable] = field(default_factory=list)
@@ -187,15 +190,19 @@ def advise(
     target_device: str | None = None,
     candidates: list[str] | None = None,
     graph: Graph | None = None,
-    baseline: Timeline | None = None,
+    world: RealWorld | None = None,
+    correct: bool = True,
 ) -> Advice:
-    """Evaluate every candidate; pass `graph`/`baseline` to reuse an existing replay."""
+    """Evaluate every candidate on the run without the profiler (unless `correct` is False);
+    pass `graph`/`world` to reuse an existing build and replay."""
     from perfcast.whatif.registry import parse_spec
 
     graph = graph if graph is not None else build_graph(table)
-    base = baseline if baseline is not None else simulate(graph)
-    measured, baseline_ms, _ = step_ms(base)
-    facts = _facts(graph, base)
+    world = world if world is not None else real_world(graph, correct=correct)
+    base = world.real
+    traced_ms, _, _ = step_ms(world.traced)
+    _, baseline_ms, _ = step_ms(base)
+    facts = _facts(world.graph, base)
     specs = list(candidates or CANDIDATES)
     if target_device:
         specs.append(f"device:target={target_device}")
@@ -205,7 +212,7 @@ def advise(
     for text in specs:
         try:
             spec: Spec = parse_spec(text)
-            new_graph, applied = apply_specs(graph, [spec])
+            new_graph, applied = apply_specs(world.graph, [spec])
             tl = simulate(new_graph)
         except PerfcastError as exc:
             skipped.append(NotApplicable(text, str(exc)))
@@ -226,7 +233,8 @@ def advise(
     suggestions.sort(key=lambda s: s.predicted_ms)
     return Advice(
         baseline_ms=baseline_ms,
-        measured_ms=measured,
+        traced_ms=traced_ms,
+        correction=world.correction,
         bottleneck=_bottleneck(facts),
         suggestions=suggestions,
         not_applicable=skipped,

@@ -168,7 +168,6 @@ def critical_paths(tl: Timeline, top: int = 8, keep_steps: bool = True) -> list[
     compact[low.nodes] = np.arange(low.n)
     cats = _node_categories(tl)
     out = []
-    alive = g.alive
     c = g.cols
     # Replayed times of every rank on one clock (ranks' clocks differ by the offsets that
     # aligned their collectives), so a path that crosses ranks tiles time.
@@ -180,33 +179,12 @@ def critical_paths(tl: Timeline, top: int = 8, keep_steps: bool = True) -> list[
             per_rank[r] = x
         node_shift = per_rank[c["rank"][low.nodes]]
     clock = (tl.replay.start + node_shift, tl.replay.end + node_shift)
-    # The last-ending GPU node of each iteration: a step completes when its GPU work is done.
-    gpu = np.flatnonzero((c["kind"] == NodeKind.GPU) & alive & (c["iteration"] >= 0))
-    last_gpu: dict[int, int] = {}
-    if gpu.size:
-        o = gpu[np.lexsort((tl.end[gpu], c["iteration"][gpu]))]
-        its = c["iteration"][o]
-        ends = np.flatnonzero(np.r_[its[1:] != its[:-1], True])
-        last_gpu = dict(zip(its[ends].tolist(), o[ends].tolist()))
-    prev_done: dict[int, int] = {}
-    for span in g.iterations:
-        if span.start_node == NONE:
-            on_rank = np.flatnonzero((c["rank"] == span.rank) & alive)
-            if on_rank.size == 0:
-                continue
-            end_node = int(on_rank[np.argmax(tl.end[on_rank])])
-            lo = int(tl.start[on_rank].min())
-        else:
-            end_node = span.end_node
-            x = last_gpu.get(span.index, NONE)
-            if x != NONE and tl.end[x] > tl.end[end_node]:
-                end_node = x
-            # From the previous step's completion, as Timeline.iteration_ns counts steps.
-            lo = prev_done.get(span.rank, int(tl.start[span.start_node]))
-            prev_done[span.rank] = int(tl.end[end_node])
-        lo += shift.get(span.rank, 0)
+    for w in tl.step_windows():
+        lo = w.begin + shift.get(w.span.rank, 0)
         out.append(
-            _walk(tl, compact, clock, cats, span.rank, span.name, end_node, lo, top, keep_steps)
+            _walk(
+                tl, compact, clock, cats, w.span.rank, w.span.name, w.end_node, lo, top, keep_steps
+            )
         )
     return out
 

@@ -64,13 +64,19 @@ class PredictedRow:
 
 @dataclass
 class Prediction:
+    """B predicted from A. Both traces are profiled runs, so the comparison is between
+    profiled steps: the prediction keeps the profiler's cost in (`predicted_ms`); the same
+    prediction without it, the step a user will see, is `predicted_real_ms`."""
+
     applied: list[str]
-    predicted_ms: float
-    measured_ms: float  # B
-    baseline_ms: float  # A replayed without changes
+    predicted_ms: float  # A after the what-ifs, as a profiled run
+    measured_ms: float  # B, as traced
+    baseline_ms: float  # A replayed without changes, as traced
     predicted_speedup: float
     measured_speedup: float
     error_pct: float  # (predicted − measured) / measured
+    predicted_real_ms: float | None = None  # A after the what-ifs, without the profiler
+    real_speedup: float | None = None  # the predicted speedup without the profiler
     assumptions: list[str] = field(default_factory=list)
 
 
@@ -155,7 +161,7 @@ def _profile(table: EventTable) -> _Profile:
     has = op >= 0
     _, op_gpu = _per_name(table, launched[has], table.name[op[has]], steps)
     phase: dict[str, float] = {}
-    for rs in summarize(table, top=1).ranks:
+    for rs in summarize(table, top=1, real=False).ranks:
         for k, v in rs.gpu_ms_by_phase.items():
             phase[f"GPU {k}"] = phase.get(f"GPU {k}", 0.0) + v / steps
         for it in rs.iterations:
@@ -270,14 +276,17 @@ def compare_prediction(
     pa, pb = _profile(a), _profile(b)
     b_ms = out.step.b_ms
     pred_k, pred_op = _predicted_gpu(predicted, pa.steps)
+    pred_ms = result.predicted_traced_ms
     out.prediction = Prediction(
         applied=list(applied),
-        predicted_ms=result.predicted_ms,
+        predicted_ms=pred_ms,
         measured_ms=b_ms,
-        baseline_ms=result.baseline_ms,
-        predicted_speedup=result.speedup,
+        baseline_ms=result.traced_ms,
+        predicted_speedup=result.speedup_traced,
         measured_speedup=out.step.speedup,
-        error_pct=100.0 * (result.predicted_ms - b_ms) / b_ms if b_ms else 0.0,
+        error_pct=100.0 * (pred_ms - b_ms) / b_ms if b_ms else 0.0,
+        predicted_real_ms=result.predicted_ms,
+        real_speedup=result.speedup,
         assumptions=[x for ap in result.applied for x in ap.assumptions],
     )
     rows: list[PredictedRow] = []

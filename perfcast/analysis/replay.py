@@ -6,15 +6,20 @@ from dataclasses import dataclass, field
 
 from perfcast.analysis.critical_path import CriticalPath, critical_paths
 from perfcast.analysis.notes import input_notes
+from perfcast.analysis.real_step import RealWorld
+from perfcast.real import Correction
 from perfcast.sim.timeline import Timeline
 
 
 @dataclass
 class IterationReplay:
     name: str
-    measured_ms: float
-    simulated_ms: float
+    measured_ms: float  # as traced
+    simulated_ms: float  # the replay of the trace
     error_pct: float
+    real_ms: float | None = None  # estimated without the profiler
+    measured_real_ms: float | None = None  # measured without the profiler, if the trace says
+    source: str | None = None  # where the profiler-cost correction came from
 
 
 @dataclass
@@ -31,6 +36,7 @@ class CriticalPathSummary:
     total_ms: float
     by_category_ms: dict[str, float]
     top_items: list[tuple[str, str, float]]
+    bottleneck: str = ""
 
 
 @dataclass
@@ -41,19 +47,34 @@ class ReplayResult:
     nodes: int
     max_abs_error_pct: float
     critical_paths: list[CriticalPathSummary]
+    correction: Correction | None = None
     assumptions: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # about the input (salvage, no steps)
 
 
-def replay_result(tl: Timeline, with_critical_path: bool = True) -> ReplayResult:
+def replay_result(
+    tl: Timeline, world: RealWorld | None = None, with_critical_path: bool = True
+) -> ReplayResult:
+    """How the replay of `tl` (the trace's own graph) matches the trace; with `world`, each step
+    also carries its estimate without the profiler, and the critical paths (and the bottleneck
+    they name) are those of the run without the profiler."""
     g = tl.graph
     by_rank: dict[int, list[IterationReplay]] = {}
     worst = 0.0
-    for rank, name, measured, sim in tl.iteration_ns():
+    estimates = world.steps if world is not None else [None] * len(tl.iteration_ns())
+    for (rank, name, measured, sim), est in zip(tl.iteration_ns(), estimates):
         err = 100.0 * (sim - measured) / measured if measured else 0.0
         worst = max(worst, abs(err))
-        by_rank.setdefault(rank, []).append(IterationReplay(name, measured / 1e6, sim / 1e6, err))
-    paths: list[CriticalPath] = critical_paths(tl) if with_critical_path else []
+        it = IterationReplay(name, measured / 1e6, sim / 1e6, err)
+        if est is not None:
+            it.real_ms, it.measured_real_ms, it.source = (
+                est.real_ms,
+                est.measured_real_ms,
+                est.source,
+            )
+        by_rank.setdefault(rank, []).append(it)
+    path_tl = world.real if world is not None else tl
+    paths: list[CriticalPath] = critical_paths(path_tl) if with_critical_path else []
     return ReplayResult(
         ranks=[
             RankReplay(rank=r, device=g.device_names.get(r), iterations=its)
@@ -64,9 +85,12 @@ def replay_result(tl: Timeline, with_critical_path: bool = True) -> ReplayResult
         nodes=int(g.alive.sum()),
         max_abs_error_pct=worst,
         critical_paths=[
-            CriticalPathSummary(p.rank, p.iteration, p.total_ms, p.by_category_ms, p.top_items)
+            CriticalPathSummary(
+                p.rank, p.iteration, p.total_ms, p.by_category_ms, p.top_items, p.bottleneck
+            )
             for p in paths
         ],
+        correction=world.correction if world is not None else None,
         assumptions=list(g.assumptions),
         notes=input_notes(g.table) if g.table is not None else [],
     )

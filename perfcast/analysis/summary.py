@@ -8,6 +8,7 @@ compute, memory copies/sets hidden by neither, and idle (nothing on any stream).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -21,6 +22,10 @@ from perfcast.graph.phases import (
     enclosing_scopes,
     event_phases,
 )
+from perfcast.real import Correction
+
+if TYPE_CHECKING:  # the simulator (numba) loads only when real steps are estimated
+    from perfcast.analysis.real_step import RealWorld
 
 NS_PER_MS = 1e6
 
@@ -48,11 +53,14 @@ class CpuBreakdown:
 @dataclass
 class IterationSummary:
     name: str
-    measured_ms: float
+    measured_ms: float  # as traced
     start_ms: float
     gpu: GpuBreakdown | None
     cpu: CpuBreakdown
     kernels: int
+    real_ms: float | None = None  # estimated without the profiler (see Summary.correction)
+    measured_real_ms: float | None = None  # measured without the profiler, if the trace says
+    source: str | None = None  # where the profiler-cost correction came from
 
 
 @dataclass
@@ -83,9 +91,37 @@ class RankSummary:
 class Summary:
     ranks: list[RankSummary]
     notes: list[str] = field(default_factory=list)
+    correction: Correction | None = None  # how the steps without the profiler were estimated
 
 
-def summarize(table: EventTable, top: int = 10) -> Summary:
+def summarize(table: EventTable, top: int = 10, real: bool = True) -> Summary:
+    """Where the time of each step goes, per rank. With `real` (the default) each step also
+    carries its estimate without the profiler, from a replay of the corrected trace."""
+    out = _summarize(table, top)
+    if real:
+        from perfcast.analysis.real_step import real_world
+        from perfcast.graph.build import build_graph
+
+        add_real_steps(out, real_world(build_graph(table)))
+    return out
+
+
+def add_real_steps(out: Summary, world: RealWorld) -> None:
+    """Fill each step's estimate without the profiler from an existing `real_world`."""
+    by_key = {(e.rank, e.name): e for e in world.steps}
+    for rs in out.ranks:
+        for it in rs.iterations:
+            est = by_key.get((rs.rank, it.name))
+            if est is not None:
+                it.real_ms, it.measured_real_ms, it.source = (
+                    est.real_ms,
+                    est.measured_real_ms,
+                    est.source,
+                )
+    out.correction = world.correction
+
+
+def _summarize(table: EventTable, top: int) -> Summary:
     phases = event_phases(table)
     scopes = enclosing_scopes(table)
     coll = collective_kernel_mask(table)

@@ -12,6 +12,15 @@ from rich.text import Text
 from perfcast.errors import PerfcastError
 
 
+def add_correction_option(p: Any) -> None:
+    p.add_argument(
+        "--keep-profiler-cost",
+        dest="correct",
+        action="store_false",
+        help="leave the profiler's own cost in: predict the profiled run, as traced",
+    )
+
+
 def register(sub: Any, add_common: Callable[[Any], None], table: dict[str, Any]) -> None:
     """Add this module's subcommands to the parser and the dispatch table."""
     p = sub.add_parser("replay", help="replay the trace in the simulator: measured vs simulated")
@@ -27,6 +36,7 @@ def register(sub: Any, add_common: Callable[[Any], None], table: dict[str, Any])
         default="fast",
         help="replay loop: compiled (default) or the pure-Python oracle",
     )
+    add_correction_option(p)
     add_common(p)
     table["replay"] = cmd_replay
 
@@ -50,12 +60,14 @@ def register(sub: Any, add_common: Callable[[Any], None], table: dict[str, Any])
     from perfcast.cli.tree import add_view_options
 
     add_view_options(p)
+    add_correction_option(p)
     add_common(p)
     table["whatif"] = cmd_whatif
 
     p = sub.add_parser("advise", help="rank every applicable optimization by predicted gain")
     p.add_argument("path", help="trace file or folder of rank files")
     p.add_argument("--device", help="also evaluate moving to this GPU (e.g. h100)")
+    add_correction_option(p)
     add_common(p)
     table["advise"] = cmd_advise
 
@@ -67,6 +79,7 @@ def register(sub: Any, add_common: Callable[[Any], None], table: dict[str, Any])
     p = sub.add_parser("report", help="write a self-contained HTML report")
     p.add_argument("path", help="trace file or folder of rank files")
     p.add_argument("-o", "--output", required=True, help="HTML file to write")
+    add_correction_option(p)
     add_common(p)
     table["report"] = cmd_report
 
@@ -128,6 +141,7 @@ def _output(result: Any, render: str, args: argparse.Namespace, ui: Any) -> int:
 
 
 def cmd_replay(args: argparse.Namespace, ui: Any) -> int:
+    from perfcast.analysis.real_step import real_world
     from perfcast.analysis.replay import replay_result
     from perfcast.graph import build_graph
     from perfcast.sim import simulate
@@ -136,8 +150,9 @@ def cmd_replay(args: argparse.Namespace, ui: Any) -> int:
     table = ui.load(args.path)
     graph = build_graph(table)
     tl = simulate(graph, engine=args.engine)
+    world = real_world(graph, correct=args.correct, traced=tl)
     _export([("simulated", tl)], args.export_trace, ui)
-    return _output(replay_result(tl), "render_replay", args, ui)
+    return _output(replay_result(tl, world), "render_replay", args, ui)
 
 
 def cmd_whatif(args: argparse.Namespace, ui: Any) -> int:
@@ -157,7 +172,7 @@ def cmd_whatif(args: argparse.Namespace, ui: Any) -> int:
     specs = [parse_spec(s) for s in args.apply]
     _check_output(args.export_trace, args.path)
     table = ui.load(args.path)
-    result, base_tl, pred_tl = run_whatif(table, specs)
+    result, base_tl, pred_tl = run_whatif(table, specs, correct=args.correct)
     _export([("baseline (simulated)", base_tl), ("predicted", pred_tl)], args.export_trace, ui)
     if args.tree:
         from perfcast.cli.tree import whatif_tree
@@ -174,7 +189,8 @@ def cmd_whatif(args: argparse.Namespace, ui: Any) -> int:
 def cmd_advise(args: argparse.Namespace, ui: Any) -> int:
     from perfcast.advisor.advisor import advise
 
-    return _output(advise(ui.load(args.path), target_device=args.device), "render_advice", args, ui)
+    advice = advise(ui.load(args.path), target_device=args.device, correct=args.correct)
+    return _output(advice, "render_advice", args, ui)
 
 
 def cmd_show(args: argparse.Namespace, ui: Any) -> int:
@@ -217,7 +233,7 @@ def cmd_report(args: argparse.Namespace, ui: Any) -> int:
 
     _check_output(args.output, args.path)
     table = ui.load(args.path)
-    write_report(table, args.output)
+    write_report(table, args.output, correct=args.correct)
     ui.note(f"wrote {args.output}")
     if args.json:
         ui.emit_json({"output": args.output})

@@ -76,7 +76,7 @@ def cmd_summary(args: argparse.Namespace, ui: UI) -> int:
     from perfcast.report.terminal import render_summary
 
     table = ui.load(args.path)
-    summary = summarize(table, top=args.top)
+    summary = summarize(table, top=args.top, real=args.correct)
     if args.json:
         ui.emit_json(summary)
     else:
@@ -104,6 +104,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("summary", help="where the time of each step goes, per rank")
     p.add_argument("path", help="trace file (.json/.json.gz) or folder of rank files")
     p.add_argument("--top", type=int, default=10, help="how many top kernels/ops to list")
+    p.add_argument(
+        "--keep-profiler-cost",
+        dest="correct",
+        action="store_false",
+        help="do not estimate the steps without the profiler (faster: no replay)",
+    )
     _add_common(p)
     _register_extra_commands(sub)
     # Listed for --help only: main() hands `profile` its arguments before parsing.

@@ -54,6 +54,7 @@ class Source(enum.IntEnum):
     MEASURED = 0
     SCALED = 1
     MODELLED = 2
+    CORRECTED = 3  # measured, less the profiler's own cost
 
 
 class EdgeType(enum.IntEnum):

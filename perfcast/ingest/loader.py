@@ -124,6 +124,7 @@ def _load_one(path: str, names: Interner, rank_hint: int | None) -> tuple[RankIn
     if isinstance(raw.baseTimeNanoseconds, int):
         info.base_ns = raw.baseTimeNanoseconds
     info.schema_version = raw.schemaVersion
+    _read_perfcast_metadata(raw.perfcast, info)
     info.truncated = decoded.truncated
     info.salvage_note = decoded.note
     if decoded.warning:
@@ -212,6 +213,11 @@ def _derive(
         # GPU work belongs to the step that launched it, even when it runs later.
         has_launch = launch >= 0
         iteration[has_launch] = iteration[launch[has_launch]]
+        # Work left on a stream from before the window (launched before the profiler's first
+        # event, so unlinked, and ahead of every linked task of its stream) belongs to the
+        # step before the first: that step completes when it is done.
+        backlog = _backlog(c, is_gpu, launch)
+        iteration[backlog] = NONE
         # Completion: the step is done when the GPU work it launched is done.
         gpu_in = np.flatnonzero(is_gpu & (iteration >= 0))
         if gpu_in.size:
@@ -219,11 +225,58 @@ def _derive(
             np.maximum.at(gpu_end, iteration[gpu_in], ts[gpu_in] + dur[gpu_in])
             for k, it in enumerate(iterations):
                 it.end_ns = max(it.cpu_end_ns, int(gpu_end[k]))
+        if backlog.any() and info.has_steps:
+            first = iterations[0]
+            first.window_start_ns = max(first.start_ns, int((ts + dur)[backlog].max()))
         for prev, it in itertools.pairwise(iterations):
             it.window_start_ns = prev.end_ns
     return {"parent": parent, "launch": launch, "fwd_bwd": fwd_bwd, "iteration": iteration}, (
         iterations
     )
+
+
+_MAX_UNPROFILED_STEPS = 10_000
+
+
+def _read_perfcast_metadata(meta: object, info: RankInfo) -> None:
+    """What perfcast's capture recorded beside the trace: kept only when well-formed."""
+    if not isinstance(meta, dict):
+        return
+    steps = meta.get("unprofiled_step_ms")
+    if isinstance(steps, list) and 0 < len(steps) <= _MAX_UNPROFILED_STEPS:
+        good = [
+            float(x)
+            for x in steps
+            if isinstance(x, (int, float)) and not isinstance(x, bool) and 0 < x < 1e9
+        ]
+        if len(good) == len(steps):
+            info.unprofiled_step_ms = good
+        else:
+            info.warnings.append("the perfcast metadata's unprofiled step times are unreadable")
+    machine = meta.get("machine")
+    if isinstance(machine, dict):
+        info.machine = {
+            str(k): v
+            for k, v in list(machine.items())[:32]
+            if isinstance(v, (str, int, float)) and not isinstance(v, bool)
+        }
+
+
+def _backlog(c: dict[str, np.ndarray], is_gpu: np.ndarray, launch: np.ndarray) -> np.ndarray:
+    """GPU rows without a launch that run before every launched row of their stream."""
+    out = np.zeros(is_gpu.shape[0], dtype=bool)
+    gpu = np.flatnonzero(is_gpu)
+    if gpu.size == 0 or (launch[gpu] >= 0).all():
+        return out
+    key = c["pid"][gpu] * 1_000_003 + c["tid"][gpu]
+    for k in np.unique(key).tolist():
+        rows = gpu[key == k]
+        linked = rows[launch[rows] >= 0]
+        if linked.size == 0:
+            continue  # no links on this stream at all: nothing tells what came before
+        first = c["ts"][linked].min()
+        out[rows[(launch[rows] < 0) & (c["ts"][rows] < first)]] = True
+    return out
 
 
 def _inherit_collective_args(

@@ -83,6 +83,8 @@ class RawTrace(msgspec.Struct, gc=False):
     distributedInfo: Any = None  # noqa: N815
     baseTimeNanoseconds: Any = None  # noqa: N815
     schemaVersion: Any = None  # noqa: N815
+    # Written by `perfcast profile` / perfcast.capture: unprofiled step times, the machine.
+    perfcast: Any = None
 
 
 # Category -> Kind for every generation. Lookup is lower-cased.

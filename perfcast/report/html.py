@@ -59,9 +59,9 @@ SECTIONS = (
 )
 
 
-def write_report(table: EventTable, output_path: str) -> None:
+def write_report(table: EventTable, output_path: str, correct: bool = True) -> None:
     """Analyse `table` and write the HTML report to `output_path` (atomically)."""
-    text = render_report(table)
+    text = render_report(table, correct=correct)
     folder = os.path.dirname(os.path.abspath(output_path))
     fd, tmp = tempfile.mkstemp(prefix=".perfcast-report-", suffix=".html", dir=folder)
     try:
@@ -81,18 +81,18 @@ def _umask() -> int:
     return mask
 
 
-def render_report(table: EventTable) -> str:
+def render_report(table: EventTable, correct: bool = True) -> str:
     """The report as one HTML string."""
-    return render_html(report_data(table))
+    return render_html(report_data(table, correct=correct))
 
 
 # ---------------------------------------------------------------------------------------------
 # Data
 
 
-def report_data(table: EventTable) -> dict[str, Any]:
+def report_data(table: EventTable, correct: bool = True) -> dict[str, Any]:
     """Everything the page shows, as JSON-ready values (computed once)."""
-    summary = summarize(table, top=TOP_N)
+    summary = summarize(table, top=TOP_N, real=False)
     notes: list[str] = list(summary.notes)
     for rs in summary.ranks:
         prefix = f"rank {rs.rank}: " if len(summary.ranks) > 1 else ""
@@ -103,20 +103,23 @@ def report_data(table: EventTable) -> dict[str, Any]:
     replay = None
     advice = None
     try:
+        from perfcast.analysis.real_step import real_world
         from perfcast.analysis.replay import replay_result
+        from perfcast.analysis.summary import add_real_steps
         from perfcast.graph import build_graph
-        from perfcast.sim import simulate
 
         graph = build_graph(table)
-        tl = simulate(graph)
-        replay = replay_result(tl)
+        world = real_world(graph, correct=correct)
+        tl = world.traced
+        replay = replay_result(tl, world)
+        add_real_steps(summary, world)
     except PerfcastError as exc:
         notes.append(f"the trace could not be replayed: {exc}")
     if graph is not None and tl is not None:
         try:
             from perfcast.advisor.advisor import advise
 
-            advice = advise(table, graph=graph, baseline=tl)
+            advice = advise(table, graph=graph, world=world)
         except PerfcastError as exc:
             notes.append(f"no advice: {exc}")
 

@@ -23,6 +23,7 @@ _EDGE_LABEL = {
 }
 _SOURCE_LABEL = {
     int(Source.MEASURED): "measured",
+    int(Source.CORRECTED): "measured less the profiler's cost",
     int(Source.SCALED): "scaled",
     int(Source.MODELLED): "modelled",
 }

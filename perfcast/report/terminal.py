@@ -13,6 +13,7 @@ if TYPE_CHECKING:  # types only: importing the simulator here would load numba f
     from perfcast.analysis.replay import ReplayResult
     from perfcast.analysis.summary import NamedTime, Summary
     from perfcast.calibration import Calibration
+    from perfcast.real import Correction
     from perfcast.whatif.runner import WhatIfResult
 
 
@@ -66,7 +67,11 @@ def render_summary(summary: Summary, console: Console, top: int = 5) -> None:
         title = f"rank {rs.rank}" + (f" · {rs.device}" if rs.device else "") + f" · {rs.path}"
         table = Table(title=Text(title), title_justify="left", show_lines=False)
         table.caption = "GPU columns split the step: compute + comm + copies + idle = step"
-        for col in ("step", "ms", "GPU compute", "comm", "copies", "idle", "overlap"):
+        real = any(it.real_ms is not None for it in rs.iterations)
+        cols = ["step", "ms", "GPU compute", "comm", "copies", "idle", "overlap"]
+        if real:
+            cols.insert(2, "w/o profiler")
+        for col in cols:
             table.add_column(col, justify="left" if col == "step" else "right", no_wrap=True)
         cpu = Table(title="CPU time by phase (ms)", title_justify="left")
         for col in ("step", "data loading", "forward", "backward", "optimizer", "comm", "kernels"):
@@ -75,7 +80,7 @@ def render_summary(summary: Summary, console: Console, top: int = 5) -> None:
             g = it.gpu
             c = it.cpu
             label = Text(it.name.replace("ProfilerStep", "step "))
-            table.add_row(
+            row = [
                 label,
                 _ms(it.measured_ms),
                 _ms(g.compute_ms) if g else "-",
@@ -87,7 +92,10 @@ def render_summary(summary: Summary, console: Console, top: int = 5) -> None:
                     if g and g.communication_overlap_pct is not None
                     else "-"
                 ),
-            )
+            ]
+            if real:
+                row.insert(2, _ms(it.real_ms))
+            table.add_row(*row)
             cpu.add_row(
                 label,
                 _ms(c.dataloader_ms),
@@ -98,6 +106,8 @@ def render_summary(summary: Summary, console: Console, top: int = 5) -> None:
                 str(it.kernels),
             )
         console.print(table)
+        if real and summary.correction is not None:
+            console.print(Text(summary.correction.assumption()))
         console.print(cpu)
         for note in rs.notes:
             console.print(Text(f"  note: {note}", style="yellow"))
@@ -130,20 +140,30 @@ def _render_notes(console: Console, notes: list[str]) -> None:
 
 def render_replay(result: ReplayResult, console: Console) -> None:
     _render_notes(console, result.notes)
-    t = Table(title="replay: measured vs simulated step time", title_justify="left")
-    for col in ("rank", "step", "measured ms", "simulated ms", "error"):
+    t = Table(title="replay: traced vs simulated step time", title_justify="left")
+    cols = ["rank", "step", "traced ms", "simulated ms", "error", "without profiler ms"]
+    measured = any(it.measured_real_ms is not None for rr in result.ranks for it in rr.iterations)
+    if measured:
+        cols.append("measured so")
+    for col in cols:
         t.add_column(col, justify="left" if col == "step" else "right", no_wrap=True)
     for rr in result.ranks:
         for it in rr.iterations:
             style = "red" if abs(it.error_pct) > 1.0 else None
-            t.add_row(
+            row = [
                 str(rr.rank),
                 Text(it.name),
                 _ms(it.measured_ms),
                 _ms(it.simulated_ms),
                 Text(f"{it.error_pct:+.2f}%", style=style or ""),
-            )
+                _ms(it.real_ms),
+            ]
+            if measured:
+                row.append(_ms(it.measured_real_ms))
+            t.add_row(*row)
     console.print(t)
+    if result.correction is not None:
+        console.print(Text(result.correction.assumption()))
     console.print(
         f"{result.nodes:,} nodes; worst error {result.max_abs_error_pct:.2f}%; "
         f"{result.unresolved_dependencies:,} dependencies resolved by heuristic",
@@ -155,7 +175,10 @@ def render_replay(result: ReplayResult, console: Console) -> None:
     for cp in result.critical_paths[:4]:
         parts = ", ".join(f"{k} {v:.2f}" for k, v in cp.by_category_ms.items() if v > 0.0005)
         console.print(
-            Text(f"critical path of rank {cp.rank} {cp.iteration} ({cp.total_ms:.2f} ms): {parts}")
+            Text(
+                f"critical path of rank {cp.rank} {cp.iteration} ({cp.total_ms:.2f} ms, "
+                f"{cp.bottleneck}): {parts}"
+            )
         )
         for cat, name, ms in cp.top_items[:3]:
             console.print(Text(f"    {ms:9.2f} ms  {cat:18s} {_short(name, 60)}"))
@@ -166,10 +189,14 @@ def render_whatif(result: WhatIfResult, console: Console) -> None:
     applied = " + ".join(a.name for a in result.applied)
     console.print(Text(f"what-if: {applied}", style="bold"))
     console.print(
-        f"  measured step   {result.measured_ms:10.2f} ms\n"
-        f"  replayed step   {result.baseline_ms:10.2f} ms\n"
-        f"  predicted step  {result.predicted_ms:10.2f} ms   speedup {result.speedup:.2f}×\n"
-        f"  {100 * result.measured_share:.0f}% of the predicted critical path is measured time",
+        f"  traced step                 {result.traced_ms:10.2f} ms\n"
+        + _real_line(result.baseline_ms, result.measured_real_ms, result.correction)
+        + f"  predicted step              {result.predicted_ms:10.2f} ms   speedup "
+        f"{result.speedup:.2f}×\n"
+        f"  predicted, profiled         {result.predicted_traced_ms:10.2f} ms   speedup "
+        f"{result.speedup_traced:.2f}×\n"
+        f"  {100 * result.measured_share:.0f}% of the predicted critical path is time from the "
+        "trace",
         highlight=False,
     )
     for a in result.applied:
@@ -177,11 +204,26 @@ def render_whatif(result: WhatIfResult, console: Console) -> None:
             console.print(Text(f"  assumes ({a.name}): {line}"))
 
 
+def _real_line(real_ms: float, measured_real_ms: float | None, correction: Correction) -> str:
+    """The step without the profiler, and where its estimate came from."""
+    if correction.source == "off":
+        return "  (profiler's cost left in: every figure is for the profiled run)\n"
+    line = (
+        f"  step without the profiler   {real_ms:10.2f} ms   ({correction.source}"
+        + (f", ±{correction.uncertainty_pct:.0f}%" if correction.source != "fit" else "")
+        + ")\n"
+    )
+    if measured_real_ms is not None:
+        line += f"  measured without profiler   {measured_real_ms:10.2f} ms\n"
+    return line
+
+
 def render_advice(advice: Advice, console: Console) -> None:
     _render_notes(console, advice.notes)
     console.print(
         Text(
-            f"baseline step {advice.baseline_ms:.2f} ms (measured {advice.measured_ms:.2f} ms)"
+            f"step {advice.baseline_ms:.2f} ms without the profiler "
+            f"({advice.correction.source}; traced {advice.traced_ms:.2f} ms)"
             f" · {advice.bottleneck}",
             style="bold",
         )

@@ -7,8 +7,18 @@ from dataclasses import dataclass
 import numpy as np
 
 from perfcast.graph.lower import Lowered, lower
-from perfcast.graph.model import NONE, Graph, NodeKind
+from perfcast.graph.model import NONE, Graph, IterationSpan, NodeKind
 from perfcast.sim.engine import Replay, replay_fast, replay_reference
+
+
+@dataclass
+class StepWindow:
+    """One iteration's window in the replay: [begin, done], completed by `end_node`."""
+
+    span: IterationSpan
+    begin: int
+    done: int
+    end_node: int
 
 
 @dataclass
@@ -19,36 +29,71 @@ class Timeline:
     start: np.ndarray  # per graph node (removed nodes: -1)
     end: np.ndarray
 
-    def iteration_ns(self) -> list[tuple[int, str, int, int]]:
-        """(rank, name, measured ns, simulated ns) for every iteration.
+    def step_windows(self) -> list[StepWindow]:
+        """Where each iteration's time runs, as the replay has it.
 
-        A step completes when its CPU range ends and its GPU work is done; its
-        time runs from the previous step's completion (see events.Iteration).
+        A step completes when its CPU range ends and its GPU work is done; its time runs from
+        the previous step's completion (see events.Iteration). The first step's predecessor
+        completed when the GPU work left from before the window was done. A trace without
+        steps is one window over everything on its rank.
         """
         g = self.graph
         c = g.cols
         out = []
         alive = g.alive
-        gpu = np.flatnonzero((c["kind"] == NodeKind.GPU) & alive)
-        gpu_end: dict[int, int] = {}
+        gpu = np.flatnonzero((c["kind"] == NodeKind.GPU) & alive & (c["iteration"] >= 0))
+        last_gpu: dict[int, int] = {}
         if gpu.size:
-            its = c["iteration"][gpu]
-            ok = its >= 0
-            if ok.any():
-                ends = np.full(int(its.max()) + 1, -1, dtype=np.int64)
-                np.maximum.at(ends, its[ok], self.end[gpu[ok]])
-                gpu_end = {i: int(e) for i, e in enumerate(ends.tolist()) if e >= 0}
-        prev_done: dict[int, int] = {}
+            o = gpu[np.lexsort((self.end[gpu], c["iteration"][gpu]))]
+            its = c["iteration"][o]
+            ends = np.flatnonzero(np.r_[its[1:] != its[:-1], True])
+            last_gpu = dict(zip(its[ends].tolist(), o[ends].tolist()))
+        prev_done = self._backlog_done()
         for span in g.iterations:
             if span.start_node == NONE:
-                on_rank = (c["rank"] == span.rank) & alive
-                sim = int(self.end[on_rank].max() - self.start[on_rank].min())
+                on_rank = np.flatnonzero((c["rank"] == span.rank) & alive)
+                if on_rank.size == 0:
+                    continue
+                end_node = int(on_rank[np.argmax(self.end[on_rank])])
+                begin = int(self.start[on_rank].min())
             else:
-                done = max(int(self.end[span.end_node]), gpu_end.get(span.index, -1))
+                end_node = span.end_node
+                x = last_gpu.get(span.index, NONE)
+                if x != NONE and self.end[x] > self.end[end_node]:
+                    end_node = x
                 begin = prev_done.get(span.rank, int(self.start[span.start_node]))
-                prev_done[span.rank] = done
-                sim = done - begin
-            out.append((span.rank, span.name, span.measured_ns, sim))
+                prev_done[span.rank] = int(self.end[end_node])
+            out.append(StepWindow(span, begin, int(self.end[end_node]), end_node))
+        return out
+
+    def iteration_ns(self) -> list[tuple[int, str, int, int]]:
+        """(rank, name, measured ns, simulated ns) for every iteration (see step_windows)."""
+        return [
+            (w.span.rank, w.span.name, w.span.measured_ns, w.done - w.begin)
+            for w in self.step_windows()
+        ]
+
+    def _backlog_done(self) -> dict[int, int]:
+        """Per rank: when GPU work left from before the window (no step, enqueued before the
+        trace) was done, if after the first step's start: the step before it completed then."""
+        g = self.graph
+        c = g.cols
+        out: dict[int, int] = {}
+        first: dict[int, int] = {}
+        for span in g.iterations:
+            if span.start_node != NONE and span.rank not in first:
+                first[span.rank] = span.start_node
+        if not first:
+            return out
+        backlog = np.flatnonzero(
+            (c["kind"] == NodeKind.GPU) & g.alive & (c["iteration"] < 0) & (c["launch"] < 0)
+        )
+        for rank, node in first.items():
+            on = backlog[
+                (c["rank"][backlog] == rank) & (c["launch_order"][backlog] < c["order"][node])
+            ]
+            if on.size:
+                out[rank] = max(int(self.start[node]), int(self.end[on].max()))
         return out
 
 

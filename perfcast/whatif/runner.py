@@ -8,9 +8,11 @@ import numpy as np
 
 from perfcast.analysis.critical_path import critical_paths
 from perfcast.analysis.notes import input_notes
+from perfcast.analysis.real_step import RealWorld, real_world
 from perfcast.events import EventTable
 from perfcast.graph.build import build_graph
 from perfcast.graph.model import Graph, Source
+from perfcast.real import Correction
 from perfcast.sim.timeline import Timeline, simulate
 from perfcast.whatif.registry import Spec, build_options, get_model
 
@@ -26,22 +28,37 @@ class AppliedModel:
 class IterationPrediction:
     rank: int
     name: str
-    measured_ms: float
-    baseline_ms: float
-    predicted_ms: float
+    traced_ms: float  # the step as traced
+    real_ms: float  # the step without the profiler (estimated)
+    measured_real_ms: float | None  # the step without the profiler, measured, if the trace says
+    source: str  # where the profiler-cost correction came from: fit, calibration, default, off
+    predicted_ms: float  # after the optimizations, without the profiler
+    predicted_traced_ms: float  # after the optimizations, with the profiler's cost left in
 
 
 @dataclass
 class WhatIfResult:
-    baseline_ms: float  # mean simulated step time of the unmodified trace
-    predicted_ms: float  # mean simulated step time after the optimizations
+    """A prediction. `baseline_ms`, `predicted_ms` and `speedup` are for the run without the
+    profiler (the correction says how its cost was estimated); the *_traced_ms figures keep
+    the profiler's cost in, as the trace does."""
+
+    baseline_ms: float  # mean step without the profiler, estimated from the trace
+    predicted_ms: float  # mean step after the optimizations, without the profiler
     speedup: float
-    measured_ms: float  # mean step time the trace measured
+    traced_ms: float  # mean step as traced
+    predicted_traced_ms: float  # mean step after the optimizations, as a profiled run
+    measured_real_ms: float | None  # mean unprofiled step the trace carries, if any
+    correction: Correction
     iterations: list[IterationPrediction]
     applied: list[AppliedModel]
-    measured_share: float  # share of the predicted critical path with measured durations
+    measured_share: float  # share of the predicted critical path with durations from the trace
     assumptions: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # about the input (salvage, no steps)
+
+    @property
+    def speedup_traced(self) -> float:
+        p = self.predicted_traced_ms
+        return self.traced_ms / p if p > 0 else float("inf")
 
 
 def step_ms(tl: Timeline) -> tuple[float, float, list[tuple[int, str, float, float]]]:
@@ -64,7 +81,8 @@ def measured_share(tl: Timeline) -> float:
     measured = 0
     for cp in critical_paths(tl, keep_steps=False):
         total += int(cp.path_ns.sum())
-        measured += int(cp.path_ns[src[cp.path_nodes] == Source.MEASURED].sum())
+        from_trace = np.isin(src[cp.path_nodes], [Source.MEASURED, Source.CORRECTED])
+        measured += int(cp.path_ns[from_trace].sum())
     return measured / total if total else 1.0
 
 
@@ -84,27 +102,50 @@ def run_whatif(
     table: EventTable,
     specs: list[Spec],
     graph: Graph | None = None,
-    baseline: Timeline | None = None,
+    world: RealWorld | None = None,
+    correct: bool = True,
 ) -> tuple[WhatIfResult, Timeline, Timeline]:
+    """Apply `specs` to the trace's graph, the profiler's cost taken out (unless `correct` is
+    False), and replay. Returns the result, the baseline and the predicted timelines (both
+    without the profiler's cost)."""
     graph = graph if graph is not None else build_graph(table)
-    baseline = baseline if baseline is not None else simulate(graph)
-    new_graph, applied = apply_specs(graph, specs)
+    world = world if world is not None else real_world(graph, correct=correct)
+    new_graph, applied = apply_specs(world.graph, specs)
     predicted = simulate(new_graph)
-    m, b, base_rows = step_ms(baseline)
+    if world.cost.is_off:
+        predicted_traced = predicted
+    else:
+        predicted_traced = simulate(apply_specs(world.traced_graph, specs)[0])
+    _, b, _ = step_ms(world.real)
     _, p, pred_rows = step_ms(predicted)
+    _, pt, traced_rows = step_ms(predicted_traced)
+    traced, _, _ = step_ms(world.traced)
+    measured = [s.measured_real_ms for s in world.steps if s.measured_real_ms is not None]
     iterations = [
-        IterationPrediction(rank=r, name=n, measured_ms=mm, baseline_ms=bs, predicted_ms=ps)
-        for (r, n, mm, bs), (_, _, _, ps) in zip(base_rows, pred_rows)
+        IterationPrediction(
+            rank=est.rank,
+            name=est.name,
+            traced_ms=est.traced_ms,
+            real_ms=est.real_ms,
+            measured_real_ms=est.measured_real_ms,
+            source=est.source,
+            predicted_ms=pr[3],
+            predicted_traced_ms=tr[3],
+        )
+        for est, pr, tr in zip(world.steps, pred_rows, traced_rows)
     ]
     result = WhatIfResult(
         baseline_ms=b,
         predicted_ms=p,
         speedup=b / p if p > 0 else float("inf"),
-        measured_ms=m,
+        traced_ms=traced,
+        predicted_traced_ms=pt,
+        measured_real_ms=float(np.mean(measured)) if measured else None,
+        correction=world.correction,
         iterations=iterations,
         applied=applied,
         measured_share=measured_share(predicted),
-        assumptions=list(graph.assumptions),
+        assumptions=list(world.graph.assumptions),
         notes=input_notes(table),
     )
-    return result, baseline, predicted
+    return result, world.real, predicted

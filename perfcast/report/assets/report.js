@@ -207,6 +207,8 @@
       var times = rs.iterations.map(function (it) { return it.measured_ms; });
       var rep = REPLAY[rs.rank] || [];
       var sim = rep.map(function (it) { return it.simulated_ms; });
+      var real = rep.filter(function (it) { return it.real_ms !== null && it.real_ms !== undefined; })
+        .map(function (it) { return it.real_ms; });
       var err = rep.map(function (it) { return Math.abs(it.error_pct); });
       return [
         String(rs.rank),
@@ -218,7 +220,8 @@
         ms(times.length ? Math.min.apply(null, times) : null),
         ms(times.length ? Math.max.apply(null, times) : null),
         ms(mean(sim)),
-        err.length ? pct(Math.max.apply(null, err), 2) : "-"
+        err.length ? pct(Math.max.apply(null, err), 2) : "-",
+        real.length ? ms(mean(real)) : "-"
       ];
     });
     table(root, [
@@ -226,7 +229,8 @@
       { label: "steps", num: true }, { label: "mean ms", num: true },
       { label: "median ms", num: true }, { label: "min ms", num: true },
       { label: "max ms", num: true }, { label: "simulated mean ms", num: true },
-      { label: "worst replay error", num: true }
+      { label: "worst replay error", num: true },
+      { label: "without profiler, mean ms", num: true }
     ], rows);
     caption(root, "A step runs from the previous step's completion to its own (CPU range ended " +
       "and its GPU work done), so step times add up to the total. Simulated: the same steps " +
@@ -237,6 +241,13 @@
         r.unresolved_dependencies.toLocaleString("en-US") +
         " dependencies resolved by heuristic; worst step error " +
         pct(r.max_abs_error_pct, 2) + ".");
+      if (r.correction) {
+        caption(root, "Without profiler: the step as it runs with the profiler off, estimated by " +
+          "replaying the trace with the profiler's own host cost taken out (" +
+          r.correction.source + ", ±" + r.correction.uncertainty_pct.toFixed(0) + "%: " +
+          r.correction.op_us.toFixed(2) + " µs per op, " + r.correction.runtime_us.toFixed(2) +
+          " µs per runtime call). Predictions below are for that run.");
+      }
       if (r.assumptions && r.assumptions.length) {
         var d = add(root, el("details"));
         add(d, el("summary", null, "replay assumptions (" + r.assumptions.length + ")"));
@@ -527,10 +538,11 @@
       return;
     }
     var head = add(root, el("p", { "class": "headline" }));
-    add(head, document.createTextNode("Measured "));
-    add(head, el("b", null, ms(A.measured_ms) + " ms"));
-    add(head, document.createTextNode(" per step, replayed "));
+    add(head, document.createTextNode("Traced "));
+    add(head, el("b", null, ms(A.traced_ms) + " ms"));
+    add(head, document.createTextNode(" per step; without the profiler "));
     add(head, el("b", null, ms(A.baseline_ms) + " ms"));
+    add(head, document.createTextNode(" (" + A.correction.source + ")"));
     add(head, document.createTextNode(". Bottleneck: " + A.bottleneck + "."));
     var S = A.suggestions;
     if (!S.length) {

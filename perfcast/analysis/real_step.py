@@ -1,0 +1,136 @@
+"""The step as traced, and as it runs without the profiler: the world predictions start from.
+
+`real_world(graph)` chooses the profiler cost to take out (fit to unprofiled steps the trace
+carries > calibration of the machine that took it > documented default), takes it out of
+the graph (perfcast.real), and replays both graphs. Every prediction applies its what-if to
+the corrected graph and compares with the corrected baseline; the traced figures stay beside.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from perfcast.graph.model import Graph
+from perfcast.real import (
+    OFF,
+    Correction,
+    ProfilerCost,
+    ProfilerSettings,
+    Removed,
+    StepEstimate,
+    default_cost,
+    measured_real_steps,
+    remove_profiler_cost,
+)
+from perfcast.sim.timeline import Timeline, simulate
+
+FIT_MAX_SCALE = 8.0  # a fit may scale the base costs up to this much
+FIT_MIN_RESPONSE = 0.01  # a step moving less than this over the whole range does not fit
+
+
+@dataclass
+class RealWorld:
+    traced_graph: Graph  # the graph of the trace, profiler cost included
+    graph: Graph  # the same, the profiler's cost taken out (== traced_graph when off)
+    traced: Timeline
+    real: Timeline
+    cost: ProfilerCost
+    settings: ProfilerSettings
+    removed: Removed
+    correction: Correction
+    steps: list[StepEstimate]
+
+
+def real_world(
+    graph: Graph,
+    correct: bool = True,
+    calibration: ProfilerCost | None = None,
+    traced: Timeline | None = None,
+) -> RealWorld:
+    """The traced and the corrected graph of a trace, replayed (see module docstring)."""
+    table = graph.table
+    settings = (
+        ProfilerSettings.of(table)
+        if table is not None
+        else ProfilerSettings(False, False, False, False)
+    )
+    traced = traced if traced is not None else simulate(graph)
+    measured = measured_real_steps(table) if table is not None else {}
+    if not correct:
+        cost = OFF
+    else:
+        cost = calibration if calibration is not None else default_cost(settings)
+        if measured:
+            cost = _fit(graph, cost, measured) or cost
+    if cost.is_off:
+        corrected, removed, real = graph, Removed(0), traced
+    else:
+        corrected, removed = remove_profiler_cost(graph, cost)
+        real = simulate(corrected)
+    steps = [
+        StepEstimate(
+            rank=r,
+            name=n,
+            traced_ms=t / 1e6,
+            real_ms=s / 1e6,
+            measured_real_ms=measured.get(r),
+            source=cost.source,
+        )
+        for (r, n, t, _), (_, _, _, s) in zip(traced.iteration_ns(), real.iteration_ns())
+    ]
+    correction = Correction.of(cost, settings, removed, len(graph.iterations))
+    if corrected is not graph:
+        corrected.assumptions.append(correction.assumption())
+    return RealWorld(graph, corrected, traced, real, cost, settings, removed, correction, steps)
+
+
+def _rank_steps(graph: Graph) -> dict[int, float]:
+    out: dict[int, list[float]] = {}
+    for rank, _, _, sim in simulate(graph).iteration_ns():
+        out.setdefault(rank, []).append(sim / 1e6)
+    return {r: float(np.mean(v)) for r, v in out.items()}
+
+
+def _fit(graph: Graph, base: ProfilerCost, measured: dict[int, float]) -> ProfilerCost | None:
+    """`base` scaled so the corrected replay's mean step matches the measured one.
+
+    Bisection: the step shrinks as the cost grows. None when the step does not respond to
+    the cost (a GPU-bound step: any correction fits it, so the base stays).
+    """
+
+    def error(scale: float) -> float:
+        g, _ = remove_profiler_cost(graph, base.scaled(scale))
+        steps = _rank_steps(g)
+        rel = [(steps[r] - m) / m for r, m in measured.items() if r in steps]
+        return float(np.mean(rel)) if rel else 0.0
+
+    lo_err, hi_err = error(0.0), error(FIT_MAX_SCALE)
+    if lo_err - hi_err < FIT_MIN_RESPONSE:
+        return None
+    if lo_err <= 0:
+        return replace(
+            base.scaled(0.0),
+            source="fit",
+            uncertainty=0.0,
+            note="the unprofiled step measured no faster than the traced one: nothing is taken out",
+        )
+    lo, hi = 0.0, FIT_MAX_SCALE
+    if hi_err > 0:
+        scale = FIT_MAX_SCALE
+    else:
+        for _ in range(16):
+            mid = (lo + hi) / 2
+            if error(mid) > 0:
+                lo = mid
+            else:
+                hi = mid
+        scale = (lo + hi) / 2
+    return replace(
+        base.scaled(scale),
+        source="fit",
+        uncertainty=0.05,
+        note=f"the {base.source} costs x{scale:.2f}, fitted to the unprofiled steps the trace "
+        "carries",
+    )
