@@ -38,7 +38,7 @@ _WEIGHT_OPS = re.compile(
 )
 # op family -> (regex on the outermost aten op name, what it saves)
 #   "in": first input; "in2": first two inputs; "mask": 1 byte per input element;
-#   "attn": q, k, v and the output (4 x first input)
+#   "attn": q, k, v and the output (4 x first input); "in+idx": input and int64 indices
 _SAVES: tuple[tuple[re.Pattern[str], str], ...] = tuple(
     (re.compile(p), s)
     for p, s in (
@@ -55,7 +55,8 @@ _SAVES: tuple[tuple[re.Pattern[str], str], ...] = tuple(
             r"softplus|mish|glu)$",
             "in",
         ),
-        (r"^aten::(max_pool\d?d|avg_pool\d?d|adaptive_avg_pool\d?d|adaptive_max_pool\d?d)$", "in"),
+        (r"^aten::(max_pool\d?d|adaptive_max_pool\d?d)$", "in+idx"),
+        (r"^aten::(avg_pool\d?d|adaptive_avg_pool\d?d)$", "in"),
         (r"^aten::(softmax|log_softmax|_softmax|_log_softmax)$", "in"),
         (r"^aten::(dropout|feature_dropout|native_dropout)$", "mask"),
         (r"^aten::(scaled_dot_product_attention|_scaled_dot_product\w*|_flash_attention\w*)$",
@@ -69,6 +70,12 @@ _ELEMENTWISE = re.compile(
     r"batch_norm|layer_norm|group_norm|instance_norm|rms_norm|native_layer_norm|dropout|"
     r"softmax|log_softmax|_softmax|_log_softmax|add|sub|mul|div|neg|exp|pow|_to_copy|to|clone|"
     r"contiguous)$"
+)
+# Ops autograd saves the *result* of (ReLU, sigmoid, tanh, softmax, ...): the next layer
+# usually keeps the same tensor as its input, so the result is counted here and that next
+# save of the same shape is the same tensor.
+_RESULT_SAVERS = re.compile(
+    r"^aten::(relu|sigmoid|tanh|elu|hardtanh|relu6|softmax|log_softmax|_softmax|_log_softmax)$"
 )
 _FUSED_ADAM = re.compile(r"_fused_adamw?_?$|_fused_adam")
 _FOREACH_ADAM = re.compile(r"^aten::_foreach_(addcdiv|lerp|sqrt)")
@@ -267,21 +274,32 @@ def _saved(table: EventTable, ops: np.ndarray, phases: np.ndarray, facts: TraceF
             continue
         if facts.batch is None and len(key) >= 2:
             facts.batch = int(key[0])
-        dup = seen.get(key) is False  # saved by a shape-changing op, not read since
+        # The first input was saved already by a shape-changing op and not read since: the
+        # same tensor, not counted again (what else the op keeps still is).
+        dup = rule != "mask" and seen.get(key) is False
         n = _numel(list(key))
+        first = 0 if dup else n * width
+        extra = 0
         if rule == "in2" and d is not None and len(d) > 1:
-            n += _numel(d[1])
-        nbytes = n * width
-        if rule == "mask":
-            nbytes = _numel(list(key))
+            extra = _numel(d[1]) * width
+        elif rule == "mask":
+            first = n  # one byte per element
         elif rule == "attn":
-            nbytes = 4 * n * width
-        if not dup and n > 0:
+            extra = 3 * n * width
+        elif rule == "in+idx":
+            # Max pooling also keeps int64 indices of its output (2x2, stride 2 assumed: a
+            # quarter of the input's elements).
+            extra = n // 4 * 8
+        if first + extra > 0:
             linear = bool(re.search(r"::(linear|addmm|mm)$", name))
-            facts.saved.append(SavedTensor(name, n, nbytes, linear=linear))
+            facts.saved.append(SavedTensor(name, n, first + extra, linear=linear))
         # The op's output is taken to be what the next op reads (a chain). An op whose
         # output has its input's shape hands on a new tensor of that shape: a later save of
         # the shape is not this one.
+        if rule == "mask" or _RESULT_SAVERS.search(name):
+            # A mask is not the input; a saved result is the current tensor of this shape.
+            seen[key] = rule == "mask"
+            continue
         elementwise = bool(_ELEMENTWISE.search(name))
         nxt = None if elementwise else next((f for f in firsts[i + 1 :] if f is not None), None)
         seen[key] = elementwise or nxt == key

@@ -81,6 +81,7 @@ class AnalyticWorkload:
     main_grad_bytes: int = 4  # fp32 gradient accumulation buffer (Megatron main_grad)
     opt_state_bytes: int = 8  # Adam exp_avg and exp_avg_sq in fp32
     opt_update_bytes: int = 34  # bytes an Adam step reads and writes per parameter
+    gather_bytes: int = 0  # bytes per parameter an FSDP all-gather moves (0: param_bytes)
     source: str = "model description"
     assumptions: list[str] = field(default_factory=list)
 

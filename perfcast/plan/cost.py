@@ -90,8 +90,8 @@ def evaluate(
     # node when a stage's tp x dp ranks fill it; then an all-gather inside the TP group.
     nbytes = w.p2p_bytes(p)  # type: ignore[attr-defined]
     cross = (p.tp * p.dp) >= cluster.gpus_per_node
-    gather = collective_time_s(cluster, "allgather", nbytes * tp, tp, np.minimum(tp, 8))
-    p2p = p2p_time_s(cluster, nbytes, cross) + gather
+    p2p_gather = collective_time_s(cluster, "allgather", nbytes * tp, tp, np.minimum(tp, 8))
+    p2p = p2p_time_s(cluster, nbytes, cross) + p2p_gather
     pp_comm_mb = np.where(p.pp > 1, 2 * v * p2p, 0.0)
     slot = t_mb + pp_comm_mb
     bubble_slots = (pp - 1) / v
@@ -104,9 +104,10 @@ def evaluate(
     local = _local(p, cluster)
     g_bytes = params * grad_wire
     w_bytes = params * wb
+    gather = params * (getattr(w, "gather_bytes", 0) or wb)
     ar = collective_time_s(cluster, "allreduce", g_bytes, dp, local)
     rs = collective_time_s(cluster, "reducescatter", g_bytes, dp, local)
-    ag = collective_time_s(cluster, "allgather", w_bytes, dp, local)
+    ag = collective_time_s(cluster, "allgather", gather, dp, local)
     z = p.zero
     once = np.where(z == 0, ar, np.where(z <= 2, rs + ag, 0.0))
     per_mb_fsdp = np.where(z == 3, 2 * ag + rs, 0.0)
@@ -138,7 +139,7 @@ def evaluate(
         first = A + trans
         worst_act = np.where(p.pp > 1, np.maximum(first, last), first)
         trans = worst_act - A
-    gathered = np.where(z == 3, 2 * w_bytes / units, 0.0)
+    gathered = np.where(z == 3, 2 * gather / units, 0.0)
     peak = W + G + O + A + trans + gathered + getattr(w, "fixed_bytes", 0.0)
     batch = p.batch.astype(np.float64)
     return PlanCosts(
