@@ -22,6 +22,9 @@ Read once per rank from the EventTable (`record_shapes=True` traces); the memory
 
 from __future__ import annotations
 
+import ast
+import functools
+import json
 import math
 import re
 from dataclasses import dataclass, field
@@ -123,13 +126,24 @@ class TraceFacts:
         return int(sum(s.nbytes for s in self.saved))
 
 
-def _dims(table: EventTable, row: int) -> list | None:
-    from perfcast.whatif.kernels import parse_input_dims  # shared parser, cached by text
+@functools.lru_cache(maxsize=65536)
+def _parse_dims(text: str) -> list | None:
+    """An "Input Dims" string (JSON, or the Python repr the loader keeps) as a list."""
+    try:
+        value = json.loads(text)
+    except (ValueError, TypeError):
+        try:
+            value = ast.literal_eval(text)
+        except (ValueError, SyntaxError, TypeError):
+            return None
+    return value if isinstance(value, list) else None
 
+
+def _dims(table: EventTable, row: int) -> list | None:
     s = int(table.shapes[row])
     if s < 0:
         return None
-    return parse_input_dims(table.names[s])
+    return _parse_dims(table.names[s])
 
 
 def _numel(d: object) -> int:

@@ -48,6 +48,7 @@ from perfcast.memory.facts import TraceFacts, trace_facts
 from perfcast.memory.model import inputs_from_facts
 from perfcast.plan.analytic import StageTimes
 from perfcast.plan.plans import Plans
+from perfcast.whatif.models._parallel_common import balanced_max as _balanced_max
 
 _LINEAR_OP = re.compile(
     r"^aten::(linear|addmm|mm|matmul)$|^(Addmm|Mm|Linear|Matmul)Backward\d*$"
@@ -200,28 +201,6 @@ class TraceWorkload:
     @property
     def fixed_bytes(self) -> float:
         return float(inputs_from_facts(self.facts).workspace_bytes)
-
-
-def _balanced_max(times: np.ndarray, parts: int) -> float:
-    """Smallest possible maximum part sum of `times` split into `parts` contiguous parts."""
-    if parts <= 1 or times.size == 0:
-        return float(times.sum())
-    if parts >= times.size:
-        return float(times.max())
-    lo, hi = float(times.max()), float(times.sum())
-    for _ in range(40):
-        mid = (lo + hi) / 2
-        n, acc = 1, 0.0
-        for t in times.tolist():
-            if acc + t > mid:
-                n, acc = n + 1, t
-            else:
-                acc += t
-        if n <= parts:
-            hi = mid
-        else:
-            lo = mid
-    return hi
 
 
 def _outermost_named(table: EventTable, rows: np.ndarray, pattern: re.Pattern[str]) -> np.ndarray:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -42,6 +43,8 @@ class WhatIfResult:
     measured_share: float  # share of the predicted critical path with measured durations
     assumptions: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # about the input (salvage, no steps)
+    # Predicted peak memory per rank after the optimizations (perfcast.memory), when known.
+    memory: Any = None
 
 
 def step_ms(tl: Timeline) -> tuple[float, float, list[tuple[int, str, float, float]]]:
@@ -106,5 +109,18 @@ def run_whatif(
         measured_share=measured_share(predicted),
         assumptions=list(graph.assumptions),
         notes=input_notes(table),
+        memory=_memory(table, specs),
     )
+    if result.memory is not None and result.memory.fits is False:
+        result.notes.append("memory: " + result.memory.verdict())
     return result, baseline, predicted
+
+
+def _memory(table: EventTable, specs: list[Spec]) -> Any:
+    """The memory model's peak after the specs; None when it cannot say (never fails)."""
+    try:
+        from perfcast.memory import predict_peak_memory
+
+        return predict_peak_memory(table, specs)
+    except Exception:  # the estimate is an addition: a what-if never fails because of it
+        return None
