@@ -34,7 +34,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -63,7 +62,8 @@ def megatron(table: dict[str, Any]) -> list[dict[str, Any]]:
         w = AnalyticWorkload(megatron_gpt(f"{pb}B", layers, h, heads), cl)
         dp = gpus // (tp * pp)
         m = batch // dp
-        flops = 96 * batch * 2048 * layers * h * h * (1 + 2048 / (6 * h) + 51200 / (16 * layers * h))
+        shape = 1 + 2048 / (6 * h) + 51200 / (16 * layers * h)
+        flops = 96 * batch * 2048 * layers * h * h * shape
 
         def tflops(v: int, w: AnalyticWorkload = w, dp: int = dp, tp: int = tp, pp: int = pp,
                    m: int = m, gpus: int = gpus, flops: float = flops) -> tuple[float, float]:
@@ -95,7 +95,7 @@ def megatron(table: dict[str, Any]) -> list[dict[str, Any]]:
 def korthikanti(table: dict[str, Any]) -> list[dict[str, Any]]:
     cl = make_cluster("a100-80gb", intra="nvlink3", inter="ib-hdr")
     out = []
-    for name, heads, h, layers, tp, pp, gpus, batch, mb, v, full_s, seqsel_s in table["rows"]:
+    for name, heads, h, layers, tp, pp, _gpus, batch, mb, v, full_s, seqsel_s in table["rows"]:
         w = AnalyticWorkload(megatron_gpt(name, layers, h, heads), cl)
         for mode, ckpt, sp, pub in (("full", 2, 0, full_s), ("seqsel", 1, 1, seqsel_s)):
             p = Plans.single(dp=1, tp=tp, pp=pp, mb=mb, m=batch // mb, v=v, ckpt=ckpt, sp=sp)
@@ -136,7 +136,7 @@ def torchtitan(table: dict[str, Any]) -> list[dict[str, Any]]:
     cl = replace(base, device=H100_96GB)
     desc = llama3_8b(8192)
     out = []
-    for gpus, lb, gb, tps, mem in table["rows"]:
+    for gpus, lb, _gb, tps, mem in table["rows"]:
         w = AnalyticWorkload(
             desc, cl, param_bytes=4, gather_bytes=2, grad_bytes=4, main_grad_bytes=4,
             master_bytes=0, opt_update_bytes=28,
@@ -169,7 +169,8 @@ def recorded_memory() -> list[dict[str, Any]]:
     for r in load_rows():
         if r.processor != "gpu" or not r.device.startswith("NVIDIA H100"):
             continue
-        for cfg, mem in ((r.baseline, r.baseline_peak_mem_gib), (r.variant, r.variant_peak_mem_gib)):
+        sides = ((r.baseline, r.baseline_peak_mem_gib), (r.variant, r.variant_peak_mem_gib))
+        for cfg, mem in sides:
             if mem is not None:
                 peaks.setdefault(cfg, (mem, r.device))
     out = []

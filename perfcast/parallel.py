@@ -12,8 +12,9 @@ unless asked for.
 
 from __future__ import annotations
 
-import os
 import contextlib
+import copy
+import os
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any, TypeVar
@@ -89,7 +90,9 @@ def _ray_map(fn: Callable[[T], R], items: Sequence[T]) -> Iterator[R]:
         while nxt < len(items) and nxt < i + RAY_WINDOW:
             refs.append(remote.remote(items[nxt]))
             nxt += 1
-        yield ray.get(refs[i])
+        # Results come back as read-only views of Ray's object store; callers may write
+        # into them (the loader re-interns name columns in place), so hand over copies.
+        yield copy.deepcopy(ray.get(refs[i]))
         refs[i] = None  # let Ray free the result
 
 

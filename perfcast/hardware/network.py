@@ -87,7 +87,7 @@ def make_cluster(
     link_out = lookup_link(inter) if inter else lookup_link("ib-ndr" if hopper else "ib-hdr")
     if link_out is None:
         raise PerfcastError(f"unknown link '{inter}'", hint="e.g. ib-ndr, ib-hdr, 400gbe")
-    eff_in = 0.80 if link_in.name.startswith(("nvlink", "infinity")) else 0.80
+    eff_in = 0.80  # NVLink and PCIe alike (see the module docstring)
     if nvls is None:
         nvls = spec.name.startswith(("H100-SXM", "H200", "B200")) and link_in.name.startswith(
             "nvlink"
@@ -147,10 +147,7 @@ def collective_time_s(
         steps = 2 * (n_safe - 1)
         if algorithm == "tree":
             steps = 2 * np.ceil(np.log2(n_safe))
-    elif collective in ("allgather", "reducescatter"):
-        factor = (n_safe - 1) / n_safe
-        steps = n_safe - 1
-    elif collective == "alltoall":
+    elif collective in ("allgather", "reducescatter") or collective == "alltoall":
         factor = (n_safe - 1) / n_safe
         steps = n_safe - 1
     elif collective in ("sendrecv", "broadcast", "reduce"):

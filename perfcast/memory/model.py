@@ -34,6 +34,7 @@ allocator).
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
@@ -204,9 +205,7 @@ def estimate(inputs: MemoryInputs) -> MemoryEstimate:
         best_bwd = base + g_live + inputs.transient_bytes
     largest = max(inputs.param_numels) if inputs.param_numels else 0
     impl = inputs.optimizer_impl
-    if inputs.optimizer == "none" or p == 0:
-        opt_tmp = 0
-    elif impl == "fused":
+    if inputs.optimizer == "none" or p == 0 or impl == "fused":
         opt_tmp = 0
     elif impl == "foreach":
         opt_tmp = int(p * 4 * inputs.shard_optimizer)
@@ -296,7 +295,7 @@ def _checkpoint(inp: MemoryInputs, o: Mapping[str, Any]) -> MemoryInputs:
         if acc >= cut * len(bounds) and len(bounds) < regions:
             bounds.append(i + 1)
     bounds.append(len(s))
-    chunks = [s[a:b] for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
+    chunks = [s[a:b] for a, b in itertools.pairwise(bounds) if b > a]
     kept = [c[0] for c in chunks]
     biggest = max(sum(c) for c in chunks)
     note = (
@@ -467,7 +466,7 @@ def predict_peak_memory(
 
     `source` is an EventTable, a Graph built from one, `TraceFacts` or `MemoryInputs`.
     With `[memory]` events in the trace, the measured peak anchors the estimate: the
-    modelled peak after the changes is scaled by measured / modelled-before.
+    prediction is the measured peak moved by what the changes move in the estimate.
     """
     facts: TraceFacts | None = None
     if isinstance(source, MemoryInputs):
@@ -488,11 +487,13 @@ def predict_peak_memory(
     before = estimate(inputs)
     after = estimate(apply_changes(inputs, changes, linear_share)) if changes else before
     measured = inputs.measured_peak_bytes
-    if measured and before.peak_bytes > 0:
-        ratio = measured / before.peak_bytes
+    if measured:
+        # The trace measured its peak: keep it, and move it by what the changes move in the
+        # estimate (the estimate's error on the parts it cannot see stays out).
+        delta = after.peak_bytes - before.peak_bytes
         after = replace(
             after,
-            peak_bytes=int(after.peak_bytes * ratio),
+            peak_bytes=max(0, int(measured + delta)),
             source="[memory] events",
             assumptions=[
                 *after.assumptions,

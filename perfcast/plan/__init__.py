@@ -74,16 +74,16 @@ def calibrate_cluster(table: EventTable, cluster: Cluster) -> tuple[Cluster, str
     if not rows:
         return cluster, None
     best = max(rows, key=lambda r: r.size_bytes)
-    peak = cluster.intra.bw_gbs_per_direction
-    if float(best.best_busbw_gbs) < 0.25 * peak:
+    busbw = float(best.best_busbw_gbs or 0.0)
+    if busbw < 0.25 * cluster.intra.bw_gbs_per_direction:
         # Far below the link: the kernel time holds waits for other ranks (or the link is not
         # what the device table says); not a bandwidth to plan with.
         return cluster, None
     what = (
-        f"{best.best_busbw_gbs:.0f} GB/s measured on the trace's {best.op} of "
+        f"{busbw:.0f} GB/s measured on the trace's {best.op} of "
         f"{best.size_bytes / 2**20:.0f} MiB over {best.group_size} GPUs"
     )
-    return calibrated_from(cluster, float(best.best_busbw_gbs), what), what
+    return calibrated_from(cluster, busbw, what), what
 
 
 def plan_trace(

@@ -29,6 +29,7 @@ dropout) and reruns that.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -119,7 +120,8 @@ class AnalyticWorkload:
         kv = self.desc.kv_heads or self.desc.heads
         return (self.desc.heads % tp == 0) & ((kv % tp == 0) | (tp % kv == 0))
 
-    def _gemm(self, m: np.ndarray, n: np.ndarray, k: np.ndarray, batch: np.ndarray | float = 1):
+    def _gemm(self, m: Any, n: Any, k: Any, batch: Any = 1) -> np.ndarray:
+        """Seconds of a (batched) GEMM, M x K times K x N; arguments scalars or arrays."""
         m, n, k = (np.asarray(x, dtype=np.float64) for x in (m, n, k))
         batch = np.asarray(batch, dtype=np.float64)
         tiles = batch * np.ceil(m / TILE) * np.ceil(n / TILE)
@@ -136,7 +138,7 @@ class AnalyticWorkload:
         s, h, f, a = d.seq, d.hidden, d.ffn_dim, d.heads
         e = self.act_bytes
         tokens = b * s
-        E = tokens * h  # token x hidden elements
+        n_th = tokens * h  # token x hidden elements
         hd = h // a
         kv = d.kv_dim
         mm = (
@@ -155,22 +157,22 @@ class AnalyticWorkload:
             n_attn = 1.0
         else:
             attn_core = self._gemm(s, s, hd, heads) + self._gemm(s, hd, s, heads)
-            S = heads * s * s
+            n_sc = heads * s * s
             # Fused scale-mask-softmax (read, write) and dropout (read, write, 1-byte mask).
-            attn_mem = S * (2 * e + ((2 * e + 1) if d.dropout else 0)) / (self.bw * E_MEM)
+            attn_mem = n_sc * (2 * e + ((2 * e + 1) if d.dropout else 0)) / (self.bw * E_MEM)
             n_attn = 4.0
         # Memory-bound work outside the TP pairs: two norms (read, write), two residual adds
         # with dropout (read two, write one, 1-byte mask).
-        add = (3 * e + (1 if d.dropout else 0)) * E
-        rep = (2 * 2 * e * E + 2 * add) / (self.bw * E_MEM)
+        add = (3 * e + (1 if d.dropout else 0)) * n_th
+        rep = (2 * 2 * e * n_th + 2 * add) / (self.bw * E_MEM)
         # Inside the pairs: the MLP activation (GeLU: read, write; SwiGLU: read two, write one)
         # and the attention context transpose (read, write).
         act = (3 if d.gated_mlp else 2) * e * tokens * f / t
-        split = (act + 2 * e * E / t) / (self.bw * E_MEM)
+        split = (act + 2 * e * n_th / t) / (self.bw * E_MEM)
         rep = np.where(p.sp > 0, rep / t, rep)
         kernels = n_mm + n_attn + 6.0
         # TP collectives: 2 all-reduces of the activations forward (or AG + RS with SP).
-        nbytes = E * e
+        nbytes = n_th * e
         ar = collective_time_s(self.cluster, "allreduce", nbytes, t, np.minimum(t, 8))
         ag = collective_time_s(self.cluster, "allgather", nbytes, t, np.minimum(t, 8))
         rs = collective_time_s(self.cluster, "reducescatter", nbytes, t, np.minimum(t, 8))
@@ -191,42 +193,42 @@ class AnalyticWorkload:
         d = self.desc
         b, t = p.mb.astype(np.float64), p.tp.astype(np.float64)
         tokens = b * d.seq
-        E = tokens * d.hidden
-        pre = 3 * self.act_bytes * E / (self.bw * E_MEM) + 3 * K_OVER_S
+        n_th = tokens * d.hidden
+        pre = 3 * self.act_bytes * n_th / (self.bw * E_MEM) + 3 * K_OVER_S
         head = self._gemm(tokens, d.vocab / t, d.hidden)
         # Vocabulary-parallel cross-entropy in fp32: about four passes over the logits.
         ce = 4 * 4 * tokens * d.vocab / t / (self.bw * E_MEM)
-        post = head + ce + 2 * self.act_bytes * E / (self.bw * E_MEM) + 6 * K_OVER_S
+        post = head + ce + 2 * self.act_bytes * n_th / (self.bw * E_MEM) + 6 * K_OVER_S
         return pre, post
 
     def stage_times(self, p: Plans) -> StageTimes:
-        L = self._layer(p)
-        fwd_layer = L["mm"] + L["attn_core"] + L["attn_mem"] + L["mem"] + L["over"]
+        lay = self._layer(p)
+        fwd_layer = lay["mm"] + lay["attn_core"] + lay["attn_mem"] + lay["mem"] + lay["over"]
         flash_bwd = 2.5 if self.desc.flash_attention else 2.0
         bwd_layer = (
-            2 * L["mm"] + flash_bwd * L["attn_core"] + 2 * (L["attn_mem"] + L["mem"])
-            + 2 * L["over"]
+            2 * lay["mm"] + flash_bwd * lay["attn_core"] + 2 * (lay["attn_mem"] + lay["mem"])
+            + 2 * lay["over"]
         )
-        comm_b = L["comm_f"] + np.where(p.sp > 0, 2 * L["ag"], 0.0)
+        comm_b = lay["comm_f"] + np.where(p.sp > 0, 2 * lay["ag"], 0.0)
         full = p.ckpt == 2
         sel = p.ckpt == 1
         recompute_layer = np.where(
             full,
-            fwd_layer + L["comm_f"],
-            np.where(sel, L["attn_core"] + L["attn_mem"], 0.0),
+            fwd_layer + lay["comm_f"],
+            np.where(sel, lay["attn_core"] + lay["attn_mem"], 0.0),
         )
         if self.desc.flash_attention:
             # With FlashAttention the scores are never kept: "selective" is torchtitan's
             # op-level policy, which reruns the non-matmul work and every other matmul.
-            recompute_layer = np.where(sel, L["mem"] + 0.5 * L["mm"], recompute_layer)
+            recompute_layer = np.where(sel, lay["mem"] + 0.5 * lay["mm"], recompute_layer)
         per_stage = np.ceil(self.desc.layers / p.pp)
         pre, post = self._ends(p)
         # The slowest stage: the last one carries the LM head (first the embedding).
         ends_f = np.where(p.pp > 1, np.maximum(pre, post), pre + post)
-        fwd = per_stage * (fwd_layer + L["comm_f"]) + ends_f
+        fwd = per_stage * (fwd_layer + lay["comm_f"]) + ends_f
         bwd = per_stage * (bwd_layer + comm_b) + 2 * ends_f
         rec = per_stage * recompute_layer
-        tp_comm = per_stage * (L["comm_f"] + comm_b + np.where(full, L["comm_f"], 0.0))
+        tp_comm = per_stage * (lay["comm_f"] + comm_b + np.where(full, lay["comm_f"], 0.0))
         return StageTimes(fwd, bwd, rec, tp_comm, np.zeros_like(fwd))
 
     def layer_params(self) -> float:
@@ -248,28 +250,27 @@ class AnalyticWorkload:
         b, t = p.mb.astype(np.float64), p.tp.astype(np.float64)
         e = self.act_bytes
         s, h, f = d.seq, d.hidden, d.ffn_dim
-        E = b * s * h
-        mask = E if d.dropout else 0.0
+        n_th = b * s * h
+        mask = n_th if d.dropout else 0.0
         # Replicated (split by SP): norm inputs x2, QKV input, fc1 input, two dropout masks.
-        rep = 4 * e * E + 2 * mask
+        rep = 4 * e * n_th + 2 * mask
         qkv_out = e * b * s * (h + 2 * d.kv_dim) / t
-        proj_in = e * E / t
+        proj_in = e * n_th / t
         mlp = (3 if d.gated_mlp else 2) * e * b * s * f / t
         split = qkv_out + proj_in + mlp
         if d.flash_attention:
-            core = e * E / t  # the attention output kept by the flash kernel
+            core = e * n_th / t  # the attention output kept by the flash kernel
         else:
-            S = b * d.heads * s * s / t
-            core = S * (2 * e + ((e + 1) if d.dropout else 0))
+            n_sc = b * d.heads * s * s / t
+            # Softmax output (kept for AV), and with dropout its mask and output.
+            core = n_sc * (e + ((e + 1) if d.dropout else 0))
         rep = np.where(p.sp > 0, rep / t, rep)
         full_layer = rep + split + core
         per_stage = np.ceil(d.layers / p.pp)
-        layer_input = np.where(p.sp > 0, e * E / t, e * E)
-        if d.flash_attention:
-            # torchtitan's op-level selective checkpointing keeps about half the layer.
-            sel_layer = 0.5 * full_layer
-        else:
-            sel_layer = full_layer - core
+        layer_input = np.where(p.sp > 0, e * n_th / t, e * n_th)
+        # torchtitan's op-level selective checkpointing (FlashAttention models) keeps about
+        # half the layer; Korthikanti's selective drops the attention core.
+        sel_layer = 0.5 * full_layer if d.flash_attention else full_layer - core
         per_layer = np.where(p.ckpt == 2, layer_input, np.where(p.ckpt == 1, sel_layer, full_layer))
         return per_stage * per_layer
 
@@ -302,4 +303,5 @@ class AnalyticWorkload:
 
 
 def _fields(p: Plans) -> dict[str, np.ndarray]:
-    return {k: getattr(p, k) for k in ("dp", "tp", "pp", "mb", "m", "v", "zero", "ckpt", "sp", "amp")}
+    keys = ("dp", "tp", "pp", "mb", "m", "v", "zero", "ckpt", "sp", "amp")
+    return {k: getattr(p, k) for k in keys}

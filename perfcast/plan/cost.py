@@ -112,10 +112,7 @@ def evaluate(
     once = np.where(z == 0, ar, np.where(z <= 2, rs + ag, 0.0))
     per_mb_fsdp = np.where(z == 3, 2 * ag + rs, 0.0)
     units = max(1, int(getattr(w, "n_layers", 1)))
-    if overlap_dp:
-        exposed_once = np.maximum(once - 0.8 * st.bwd, once / units)
-    else:
-        exposed_once = once
+    exposed_once = np.maximum(once - 0.8 * st.bwd, once / units) if overlap_dp else once
     exposed_fsdp = m * (np.maximum(per_mb_fsdp - 0.9 * compute, 0.0) + per_mb_fsdp / units)
     dp_comm = once + m * per_mb_fsdp
     dp_exposed = np.where(p.dp > 1, exposed_once + exposed_fsdp, 0.0)
@@ -125,22 +122,22 @@ def evaluate(
     step = pipeline + dp_exposed + optimizer + fixed_s
 
     # Memory of the worst stage.
-    W = np.where(z == 3, w_bytes / dp, w_bytes)
-    G = np.where(z >= 2, params * gb / dp, params * gb)
-    O = np.where(z >= 1, params * ob / dp, params * ob)
+    w_mem = np.where(z == 3, w_bytes / dp, w_bytes)
+    g_mem = np.where(z >= 2, params * gb / dp, params * gb)
+    o_mem = np.where(z >= 1, params * ob / dp, params * ob)
     act_mb = w.act_bytes_stage(p)  # type: ignore[attr-defined]
     inflight = np.where(p.pp > 1, np.minimum(m, pp), 1.0)
     inter = np.where(p.v > 1, 1 + (pp - 1) / (pp * v), 1.0)
-    A = act_mb * inflight * inter
+    a_mem = act_mb * inflight * inter
     trans = w.transient_bytes(p)  # type: ignore[attr-defined]
     if hasattr(w, "last_stage_logits"):
         # The last stage holds one micro-batch's activations and the logits.
         last = act_mb + w.last_stage_logits(p) + trans
-        first = A + trans
+        first = a_mem + trans
         worst_act = np.where(p.pp > 1, np.maximum(first, last), first)
-        trans = worst_act - A
+        trans = worst_act - a_mem
     gathered = np.where(z == 3, 2 * gather / units, 0.0)
-    peak = W + G + O + A + trans + gathered + getattr(w, "fixed_bytes", 0.0)
+    peak = w_mem + g_mem + o_mem + a_mem + trans + gathered + getattr(w, "fixed_bytes", 0.0)
     batch = p.batch.astype(np.float64)
     return PlanCosts(
         step_s=step,
@@ -153,10 +150,10 @@ def evaluate(
         dp_exposed_s=dp_exposed,
         recompute_s=(m + bubble_slots) * st.recompute,
         optimizer_s=optimizer,
-        weights_b=W,
-        grads_b=G,
-        optimizer_b=O,
-        activations_b=A,
+        weights_b=w_mem,
+        grads_b=g_mem,
+        optimizer_b=o_mem,
+        activations_b=a_mem,
         transient_b=trans + gathered,
         peak_b=peak,
     )

@@ -33,6 +33,7 @@ class ModelDesc:
     causal_skip: bool = False  # the attention kernel skips the masked half (flash, causal)
     tied_embeddings: bool = True
     norm: str = "layernorm"  # layernorm | rmsnorm
+    position_embeddings: bool = True  # learned (GPT); False for rotary (Llama)
 
     def __post_init__(self) -> None:
         for f in ("layers", "hidden", "heads", "seq", "vocab"):
@@ -61,7 +62,8 @@ class ModelDesc:
 
     def embedding_params(self) -> int:
         n = self.vocab * self.hidden
-        return n if self.tied_embeddings else 2 * n
+        pos = self.seq * self.hidden if self.position_embeddings else 0
+        return (n if self.tied_embeddings else 2 * n) + pos
 
     def params(self) -> int:
         return self.layers * self.layer_params() + self.embedding_params() + 2 * self.hidden
@@ -94,6 +96,7 @@ def llama3_8b(seq: int = 8192) -> ModelDesc:
         causal_skip=True,
         tied_embeddings=False,
         norm="rmsnorm",
+        position_embeddings=False,
     )
 
 

@@ -58,7 +58,7 @@ class Plans:
     def single(**kw: int) -> Plans:
         base = dict(dp=1, tp=1, pp=1, mb=1, m=1, v=1, zero=0, ckpt=0, sp=0, amp=0)
         base.update(kw)
-        return Plans(**{k: [v] for k, v in base.items()})
+        return Plans(**{k: np.array([v], dtype=np.int64) for k, v in base.items()})
 
 
 def describe(row: dict[str, int]) -> str:

@@ -150,7 +150,9 @@ def _reasons(i: int, p: Plans, c: PlanCosts, best_step: float) -> list[str]:
             f"((pp-1)/v = {(r['pp'] - 1) / r['v']:g} of {r['m']} micro-batch slots)"
         )
     if r["tp"] > 1:
-        out.append(f"tensor-parallel collectives {1e3 * c.tp_comm_s[i]:.1f} ms on the critical path")
+        out.append(
+            f"tensor-parallel collectives {1e3 * c.tp_comm_s[i]:.1f} ms on the critical path"
+        )
     if r["dp"] > 1:
         out.append(
             f"gradient traffic {1e3 * c.dp_comm_s[i]:.1f} ms, "

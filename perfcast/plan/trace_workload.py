@@ -232,7 +232,7 @@ def trace_workload(
         raise PerfcastError(
             "the trace has no GPU work (CPU-only): there is nothing to plan over GPUs"
         )
-    if not its:
+    if not its or not table.rank_info(rank).has_steps:
         raise PerfcastError(
             "the trace has no ProfilerStep ranges: plan needs at least one training step "
             "(record with torch.profiler's schedule and prof.step(), or `perfcast profile`)"
@@ -433,9 +433,13 @@ def _host_busy(
     # autograd thread works, which is one stretch of host time, not two.
     busy = _union_ns(table.ts[top], table.ts[top] + table.dur[top])
     sync_name = np.array([bool(_SYNC.search(n)) for n in table.names], dtype=bool)
+    steps = np.unique(table.iteration[ops])
     rt = np.flatnonzero(
-        (table.kind == Kind.RUNTIME) & sync_name[table.name] & np.isin(table.iteration, np.unique(table.iteration[ops]))
-        & (table.rank == table.rank[ops[0]]) & np.isin(phases, [int(p) for p in which])
+        (table.kind == Kind.RUNTIME)
+        & sync_name[table.name]
+        & np.isin(table.iteration, steps)
+        & (table.rank == table.rank[ops[0]])
+        & np.isin(phases, [int(p) for p in which])
     )
     busy -= float(table.dur[rt].sum())
     return max(busy, 0.0) / 1e9

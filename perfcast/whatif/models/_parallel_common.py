@@ -10,7 +10,12 @@ from perfcast.graph.model import NONE, EdgeType, GpuKind, Graph, NodeKind, Sourc
 from perfcast.graph.phases import Phase
 from perfcast.hardware.classify import KernelClass
 from perfcast.hardware.devices import lookup_device
-from perfcast.hardware.interconnects import LinkSpec, default_intra_node_link, list_links, lookup_link
+from perfcast.hardware.interconnects import (
+    LinkSpec,
+    default_intra_node_link,
+    list_links,
+    lookup_link,
+)
 from perfcast.whatif import primitives as P
 
 FALLBACK_LINK = "pcie4"

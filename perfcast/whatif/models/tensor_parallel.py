@@ -120,21 +120,37 @@ def apply(graph: Graph, options: Options) -> Graph:
 def _linear_layers(
     graph: Graph, rank: int, it: int, phase: Phase, pattern: str
 ) -> list[tuple[np.ndarray, int]]:
-    """GPU nodes of each linear-layer call (grouped by their op), in launch order."""
+    """GPU nodes of each linear-layer call, in launch order: grouped by the forward op, or in
+    backward by the autograd node (`AddmmBackward0`, ...) that the GEMM ops run inside."""
     nodes = C.step_gpu_nodes(graph, rank, it, phase)
     if nodes.size == 0:
         return []
     c = graph.cols
-    pat = re.compile(pattern)
+    table = graph.table
+    fwd = re.compile(_LINEAR_FWD)
+    bwd = re.compile(pattern)
     names = graph.names
-    hit = np.array([
-        o >= 0 and bool(pat.search(names[o])) for o in c["op_name"][nodes].tolist()
-    ], dtype=bool)
-    nodes = nodes[hit]
+    keys = np.full(nodes.size, -1, dtype=np.int64)
+    for i, (op, op_name) in enumerate(zip(c["op"][nodes].tolist(), c["op_name"][nodes].tolist())):
+        if op_name < 0 or op < 0:
+            continue
+        name = names[op_name]
+        if phase == Phase.FORWARD:
+            if fwd.search(name):
+                keys[i] = op
+            continue
+        # Backward: the op itself or one of its enclosing events is the autograd node.
+        row = op
+        for _ in range(4):
+            if row < 0 or table is None:
+                break
+            if bwd.search(table.names[int(table.name[row])]):
+                keys[i] = row
+                break
+            row = int(table.parent[row])
     out = []
-    for op in dict.fromkeys(c["op"][nodes].tolist()):
-        mine = nodes[c["op"][nodes] == op]
-        out.append((mine, int(op)))
+    for key in dict.fromkeys(keys[keys >= 0].tolist()):
+        out.append((nodes[keys == key], int(key)))
     return out
 
 
