@@ -163,7 +163,7 @@ def recorded_memory() -> list[dict[str, Any]]:
     """Each recorded H100 configuration's peak against the memory model on its own trace."""
     import perfcast
     from benchmarks.accuracy.recorded_rows import RECORDED_DIR, load_rows
-    from perfcast.memory import predict_peak_memory
+    from perfcast.memory_model import predict_peak_memory
 
     peaks: dict[str, tuple[float, str]] = {}
     for r in load_rows():
@@ -204,7 +204,7 @@ _MEMORY_NOTES = {
     "the step itself",
     "mlp_graph": "CUDA graph: the trace shows graph launches, no ops (no shapes); the graph's "
     "private pool and side-stream warm-up are not modelled",
-    "mlp_bs256": "3x what batch 256 needs by the model; measured right after mlp_graph",
+    "mlp_bs256": "2.5x what the step needs by the model; not explained by the step itself",
 }
 
 
@@ -218,7 +218,7 @@ def memtracker() -> list[dict[str, Any]]:
     except Exception:  # torch missing or without the tool
         return []
     import perfcast
-    from perfcast.memory import predict_peak_memory
+    from perfcast.memory_model import predict_peak_memory
 
     def mlp(width: int, depth: int) -> nn.Module:
         layers: list[nn.Module] = []

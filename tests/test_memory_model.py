@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 import perfcast
-from perfcast.memory import MemoryInputs, estimate, predict_peak_memory, trace_facts
-from perfcast.memory.model import GIB, MIB, apply_changes
+from perfcast.memory_model import MemoryInputs, estimate, predict_peak_memory, trace_facts
+from perfcast.memory_model.model import GIB, MIB, apply_changes
 from tests.tracegen import TraceBuilder
 
 RECORDED = Path(__file__).parents[1] / "benchmarks" / "accuracy" / "recorded" / "traces" / "h100"
@@ -124,7 +124,7 @@ def test_memory_events_anchor(shared_traces: Path) -> None:
 
 
 def _inputs(table: object) -> MemoryInputs:
-    from perfcast.memory import inputs_from_facts
+    from perfcast.memory_model import inputs_from_facts
 
     return inputs_from_facts(trace_facts(table))
 

@@ -44,8 +44,8 @@ from perfcast.graph.phases import Phase, collective_kernel_mask, event_phases
 from perfcast.hardware.classify import KernelClass, classify_names, dtype_from_kernel_name
 from perfcast.hardware.devices import DeviceSpec, lookup_device
 from perfcast.hardware.network import Cluster, collective_time_s
-from perfcast.memory.facts import TraceFacts, trace_facts
-from perfcast.memory.model import inputs_from_facts
+from perfcast.memory_model.facts import TraceFacts, trace_facts
+from perfcast.memory_model.model import inputs_from_facts
 from perfcast.plan.analytic import StageTimes
 from perfcast.plan.plans import Plans
 from perfcast.whatif.models._parallel_common import balanced_max as _balanced_max

@@ -43,7 +43,7 @@ class WhatIfResult:
     measured_share: float  # share of the predicted critical path with measured durations
     assumptions: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # about the input (salvage, no steps)
-    # Predicted peak memory per rank after the optimizations (perfcast.memory), when known.
+    # Predicted peak memory per rank after the optimizations (perfcast.memory_model), when known.
     memory: Any = None
 
 
@@ -119,7 +119,7 @@ def run_whatif(
 def _memory(table: EventTable, specs: list[Spec]) -> Any:
     """The memory model's peak after the specs; None when it cannot say (never fails)."""
     try:
-        from perfcast.memory import predict_peak_memory
+        from perfcast.memory_model import predict_peak_memory
 
         return predict_peak_memory(table, specs)
     except Exception:  # the estimate is an addition: a what-if never fails because of it

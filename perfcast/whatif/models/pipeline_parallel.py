@@ -133,7 +133,7 @@ def _act_bytes(graph: Graph, o: Options, m: int) -> float:
         return o.act_mb * MIB
     if graph.table is None:
         return 0.0
-    from perfcast.memory.facts import trace_facts
+    from perfcast.memory_model.facts import trace_facts
 
     saved = trace_facts(graph.table).saved
     if not saved:

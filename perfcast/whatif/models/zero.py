@@ -22,7 +22,7 @@ Collective times: `perfcast.hardware.collectives` (ring: (p-1)(alpha + N/(pB))) 
 by default the device's intra-node link. Assumptions: weak scaling (every GPU keeps the
 trace's batch), ranks in lock step, NCCL kernels do not slow the compute they overlap. A
 trace that already ran data parallel has its measured all-reduces replaced. Memory (what the
-sharding saves) is reported by the memory model (`perfcast.memory`).
+sharding saves) is reported by the memory model (`perfcast.memory_model`).
 """
 
 from __future__ import annotations
@@ -167,7 +167,7 @@ def _param_count(graph: Graph, o: Options) -> float:
         if o.params_mb <= 0:
             raise NotApplicableError("zero: params_mb must be positive")
         return o.params_mb * MIB / 4
-    from perfcast.memory.facts import trace_facts
+    from perfcast.memory_model.facts import trace_facts
 
     facts = trace_facts(graph.table) if graph.table is not None else None
     if facts is None or facts.params == 0:

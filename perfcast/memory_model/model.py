@@ -5,7 +5,7 @@ Where the numbers come from (`MemoryEstimate.source`):
 
 - "[memory] events": the trace was recorded with `profile_memory=True`; the peak of the GPU
   allocator's running total is measured, and a what-if scales the modelled parts of it.
-- "op shapes": the estimate below, from `perfcast.memory.facts` (parameter shapes of the
+- "op shapes": the estimate below, from `perfcast.memory_model.facts` (parameter shapes of the
   `AccumulateGrad` ops, the optimizer named by its ops, activations kept for backward from the
   forward ops' input shapes).
 - "model description": the same estimate from a `perfcast.plan` model description.
@@ -40,7 +40,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from perfcast.memory.facts import TraceFacts, trace_facts
+from perfcast.memory_model.facts import TraceFacts, trace_facts
 
 MIB = 1 << 20
 GIB = 1 << 30

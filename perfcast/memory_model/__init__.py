@@ -1,7 +1,7 @@
 """Memory model: peak memory per rank and step, from a trace or a model description."""
 
-from perfcast.memory.facts import SavedTensor, TraceFacts, trace_facts
-from perfcast.memory.model import (
+from perfcast.memory_model.facts import SavedTensor, TraceFacts, trace_facts
+from perfcast.memory_model.model import (
     MemoryEstimate,
     MemoryInputs,
     apply_changes,

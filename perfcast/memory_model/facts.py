@@ -1,7 +1,7 @@
 """What a trace says about a training step's memory: parameters, optimizer, saved activations.
 
 Read once per rank from the EventTable (`record_shapes=True` traces); the memory model
-(`perfcast.memory.model`) and the plan search (`perfcast.plan`) both start from it.
+(`perfcast.memory_model.model`) and the plan search (`perfcast.plan`) both start from it.
 
 - Parameters: one per outermost `AccumulateGrad` op of the last complete step, its size the
   first tensor of the op's "Input Dims" (the gradient has the parameter's shape).
