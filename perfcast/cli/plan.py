@@ -108,25 +108,29 @@ def render(result: Any, console: Any) -> None:
     )
     console.print(result.cluster, style="dim")
     tokens = any(r.tokens_per_s for r in result.best)
-    t = Table(show_edge=False, pad_edge=False)
-    for col in ("#", "plan", "step ms", "tokens/s" if tokens else "samples/s", "peak GiB",
-                "W / G / O / A GiB", "bubble", "comm ms"):
-        t.add_column(col, justify="left" if col == "plan" else "right")
+    t = Table(show_edge=False, pad_edge=False, box=None)
+    for col in ("#", "plan", "step", "tokens/s" if tokens else "samples/s", "GiB",
+                "W/G/O/A GiB", "bubble", "comm"):
+        t.add_column(col, justify="left" if col == "plan" else "right", no_wrap=True)
     rows = ([result.baseline] if result.baseline else []) + list(result.best)
     for r in rows:
         rate = r.tokens_per_s if tokens else r.samples_per_s
         t.add_row(
             "trace" if r.rank == 0 else str(r.rank),
             r.label,
-            f"{r.step_ms:,.1f}",
-            f"{rate:,.0f}" if rate else "-",
+            _time(r.step_ms),
+            _count(rate) if rate else "-",
             f"{r.peak_gib:.1f}",
-            f"{r.weights_gib:.1f} / {r.grads_gib:.1f} / {r.optimizer_gib:.1f} / "
+            f"{r.weights_gib:.1f}/{r.grads_gib:.1f}/{r.optimizer_gib:.1f}/"
             f"{r.activations_gib:.1f}",
             f"{r.bubble_pct:.0f}%",
-            f"{r.exposed_comm_ms:,.1f}",
+            _time(r.exposed_comm_ms),
         )
     console.print(t)
+    console.print(
+        "plan: dp x tp x pp GPUs (/v: interleaved stages), mb: micro-batch x count; "
+        "W/G/O/A: weights, gradients, optimizer state, activations", style="dim",
+    )
     if result.best:
         console.print("[bold]why the best plan[/bold]")
         for reason in result.best[0].reasons:
@@ -136,3 +140,14 @@ def render(result: Any, console: Any) -> None:
     console.print("[bold]assumptions[/bold]")
     for a in result.assumptions:
         console.print(f"  - {a}", markup=False, style="dim")
+
+
+def _time(ms: float) -> str:
+    return f"{ms:.1f} ms" if ms < 1000 else f"{ms / 1000:.2f} s"
+
+
+def _count(x: float) -> str:
+    for div, unit in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if x >= div:
+            return f"{x / div:.3g}{unit}"
+    return f"{x:.3g}"

@@ -62,16 +62,14 @@ class Plans:
 
 
 def describe(row: dict[str, int]) -> str:
-    """"dp8 tp2 pp4 (interleaved x2) mb1 x 16, zero-1, selective ckpt, SP"."""
-    parts = [f"dp{row['dp']} tp{row['tp']} pp{row['pp']}"]
-    if row["v"] > 1:
-        parts[0] += f" (interleaved x{row['v']})"
-    parts.append(f"mb{row['mb']} x {row['m']}")
-    parts.append(ZERO_NAMES[row["zero"]])
+    """"dp8 tp2 pp4/v2 mb1x16 zero-1 sel-ckpt SP": v = interleaved virtual stages, mb = the
+    micro-batch size x micro-batches per step and data-parallel rank."""
+    pp = f"pp{row['pp']}" + (f"/v{row['v']}" if row["v"] > 1 else "")
+    parts = [f"dp{row['dp']} tp{row['tp']} {pp} mb{row['mb']}x{row['m']}", ZERO_NAMES[row["zero"]]]
     if row["ckpt"]:
-        parts.append(f"{CKPT_NAMES[row['ckpt']]} ckpt")
+        parts.append(("sel" if row["ckpt"] == 1 else "full") + "-ckpt")
     if row["sp"]:
         parts.append("SP")
     if row["amp"]:
         parts.append("AMP")
-    return ", ".join(parts)
+    return " ".join(parts)
