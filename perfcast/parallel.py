@@ -1,16 +1,23 @@
-"""Work spread over local processes: one trace file per task.
+"""Work spread over local processes, or a Ray cluster when asked: one trace file per task.
 
 Many-rank folders are loaded with a process pool (the standard library's
 concurrent.futures); one process per core at most, and only when the input
 is big enough for the pool's start-up to pay off.
+
+`ray_backend(address)` sends the same tasks to Ray instead (`pip install 'perfcast[ray]'`;
+`perfcast plan --ray [ADDRESS]`): the same function runs on the same items, results come
+back in input order, and nothing else in the code path changes. Ray is never imported
+unless asked for.
 """
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import os
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from typing import TypeVar
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -30,8 +37,71 @@ def worker_count(paths: Sequence[str]) -> int:
     return min(cores, len(paths))
 
 
+# The active Ray backend: None (local processes) or {"address": ...}.
+_RAY: dict[str, Any] | None = None
+# Tasks in flight at once on Ray: enough to keep a cluster busy, few enough that results
+# (a rank's columns) do not pile up in this process's memory.
+RAY_WINDOW = 64
+
+
+@contextlib.contextmanager
+def ray_backend(address: str | None = None) -> Iterator[None]:
+    """Run `map_ordered` on Ray inside this block: `address` of a running cluster
+    ("ray://host:10001", "auto"), or None for a local instance started here."""
+    global _RAY
+    try:
+        import ray
+    except ImportError:
+        from perfcast.errors import PerfcastError
+
+        raise PerfcastError(
+            "Ray is not installed", hint="pip install 'perfcast[ray]'"
+        ) from None
+    started = False
+    if not ray.is_initialized():
+        kwargs: dict[str, Any] = {"ignore_reinit_error": True, "log_to_driver": False}
+        if address:
+            kwargs["address"] = address
+        else:
+            kwargs["include_dashboard"] = False
+        ray.init(**kwargs)
+        started = True
+    previous, _RAY = _RAY, {"address": address}
+    try:
+        yield
+    finally:
+        _RAY = previous
+        if started:
+            ray.shutdown()
+
+
+def backend() -> str:
+    """"ray" inside `ray_backend`, else "local"."""
+    return "ray" if _RAY is not None else "local"
+
+
+def _ray_map(fn: Callable[[T], R], items: Sequence[T]) -> Iterator[R]:
+    import ray
+
+    remote = ray.remote(fn)
+    refs: list[Any] = []
+    nxt = 0
+    for i in range(len(items)):
+        while nxt < len(items) and nxt < i + RAY_WINDOW:
+            refs.append(remote.remote(items[nxt]))
+            nxt += 1
+        # Results come back as read-only views of Ray's object store; callers may write
+        # into them (the loader re-interns name columns in place), so hand over copies.
+        yield copy.deepcopy(ray.get(refs[i]))
+        refs[i] = None  # let Ray free the result
+
+
 def map_ordered(fn: Callable[[T], R], items: Sequence[T], workers: int) -> Iterator[R]:
-    """fn over items, results in input order; in-process when workers <= 1."""
+    """fn over items, results in input order; on Ray inside `ray_backend`, else in-process
+    when workers <= 1, else on a local process pool."""
+    if _RAY is not None and len(items) > 1:
+        yield from _ray_map(fn, items)
+        return
     if workers <= 1:
         for item in items:
             yield fn(item)

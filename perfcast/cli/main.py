@@ -130,6 +130,9 @@ def _register_extra_commands(sub: Any) -> None:
 
     analyses.register(sub, _add_common, COMMANDS)
     tree.register(sub, _add_common, COMMANDS)
+    from perfcast.cli import plan
+
+    plan.register(sub, _add_common, COMMANDS)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

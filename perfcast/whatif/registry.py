@@ -23,6 +23,9 @@ MODEL_MODULES: dict[str, str] = {
     "ddp": "ddp",
     "activation-checkpointing": "activation_checkpointing",
     "batch-size": "batch_size",
+    "zero": "zero",
+    "tensor-parallel": "tensor_parallel",
+    "pipeline-parallel": "pipeline_parallel",
 }
 
 

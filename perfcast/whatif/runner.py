@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -54,6 +55,8 @@ class WhatIfResult:
     measured_share: float  # share of the predicted critical path with durations from the trace
     assumptions: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # about the input (salvage, no steps)
+    # Predicted peak memory per rank after the optimizations (perfcast.memory_model), when known.
+    memory: Any = None
 
     @property
     def speedup_traced(self) -> float:
@@ -147,5 +150,18 @@ def run_whatif(
         measured_share=measured_share(predicted),
         assumptions=list(world.graph.assumptions),
         notes=input_notes(table),
+        memory=_memory(table, specs),
     )
+    if result.memory is not None and result.memory.fits is False:
+        result.notes.append("memory: " + result.memory.verdict())
     return result, world.real, predicted
+
+
+def _memory(table: EventTable, specs: list[Spec]) -> Any:
+    """The memory model's peak after the specs; None when it cannot say (never fails)."""
+    try:
+        from perfcast.memory_model import predict_peak_memory
+
+        return predict_peak_memory(table, specs)
+    except Exception:  # an addition: a what-if never fails because of it (said in the notes)
+        return None

@@ -1,0 +1,179 @@
+"""A cluster of GPUs and the collectives between them: NVLink / NVSwitch or PCIe inside a
+node, InfiniBand / RoCE between nodes, ring / tree / NVLS algorithms, vectorized over plans.
+
+The link table (`interconnects`) gives peaks; a cluster adds what a collective actually gets:
+
+- the *bus bandwidth* a collective reaches is a fraction of the link peak (`intra_eff`,
+  `inter_eff`; nccl-tests convention, doc/PERFORMANCE.md: busbw = algbw x 2(n-1)/n for an
+  all-reduce, x (n-1)/n for all-gather and reduce-scatter, x 1 for send/recv). Defaults:
+  0.80 of NVLink (NVIDIA's published nccl-tests all-reduce busbw on DGX A100 / H100 is about
+  230 of 300 and 360-370 of 450 GB/s), 0.90 of an InfiniBand / RoCE port, 0.80 of PCIe. A
+  trace with real collectives replaces the intra-node figure with its own measured bus
+  bandwidth (`calibrated_from`).
+- a group inside one node moves at the intra-node bus bandwidth. A group that spans nodes
+  is bound by the NICs: with `local` members of the group on each node, a ring leaves the
+  node on `local` NICs at once (NCCL runs one ring channel per NIC), so its bus bandwidth is
+  min(intra, local x per-GPU NIC bandwidth x inter_eff) (NVIDIA's DGX A100 multi-node
+  nccl-tests: about 180-190 GB/s all-reduce busbw with 8 x 200 Gb/s HDR per node).
+- algorithms: "ring" as above; "tree" pays log2(n) latency steps instead of 2(n-1) (NCCL's
+  double binary tree, used for small messages across nodes), same bandwidth term; "nvls"
+  (NVLink SHARP on NVSwitch 3, H100/H200 nodes): the switch reduces, so an all-reduce moves N
+  bytes per GPU each way instead of 2(n-1)/n N: algbw = bus peak x eff inside a node.
+- latency: a fixed launch-and-sync cost per collective (`base_us`: NCCL's measured small-message
+  all-reduce time inside a node is 10-20 us) plus the link's hop latency per algorithm step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from perfcast.hardware.devices import DeviceSpec, lookup_device
+from perfcast.hardware.interconnects import LinkSpec, default_intra_node_link, lookup_link
+
+_GBS = 1e9
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """GPUs in nodes: `gpus_per_node` GPUs joined by `intra`, nodes joined by `inter`
+    (one NIC of `inter` per GPU unless `nics_per_node` says otherwise)."""
+
+    device: DeviceSpec
+    intra: LinkSpec
+    inter: LinkSpec
+    gpus_per_node: int = 8
+    nics_per_node: int = 8
+    intra_eff: float = 0.80
+    inter_eff: float = 0.90
+    base_us: float = 10.0
+    nvls: bool = False
+    calibration: str = ""  # what set intra_eff, when a trace did
+
+    @property
+    def nic_gbs_per_gpu(self) -> float:
+        return self.inter.bw_gbs_per_direction * self.nics_per_node / self.gpus_per_node
+
+    def describe(self) -> str:
+        nv = ", NVLS" if self.nvls else ""
+        cal = f"; {self.calibration}" if self.calibration else ""
+        return (
+            f"{self.device.name} x {self.gpus_per_node} per node over {self.intra.name} "
+            f"({self.intra.bw_gbs_per_direction:g} GB/s, {self.intra_eff:.0%} reached{nv}), "
+            f"nodes over {self.inter.name} ({self.nic_gbs_per_gpu:g} GB/s per GPU, "
+            f"{self.inter_eff:.0%} reached){cal}"
+        )
+
+
+def make_cluster(
+    device: str | DeviceSpec,
+    intra: str | None = None,
+    inter: str | None = None,
+    gpus_per_node: int = 8,
+    nvls: bool | None = None,
+) -> Cluster:
+    """A cluster of `device` GPUs. `intra` defaults to the device's usual intra-node link;
+    `inter` to 400 Gb/s InfiniBand NDR for Hopper and newer, 200 Gb/s HDR before."""
+    from perfcast.errors import PerfcastError
+
+    spec = lookup_device(device) if isinstance(device, str) else device
+    if spec is None:
+        raise PerfcastError(f"unknown GPU '{device}'", hint="e.g. h100, a100-80gb, mi300x")
+    link_in = lookup_link(intra) if intra else default_intra_node_link(spec)
+    if link_in is None:
+        raise PerfcastError(f"unknown link '{intra}'", hint="e.g. nvlink4, pcie5")
+    hopper = any(k in spec.name for k in ("H100", "H200", "B200", "MI300"))
+    link_out = lookup_link(inter) if inter else lookup_link("ib-ndr" if hopper else "ib-hdr")
+    if link_out is None:
+        raise PerfcastError(f"unknown link '{inter}'", hint="e.g. ib-ndr, ib-hdr, 400gbe")
+    eff_in = 0.80  # NVLink and PCIe alike (see the module docstring)
+    if nvls is None:
+        nvls = spec.name.startswith(("H100-SXM", "H200", "B200")) and link_in.name.startswith(
+            "nvlink"
+        )
+    return Cluster(
+        device=spec,
+        intra=link_in,
+        inter=link_out,
+        gpus_per_node=gpus_per_node,
+        nics_per_node=gpus_per_node,
+        intra_eff=eff_in,
+        nvls=bool(nvls),
+    )
+
+
+def calibrated_from(cluster: Cluster, busbw_gbs: float, what: str) -> Cluster:
+    """The cluster with its intra-node efficiency set from a measured bus bandwidth."""
+    eff = float(np.clip(busbw_gbs / cluster.intra.bw_gbs_per_direction, 0.05, 1.0))
+    return replace(cluster, intra_eff=eff, calibration=f"intra-node busbw {what}")
+
+
+def _arr(x: object) -> np.ndarray:
+    return np.asarray(x, dtype=np.float64)
+
+
+def group_busbw_gbs(cluster: Cluster, n: object, local: object) -> np.ndarray:
+    """Bus bandwidth (GB/s) of a group of `n` ranks with `local` of them on each node."""
+    n, local = _arr(n), _arr(local)
+    intra = cluster.intra.bw_gbs_per_direction * cluster.intra_eff
+    inter = np.minimum(intra, local * cluster.nic_gbs_per_gpu * cluster.inter_eff)
+    return np.where(n <= local, intra, inter)
+
+
+def collective_time_s(
+    cluster: Cluster,
+    collective: str,
+    nbytes: object,
+    n: object,
+    local: object | None = None,
+    algorithm: str = "ring",
+) -> np.ndarray:
+    """Seconds for a collective of `nbytes` (nccl-tests size convention) over `n` ranks,
+    `local` of them per node (default: as many as fit in one node). Vectorized; n <= 1 -> 0."""
+    nbytes, n = _arr(nbytes), _arr(n)
+    local = np.minimum(n, cluster.gpus_per_node) if local is None else _arr(local)
+    n_safe = np.maximum(n, 1.0)
+    bus = group_busbw_gbs(cluster, n_safe, local) * _GBS
+    intra_node = n_safe <= local
+    hop = np.where(intra_node, cluster.intra.latency_us, cluster.inter.latency_us) * 1e-6
+    base = cluster.base_us * 1e-6
+    if collective == "allreduce":
+        factor = 2 * (n_safe - 1) / n_safe
+        if algorithm == "nvls" or (algorithm == "auto" and cluster.nvls):
+            # The switch reduces: N bytes each way at the bus rate inside a node; across nodes
+            # NVLS-tree still pays the inter-node ring bandwidth.
+            factor = np.where(intra_node, 1.0, factor)
+        steps = 2 * (n_safe - 1)
+        if algorithm == "tree":
+            steps = 2 * np.ceil(np.log2(n_safe))
+    elif collective in ("allgather", "reducescatter") or collective == "alltoall":
+        factor = (n_safe - 1) / n_safe
+        steps = n_safe - 1
+    elif collective in ("sendrecv", "broadcast", "reduce"):
+        factor = np.ones_like(n_safe)
+        steps = np.ones_like(n_safe)
+    else:
+        raise ValueError(f"unknown collective {collective!r}")
+    t = base + steps * hop + nbytes * factor / bus
+    return np.where((n <= 1) | (nbytes <= 0), 0.0, t)
+
+
+def p2p_time_s(cluster: Cluster, nbytes: object, cross_node: object) -> np.ndarray:
+    """Send/recv between two GPUs, inside a node or across (one NIC)."""
+    nbytes = _arr(nbytes)
+    cross = np.asarray(cross_node, dtype=bool)
+    intra = cluster.intra.bw_gbs_per_direction * cluster.intra_eff * _GBS
+    inter = cluster.nic_gbs_per_gpu * cluster.inter_eff * _GBS
+    bw = np.where(cross, inter, intra)
+    hop = np.where(cross, cluster.inter.latency_us, cluster.intra.latency_us) * 1e-6
+    return np.where(nbytes > 0, cluster.base_us * 1e-6 + hop + nbytes / bw, 0.0)
+
+
+def default_cluster_for(device_name: str | None) -> Cluster | None:
+    spec = lookup_device(device_name) if device_name else None
+    return make_cluster(spec) if spec is not None else None
+
+
+def intra_link_for(spec: DeviceSpec) -> LinkSpec:
+    return default_intra_node_link(spec)

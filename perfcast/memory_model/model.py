@@ -1,0 +1,504 @@
+"""Peak memory of a training step per rank: parameters, gradients, optimizer state,
+activations, temporaries and library workspaces; checked against the device.
+
+Where the numbers come from (`MemoryEstimate.source`):
+
+- "[memory] events": the trace was recorded with `profile_memory=True`; the peak of the GPU
+  allocator's running total is measured, and a what-if scales the modelled parts of it.
+- "op shapes": the estimate below, from `perfcast.memory_model.facts` (parameter shapes of the
+  `AccumulateGrad` ops, the optimizer named by its ops, activations kept for backward from the
+  forward ops' input shapes).
+- "model description": the same estimate from a `perfcast.plan` model description.
+
+The estimate (PyTorch's caching allocator, `max_memory_allocated`, steady state):
+
+    weights   W = params x 4 bytes (fp32 parameters; autocast keeps them fp32)
+    grads     G = params x 4, alive from backward to zero_grad(set_to_none=True)
+    optimizer O = params x 8 (Adam/AdamW: exp_avg, exp_avg_sq), x 4 (SGD with momentum)
+    saved activations s_1..s_n (forward order), freed in reverse order during backward
+
+    backward peak = max_k  W + O + sum(s_1..s_k) + G (n-k)/n + s_k + s_(k+1) + workspace
+                    (layer k's gradient-of-output and gradient-of-input buffers are live while
+                    it runs; gradients are assumed to appear evenly over backward)
+    optimizer peak = W + G + O + temporaries (for-loop Adam: 2 x the largest parameter;
+                    foreach: one full-size list (sqrt of exp_avg_sq); fused: none)
+    workspace = 32 MiB cuBLAS workspace per CPU thread that launched GEMMs on sm90+ GPUs
+                (PyTorch's default CUBLAS_WORKSPACE_CONFIG :4096:8 there), 8 MiB before
+
+What it leaves out: allocator fragmentation and rounding (blocks are 512-byte multiples),
+cuDNN benchmark-mode autotuning (it can try algorithms with gigabytes of workspace in the first
+iterations, and `max_memory_allocated` keeps that peak), CUDA-graph private pools, memory
+still held by an earlier job in the same process, NCCL buffers (outside the caching
+allocator).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from perfcast.memory_model.facts import TraceFacts, trace_facts
+
+MIB = 1 << 20
+GIB = 1 << 30
+# PyTorch's default cuBLAS workspace: CUBLAS_WORKSPACE_CONFIG ":4096:8" (32 MiB) on sm90+,
+# ":4096:2:16:8" (8 MiB + 128 KiB) before (aten/src/ATen/cuda/CublasHandlePool.cpp).
+_WORKSPACE_SM90 = 32 * MIB
+_WORKSPACE_OLDER = 8 * MIB + 128 * 1024
+_OPT_STATE_BYTES = {"adam": 8, "sgd": 4, "none": 0}
+
+
+@dataclass
+class MemoryInputs:
+    """Everything the estimate needs, from a trace or from a model description."""
+
+    param_numels: list[int]
+    saved_bytes: list[int]  # activations kept for backward, forward order
+    optimizer: str = "adam"
+    optimizer_impl: str = "for-loop"
+    param_bytes: int = 4  # bytes per stored parameter
+    grad_bytes: int = 4
+    master_bytes: int = 0  # fp32 master copy kept by the optimizer (Megatron-style fp16)
+    act_bytes_per_elem: int = 4
+    workspace_bytes: int = 0
+    capacity_bytes: int | None = None
+    device_name: str | None = None
+    extra_bytes: int = 0  # modelled buffers a what-if adds (DDP buckets, gathered shards)
+    transient_bytes: int = 0  # a what-if's buffer that lives only while it is used
+    set_to_none: bool = True
+    assumptions: list[str] = field(default_factory=list)
+    source: str = "op shapes"
+    measured_peak_bytes: int | None = None
+    shard_weights: float = 1.0  # fraction of W a rank keeps
+    shard_grads: float = 1.0
+    shard_optimizer: float = 1.0
+
+    @property
+    def params(self) -> int:
+        return int(sum(self.param_numels))
+
+
+@dataclass
+class MemoryEstimate:
+    """Predicted peak memory of one rank's step, by part (bytes), and whether it fits."""
+
+    peak_bytes: int
+    weights_bytes: int
+    grads_bytes: int
+    optimizer_bytes: int
+    activations_bytes: int
+    temporaries_bytes: int
+    workspace_bytes: int
+    at: str  # the phase where the peak falls: backward / optimizer
+    source: str
+    capacity_bytes: int | None = None
+    device: str | None = None
+    measured_peak_bytes: int | None = None  # the trace's own peak ([memory] events)
+    assumptions: list[str] = field(default_factory=list)
+
+    @property
+    def peak_gib(self) -> float:
+        return self.peak_bytes / GIB
+
+    @property
+    def fits(self) -> bool | None:
+        """None when the device's memory is unknown."""
+        if self.capacity_bytes is None:
+            return None
+        return self.peak_bytes <= self.capacity_bytes
+
+    def verdict(self) -> str:
+        """One line: the peak, the device, and whether it fits."""
+        cap = self.capacity_bytes
+        if cap is None:
+            return f"predicted peak {self.peak_gib:.2f} GiB (device memory unknown)"
+        word = "fits" if self.fits else "DOES NOT FIT"
+        return (
+            f"predicted peak {self.peak_gib:.2f} GiB of {cap / GIB:.1f} GiB"
+            f"{' on ' + self.device if self.device else ''}: {word}"
+        )
+
+
+def inputs_from_facts(facts: TraceFacts) -> MemoryInputs:
+    """The estimate's inputs from a trace's facts."""
+    from perfcast.hardware.devices import lookup_device
+
+    spec = lookup_device(facts.device_name) if facts.device_name else None
+    cap = facts.device_bytes
+    if cap is None and spec is not None:
+        cap = int(spec.mem_gb * GIB)
+    major = _compute_major(facts.device_name)
+    per = _WORKSPACE_SM90 if major >= 9 else _WORKSPACE_OLDER
+    threads = facts.matmul_threads if facts.has_gpu else 0
+    notes = list(facts.notes)
+    notes.append(
+        f"{len(facts.param_numels)} parameters ({facts.params / 1e6:.2f} M) from AccumulateGrad "
+        f"shapes; {facts.optimizer} ({facts.optimizer_impl}) state; "
+        f"{len(facts.saved)} saved activations ({facts.activation_bytes / GIB:.3f} GiB at "
+        f"{facts.act_bytes_per_elem} bytes per element, {facts.compute_dtype} compute) from "
+        "forward op shapes"
+    )
+    if threads:
+        notes.append(
+            f"cuBLAS workspace {per / MIB:g} MiB x {threads} thread(s) that launched GEMMs"
+        )
+    extra = 0
+    if facts.act_bytes_per_elem == 2 and facts.params:
+        # An autocast trace: the 16-bit weight copies autocast caches for the forward pass
+        # are kept by the layers for backward.
+        extra = facts.params * 2
+        notes.append(f"autocast's 16-bit weight copies: {extra / MIB:.0f} MiB")
+    return MemoryInputs(
+        extra_bytes=extra,
+        param_numels=list(facts.param_numels),
+        saved_bytes=[s.nbytes for s in facts.saved],
+        optimizer=facts.optimizer,
+        optimizer_impl=facts.optimizer_impl,
+        act_bytes_per_elem=facts.act_bytes_per_elem,
+        workspace_bytes=per * threads,
+        capacity_bytes=cap,
+        device_name=spec.name if spec else facts.device_name,
+        assumptions=notes,
+        source="op shapes",
+        measured_peak_bytes=facts.measured_peak_bytes,
+    )
+
+
+def _compute_major(device: str | None) -> int:
+    if not device:
+        return 8
+    d = device.lower()
+    if any(k in d for k in ("h100", "h200", "h800", "gh200", "b200", "gb200", "b100")):
+        return 9
+    return 8
+
+
+def estimate(inputs: MemoryInputs) -> MemoryEstimate:
+    """Peak of one rank's step from its inputs (see the module docstring)."""
+    p = inputs.params
+    w = int(p * inputs.param_bytes * inputs.shard_weights)
+    g = int(p * inputs.grad_bytes * inputs.shard_grads)
+    state = _OPT_STATE_BYTES.get(inputs.optimizer, 8) + inputs.master_bytes
+    o = int(p * state * inputs.shard_optimizer)
+    s = inputs.saved_bytes
+    a = int(sum(s))
+    ws = inputs.workspace_bytes
+    base = w + o + inputs.extra_bytes + ws
+    # Backward: walk the saved tensors in reverse; layer k's buffers are live while it runs.
+    best_bwd, k_best = base + a, len(s)
+    live = a
+    n = len(s)
+    g_live = 0 if inputs.set_to_none else g
+    for k in range(n, 0, -1):
+        grads_so_far = g * (n - k) / n if n else 0.0
+        if not inputs.set_to_none:
+            grads_so_far = g
+        transient = s[k - 1] + (s[k] if k < n else 0)
+        total = base + live + grads_so_far + transient + inputs.transient_bytes
+        if total > best_bwd:
+            best_bwd, k_best = int(total), k
+        live -= s[k - 1]
+    if n == 0:
+        best_bwd = base + g_live + inputs.transient_bytes
+    largest = max(inputs.param_numels) if inputs.param_numels else 0
+    impl = inputs.optimizer_impl
+    if inputs.optimizer == "none" or p == 0 or impl == "fused":
+        opt_tmp = 0
+    elif impl == "foreach":
+        opt_tmp = int(p * 4 * inputs.shard_optimizer)
+    else:
+        opt_tmp = 2 * largest * 4
+    opt_peak = w + g + o + opt_tmp + inputs.extra_bytes + ws
+    if opt_peak > best_bwd:
+        peak, at = opt_peak, "optimizer"
+        temporaries = opt_tmp
+    else:
+        peak, at = best_bwd, "backward"
+        temporaries = max(0, best_bwd - base - a)
+    del k_best
+    return MemoryEstimate(
+        peak_bytes=int(peak),
+        weights_bytes=w,
+        grads_bytes=g,
+        optimizer_bytes=o,
+        activations_bytes=a,
+        temporaries_bytes=int(temporaries),
+        workspace_bytes=ws,
+        at=at,
+        source=inputs.source,
+        capacity_bytes=inputs.capacity_bytes,
+        device=inputs.device_name,
+        measured_peak_bytes=inputs.measured_peak_bytes,
+        assumptions=list(inputs.assumptions),
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# What-ifs that change memory. Each takes the inputs and the model's options (strings or
+# typed values, as `perfcast whatif --apply NAME:k=v` passes them) and returns new inputs.
+
+
+def _opt(options: Mapping[str, Any], key: str, default: Any, cast: type = float) -> Any:
+    v = options.get(key, default)
+    if v is None:
+        return None
+    if cast is bool and isinstance(v, str):
+        return v.lower() in ("1", "true", "yes", "on")
+    return cast(v)
+
+
+def _batch(inp: MemoryInputs, o: Mapping[str, Any]) -> MemoryInputs:
+    f = _opt(o, "factor", 2.0)
+    note = f"batch x{f:g}: saved activations scale with the batch"
+    return replace(
+        inp,
+        saved_bytes=[int(x * f) for x in inp.saved_bytes],
+        assumptions=[*inp.assumptions, note],
+    )
+
+
+def _amp(inp: MemoryInputs, o: Mapping[str, Any]) -> MemoryInputs:
+    if inp.act_bytes_per_elem <= 2:
+        return replace(inp, assumptions=[*inp.assumptions, "amp: activations already 16-bit"])
+    r = 2 / inp.act_bytes_per_elem
+    # Autocast caches a 16-bit copy of every weight it casts for the forward pass; the
+    # layers keep it for backward.
+    copies = inp.params * 2
+    note = (
+        "amp: activations 16-bit (half the bytes); parameters, gradients and optimizer stay "
+        f"fp32; autocast's 16-bit weight copies add {copies / MIB:.0f} MiB"
+    )
+    return replace(
+        inp,
+        saved_bytes=[int(x * r) for x in inp.saved_bytes],
+        act_bytes_per_elem=2,
+        extra_bytes=inp.extra_bytes + copies,
+        assumptions=[*inp.assumptions, note],
+    )
+
+
+def _checkpoint(inp: MemoryInputs, o: Mapping[str, Any]) -> MemoryInputs:
+    s = inp.saved_bytes
+    if not s:
+        return inp
+    regions = int(_opt(o, "regions", 0, int) or max(1, round(math.sqrt(len(s)))))
+    regions = max(1, min(regions, len(s)))
+    total = sum(s)
+    # Contiguous regions of about equal bytes; a region keeps only its input, and backward
+    # recomputes one region at a time.
+    bounds, acc, cut = [0], 0.0, total / regions
+    for i, x in enumerate(s):
+        acc += x
+        if acc >= cut * len(bounds) and len(bounds) < regions:
+            bounds.append(i + 1)
+    bounds.append(len(s))
+    chunks = [s[a:b] for a, b in itertools.pairwise(bounds) if b > a]
+    kept = [c[0] for c in chunks]
+    biggest = max(sum(c) for c in chunks)
+    note = (
+        f"activation checkpointing, {len(chunks)} regions: each keeps its input; backward "
+        f"recomputes one region at a time ({biggest / GIB:.3f} GiB at most)"
+    )
+    return replace(
+        inp,
+        saved_bytes=kept,
+        transient_bytes=inp.transient_bytes + biggest,
+        assumptions=[*inp.assumptions, note],
+    )
+
+
+def _fused(inp: MemoryInputs, o: Mapping[str, Any]) -> MemoryInputs:
+    kind = str(o.get("kind", "fused"))
+    return replace(
+        inp, optimizer_impl=kind, assumptions=[*inp.assumptions, f"optimizer: {kind}"]
+    )
+
+
+def _ddp(inp: MemoryInputs, o: Mapping[str, Any]) -> MemoryInputs:
+    g = inp.params * inp.grad_bytes
+    note = (
+        "ddp: gradient buckets are a second copy of the gradients "
+        "(gradient_as_bucket_view=False, DDP's default)"
+    )
+    return replace(inp, extra_bytes=inp.extra_bytes + g, assumptions=[*inp.assumptions, note])
+
+
+def _zero(inp: MemoryInputs, o: Mapping[str, Any]) -> MemoryInputs:
+    n = int(_opt(o, "gpus", 8, int))
+    stage = int(_opt(o, "stage", 3, int))
+    units = int(_opt(o, "units", 0, int) or 0)
+    sw = 1 / n if stage >= 3 else 1.0
+    sg = 1 / n if stage >= 2 else 1.0
+    so = 1 / n if stage >= 1 else 1.0
+    extra = 0
+    if stage >= 3 and inp.param_numels:
+        # Two units' full parameters are live at once (the one running, the one prefetched).
+        k = units or max(1, round(math.sqrt(len(inp.param_numels))))
+        per_unit = inp.params / k * inp.param_bytes
+        extra = int(2 * per_unit)
+    note = (
+        f"ZeRO-{stage} / FSDP over {n} GPUs: optimizer state"
+        f"{', gradients' if stage >= 2 else ''}{', parameters' if stage >= 3 else ''} sharded "
+        f"1/{n}" + (f"; two gathered units live at once (+{extra / MIB:.0f} MiB)" if extra else "")
+    )
+    return replace(
+        inp,
+        shard_weights=inp.shard_weights * sw,
+        shard_grads=inp.shard_grads * sg,
+        shard_optimizer=inp.shard_optimizer * so,
+        extra_bytes=inp.extra_bytes + extra,
+        assumptions=[*inp.assumptions, note],
+    )
+
+
+def _tp(inp: MemoryInputs, o: Mapping[str, Any], linear_share: float) -> MemoryInputs:
+    t = int(_opt(o, "tp", 2, int))
+    lin = linear_share
+    note = (
+        f"tensor parallel x{t}: linear layers' parameters ({lin:.0%} of all) and their state "
+        f"split 1/{t}; activations inside the split pairs 1/{t}, the rest replicated"
+    )
+    scale = (1 - lin) + lin / t
+    return replace(
+        inp,
+        shard_weights=inp.shard_weights * scale,
+        shard_grads=inp.shard_grads * scale,
+        shard_optimizer=inp.shard_optimizer * scale,
+        saved_bytes=[int(x * ((1 - lin) + lin / t)) for x in inp.saved_bytes],
+        assumptions=[*inp.assumptions, note],
+    )
+
+
+def _pp(inp: MemoryInputs, o: Mapping[str, Any]) -> MemoryInputs:
+    p = int(_opt(o, "pp", 2, int))
+    m = int(_opt(o, "microbatches", 0, int) or 2 * p)
+    inflight = min(p, m)
+    # The first stage holds the most: its share of the layers for `inflight` micro-batches.
+    n = len(inp.saved_bytes)
+    per = max(1, math.ceil(n / p))
+    first = inp.saved_bytes[:per]
+    scaled = [int(x * inflight / m) for x in first]
+    note = (
+        f"pipeline x{p}, {m} micro-batches (1F1B): the first stage keeps 1/{p} of the "
+        f"parameters and state, and activations of {inflight} micro-batches of its layers"
+    )
+    return replace(
+        inp,
+        saved_bytes=scaled,
+        shard_weights=inp.shard_weights / p,
+        shard_grads=inp.shard_grads / p,
+        shard_optimizer=inp.shard_optimizer / p,
+        assumptions=[*inp.assumptions, note],
+    )
+
+
+def _device(inp: MemoryInputs, o: Mapping[str, Any]) -> MemoryInputs:
+    from perfcast.hardware.devices import lookup_device
+
+    name = str(o.get("device", o.get("target", "")))
+    spec = lookup_device(name) if name else None
+    if spec is None:
+        return inp
+    return replace(inp, capacity_bytes=int(spec.mem_gb * GIB), device_name=spec.name)
+
+
+_CHANGES: dict[str, Any] = {
+    "batch-size": _batch,
+    "amp": _amp,
+    "activation-checkpointing": _checkpoint,
+    "fused-optimizer": _fused,
+    "ddp": _ddp,
+    "zero": _zero,
+    "fsdp": _zero,
+    "pipeline-parallel": _pp,
+    "device": _device,
+}
+# What-ifs that leave memory as it is (time only).
+_NEUTRAL = {
+    "faster-op",
+    "cuda-graphs",
+    "fuse-elementwise",
+    "dataloader-overlap",
+    "remove-host-sync",
+}
+
+Change = tuple[str, Mapping[str, Any]]
+
+
+def apply_changes(
+    inputs: MemoryInputs, changes: Iterable[Any], linear_share: float = 0.0
+) -> MemoryInputs:
+    """The inputs after each change in order; a change is a `Spec`, a (name, options) pair
+    or "NAME:k=v" text."""
+    out = inputs
+    for ch in changes:
+        name, options = _as_change(ch)
+        if name == "tensor-parallel":
+            out = _tp(out, options, linear_share)
+        elif name in _CHANGES:
+            out = _CHANGES[name](out, options)
+        elif name in _NEUTRAL:
+            continue
+        else:
+            out = replace(
+                out, assumptions=[*out.assumptions, f"{name}: memory effect not modelled"]
+            )
+    return out
+
+
+def _as_change(ch: Any) -> tuple[str, Mapping[str, Any]]:
+    if isinstance(ch, str):
+        name, _, rest = ch.partition(":")
+        opts = dict(p.split("=", 1) for p in rest.split(",") if "=" in p)
+        return name.strip(), {k.strip().replace("-", "_"): v.strip() for k, v in opts.items()}
+    if isinstance(ch, tuple):
+        return str(ch[0]), dict(ch[1])
+    return str(ch.name), dict(ch.options)
+
+
+def predict_peak_memory(
+    source: Any, changes: Iterable[Any] | None = None, rank: int | None = None
+) -> MemoryEstimate:
+    """Predicted peak memory of one rank's step, after `changes` (what-if specs).
+
+    `source` is an EventTable, a Graph built from one, `TraceFacts` or `MemoryInputs`.
+    With `[memory]` events in the trace, the measured peak anchors the estimate: the
+    prediction is the measured peak moved by what the changes move in the estimate.
+    """
+    facts: TraceFacts | None = None
+    if isinstance(source, MemoryInputs):
+        inputs = source
+    else:
+        if isinstance(source, TraceFacts):
+            facts = source
+        else:
+            table = getattr(source, "table", None) if not hasattr(source, "kind") else source
+            if table is None:
+                raise TypeError("predict_peak_memory needs an EventTable, Graph or TraceFacts")
+            facts = trace_facts(table, rank)
+        inputs = inputs_from_facts(facts)
+    linear_share = (
+        facts.linear_param_numel / facts.params if facts is not None and facts.params else 0.0
+    )
+    changes = list(changes or [])
+    before = estimate(inputs)
+    after = estimate(apply_changes(inputs, changes, linear_share)) if changes else before
+    measured = inputs.measured_peak_bytes
+    if measured:
+        # The trace measured its peak: keep it, and move it by what the changes move in the
+        # estimate (the estimate's error on the parts it cannot see stays out).
+        delta = after.peak_bytes - before.peak_bytes
+        after = replace(
+            after,
+            peak_bytes=max(0, int(measured + delta)),
+            source="[memory] events",
+            assumptions=[
+                *after.assumptions,
+                f"anchored on the trace's measured peak {measured / GIB:.2f} GiB ([memory] "
+                f"events; the shape estimate gave {before.peak_gib:.2f} GiB before changes)",
+            ],
+        )
+    return after

@@ -1,0 +1,148 @@
+"""Plan the run the user has not made yet: data / tensor / pipeline parallelism, ZeRO and
+FSDP sharding, micro-batches, checkpointing and AMP, searched and checked against memory.
+
+    from perfcast.plan import plan_trace, plan_model
+    plan_trace(perfcast.load("trace.json.gz"), gpus=64, gpu="h100").best[0]
+    plan_model("gpt-175b", gpus=64, gpu="a100-80gb", global_batch=64)
+
+A trace is read once into measured per-layer costs (`trace_workload`), a model description
+into analytic ones (`analytic`); `cost.evaluate` prices every plan from those in one
+vectorized pass, `search` prunes what does not fit and ranks the rest.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from perfcast.errors import PerfcastError
+from perfcast.events import EventTable
+from perfcast.hardware.network import Cluster, calibrated_from, make_cluster
+from perfcast.plan.analytic import AnalyticWorkload
+from perfcast.plan.desc import PRESETS, ModelDesc, load_desc
+from perfcast.plan.plans import Plans
+from perfcast.plan.search import PlanResult, search
+from perfcast.plan.trace_workload import TraceWorkload, trace_workload
+
+__all__ = [
+    "PRESETS",
+    "AnalyticWorkload",
+    "ModelDesc",
+    "PlanResult",
+    "Plans",
+    "TraceWorkload",
+    "load_desc",
+    "make_cluster",
+    "plan_model",
+    "plan_trace",
+    "search",
+    "trace_workload",
+]
+
+
+def _cluster_for(table: EventTable | None, gpu: str | None, link: str | None,
+                 inter: str | None, gpus_per_node: int) -> Cluster:
+    device = gpu
+    if device is None and table is not None:
+        names = [i.device_name for i in table.ranks if i.device_name]
+        device = names[0] if names else None
+    if device is None:
+        raise PerfcastError(
+            "the trace does not name its GPU", hint="pass --gpu (e.g. h100, a100-80gb)"
+        )
+    from perfcast.hardware.devices import lookup_device
+
+    if lookup_device(device) is None:
+        raise PerfcastError(
+            f"GPU '{device}' is not in perfcast's device table",
+            hint="pass --gpu with a known one (e.g. h100, a100-80gb, mi300x)",
+        )
+    return make_cluster(device, intra=link, inter=inter, gpus_per_node=gpus_per_node)
+
+
+def calibrate_cluster(table: EventTable, cluster: Cluster) -> tuple[Cluster, str | None]:
+    """Set the intra-node bus bandwidth from the trace's own large collectives, if any."""
+    from perfcast.analysis.comms import collectives
+
+    try:
+        coll = collectives(table, link=cluster.intra.name)
+    except PerfcastError:
+        return cluster, None
+    rows = [
+        r for r in coll.by_op
+        if r.best_busbw_gbs and r.size_bytes >= (4 << 20) and r.group_size > 1
+    ]
+    if not rows:
+        return cluster, None
+    best = max(rows, key=lambda r: r.size_bytes)
+    busbw = float(best.best_busbw_gbs or 0.0)
+    if busbw < 0.25 * cluster.intra.bw_gbs_per_direction:
+        # Far below the link: the kernel time holds waits for other ranks (or the link is not
+        # what the device table says); not a bandwidth to plan with.
+        return cluster, None
+    what = (
+        f"{busbw:.0f} GB/s measured on the trace's {best.op} of "
+        f"{best.size_bytes / 2**20:.0f} MiB over {best.group_size} GPUs"
+    )
+    return calibrated_from(cluster, busbw, what), what
+
+
+def plan_trace(
+    table: EventTable,
+    gpus: int,
+    *,
+    gpu: str | None = None,
+    link: str | None = None,
+    inter: str | None = None,
+    memory_gb: float | None = None,
+    global_batch: int | None = None,
+    batch: int | None = None,
+    gpus_per_node: int = 8,
+    top: int = 10,
+    rank: int | None = None,
+) -> PlanResult:
+    """Best plans for running the traced step on `gpus` GPUs (default: weak scaling, the
+    trace's per-GPU batch on every GPU)."""
+    cluster = _cluster_for(table, gpu, link, inter, gpus_per_node)
+    cluster, cal = calibrate_cluster(table, cluster)
+    w = trace_workload(table, cluster, rank=rank, batch=batch)
+    if cal:
+        w.assumptions.append(f"intra-node bus bandwidth calibrated: {cal}")
+    gb = global_batch or w.batch * gpus
+    amp = (0, 1) if w.facts.act_bytes_per_elem == 4 else (0,)
+    world = max((i.world_size or 1) for i in table.ranks)
+    # The traced configuration itself: its predicted step checks the scaling against what
+    # the trace measured.
+    base = Plans.single(dp=world if world <= max(gpus, world) else 1, mb=w.batch, m=1)
+    result = search(
+        w, cluster, gpus, gb, capacity_gib=memory_gb, top=top, fixed_s=w.fixed_s,
+        amp=amp, ckpt=(0, 2), baseline=base,
+    )
+    if world > 1:
+        result.notes.append(
+            f"the trace ran on {world} ranks; its own collectives were replaced by modelled ones"
+        )
+    return result
+
+
+def plan_model(
+    model: str | ModelDesc,
+    gpus: int,
+    *,
+    gpu: str = "h100",
+    link: str | None = None,
+    inter: str | None = None,
+    memory_gb: float | None = None,
+    global_batch: int | None = None,
+    gpus_per_node: int = 8,
+    top: int = 10,
+    overlap_dp: bool = True,
+    **workload_kw: Any,
+) -> PlanResult:
+    """Best plans for a described model (a preset name, JSON, or a `ModelDesc`)."""
+    desc = load_desc(model) if isinstance(model, str) else model
+    cluster = make_cluster(gpu, intra=link, inter=inter, gpus_per_node=gpus_per_node)
+    w = AnalyticWorkload(desc, cluster, **workload_kw)
+    gb = global_batch or gpus
+    return search(
+        w, cluster, gpus, gb, capacity_gib=memory_gb, top=top, overlap_dp=overlap_dp,
+    )

@@ -1,0 +1,247 @@
+"""Plan search: every data / tensor / pipeline split of N GPUs with micro-batch, schedule,
+sharding stage, checkpointing and AMP; the ones that fit, ranked by predicted step time.
+
+All plans are enumerated into arrays and costed in one vectorized pass (`cost.evaluate`);
+the search itself is a few NumPy operations, so thousands of plans take well under a second.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from perfcast.errors import PerfcastError
+from perfcast.hardware.network import Cluster
+from perfcast.plan.cost import GIB, PlanCosts, evaluate
+from perfcast.plan.plans import CKPT_NAMES, Plans, describe
+
+MICRO_BATCHES = (1, 2, 4, 8, 16, 32, 64)
+# Memory a plan may use: the device minus a margin for the allocator's fragmentation, the
+# CUDA context and NCCL's buffers (which live outside PyTorch's allocator).
+USABLE = 0.92
+
+
+@dataclass
+class PlanRow:
+    rank: int
+    plan: dict[str, int]
+    label: str
+    step_ms: float
+    samples_per_s: float
+    tokens_per_s: float | None
+    peak_gib: float
+    weights_gib: float
+    grads_gib: float
+    optimizer_gib: float
+    activations_gib: float
+    other_gib: float
+    bubble_pct: float
+    exposed_comm_ms: float
+    reasons: list[str]
+
+
+@dataclass
+class PlanResult:
+    """What `perfcast plan` prints: the best plans, how many were tried and kept."""
+
+    source: str
+    gpus: int
+    device: str
+    cluster: str
+    global_batch: int
+    capacity_gib: float
+    evaluated: int
+    fitting: int
+    search_ms: float
+    best: list[PlanRow]
+    baseline: PlanRow | None = None  # the trace's own configuration, when planning a trace
+    assumptions: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def _pow2_upto(n: int) -> list[int]:
+    out, k = [], 1
+    while k <= n:
+        out.append(k)
+        k *= 2
+    return out
+
+
+def enumerate_plans(
+    workload: object,
+    gpus: int,
+    global_batch: int,
+    cluster: Cluster,
+    *,
+    zero: tuple[int, ...] = (0, 1, 2, 3),
+    ckpt: tuple[int, ...] = (0, 1, 2),
+    amp: tuple[int, ...] = (0,),
+    max_tp: int | None = None,
+    interleave: tuple[int, ...] = (1, 2, 4),
+) -> Plans:
+    """Every plan for `gpus` GPUs and a global batch of `global_batch` samples."""
+    layers = int(getattr(workload, "n_layers", 1))
+    tp_cap = min(cluster.gpus_per_node, int(getattr(workload, "tp_max", 1)), max_tp or 1 << 30)
+    cols: dict[str, list[int]] = {k: [] for k in ("dp", "tp", "pp", "mb", "m", "v", "zero",
+                                                   "ckpt", "sp", "amp")}
+    sp_ok = getattr(workload, "source", "") == "model description"
+    for tp in _pow2_upto(tp_cap):
+        if gpus % tp or not bool(np.all(workload.tp_ok(np.array([tp])))):  # type: ignore[attr-defined]
+            continue
+        for pp in range(1, min(layers, gpus // tp) + 1):
+            if (gpus // tp) % pp:
+                continue
+            dp = gpus // (tp * pp)
+            if global_batch % dp:
+                continue
+            per = global_batch // dp
+            for mb in MICRO_BATCHES:
+                if per % mb:
+                    continue
+                m = per // mb
+                for v in interleave if pp > 1 else (1,):
+                    if v > 1 and (layers % (pp * v) or m % pp):
+                        continue
+                    for z, c, s, a in itertools.product(
+                        zero if dp > 1 else (0,), ckpt, (0, 1) if (tp > 1 and sp_ok) else (0,),
+                        amp,
+                    ):
+                        for key, val in zip(cols, (dp, tp, pp, mb, m, v, z, c, s, a)):
+                            cols[key].append(val)
+    return Plans(**{k: np.array(v, dtype=np.int64) for k, v in cols.items()})
+
+
+def _row(
+    i: int, rank: int, p: Plans, c: PlanCosts, tokens: int | None, reasons: list[str]
+) -> PlanRow:
+    peak = float(c.peak_b[i])
+    parts = (c.weights_b[i], c.grads_b[i], c.optimizer_b[i], c.activations_b[i])
+    return PlanRow(
+        rank=rank,
+        plan=p.row(i),
+        label=describe(p.row(i)),
+        step_ms=float(c.step_s[i]) * 1e3,
+        samples_per_s=float(c.samples_per_s[i]),
+        tokens_per_s=float(c.samples_per_s[i]) * tokens if tokens else None,
+        peak_gib=peak / GIB,
+        weights_gib=float(parts[0]) / GIB,
+        grads_gib=float(parts[1]) / GIB,
+        optimizer_gib=float(parts[2]) / GIB,
+        activations_gib=float(parts[3]) / GIB,
+        other_gib=(peak - float(sum(parts))) / GIB,
+        bubble_pct=100 * float(c.bubble_frac[i]),
+        exposed_comm_ms=1e3 * float(c.dp_exposed_s[i] + c.tp_comm_s[i] + c.pp_comm_s[i]),
+        reasons=reasons,
+    )
+
+
+def _reasons(i: int, p: Plans, c: PlanCosts, best_step: float) -> list[str]:
+    r = p.row(i)
+    step = float(c.step_s[i])
+    out = []
+    if best_step > 0 and step > best_step:
+        out.append(f"{100 * (step / best_step - 1):.0f}% slower than the best")
+    if r["pp"] > 1:
+        out.append(
+            f"pipeline bubble {100 * c.bubble_frac[i]:.0f}% of the step "
+            f"((pp-1)/v = {(r['pp'] - 1) / r['v']:g} of {r['m']} micro-batch slots)"
+        )
+    if r["tp"] > 1:
+        out.append(
+            f"tensor-parallel collectives {1e3 * c.tp_comm_s[i]:.1f} ms on the critical path"
+        )
+    if r["dp"] > 1:
+        out.append(
+            f"gradient traffic {1e3 * c.dp_comm_s[i]:.1f} ms, "
+            f"{1e3 * c.dp_exposed_s[i]:.1f} ms of it exposed"
+        )
+    if r["ckpt"]:
+        out.append(
+            f"{CKPT_NAMES[r['ckpt']]} recomputation {1e3 * c.recompute_s[i]:.1f} ms buys "
+            "activation memory"
+        )
+    out.append(
+        f"memory {c.peak_b[i] / GIB:.1f} GiB: weights {c.weights_b[i] / GIB:.1f}, grads "
+        f"{c.grads_b[i] / GIB:.1f}, optimizer {c.optimizer_b[i] / GIB:.1f}, activations "
+        f"{c.activations_b[i] / GIB:.1f}, working set {c.transient_b[i] / GIB:.1f}"
+    )
+    return out
+
+
+def search(
+    workload: object,
+    cluster: Cluster,
+    gpus: int,
+    global_batch: int,
+    *,
+    capacity_gib: float | None = None,
+    top: int = 10,
+    overlap_dp: bool = True,
+    fixed_s: float = 0.0,
+    amp: tuple[int, ...] = (0,),
+    ckpt: tuple[int, ...] = (0, 1, 2),
+    zero: tuple[int, ...] = (0, 1, 2, 3),
+    baseline: Plans | None = None,
+) -> PlanResult:
+    """Enumerate, cost, prune by memory and rank plans for `workload` on `gpus` GPUs."""
+    if gpus < 1:
+        raise PerfcastError("--gpus must be at least 1")
+    if global_batch < 1:
+        raise PerfcastError("the global batch must be at least 1 sample")
+    t0 = time.perf_counter()
+    plans = enumerate_plans(
+        workload, gpus, global_batch, cluster, amp=amp, ckpt=ckpt, zero=zero
+    )
+    if len(plans) == 0:
+        raise PerfcastError(
+            f"no plan splits a global batch of {global_batch} over {gpus} GPUs",
+            hint="choose a global batch divisible by the data-parallel degrees",
+        )
+    costs = evaluate(workload, plans, cluster, overlap_dp=overlap_dp, fixed_s=fixed_s)
+    cap_gib = capacity_gib if capacity_gib is not None else cluster.device.mem_gb
+    cap = cap_gib * GIB * USABLE
+    fits = costs.peak_b <= cap
+    # Fastest first; within 0.5% of each other, the simpler plan (less recomputation,
+    # sharding, model parallelism), then the smaller peak.
+    simple = plans.ckpt + 0.5 * plans.zero + (plans.tp > 1) + (plans.pp > 1) + 0.2 * plans.amp
+    step_key = np.round(np.log(costs.step_s) / np.log(1.005))
+    order = np.lexsort((costs.peak_b, simple, step_key))
+    ranked = order[fits[order]]
+    search_ms = (time.perf_counter() - t0) * 1e3
+    tokens = getattr(workload, "tokens_per_sample", 1)
+    tokens = tokens if tokens and tokens > 1 else None
+    best_step = float(costs.step_s[ranked[0]]) if ranked.size else 0.0
+    rows = [
+        _row(int(i), n + 1, plans, costs, tokens, _reasons(int(i), plans, costs, best_step))
+        for n, i in enumerate(ranked[:top].tolist())
+    ]
+    result = PlanResult(
+        source=str(getattr(workload, "source", "")),
+        gpus=gpus,
+        device=cluster.device.name,
+        cluster=cluster.describe(),
+        global_batch=global_batch,
+        capacity_gib=cap_gib,
+        evaluated=len(plans),
+        fitting=int(fits.sum()),
+        search_ms=search_ms,
+        best=rows,
+        assumptions=list(getattr(workload, "assumptions", [])),
+    )
+    result.assumptions.append(
+        f"a plan fits when its predicted peak is within {USABLE:.0%} of {cap_gib:g} GiB "
+        "(the rest for fragmentation, the CUDA context and NCCL buffers)"
+    )
+    if not ranked.size:
+        smallest = int(np.argmin(costs.peak_b))
+        result.notes.append(
+            f"no plan fits in {cap_gib:g} GiB: the smallest needs "
+            f"{costs.peak_b[smallest] / GIB:.1f} GiB ({describe(plans.row(smallest))})"
+        )
+    if baseline is not None:
+        bc = evaluate(workload, baseline, cluster, overlap_dp=overlap_dp, fixed_s=fixed_s)
+        result.baseline = _row(0, 0, baseline, bc, tokens, _reasons(0, baseline, bc, best_step))
+    return result

@@ -1,0 +1,459 @@
+"""Per-layer costs read once from a trace: the workload the plan search scales.
+
+Why not replay the graph per plan: a plan changes the batch per GPU, splits layers across
+GPUs and adds collectives; thousands of plans would need thousands of replays (about a second
+each on a large trace). Instead the trace is read once into measured costs, and each plan
+scales them by rules; `perfcast whatif` (the zero / tensor-parallel / pipeline-parallel
+models) replays one chosen plan on the graph when a user wants the detailed timeline.
+
+Read from the rank's steps (median step; kernels of the last complete step):
+
+- forward and backward GPU time, split into the linear layers' GEMMs (kernels launched under
+  aten::linear / addmm / mm / matmul and their backward nodes: what tensor parallelism
+  splits), other compute-bound kernels (convolutions, attention) and memory-bound kernels;
+  measured collectives are left out (each plan models its own) and calibrate the intra-node
+  bus bandwidth when their sizes are known;
+- a fixed cost per kernel (the 5th percentile of kernel durations, as the other what-ifs
+  take it): GPU time scales with the micro-batch as n_kernels x fixed + (rest) x mb / batch;
+- host time of forward + backward (first forward op to last backward op): a micro-batch
+  takes at least this long however fast the GPU is (launch-bound steps);
+- optimizer time (its host span to its last kernel), scaled by the parameters a GPU updates;
+- whatever else the step spends (data loading, synchronizations): a fixed time per step;
+- layers: the forward split at every weight-bearing op (conv / linear), each group's forward
+  GPU time measured, backward taken in proportion (pipeline stages are contiguous groups of
+  balanced time).
+
+Scaling rules a plan applies: tensor parallelism divides the linear layers' GEMM time by tp
+and adds an all-reduce of each paired linear layer's output forward and backward (Megatron
+pairs: column- then row-parallel); everything else stays replicated. AMP on an fp32 trace
+runs compute-bound kernels at the device's bf16 over its fp32/tf32 peak and memory-bound
+kernels at half their bytes. Another GPU (`--gpu`) scales compute-bound kernels by the peak
+ratio and memory-bound ones by the bandwidth ratio.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from perfcast.errors import PerfcastError
+from perfcast.events import EventTable, Kind
+from perfcast.graph.phases import Phase, collective_kernel_mask, event_phases
+from perfcast.hardware.classify import KernelClass, classify_names, dtype_from_kernel_name
+from perfcast.hardware.devices import DeviceSpec, lookup_device
+from perfcast.hardware.network import Cluster, collective_time_s
+from perfcast.memory_model.facts import TraceFacts, trace_facts
+from perfcast.memory_model.model import inputs_from_facts
+from perfcast.plan.analytic import StageTimes
+from perfcast.plan.plans import Plans
+from perfcast.whatif.models._parallel_common import balanced_max as _balanced_max
+
+_LINEAR_OP = re.compile(
+    r"^aten::(linear|addmm|mm|matmul)$|^(Addmm|Mm|Linear|Matmul)Backward\d*$"
+)
+_WEIGHT_OP = re.compile(r"^aten::(conv\d?d|convolution|linear|addmm|matmul|embedding)$")
+_COMPUTE = (KernelClass.MATMUL, KernelClass.CONV, KernelClass.ATTENTION)
+
+
+@dataclass
+class TraceWorkload:
+    """Measured costs of one rank's step, ready to be scaled per plan."""
+
+    name: str
+    cluster: Cluster
+    facts: TraceFacts
+    batch: int
+    step_s: float
+    n_groups: int
+    group_fwd_s: np.ndarray  # per layer group, forward GPU seconds at the trace's batch
+    fwd_lin_s: float
+    fwd_cb_s: float  # other compute-bound
+    fwd_mem_s: float
+    bwd_lin_s: float
+    bwd_cb_s: float
+    bwd_mem_s: float
+    n_kernels: float  # forward + backward kernels per step
+    fixed_kernel_s: float
+    host_s: float
+    optimizer_s_measured: float
+    fixed_s: float
+    optimizer_host_s: float
+    tp_bytes_per_sample: float  # bytes of one tensor-parallel all-reduce per sample
+    tp_pairs: int
+    linear_share: float
+    measured_comm_s: float
+    amp_ratio_cb: float
+    amp_ratio_mem: float = 0.5
+    dev_ratio_cb: float = 1.0
+    dev_ratio_mem: float = 1.0
+    grad_bytes: int = 4
+    source: str = "trace"
+    assumptions: list[str] = field(default_factory=list)
+
+    @property
+    def n_layers(self) -> int:
+        return self.n_groups
+
+    @property
+    def tokens_per_sample(self) -> int:
+        return 1
+
+    @property
+    def tp_max(self) -> int:
+        return 8 if self.tp_pairs > 0 else 1
+
+    def tp_ok(self, tp: np.ndarray) -> np.ndarray:
+        return (tp == 1) | (self.tp_pairs > 0)
+
+    # -- costs -------------------------------------------------------------------------
+    def _scale(self, p: Plans) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(linear, other compute-bound, memory-bound) multipliers per plan."""
+        amp = p.amp > 0
+        cb = np.where(amp, self.amp_ratio_cb, 1.0) * self.dev_ratio_cb
+        mem = np.where(amp, self.amp_ratio_mem, 1.0) * self.dev_ratio_mem
+        lin = cb / p.tp
+        return lin, cb, mem
+
+    def stage_times(self, p: Plans) -> StageTimes:
+        lin, cb, mem = self._scale(p)
+        frac = p.mb / self.batch
+        share = self._stage_share(p)
+        fixed = self.n_kernels * self.fixed_kernel_s * share
+        tot_f = self.fwd_lin_s + self.fwd_cb_s + self.fwd_mem_s
+        tot_b = self.bwd_lin_s + self.bwd_cb_s + self.bwd_mem_s
+        f_fix = fixed * tot_f / max(tot_f + tot_b, 1e-12)
+        b_fix = fixed - f_fix
+        fvar = (self.fwd_lin_s * lin + self.fwd_cb_s * cb + self.fwd_mem_s * mem) * share
+        bvar = (self.bwd_lin_s * lin + self.bwd_cb_s * cb + self.bwd_mem_s * mem) * share
+        fwd = f_fix + np.maximum(fvar - f_fix, 0.0) * frac
+        bwd = b_fix + np.maximum(bvar - b_fix, 0.0) * frac
+        nbytes = self.tp_bytes_per_sample * p.mb * np.where(p.amp > 0, 0.5, 1.0)
+        ar = collective_time_s(self.cluster, "allreduce", nbytes, p.tp, np.minimum(p.tp, 8))
+        comm = self.tp_pairs * ar * share
+        fwd = fwd + comm
+        bwd = bwd + comm
+        rec = np.where(p.ckpt == 2, fwd, 0.0)
+        host = self.host_s * share * np.ones_like(fwd)
+        return StageTimes(fwd, bwd, rec, 2 * comm + np.where(p.ckpt == 2, comm, 0.0), host)
+
+    def _stage_share(self, p: Plans) -> np.ndarray:
+        """Share of the forward time on the slowest of `pp` contiguous, balanced stages."""
+        out = np.ones(len(p))
+        for k in np.unique(p.pp).tolist():
+            out[p.pp == k] = _balanced_max(self.group_fwd_s, int(k)) / max(
+                float(self.group_fwd_s.sum()), 1e-12
+            )
+        return out
+
+    def params_stage(self, p: Plans) -> np.ndarray:
+        n = float(self.facts.params)
+        lin = self.linear_share
+        return n * ((1 - lin) + lin / p.tp) / p.pp
+
+    def act_bytes_stage(self, p: Plans) -> np.ndarray:
+        a = float(self.facts.activation_bytes)
+        amp = np.where((p.amp > 0) & (self.facts.act_bytes_per_elem == 4), 0.5, 1.0)
+        lin = self._linear_act_share()
+        tp_scale = (1 - lin) + lin / p.tp
+        per = a * p.mb / self.batch * amp * tp_scale / p.pp
+        inputs = self._group_input_bytes() * p.mb / self.batch * amp / p.pp
+        return np.where(p.ckpt == 2, inputs, per)
+
+    def transient_bytes(self, p: Plans) -> np.ndarray:
+        s = [x.nbytes for x in self.facts.saved]
+        pair = max((s[i] + s[i + 1] for i in range(len(s) - 1)), default=s[0] if s else 0)
+        amp = np.where((p.amp > 0) & (self.facts.act_bytes_per_elem == 4), 0.5, 1.0)
+        one_region = self.facts.activation_bytes / max(self.n_groups, 1)
+        extra = np.where(p.ckpt == 2, one_region * p.pp, 0.0)
+        copies = np.where(p.amp > 0, self.facts.params * 2.0 / p.pp, 0.0)
+        return (pair + extra) * p.mb / self.batch * amp + copies
+
+    def _linear_act_share(self) -> float:
+        total = self.facts.activation_bytes
+        lin = sum(s.nbytes for s in self.facts.saved if s.linear)
+        return lin / total if total else 0.0
+
+    def _group_input_bytes(self) -> float:
+        # Full checkpointing keeps one input per layer group (the group's first saved tensor).
+        s = self.facts.saved
+        if not s:
+            return 0.0
+        step = max(1, len(s) // max(self.n_groups, 1))
+        return float(sum(x.nbytes for x in s[::step]))
+
+    def p2p_bytes(self, p: Plans) -> np.ndarray:
+        s = self.facts.saved
+        mid = s[len(s) // 2].nbytes if s else 0
+        return mid * p.mb / self.batch / p.tp
+
+    def optimizer_s(self, params_gpu: np.ndarray) -> np.ndarray:
+        """GPU time scales with the parameters a GPU updates; host time (a for-loop
+        optimizer's launches) with the parameter tensors, which sharding does not reduce."""
+        n = max(float(self.facts.params), 1.0)
+        return np.maximum(self.optimizer_s_measured * params_gpu / n, self.optimizer_host_s)
+
+    def bytes_per_param(self) -> tuple[int, int, int]:
+        state = {"adam": 8, "sgd": 4, "none": 0}.get(self.facts.optimizer, 8)
+        return 4, 4, state
+
+    @property
+    def fixed_bytes(self) -> float:
+        return float(inputs_from_facts(self.facts).workspace_bytes)
+
+
+def _outermost_named(table: EventTable, rows: np.ndarray, pattern: re.Pattern[str]) -> np.ndarray:
+    """Per row, whether it or an enclosing CPU event's name matches `pattern`."""
+    match = np.array([bool(pattern.search(n)) for n in table.names], dtype=bool)
+    hit = np.zeros(rows.size, dtype=bool)
+    cur = rows.copy()
+    for _ in range(64):
+        live = cur >= 0
+        if not live.any():
+            break
+        c = np.maximum(cur, 0)
+        hit |= live & match[table.name[c]]
+        cur = np.where(live, table.parent[c], -1)
+    return hit
+
+
+def trace_workload(
+    table: EventTable,
+    cluster: Cluster,
+    rank: int | None = None,
+    batch: int | None = None,
+) -> TraceWorkload:
+    """Read the workload of one rank (the first by default) from a loaded trace."""
+    facts = trace_facts(table, rank)
+    rank = facts.rank
+    its = [it for it in table.iterations if it.rank == rank]
+    if not facts.has_gpu:
+        raise PerfcastError(
+            "the trace has no GPU work (CPU-only): there is nothing to plan over GPUs"
+        )
+    if not its or not table.rank_info(rank).has_steps:
+        raise PerfcastError(
+            "the trace has no ProfilerStep ranges: plan needs at least one training step "
+            "(record with torch.profiler's schedule and prof.step(), or `perfcast profile`)"
+        )
+    b0 = batch or facts.batch
+    notes: list[str] = []
+    if not b0:
+        # No shapes: plan in units of the trace's own batch (micro-batches of 1, 2, ...
+        # traced batches).
+        b0 = 1
+        notes.append(
+            "the trace has no input shapes (record_shapes=False): batch sizes are in units of "
+            "the traced batch, and activation memory is unknown (counted as 0)"
+        )
+    if not facts.params:
+        grads = _allreduce_bytes_per_step(table, rank, len(its))
+        if grads:
+            facts.param_numels = [int(grads / 4)]
+            notes.append(
+                f"parameters estimated from the trace's gradient all-reduces: "
+                f"{grads / 2**20:.0f} MiB per step = {grads / 4 / 1e6:.1f} M fp32 gradients"
+            )
+        else:
+            notes.append(
+                "parameters unknown (no shapes, no sized all-reduces): weights, gradients and "
+                "optimizer state are counted as 0; pass a trace with record_shapes=True"
+            )
+    step = len(table.iterations) - 1 - [*reversed(table.iterations)].index(its[-1])
+    step_s = float(np.median([it.dur_ns for it in its])) / 1e9
+    phases = event_phases(table)
+    in_step = (table.rank == rank) & (table.iteration == step)
+    k = np.flatnonzero(in_step & table.is_gpu())
+    comm_mask = collective_kernel_mask(table)[k]
+    comm_s = float(table.dur[k[comm_mask]].sum()) / 1e9
+    k = k[~comm_mask]
+    classes = np.asarray(classify_names(table.names), dtype=np.int16)[table.name[k]]
+    cb = np.isin(classes, [int(c) for c in _COMPUTE])
+    launch = table.launch[k]
+    lin = np.zeros(k.size, dtype=bool)
+    has = launch >= 0
+    lin[has] = _outermost_named(table, table.parent[launch[has]], _LINEAR_OP)
+    lin &= cb
+    ph = phases[k]
+    dur = table.dur[k].astype(np.float64) / 1e9
+
+    def part(phase: Phase, mask: np.ndarray) -> float:
+        return float(dur[(ph == phase) & mask].sum())
+
+    fwd = ph == Phase.FORWARD
+    bwd = ph == Phase.BACKWARD
+    fl, fc, fm = part(Phase.FORWARD, lin), part(Phase.FORWARD, cb & ~lin), part(Phase.FORWARD, ~cb)
+    bl, bc, bm = (part(Phase.BACKWARD, lin), part(Phase.BACKWARD, cb & ~lin),
+                  part(Phase.BACKWARD, ~cb))
+    from perfcast.whatif.kernels import fixed_cost_ns
+
+    fixed = fixed_cost_ns(table.dur[k]) / 1e9
+    n_k = float((fwd | bwd).sum())
+    # Host busy time of forward + backward and of the optimizer: the steps' top-level ops
+    # on every thread, less the time they spent blocked in synchronizing calls.
+    ops = np.flatnonzero(in_step & np.isin(table.kind, [Kind.CPU_OP, Kind.USER_ANNOTATION]))
+    host_fb = _host_busy(table, ops, phases, (Phase.FORWARD, Phase.BACKWARD))
+    host_opt = _host_busy(table, ops, phases, (Phase.OPTIMIZER,))
+    gpu_opt = float(dur[ph == Phase.OPTIMIZER].sum())
+    opt_s = max(host_opt, gpu_opt)
+    gpu_fb = fl + fc + fm + bl + bc + bm
+    host_s = host_fb
+    fixed_step = max(0.0, step_s - max(gpu_fb, host_s) - opt_s - comm_s)
+    # Layer groups: forward kernels by the latest weight op launched before them.
+    fops = ops[phases[ops] == Phase.FORWARD]
+    wmask = np.array([bool(_WEIGHT_OP.search(n)) for n in table.names], dtype=bool)
+    wops = fops[wmask[table.name[fops]]]
+    wts = np.sort(table.ts[wops])
+    fk = k[fwd & has]
+    if wts.size and fk.size:
+        g = np.searchsorted(wts, table.ts[table.launch[fk]], side="right") - 1
+        g = np.clip(g, 0, wts.size - 1)
+        groups = np.bincount(g, weights=table.dur[fk] / 1e9, minlength=wts.size)
+    else:
+        groups = np.array([fl + fc + fm])
+    # Tensor-parallel pairs: every two linear layers; the all-reduce carries the output of
+    # the second (row-parallel) one, taken as the size of the layer's input per sample.
+    lin_saved = [s for s in facts.saved if s.linear]
+    pairs = len(lin_saved) // 2
+    tp_bytes = (
+        float(np.mean([s.nbytes for s in lin_saved])) / b0 if lin_saved else 0.0
+    )
+    spec = lookup_device(facts.device_name) if facts.device_name else None
+    amp_cb = _amp_ratio(table, k[cb], spec)
+    dev_cb = dev_mem = 1.0
+    assumptions = []
+    if spec is not None and spec.name != cluster.device.name:
+        dtype = facts.compute_dtype if facts.compute_dtype != "fp32" else "tf32"
+        dev_cb = spec.peak(dtype) / cluster.device.peak(dtype)
+        dev_mem = spec.mem_bw_gbs / cluster.device.mem_bw_gbs
+        assumptions.append(
+            f"trace recorded on {spec.name}, planned for {cluster.device.name}: compute-bound "
+            f"kernels x{dev_cb:.2f} ({dtype} peaks), memory-bound x{dev_mem:.2f} (bandwidth)"
+        )
+    elif spec is None:
+        assumptions.append(
+            f"the trace's device ({facts.device_name or 'unknown'}) is not in the table: its "
+            f"measured times are taken as {cluster.device.name} times"
+        )
+    w = TraceWorkload(
+        name=table.ranks[0].path if table.ranks else "trace",
+        cluster=cluster,
+        facts=facts,
+        batch=int(b0),
+        step_s=step_s,
+        n_groups=int(groups.size),
+        group_fwd_s=np.asarray(groups, dtype=np.float64),
+        fwd_lin_s=fl,
+        fwd_cb_s=fc,
+        fwd_mem_s=fm,
+        bwd_lin_s=bl,
+        bwd_cb_s=bc,
+        bwd_mem_s=bm,
+        n_kernels=n_k,
+        fixed_kernel_s=fixed,
+        host_s=host_s,
+        optimizer_s_measured=gpu_opt,
+        optimizer_host_s=host_opt,
+        fixed_s=fixed_step,
+        tp_bytes_per_sample=tp_bytes,
+        tp_pairs=pairs,
+        linear_share=facts.linear_param_numel / facts.params if facts.params else 0.0,
+        measured_comm_s=comm_s,
+        amp_ratio_cb=amp_cb,
+        dev_ratio_cb=dev_cb,
+        dev_ratio_mem=dev_mem,
+        assumptions=assumptions,
+    )
+    w.assumptions.extend(notes)
+    w.assumptions.extend(
+        [
+            f"from rank {rank}'s trace: batch {b0} per GPU, step {step_s * 1e3:.1f} ms "
+            f"(median of {len(its)}), forward GPU {(fl + fc + fm) * 1e3:.1f} ms, backward "
+            f"{(bl + bc + bm) * 1e3:.1f} ms (linear layers {(fl + bl) * 1e3:.1f} ms), host "
+            f"forward+backward {host_s * 1e3:.1f} ms, optimizer {opt_s * 1e3:.1f} ms (host "
+            f"{host_opt * 1e3:.1f}, GPU {gpu_opt * 1e3:.1f}), other "
+            f"{fixed_step * 1e3:.1f} ms per step; {int(groups.size)} layer groups",
+            "per-plan costs are scaled from these measurements (not replayed): GPU time "
+            "linear in the micro-batch beyond a fixed cost per kernel; backward per layer "
+            "group in proportion to its forward",
+        ]
+    )
+    if comm_s:
+        w.assumptions.append(
+            f"the trace's own collectives ({comm_s * 1e3:.1f} ms per step) are replaced by "
+            "each plan's modelled ones"
+        )
+    if pairs == 0:
+        w.assumptions.append("no linear layers in the trace: tensor parallelism not offered")
+    return w
+
+
+def _allreduce_bytes_per_step(table: EventTable, rank: int, steps: int) -> float:
+    """Bytes all-reduced per step on a rank, from sized collectives (DDP: the gradients)."""
+    from perfcast.analysis.comms import collectives
+
+    try:
+        rows = collectives(table).by_op
+    except PerfcastError:
+        return 0.0
+    total = sum(r.size_bytes * r.count for r in rows if r.rank == rank and r.op == "allreduce")
+    return total / max(steps, 1)
+
+
+def _union_ns(start: np.ndarray, end: np.ndarray) -> float:
+    if start.size == 0:
+        return 0.0
+    o = np.argsort(start, kind="stable")
+    s, e = start[o], np.maximum.accumulate(end[o])
+    # A new run starts where a span begins after every earlier one ended.
+    new = np.r_[True, s[1:] > e[:-1]]
+    run = np.cumsum(new) - 1
+    first = s[new]
+    last = np.zeros(first.size, dtype=np.int64)
+    np.maximum.at(last, run, e)
+    return float((last - first).sum())
+
+
+_SYNC = re.compile(r"Synchronize|^cudaMemcpy$|^hipMemcpy$|^cudaStreamWaitEvent$")
+
+
+def _host_busy(
+    table: EventTable, ops: np.ndarray, phases: np.ndarray, which: tuple[Phase, ...]
+) -> float:
+    """Seconds of top-level ops in the given phases, less their blocking syncs."""
+    if ops.size == 0:
+        return 0.0
+    cpu = np.isin(table.kind[np.maximum(table.parent[ops], 0)], [Kind.CPU_OP, Kind.USER_ANNOTATION])
+    is_step = np.array([n.startswith("ProfilerStep") for n in table.names], dtype=bool)
+    par = table.parent[ops]
+    top = ops[(par < 0) | ~cpu | is_step[table.name[np.maximum(par, 0)]]]
+    top = top[~is_step[table.name[top]] & np.isin(phases[top], [int(p) for p in which])]
+    # The union of their spans: the main thread may sit in a call (backward) while the
+    # autograd thread works, which is one stretch of host time, not two.
+    busy = _union_ns(table.ts[top], table.ts[top] + table.dur[top])
+    sync_name = np.array([bool(_SYNC.search(n)) for n in table.names], dtype=bool)
+    steps = np.unique(table.iteration[ops])
+    rt = np.flatnonzero(
+        (table.kind == Kind.RUNTIME)
+        & sync_name[table.name]
+        & np.isin(table.iteration, steps)
+        & (table.rank == table.rank[ops[0]])
+        & np.isin(phases, [int(p) for p in which])
+    )
+    busy -= float(table.dur[rt].sum())
+    return max(busy, 0.0) / 1e9
+
+
+def _amp_ratio(table: EventTable, rows: np.ndarray, spec: DeviceSpec | None) -> float:
+    """Time ratio of compute-bound kernels moved to bf16 tensor cores (duration-weighted)."""
+    if spec is None or rows.size == 0:
+        return 0.5
+    total = new = 0.0
+    for r in rows.tolist():
+        d = float(table.dur[r])
+        dt = dtype_from_kernel_name(table.names[int(table.name[r])]) or "fp32"
+        old_peak = spec.peak(dt if dt in ("fp32", "tf32", "bf16", "fp16") else "fp32")
+        total += d
+        new += d * min(1.0, old_peak / spec.peak("bf16"))
+    return new / total if total else 0.5

@@ -1,0 +1,142 @@
+"""Helpers the scale-out models (zero, tensor-parallel, pipeline-parallel) share: units of
+the step's GPU work, a communication stream, modelled collectives and their waits."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from perfcast.errors import NotApplicableError
+from perfcast.graph.model import NONE, EdgeType, GpuKind, Graph, NodeKind, Source
+from perfcast.graph.phases import Phase
+from perfcast.hardware.classify import KernelClass
+from perfcast.hardware.devices import lookup_device
+from perfcast.hardware.interconnects import (
+    LinkSpec,
+    default_intra_node_link,
+    list_links,
+    lookup_link,
+)
+from perfcast.whatif import primitives as P
+
+FALLBACK_LINK = "pcie4"
+
+
+def link_for(graph: Graph, rank: int, name: str | None, model: str) -> tuple[LinkSpec, str]:
+    """The link a model runs its collectives over, and where the choice came from."""
+    if name:
+        link = lookup_link(name)
+        if link is None:
+            raise NotApplicableError(
+                f"{model}: unknown link '{name}'",
+                hint="known: " + ", ".join(ln.name for ln in list_links()),
+            )
+        return link, "given"
+    dev = graph.device_names.get(rank)
+    spec = lookup_device(dev) if dev else None
+    if spec is None:
+        link = lookup_link(FALLBACK_LINK)
+        assert link is not None
+        return link, f"device {dev or 'unknown'} not recognized: {link.name} assumed"
+    return default_intra_node_link(spec), f"the usual intra-node link of {spec.name}"
+
+
+def require_gpu_steps(graph: Graph, model: str) -> None:
+    if P.select(graph, kind="gpu").size == 0:
+        raise NotApplicableError(f"{model}: the trace has no GPU work (CPU-only)")
+    if not graph.iterations:
+        raise NotApplicableError(f"{model}: the trace has no steps (ProfilerStep ranges)")
+
+
+def step_gpu_nodes(graph: Graph, rank: int, it: int, phase: Phase) -> np.ndarray:
+    """Live compute GPU nodes of one step and phase (no collectives), in launch order."""
+    c = graph.cols
+    nodes = P.select(graph, kind="gpu", rank=rank, iteration=it, phase=_PHASE_NAME[phase])
+    nodes = nodes[c["klass"][nodes] != KernelClass.COMMUNICATION]
+    return nodes[np.argsort(c["launch_order"][nodes], kind="stable")]
+
+
+_PHASE_NAME = {
+    Phase.FORWARD: "forward",
+    Phase.BACKWARD: "backward",
+    Phase.OPTIMIZER: "optimizer",
+}
+
+
+def chunks(nodes: np.ndarray, k: int) -> list[np.ndarray]:
+    """`nodes` (in order) cut into at most `k` contiguous chunks of about equal count."""
+    k = max(1, min(k, nodes.size))
+    return [c for c in np.array_split(nodes, k) if c.size]
+
+
+def comm_lane(graph: Graph, rank: int, label: str) -> int:
+    gpu_lanes = [ln for ln in graph.lanes if ln.is_gpu and ln.rank == rank]
+    dev = gpu_lanes[0].pid if gpu_lanes else 0
+    stream = max((ln.tid for ln in gpu_lanes), default=0) + 1
+    return P.add_lane(graph, rank, True, dev, stream, f"GPU {dev} stream {stream} ({label})")
+
+
+def insert_collective(
+    graph: Graph,
+    lane: int,
+    dur_ns: np.ndarray,
+    nbytes: np.ndarray,
+    order: np.ndarray,
+    name: str,
+    iteration: np.ndarray,
+    phase: Phase = Phase.COMMUNICATION,
+) -> np.ndarray:
+    """Modelled collective kernels on `lane` at stream positions `order`."""
+    k = int(np.size(dur_ns))
+    return P.insert(
+        graph,
+        lane=lane,
+        dur=np.asarray(dur_ns, dtype=np.int64),
+        kind=NodeKind.GPU,
+        name=name,
+        count=k,
+        source=Source.MODELLED,
+        order=np.asarray(order, dtype=np.float64),
+        launch_order=np.asarray(order, dtype=np.float64),
+        phase=int(phase),
+        iteration=np.asarray(iteration),
+        gpu_kind=int(GpuKind.KERNEL),
+        klass=int(KernelClass.COMMUNICATION),
+        nbytes=np.asarray(nbytes, dtype=np.int64),
+        launch=NONE,
+    )
+
+
+def wait(graph: Graph, src: int | np.ndarray, dst: int | np.ndarray, gap: int = 0) -> None:
+    """`dst` starts after `src` ends (a stream waiting on an event)."""
+    graph.add_edges(np.atleast_1d(src), np.atleast_1d(dst), gap, EdgeType.DATA)
+
+
+def groups(graph: Graph) -> list[tuple[int, int]]:
+    """(rank, iteration index) of every step."""
+    out = []
+    for span in graph.iterations:
+        if span.index != NONE:
+            out.append((span.rank, span.index))
+    return sorted(set(out))
+
+
+def balanced_max(times: np.ndarray, parts: int) -> float:
+    """Smallest possible maximum part sum of `times` split into `parts` contiguous parts."""
+    if parts <= 1 or times.size == 0:
+        return float(times.sum())
+    if parts >= times.size:
+        return float(times.max())
+    lo, hi = float(times.max()), float(times.sum())
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        n, acc = 1, 0.0
+        for t in times.tolist():
+            if acc + t > mid:
+                n, acc = n + 1, t
+            else:
+                acc += t
+        if n <= parts:
+            hi = mid
+        else:
+            lo = mid
+    return hi

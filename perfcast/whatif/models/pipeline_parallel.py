@@ -1,0 +1,141 @@
+"""pipeline-parallel: the step split into `pp` pipeline stages with `microbatches` micro-
+batches, 1F1B or interleaved, from a one-GPU (or data-parallel) trace.
+
+What is modelled (Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on
+GPU Clusters Using Megatron-LM", section 2.2):
+
+- stages: the forward GPU work cut into `pp` contiguous parts of balanced measured time; each
+  GPU runs the slowest part (share s >= 1/pp) of forward and backward, for every micro-batch:
+  kernel time t -> f m + (t - f) s (f: the trace's fixed cost per kernel, paid by each of the
+  m micro-batches; the rest is the stage's share of the work, split over them). The host work
+  of forward and backward repeats per micro-batch: host time x s m.
+- the bubble: 1F1B leaves (pp - 1) micro-batch slots idle per step, (pp-1)/(m+pp-1) of it;
+  the interleaved schedule with v virtual stages per GPU divides that by v. It is one modelled
+  idle block of (pp-1)/v x (stage forward + backward per micro-batch) on the compute stream,
+  at the start of the step;
+- point-to-point: every micro-batch sends its boundary activations forward and their gradient
+  back (v times each with interleaving): `act_mb` MiB per micro-batch (default: the
+  activation that enters the middle layer, from the recorded shapes), send/recv over `link`,
+  on the compute stream (blocking, as Megatron's p2p is).
+
+The optimizer and the trace's other work keep their measured times (the optimizer updates
+1/pp of the parameters: its GPU kernels are scaled by 1/pp). Assumes m >= pp, stages of equal
+memory and lock-step ranks. The memory model reports the activations of the micro-batches in
+flight.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from perfcast.errors import NotApplicableError
+from perfcast.graph.model import Graph
+from perfcast.graph.phases import Phase
+from perfcast.hardware.collectives import sendrecv_time_us
+from perfcast.whatif import kernels as K
+from perfcast.whatif import primitives as P
+from perfcast.whatif.models import _parallel_common as C
+
+SUMMARY = (
+    "pipeline parallel over pp stages: 1F1B or interleaved schedule, micro-batches, bubble "
+    "and point-to-point sends (pp=N, microbatches=M, virtual=V, link=NAME, act_mb=)"
+)
+MIB = 1 << 20
+
+
+@dataclass
+class Options:
+    pp: int = 2
+    microbatches: int = 0  # 0: 4 x pp
+    virtual: int = 1  # >1: interleaved 1F1B with this many model chunks per GPU
+    link: str | None = None
+    act_mb: float | None = None  # MiB sent per micro-batch between stages
+
+
+def apply(graph: Graph, options: Options) -> Graph:
+    o = options
+    if o.pp < 2:
+        raise NotApplicableError("pipeline-parallel: pp must be at least 2")
+    m = o.microbatches or 4 * o.pp
+    if m < 1 or o.virtual < 1:
+        raise NotApplicableError("pipeline-parallel: microbatches and virtual must be >= 1")
+    C.require_gpu_steps(graph, "pipeline-parallel")
+    fixed = K.kernel_fixed_cost_ns(graph)
+    act_bytes = _act_bytes(graph, o, m)
+    n_steps = 0
+    bubble_ns = p2p_ns = 0
+    share = 1.0
+    note = ""
+    for rank, it in C.groups(graph):
+        fwd = C.step_gpu_nodes(graph, rank, it, Phase.FORWARD)
+        bwd = C.step_gpu_nodes(graph, rank, it, Phase.BACKWARD)
+        if fwd.size == 0 or bwd.size == 0:
+            continue
+        n_steps += 1
+        link, note = C.link_for(graph, rank, o.link, "pipeline-parallel")
+        c = graph.cols
+        share = _stage_share(c["dur"][fwd].astype(np.float64), o.pp)
+        # Each kernel: m fixed costs, and the stage's share of the variable work.
+        for nodes in (fwd, bwd):
+            t = c["dur"][nodes].astype(np.float64)
+            f = np.minimum(t, float(fixed))
+            new = np.rint(f * m + (t - f) * share).astype(np.int64)
+            P.set_duration(graph, nodes, new)
+        host = np.concatenate([
+            P.select(graph, kind="host", phase=ph, rank=rank, iteration=it)
+            for ph in ("forward", "backward")
+        ])
+        P.scale(graph, host, share * m)
+        opt = C.step_gpu_nodes(graph, rank, it, Phase.OPTIMIZER)
+        K.scale_variable(graph, opt, 1.0 / o.pp, fixed)
+        per_mb = (int(c["dur"][fwd].sum()) + int(c["dur"][bwd].sum())) / m
+        bubble = round((o.pp - 1) / o.virtual * per_mb)
+        p2p_us = sendrecv_time_us(act_bytes, link) if act_bytes > 0 else 0.0
+        p2p = round(2 * m * o.virtual * p2p_us * 1000)
+        lane = int(c["lane"][fwd[0]])
+        nodes = C.insert_collective(
+            graph, lane, np.array([bubble, p2p]), np.array([0, 2 * m * o.virtual * act_bytes]),
+            np.array([c["order"][fwd[0]] - 2e-3, c["order"][fwd[0]] - 1e-3]),
+            f"pipeline bubble and p2p (modelled, pp={o.pp}, m={m}, v={o.virtual})",
+            np.array([it, it]), Phase.FORWARD,
+        )
+        C.wait(graph, nodes[0], nodes[1])
+        C.wait(graph, nodes[1], fwd[0])
+        bubble_ns += bubble
+        p2p_ns += p2p
+    if n_steps == 0:
+        raise NotApplicableError(
+            "pipeline-parallel: no step has both forward and backward GPU work (inference?)"
+        )
+    frac = (o.pp - 1) / o.virtual / (m + (o.pp - 1) / o.virtual)
+    graph.assumptions.append(
+        f"pipeline x{o.pp}, {m} micro-batches"
+        f"{f', interleaved x{o.virtual}' if o.virtual > 1 else ' (1F1B)'}: slowest stage "
+        f"{share:.0%} of the forward work; bubble {bubble_ns / n_steps / 1e6:.2f} ms per step "
+        f"({frac:.0%}: (pp-1)/v of m + (pp-1)/v slots); p2p {p2p_ns / n_steps / 1e6:.2f} ms "
+        f"({act_bytes / MIB:.2f} MiB per micro-batch, {note}); host work repeated per "
+        "micro-batch; kernels pay their fixed cost once per micro-batch"
+    )
+    return graph
+
+
+def _stage_share(times: np.ndarray, parts: int) -> float:
+    total = float(times.sum())
+    return C.balanced_max(times, parts) / total if total > 0 else 1.0 / parts
+
+
+def _act_bytes(graph: Graph, o: Options, m: int) -> float:
+    if o.act_mb is not None:
+        if o.act_mb < 0:
+            raise NotApplicableError("pipeline-parallel: act_mb must be >= 0")
+        return o.act_mb * MIB
+    if graph.table is None:
+        return 0.0
+    from perfcast.memory_model.facts import trace_facts
+
+    saved = trace_facts(graph.table).saved
+    if not saved:
+        return 0.0
+    return saved[len(saved) // 2].nbytes / m

@@ -1,0 +1,178 @@
+"""zero: ZeRO-1/2/3 and FSDP sharding over N data-parallel GPUs, from a trace of one or more.
+
+What is modelled (Rajbhandari et al., "ZeRO", SC'20; PyTorch FSDP2 and DeepSpeed as they
+place their collectives):
+
+- units: the step's forward GPU work cut into `units` contiguous chunks in launch order (FSDP
+  wraps one module per unit, typically a transformer block), backward into as many in reverse;
+  parameters spread evenly over units (the trace's AccumulateGrad shapes give the total,
+  `params_mb` when it has none);
+- every stage: after each backward unit its gradients are reduce-scattered
+  (`grad_bytes` per element) on a communication stream, overlapping the next unit's backward;
+  the optimizer waits for the last one; the optimizer's GPU kernels do 1/N of the work (the
+  host still loops over every parameter tensor);
+- stages 1 and 2: after the optimizer step the updated shards are all-gathered
+  (`param_bytes` per element) before the next forward (DeepSpeed's end of step);
+- stage 3 / FSDP: before each unit's forward and again before its backward its parameters are
+  all-gathered (reshard after forward); a gather is issued `prefetch` units ahead, and no
+  earlier than the end of the unit `prefetch + 1` before it (FSDP2's default: one unit
+  prefetched, two units' parameters live at once).
+
+Collective times: `perfcast.hardware.collectives` (ring: (p-1)(alpha + N/(pB))) over `link`,
+by default the device's intra-node link. Assumptions: weak scaling (every GPU keeps the
+trace's batch), ranks in lock step, NCCL kernels do not slow the compute they overlap. A
+trace that already ran data parallel has its measured all-reduces replaced. Memory (what the
+sharding saves) is reported by the memory model (`perfcast.memory_model`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from perfcast.errors import NotApplicableError
+from perfcast.graph.model import Graph
+from perfcast.graph.phases import Phase
+from perfcast.hardware.collectives import allgather_time_us, reduce_scatter_time_us
+from perfcast.whatif import kernels as K
+from perfcast.whatif.models import _parallel_common as C
+
+SUMMARY = (
+    "ZeRO-1/2/3 / FSDP over N GPUs: sharded optimizer state, gradients and parameters; "
+    "reduce-scatter and all-gather per unit with prefetch (gpus=N, stage=1|2|3, units=, "
+    "link=, param_bytes=4, grad_bytes=4)"
+)
+MIB = 1 << 20
+
+
+@dataclass
+class Options:
+    gpus: int = 8
+    stage: int = 3
+    units: int = 16
+    prefetch: int = 1
+    link: str | None = None
+    param_bytes: int = 4  # bytes per element all-gathered (2: FSDP mixed precision, bf16)
+    grad_bytes: int = 4  # bytes per element reduce-scattered
+    params_mb: float | None = None  # total parameter MiB (fp32), when the trace has no shapes
+
+
+def apply(graph: Graph, options: Options) -> Graph:
+    o = options
+    if o.gpus < 2:
+        raise NotApplicableError("zero: gpus must be at least 2")
+    if o.stage not in (1, 2, 3):
+        raise NotApplicableError("zero: stage must be 1, 2 or 3")
+    if o.units < 1 or o.prefetch < 0:
+        raise NotApplicableError("zero: units must be >= 1 and prefetch >= 0")
+    C.require_gpu_steps(graph, "zero")
+    params = _param_count(graph, o)
+    from perfcast.whatif.models.ddp import _drop_measured_allreduces
+
+    replaced_ms = _drop_measured_allreduces(graph)
+    fixed = K.kernel_fixed_cost_ns(graph)
+    total_rs = total_ag = 0.0
+    n_steps = 0
+    link_note = ""
+    for rank, it in C.groups(graph):
+        fwd = C.step_gpu_nodes(graph, rank, it, Phase.FORWARD)
+        bwd = C.step_gpu_nodes(graph, rank, it, Phase.BACKWARD)
+        opt = C.step_gpu_nodes(graph, rank, it, Phase.OPTIMIZER)
+        if bwd.size == 0:
+            continue
+        n_steps += 1
+        link, link_note = C.link_for(graph, rank, o.link, "zero")
+        lane = C.comm_lane(graph, rank, f"modelled ZeRO-{o.stage} collectives")
+        c = graph.cols
+        f_units = C.chunks(fwd, o.units)
+        b_units = C.chunks(bwd, o.units)
+        k = len(b_units)
+        per_unit = params / k
+        rs_us = reduce_scatter_time_us(per_unit * o.grad_bytes, o.gpus, link)
+        ag_us = allgather_time_us(per_unit * o.param_bytes, o.gpus, link)
+        if o.stage == 3:
+            for units in (f_units, b_units):
+                _gathers(graph, lane, units, ag_us, per_unit * o.param_bytes, it, o.prefetch)
+                total_ag += ag_us * len(units)
+        # Gradients: reduce-scatter after each backward unit.
+        last = np.array([u[-1] for u in b_units])
+        order = c["launch_order"][last] + 0.25
+        rs = C.insert_collective(
+            graph, lane, np.full(k, round(rs_us * 1000)), np.full(k, per_unit * o.grad_bytes),
+            order, f"ncclKernel_ReduceScatter (modelled, {o.gpus} GPUs, {link.name})",
+            np.full(k, it),
+        )
+        C.wait(graph, last, rs)
+        total_rs += rs_us * k
+        if opt.size:
+            C.wait(graph, rs[-1:], opt[:1])
+            K.scale_variable(graph, opt, 1.0 / o.gpus, fixed)
+            if o.stage < 3:
+                whole_us = allgather_time_us(params * o.param_bytes, o.gpus, link)
+                ag = C.insert_collective(
+                    graph, int(c["lane"][opt[-1]]), np.array([round(whole_us * 1000)]),
+                    np.array([params * o.param_bytes]),
+                    np.array([c["order"][opt[-1]] + 1e-3]),
+                    f"ncclKernel_AllGather (modelled, {o.gpus} GPUs, {link.name})",
+                    np.array([it]),
+                )
+                C.wait(graph, opt[-1:], ag)
+                total_ag += whole_us
+    if n_steps == 0:
+        raise NotApplicableError("zero: no backward GPU work in the trace's steps (inference?)")
+    graph.assumptions.append(
+        f"ZeRO-{o.stage} over {o.gpus} GPUs: {params / 1e6:.1f} M parameters in "
+        f"{o.units} units; per step {total_rs / n_steps / 1e3:.2f} ms of reduce-scatter "
+        f"({o.grad_bytes} B/element) and {total_ag / n_steps / 1e3:.2f} ms of all-gather "
+        f"({o.param_bytes} B/element), modelled over {link_note or 'the given link'}; "
+        f"optimizer GPU kernels at 1/{o.gpus} of their work"
+        + ("; parameters gathered before each unit's forward and backward, "
+           f"{o.prefetch} unit(s) ahead" if o.stage == 3 else "")
+    )
+    if replaced_ms:
+        graph.assumptions.append(
+            f"the trace's measured all-reduces ({replaced_ms / n_steps:.2f} ms per step) were "
+            "replaced by the modelled collectives"
+        )
+    return graph
+
+
+def _gathers(
+    graph: Graph,
+    lane: int,
+    units: list[np.ndarray],
+    ag_us: float,
+    nbytes: float,
+    it: int,
+    prefetch: int,
+) -> None:
+    """All-gathers before each unit; unit i waits for its gather; gather i waits for the end
+    of unit i - prefetch - 1 (memory for prefetch + 1 gathered units)."""
+    c = graph.cols
+    k = len(units)
+    first = np.array([u[0] for u in units])
+    order = c["launch_order"][first] - 0.5
+    ag = C.insert_collective(
+        graph, lane, np.full(k, round(ag_us * 1000)), np.full(k, nbytes), order,
+        "ncclKernel_AllGather (modelled, FSDP unit)", np.full(k, it),
+    )
+    C.wait(graph, ag, first)
+    for i in range(prefetch + 1, k):
+        C.wait(graph, units[i - prefetch - 1][-1], ag[i])
+
+
+def _param_count(graph: Graph, o: Options) -> float:
+    if o.params_mb is not None:
+        if o.params_mb <= 0:
+            raise NotApplicableError("zero: params_mb must be positive")
+        return o.params_mb * MIB / 4
+    from perfcast.memory_model.facts import trace_facts
+
+    facts = trace_facts(graph.table) if graph.table is not None else None
+    if facts is None or facts.params == 0:
+        raise NotApplicableError(
+            "zero: the trace has no parameter shapes (record_shapes=False)",
+            hint="pass params_mb=<total parameter MiB>",
+        )
+    return float(facts.params)

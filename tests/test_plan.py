@@ -1,0 +1,240 @@
+"""Plan search: formulas by hand (bubble, bus factors, Korthikanti activations), published
+rows, the search, the CLI and its errors."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import perfcast
+from perfcast.cli.main import main
+from perfcast.hardware.interconnects import LinkSpec
+from perfcast.hardware.network import collective_time_s, group_busbw_gbs, make_cluster
+from perfcast.plan import plan_model, plan_trace
+from perfcast.plan.analytic import AnalyticWorkload, StageTimes
+from perfcast.plan.cost import evaluate
+from perfcast.plan.desc import PRESETS, ModelDesc, load_desc, megatron_gpt
+from perfcast.plan.plans import Plans
+from tests.tracegen import TraceBuilder
+
+ROOT = Path(__file__).parents[1]
+EXAMPLE = ROOT / "perfcast" / "examples" / "ddp_a100_rank0.json.gz"
+RECORDED = ROOT / "benchmarks" / "accuracy" / "recorded" / "traces" / "h100"
+
+
+class _Flat:
+    """A workload whose micro-batch takes 1 s forward and 2 s backward on every stage."""
+
+    n_layers = 8
+    source = "test"
+
+    def stage_times(self, p: Plans) -> StageTimes:
+        one = np.ones(len(p))
+        return StageTimes(one, 2 * one, 0 * one, 0 * one, 0 * one)
+
+    def p2p_bytes(self, p: Plans) -> np.ndarray:
+        return np.zeros(len(p))
+
+    def params_stage(self, p: Plans) -> np.ndarray:
+        return np.zeros(len(p))
+
+    def bytes_per_param(self) -> tuple[int, int, int]:
+        return 4, 4, 8
+
+    def optimizer_s(self, params: np.ndarray) -> np.ndarray:
+        return np.zeros_like(params)
+
+    def act_bytes_stage(self, p: Plans) -> np.ndarray:
+        return np.ones(len(p))
+
+    def transient_bytes(self, p: Plans) -> np.ndarray:
+        return np.zeros(len(p))
+
+
+def test_1f1b_bubble_by_hand() -> None:
+    cl = make_cluster("a100-80gb")
+    p = Plans(dp=[1, 1, 1], tp=[1, 1, 1], pp=[4, 4, 1], mb=[1, 1, 1], m=[8, 8, 8],
+              v=[1, 2, 1], zero=[0, 0, 0], ckpt=[0, 0, 0], sp=[0, 0, 0], amp=[0, 0, 0])
+    c = evaluate(_Flat(), p, cl)
+    # 1F1B: (m + p - 1) slots of 3 s; bubble (p-1)/(m+p-1).
+    assert c.pipeline_s[0] == pytest.approx((8 + 3) * 3)
+    assert c.bubble_frac[0] == pytest.approx(3 / 11)
+    # Interleaved over v=2: (p-1)/v slots.
+    assert c.pipeline_s[1] == pytest.approx((8 + 1.5) * 3)
+    assert c.bubble_frac[1] == pytest.approx(1.5 / 9.5)
+    assert c.pipeline_s[2] == pytest.approx(8 * 3) and c.bubble_frac[2] == 0
+    # 1F1B keeps min(m, pp) micro-batches in flight on the first stage.
+    assert c.activations_b[0] == 4 and c.activations_b[2] == 1
+
+
+def _ideal_cluster():
+    link = LinkSpec("test", 100.0, 0.0, "test")
+    return replace(make_cluster("a100-80gb"), intra=link, inter=link, intra_eff=1.0,
+                   inter_eff=1.0, base_us=0.0, nvls=False, nics_per_node=8)
+
+
+def test_ring_bus_factors_by_hand() -> None:
+    cl = _ideal_cluster()
+    n, nbytes = 8, 1e9
+    bus = 100e9
+    ar = collective_time_s(cl, "allreduce", nbytes, n)
+    assert float(ar) == pytest.approx(2 * (n - 1) / n * nbytes / bus)
+    ag = collective_time_s(cl, "allgather", nbytes, n)
+    assert float(ag) == pytest.approx((n - 1) / n * nbytes / bus)
+    assert float(collective_time_s(cl, "reducescatter", nbytes, n)) == pytest.approx(float(ag))
+    assert float(collective_time_s(cl, "allreduce", nbytes, 1)) == 0.0
+    # NVLS inside a node: the switch reduces, N bytes each way.
+    nvls = collective_time_s(replace(cl, nvls=True), "allreduce", nbytes, n, algorithm="auto")
+    assert float(nvls) == pytest.approx(nbytes / bus)
+
+
+def test_groups_across_nodes_are_nic_bound() -> None:
+    cl = make_cluster("a100-80gb", intra="nvlink3", inter="ib-hdr")
+    # One GPU per node: one 25 GB/s NIC at 90%; eight per node: eight NICs, capped by NVLink.
+    assert float(group_busbw_gbs(cl, 16, 1)) == pytest.approx(25 * 0.9)
+    assert float(group_busbw_gbs(cl, 16, 8)) == pytest.approx(min(300 * 0.8, 8 * 25 * 0.9))
+    assert float(group_busbw_gbs(cl, 8, 8)) == pytest.approx(300 * 0.8)
+
+
+def test_parameter_counts() -> None:
+    # Calculon's parameter calculator: gpt3-175B 174.616 G, megatron-22B 22.074 G, 1T 1.008 T.
+    assert PRESETS["gpt-175b"].params() == pytest.approx(174.616e9, rel=1e-4)
+    assert PRESETS["gpt-22b"].params() == pytest.approx(22.074e9, rel=1e-4)
+    assert PRESETS["gpt-1t"].params() == pytest.approx(1.008e12, rel=1e-3)
+    assert PRESETS["llama3-8b"].params() == pytest.approx(8.03e9, rel=1e-3)
+
+
+def test_korthikanti_activation_formula() -> None:
+    """Activation bytes per layer (Korthikanti et al. 2022, Table 2): sbh(34 + 5as/h) without
+    parallelism, sbh(10 + 24/t + 5as/ht) with TP, sbh/t (34 + 5as/h) with TP + SP, 2sbh with
+    full recomputation."""
+    d = megatron_gpt("t", layers=4, hidden=1024, heads=16)
+    w = AnalyticWorkload(d, make_cluster("a100-80gb"))
+    s, b, h, a = d.seq, 2, d.hidden, d.heads
+
+    def act(tp: int, sp: int, ckpt: int) -> float:
+        p = Plans.single(tp=tp, pp=4, mb=b, sp=sp, ckpt=ckpt)  # one layer per stage
+        return float(w.act_bytes_stage(p)[0])
+
+    sbh = s * b * h
+    assert act(1, 0, 0) == pytest.approx(sbh * (34 + 5 * a * s / h))
+    assert act(4, 0, 0) == pytest.approx(sbh * (10 + 24 / 4 + 5 * a * s / (h * 4)))
+    assert act(4, 1, 0) == pytest.approx(sbh / 4 * (34 + 5 * a * s / h))
+    assert act(4, 1, 1) == pytest.approx(sbh / 4 * 34)  # selective: no 5as/h term
+    assert act(1, 0, 2) == pytest.approx(2 * sbh)
+
+
+def test_published_rows_within_bounds() -> None:
+    """The README's published-table numbers, recomputed: a ratchet on the model."""
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.bench_published import DATA, korthikanti, megatron
+
+    data = json.loads(DATA.read_text())
+    ko = korthikanti(data["korthikanti_iteration_times"])
+    assert max(r["error_pct"] for r in ko) <= 10.0
+    meg = megatron(data["megatron_weak_scaling"])
+    errs = sorted(r["error_pct"] for r in meg)
+    assert errs[len(errs) // 2] <= 10.0
+    assert max(errs) <= 15.0
+
+
+def test_search_is_fast_and_sorted() -> None:
+    r = plan_model("gpt-175b", 1024, gpu="a100-80gb", global_batch=1536, top=20)
+    assert r.evaluated > 1000
+    assert r.search_ms < 5000
+    steps = [row.step_ms for row in r.best]
+    assert steps == sorted(steps) or all(b >= a * 0.99 for a, b in itertools.pairwise(steps))
+    assert all(row.peak_gib <= r.capacity_gib for row in r.best)
+    assert r.fitting < r.evaluated  # some plans do not fit in 80 GiB
+
+
+def test_memory_limit_prunes() -> None:
+    small = plan_model("gpt-22b", 8, gpu="a100-80gb", global_batch=8, memory_gb=20)
+    assert small.best == [] and "no plan fits" in small.notes[0]
+
+
+def test_plan_trace_example() -> None:
+    r = plan_trace(perfcast.load(str(EXAMPLE)), 16, top=3)
+    assert r.best and r.baseline is not None
+    # The traced configuration (2-GPU DDP) is reproduced from its own measurements.
+    assert r.baseline.step_ms == pytest.approx(222.4, rel=0.05)
+    assert any("no input shapes" in a for a in r.assumptions)
+
+
+def test_plan_trace_recorded_reproduces_its_step() -> None:
+    table = perfcast.load(str(RECORDED / "r50_fused.json.gz"))
+    r = plan_trace(table, 8, top=3)
+    measured = np.median([it.dur_ns for it in table.iterations]) / 1e6
+    assert r.baseline is not None
+    assert r.baseline.step_ms == pytest.approx(measured, rel=0.05)
+    assert r.best[0].plan["dp"] * r.best[0].plan["tp"] * r.best[0].plan["pp"] == 8
+
+
+def test_load_desc_errors(tmp_path: Path) -> None:
+    assert load_desc('{"layers": 2, "hidden": 64, "heads": 4, "seq": 16, "vocab": 100}').layers == 2
+    with pytest.raises(perfcast.errors.PerfcastError):
+        load_desc("no-such-model")
+    with pytest.raises(perfcast.errors.PerfcastError):
+        load_desc('{"layers": 2, "hidden": 64, "heads": 4, "seq": 16, "vocab": 100, "x": 1}')
+    with pytest.raises(perfcast.errors.PerfcastError):
+        ModelDesc("m", 2, 65, 4, 16, 100)
+
+
+def test_cli_plan_example(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", str(EXAMPLE), "--gpus", "8", "--top", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "plans evaluated" in out and "assumptions" in out
+    assert main(["plan", str(EXAMPLE), "--gpus", "8", "--json", "-q"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["gpus"] == 8 and data["best"]
+
+
+def test_cli_plan_model(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "--model", "gpt-1.7b", "--gpus", "32", "--gpu", "a100-80gb",
+                 "--global-batch", "512", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["best"][0]["tokens_per_s"] > 0
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--gpus", "0"],
+        ["--gpus", "8", "--memory-gb", "-1"],
+        ["--gpus", "8", "--model", "gpt-1.7b"],  # both a trace and --model
+        ["--gpus", "8", "--gpu", "no-such-gpu"],
+    ],
+)
+def test_cli_plan_bad_input(args: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", str(EXAMPLE), *args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("perfcast: error:") and "Traceback" not in err
+
+
+def test_cli_plan_cpu_only_and_no_steps(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cpu = TraceBuilder(device=None)
+    cpu.step(1, 0, 100)
+    cpu.op("aten::add", 10, 5)
+    path = cpu.write(tmp_path / "cpu.json")
+    assert main(["plan", str(path), "--gpus", "8", "--gpu", "h100"]) == 2
+    assert "no GPU work" in capsys.readouterr().err
+    nostep = TraceBuilder()
+    nostep.op("aten::mm", 0, 10)
+    nostep.launch("gemm", 1, 2, 5, 10)
+    path = nostep.write(tmp_path / "nostep.json")
+    assert main(["plan", str(path), "--gpus", "8"]) == 2
+    assert "ProfilerStep" in capsys.readouterr().err
+
+
+def test_plan_multi_rank_folders(shared_traces: Path) -> None:
+    r = plan_trace(perfcast.load(str(shared_traces / "dlrm_v100_8rank")), 16, top=3)
+    assert r.best
+    r = plan_trace(perfcast.load(str(shared_traces / "hta_sampled_128rank")), 128,
+                   gpu="a100-80gb", top=3)
+    assert r.best

@@ -1,0 +1,50 @@
+"""Many ranks: the same loading code path on a local Ray instance, a synthetic 256-rank
+folder; and the plan search on it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import perfcast
+from perfcast import parallel
+from tests.tracegen import TraceBuilder
+
+N_RANKS = 256
+
+
+def _folder(tmp_path: Path) -> Path:
+    folder = tmp_path / "ranks"
+    folder.mkdir()
+    for r in range(N_RANKS):
+        b = TraceBuilder()
+        b.step(1, 0, 200 + r % 7)
+        b.op("aten::linear", 10, 20, **{"Input Dims": [[8, 64], [64, 64], [64]]})
+        b.launch("sm80_xmma_gemm_f32f32", 12, 3, 40, 10 + r % 5)
+        b.op("autograd::engine::evaluate_function: AddmmBackward0", 60, 20, tid=200)
+        b.launch("sm80_xmma_gemm_f32f32_bwd", 62, 3, 90, 20, tid=200)
+        b.write(folder / f"rank-{r}.json.gz")
+    return folder
+
+
+def test_local_pool_is_default() -> None:
+    assert parallel.backend() == "local"
+
+
+def test_ray_loads_256_ranks_like_the_local_path(tmp_path: Path) -> None:
+    pytest.importorskip("ray", reason="Ray is an optional extra: pip install 'perfcast[ray]'")
+    folder = _folder(tmp_path)
+    local = perfcast.load(str(folder))
+    with parallel.ray_backend():
+        assert parallel.backend() == "ray"
+        remote = perfcast.load(str(folder))
+    assert parallel.backend() == "local"
+    assert remote.rank_ids() == local.rank_ids() == list(range(N_RANKS))
+    assert len(remote) == len(local)
+    assert np.array_equal(remote.dur, local.dur) and np.array_equal(remote.rank, local.rank)
+    from perfcast.plan import plan_trace
+
+    r = plan_trace(remote, 512, gpu="a100-80gb", top=3)
+    assert r.best

@@ -1,0 +1,81 @@
+"""The scale-out what-ifs (zero, tensor-parallel, pipeline-parallel) on recorded traces."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import perfcast
+from perfcast.errors import NotApplicableError
+from perfcast.graph.build import build_graph
+from perfcast.sim.timeline import simulate
+from perfcast.whatif.registry import build_options, get_model
+
+RECORDED = Path(__file__).parents[1] / "benchmarks" / "accuracy" / "recorded" / "traces" / "h100"
+EXAMPLE = Path(__file__).parents[1] / "perfcast" / "examples" / "ddp_a100_rank0.json.gz"
+
+
+@pytest.fixture(scope="module")
+def mlp() -> perfcast.events.EventTable:
+    return perfcast.load(str(RECORDED / "mlp_fused.json.gz"))
+
+
+def _apply(table: object, name: str, **opts: object):
+    g = build_graph(table).copy()  # type: ignore[arg-type]
+    return get_model(name).apply(g, build_options(name, opts))
+
+
+def _named(g, text: str) -> np.ndarray:
+    idx = [i for i, n in enumerate(g.names) if text in n]
+    return np.flatnonzero(np.isin(g.cols["name"], idx) & g.alive)
+
+
+def test_pipeline_bubble_node_by_hand(mlp) -> None:
+    g = _apply(mlp, "pipeline-parallel", pp=4, microbatches=8)
+    nodes = _named(g, "pipeline bubble")
+    assert nodes.size == 2 * 3  # bubble and p2p nodes, three steps
+    fwd_bwd = g.cols["dur"][
+        np.isin(g.cols["phase"], [1, 2]) & (g.cols["kind"] == 4) & g.alive
+        & (g.cols["klass"] != 9)
+    ]
+    # Per step: bubble = (pp-1)/v x (forward + backward per micro-batch).
+    per_step_mb = fwd_bwd.sum() / 3 / 8
+    bubble = g.cols["dur"][nodes][::2]
+    assert bubble.mean() == pytest.approx(3 * per_step_mb, rel=0.02)
+    assert simulate(g).iteration_ns()[0][3] > 0
+
+
+def test_pipeline_interleaving_shrinks_bubble(mlp) -> None:
+    plain = _apply(mlp, "pipeline-parallel", pp=4, microbatches=8)
+    inter = _apply(mlp, "pipeline-parallel", pp=4, microbatches=8, virtual=2)
+    b1 = plain.cols["dur"][_named(plain, "pipeline bubble")][::2].sum()
+    b2 = inter.cols["dur"][_named(inter, "pipeline bubble")][::2].sum()
+    assert b2 == pytest.approx(b1 / 2, rel=0.01)
+
+
+def test_zero_stage3_gathers_and_scatters(mlp) -> None:
+    g = _apply(mlp, "zero", gpus=8, stage=3, units=4)
+    assert _named(g, "AllGather (modelled, FSDP unit)").size == 3 * 8  # fwd + bwd units
+    assert _named(g, "ReduceScatter (modelled").size == 3 * 4
+    r = perfcast.predict(mlp, "zero:gpus=8,stage=3,units=4")
+    assert r.predicted_ms > 0 and r.memory is not None
+    one = perfcast.predict(mlp, "zero:gpus=8,stage=1")
+    assert one.memory.optimizer_bytes == pytest.approx(r.memory.optimizer_bytes, rel=1e-6)
+    assert r.memory.weights_bytes < one.memory.weights_bytes
+
+
+def test_zero_needs_parameter_sizes() -> None:
+    table = perfcast.load(str(EXAMPLE))
+    with pytest.raises(NotApplicableError, match="params_mb"):
+        _apply(table, "zero", gpus=8, stage=3)
+    assert perfcast.predict(table, "zero:gpus=8,stage=2,params_mb=97").predicted_ms > 0
+
+
+def test_tensor_parallel_pairs_and_refusal(mlp) -> None:
+    g = _apply(mlp, "tensor-parallel", tp=2)
+    # 17 linear layers: 8 pairs forward and 8 backward, per step.
+    assert _named(g, "modelled TP").size == 3 * 16
+    with pytest.raises(NotApplicableError, match="linear"):
+        _apply(perfcast.load(str(RECORDED / "r50_fused.json.gz")), "tensor-parallel", tp=2)
