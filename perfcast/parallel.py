@@ -54,9 +54,7 @@ def ray_backend(address: str | None = None) -> Iterator[None]:
     except ImportError:
         from perfcast.errors import PerfcastError
 
-        raise PerfcastError(
-            "Ray is not installed", hint="pip install 'perfcast[ray]'"
-        ) from None
+        raise PerfcastError("Ray is not installed", hint="pip install 'perfcast[ray]'") from None
     started = False
     if not ray.is_initialized():
         kwargs: dict[str, Any] = {"ignore_reinit_error": True, "log_to_driver": False}
@@ -76,7 +74,7 @@ def ray_backend(address: str | None = None) -> Iterator[None]:
 
 
 def backend() -> str:
-    """"ray" inside `ray_backend`, else "local"."""
+    """ "ray" inside `ray_backend`, else "local"."""
     return "ray" if _RAY is not None else "local"
 
 

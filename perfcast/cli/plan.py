@@ -109,8 +109,16 @@ def render(result: Any, console: Any) -> None:
     console.print(result.cluster, style="dim")
     tokens = any(r.tokens_per_s for r in result.best)
     t = Table(show_edge=False, pad_edge=False, box=None)
-    for col in ("#", "plan", "step", "tokens/s" if tokens else "samples/s", "GiB",
-                "W/G/O/A GiB", "bubble", "comm"):
+    for col in (
+        "#",
+        "plan",
+        "step",
+        "tokens/s" if tokens else "samples/s",
+        "GiB",
+        "W/G/O/A GiB",
+        "bubble",
+        "comm",
+    ):
         t.add_column(col, justify="left" if col == "plan" else "right", no_wrap=True)
     rows = ([result.baseline] if result.baseline else []) + list(result.best)
     for r in rows:
@@ -121,15 +129,15 @@ def render(result: Any, console: Any) -> None:
             _time(r.step_ms),
             _count(rate) if rate else "-",
             f"{r.peak_gib:.1f}",
-            f"{r.weights_gib:.1f}/{r.grads_gib:.1f}/{r.optimizer_gib:.1f}/"
-            f"{r.activations_gib:.1f}",
+            f"{r.weights_gib:.1f}/{r.grads_gib:.1f}/{r.optimizer_gib:.1f}/{r.activations_gib:.1f}",
             f"{r.bubble_pct:.0f}%",
             _time(r.exposed_comm_ms),
         )
     console.print(t)
     console.print(
         "plan: dp x tp x pp GPUs (/v: interleaved stages), mb: micro-batch x count; "
-        "W/G/O/A: weights, gradients, optimizer state, activations", style="dim",
+        "W/G/O/A: weights, gradients, optimizer state, activations",
+        style="dim",
     )
     if result.best:
         console.print("[bold]why the best plan[/bold]")

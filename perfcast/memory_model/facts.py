@@ -62,8 +62,10 @@ _SAVES: tuple[tuple[re.Pattern[str], str], ...] = tuple(
         (r"^aten::(avg_pool\d?d|adaptive_avg_pool\d?d)$", "in"),
         (r"^aten::(softmax|log_softmax|_softmax|_log_softmax)$", "in"),
         (r"^aten::(dropout|feature_dropout|native_dropout)$", "mask"),
-        (r"^aten::(scaled_dot_product_attention|_scaled_dot_product\w*|_flash_attention\w*)$",
-         "attn"),
+        (
+            r"^aten::(scaled_dot_product_attention|_scaled_dot_product\w*|_flash_attention\w*)$",
+            "attn",
+        ),
     )
 )
 # Ops whose output has the input's shape: a tensor of that shape they read is not the
@@ -256,8 +258,10 @@ def _outermost_aten(table: EventTable, ops: np.ndarray) -> np.ndarray:
     is_aten = np.array([n.startswith("aten::") for n in names], dtype=bool)
     mine = ops[is_aten[table.name[ops]]]
     par = table.parent[mine]
-    nested = (par >= 0) & is_aten[table.name[np.maximum(par, 0)]] & (
-        table.kind[np.maximum(par, 0)] == Kind.CPU_OP
+    nested = (
+        (par >= 0)
+        & is_aten[table.name[np.maximum(par, 0)]]
+        & (table.kind[np.maximum(par, 0)] == Kind.CPU_OP)
     )
     return mine[~nested]
 

@@ -312,9 +312,7 @@ def _checkpoint(inp: MemoryInputs, o: Mapping[str, Any]) -> MemoryInputs:
 
 def _fused(inp: MemoryInputs, o: Mapping[str, Any]) -> MemoryInputs:
     kind = str(o.get("kind", "fused"))
-    return replace(
-        inp, optimizer_impl=kind, assumptions=[*inp.assumptions, f"optimizer: {kind}"]
-    )
+    return replace(inp, optimizer_impl=kind, assumptions=[*inp.assumptions, f"optimizer: {kind}"])
 
 
 def _ddp(inp: MemoryInputs, o: Mapping[str, Any]) -> MemoryInputs:

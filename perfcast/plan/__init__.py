@@ -39,8 +39,13 @@ __all__ = [
 ]
 
 
-def _cluster_for(table: EventTable | None, gpu: str | None, link: str | None,
-                 inter: str | None, gpus_per_node: int) -> Cluster:
+def _cluster_for(
+    table: EventTable | None,
+    gpu: str | None,
+    link: str | None,
+    inter: str | None,
+    gpus_per_node: int,
+) -> Cluster:
     device = gpu
     if device is None and table is not None:
         names = [i.device_name for i in table.ranks if i.device_name]
@@ -68,8 +73,7 @@ def calibrate_cluster(table: EventTable, cluster: Cluster) -> tuple[Cluster, str
     except PerfcastError:
         return cluster, None
     rows = [
-        r for r in coll.by_op
-        if r.best_busbw_gbs and r.size_bytes >= (4 << 20) and r.group_size > 1
+        r for r in coll.by_op if r.best_busbw_gbs and r.size_bytes >= (4 << 20) and r.group_size > 1
     ]
     if not rows:
         return cluster, None
@@ -114,8 +118,16 @@ def plan_trace(
     # the trace measured.
     base = Plans.single(dp=world if world <= max(gpus, world) else 1, mb=w.batch, m=1)
     result = search(
-        w, cluster, gpus, gb, capacity_gib=memory_gb, top=top, fixed_s=w.fixed_s,
-        amp=amp, ckpt=(0, 2), baseline=base,
+        w,
+        cluster,
+        gpus,
+        gb,
+        capacity_gib=memory_gb,
+        top=top,
+        fixed_s=w.fixed_s,
+        amp=amp,
+        ckpt=(0, 2),
+        baseline=base,
     )
     if world > 1:
         result.notes.append(
@@ -144,5 +156,11 @@ def plan_model(
     w = AnalyticWorkload(desc, cluster, **workload_kw)
     gb = global_batch or gpus
     return search(
-        w, cluster, gpus, gb, capacity_gib=memory_gb, top=top, overlap_dp=overlap_dp,
+        w,
+        cluster,
+        gpus,
+        gb,
+        capacity_gib=memory_gb,
+        top=top,
+        overlap_dp=overlap_dp,
     )

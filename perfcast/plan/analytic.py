@@ -45,14 +45,22 @@ TILE = 128
 def gemm_efficiency(device_name: str) -> tuple[float, float, str]:
     """(e_mm, e_flash, where they come from) for a device."""
     if device_name.startswith("A100"):
-        return 0.82, 0.65, (
-            "A100: large fp16/bf16 cuBLAS GEMMs reach about 255 of 312 TFLOP/s (0.82), "
-            "FlashAttention-2 forward about 0.65 of peak"
+        return (
+            0.82,
+            0.65,
+            (
+                "A100: large fp16/bf16 cuBLAS GEMMs reach about 255 of 312 TFLOP/s (0.82), "
+                "FlashAttention-2 forward about 0.65 of peak"
+            ),
         )
     if device_name.startswith(("H100", "H200")):
-        return 0.72, 0.40, (
-            "Hopper: large bf16 cuBLAS GEMMs reach about 700 of 989 TFLOP/s (0.72), "
-            "FlashAttention-2 about 0.40 of peak"
+        return (
+            0.72,
+            0.40,
+            (
+                "Hopper: large bf16 cuBLAS GEMMs reach about 700 of 989 TFLOP/s (0.72), "
+                "FlashAttention-2 about 0.40 of peak"
+            ),
         )
     return 0.75, 0.45, f"{device_name}: assumed 0.75 of peak for GEMMs, 0.45 for attention"
 
@@ -206,7 +214,9 @@ class AnalyticWorkload:
         fwd_layer = lay["mm"] + lay["attn_core"] + lay["attn_mem"] + lay["mem"] + lay["over"]
         flash_bwd = 2.5 if self.desc.flash_attention else 2.0
         bwd_layer = (
-            2 * lay["mm"] + flash_bwd * lay["attn_core"] + 2 * (lay["attn_mem"] + lay["mem"])
+            2 * lay["mm"]
+            + flash_bwd * lay["attn_core"]
+            + 2 * (lay["attn_mem"] + lay["mem"])
             + 2 * lay["over"]
         )
         comm_b = lay["comm_f"] + np.where(p.sp > 0, 2 * lay["ag"], 0.0)
@@ -279,8 +289,11 @@ class AnalyticWorkload:
         recomputed or run backward, and the logits (16-bit, fp32 softmax and its gradient)."""
         d = self.desc
         b, t = p.mb.astype(np.float64), p.tp.astype(np.float64)
-        one = self.act_bytes_stage(Plans(**{**_fields(p), "ckpt": np.zeros_like(p.ckpt),
-                                             "pp": np.full_like(p.pp, d.layers)}))
+        one = self.act_bytes_stage(
+            Plans(
+                **{**_fields(p), "ckpt": np.zeros_like(p.ckpt), "pp": np.full_like(p.pp, d.layers)}
+            )
+        )
         logits = b * d.seq * d.vocab / t * (self.act_bytes + 4 + 4)
         return one + np.where(p.pp > 1, 0.0, logits)
 

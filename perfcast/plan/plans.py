@@ -62,7 +62,7 @@ class Plans:
 
 
 def describe(row: dict[str, int]) -> str:
-    """"dp8 tp2 pp4/v2 mb1x16 zero-1 sel-ckpt SP": v = interleaved virtual stages, mb = the
+    """ "dp8 tp2 pp4/v2 mb1x16 zero-1 sel-ckpt SP": v = interleaved virtual stages, mb = the
     micro-batch size x micro-batches per step and data-parallel rank."""
     pp = f"pp{row['pp']}" + (f"/v{row['v']}" if row["v"] > 1 else "")
     parts = [f"dp{row['dp']} tp{row['tp']} {pp} mb{row['mb']}x{row['m']}", ZERO_NAMES[row["zero"]]]

@@ -85,8 +85,9 @@ def enumerate_plans(
     """Every plan for `gpus` GPUs and a global batch of `global_batch` samples."""
     layers = int(getattr(workload, "n_layers", 1))
     tp_cap = min(cluster.gpus_per_node, int(getattr(workload, "tp_max", 1)), max_tp or 1 << 30)
-    cols: dict[str, list[int]] = {k: [] for k in ("dp", "tp", "pp", "mb", "m", "v", "zero",
-                                                   "ckpt", "sp", "amp")}
+    cols: dict[str, list[int]] = {
+        k: [] for k in ("dp", "tp", "pp", "mb", "m", "v", "zero", "ckpt", "sp", "amp")
+    }
     sp_ok = getattr(workload, "source", "") == "model description"
     for tp in _pow2_upto(tp_cap):
         if gpus % tp or not bool(np.all(workload.tp_ok(np.array([tp])))):  # type: ignore[attr-defined]
@@ -106,7 +107,9 @@ def enumerate_plans(
                     if v > 1 and (layers % (pp * v) or m % pp):
                         continue
                     for z, c, s, a in itertools.product(
-                        zero if dp > 1 else (0,), ckpt, (0, 1) if (tp > 1 and sp_ok) else (0,),
+                        zero if dp > 1 else (0,),
+                        ckpt,
+                        (0, 1) if (tp > 1 and sp_ok) else (0,),
                         amp,
                     ):
                         for key, val in zip(cols, (dp, tp, pp, mb, m, v, z, c, s, a)):
@@ -192,9 +195,7 @@ def search(
     if global_batch < 1:
         raise PerfcastError("the global batch must be at least 1 sample")
     t0 = time.perf_counter()
-    plans = enumerate_plans(
-        workload, gpus, global_batch, cluster, amp=amp, ckpt=ckpt, zero=zero
-    )
+    plans = enumerate_plans(workload, gpus, global_batch, cluster, amp=amp, ckpt=ckpt, zero=zero)
     if len(plans) == 0:
         raise PerfcastError(
             f"no plan splits a global batch of {global_batch} over {gpus} GPUs",

@@ -50,9 +50,7 @@ from perfcast.plan.analytic import StageTimes
 from perfcast.plan.plans import Plans
 from perfcast.whatif.models._parallel_common import balanced_max as _balanced_max
 
-_LINEAR_OP = re.compile(
-    r"^aten::(linear|addmm|mm|matmul)$|^(Addmm|Mm|Linear|Matmul)Backward\d*$"
-)
+_LINEAR_OP = re.compile(r"^aten::(linear|addmm|mm|matmul)$|^(Addmm|Mm|Linear|Matmul)Backward\d*$")
 _WEIGHT_OP = re.compile(r"^aten::(conv\d?d|convolution|linear|addmm|matmul|embedding)$")
 _COMPUTE = (KernelClass.MATMUL, KernelClass.CONV, KernelClass.ATTENTION)
 
@@ -284,8 +282,11 @@ def trace_workload(
     fwd = ph == Phase.FORWARD
     bwd = ph == Phase.BACKWARD
     fl, fc, fm = part(Phase.FORWARD, lin), part(Phase.FORWARD, cb & ~lin), part(Phase.FORWARD, ~cb)
-    bl, bc, bm = (part(Phase.BACKWARD, lin), part(Phase.BACKWARD, cb & ~lin),
-                  part(Phase.BACKWARD, ~cb))
+    bl, bc, bm = (
+        part(Phase.BACKWARD, lin),
+        part(Phase.BACKWARD, cb & ~lin),
+        part(Phase.BACKWARD, ~cb),
+    )
     from perfcast.whatif.kernels import fixed_cost_ns
 
     fixed = fixed_cost_ns(table.dur[k]) / 1e9
@@ -316,9 +317,7 @@ def trace_workload(
     # the second (row-parallel) one, taken as the size of the layer's input per sample.
     lin_saved = [s for s in facts.saved if s.linear]
     pairs = len(lin_saved) // 2
-    tp_bytes = (
-        float(np.mean([s.nbytes for s in lin_saved])) / b0 if lin_saved else 0.0
-    )
+    tp_bytes = float(np.mean([s.nbytes for s in lin_saved])) / b0 if lin_saved else 0.0
     spec = lookup_device(facts.device_name) if facts.device_name else None
     amp_cb = _amp_ratio(table, k[cb], spec)
     dev_cb = dev_mem = 1.0

@@ -195,6 +195,12 @@ def render_whatif(result: WhatIfResult, console: Console) -> None:
         f"{result.speedup:.2f}×\n"
         f"  predicted, profiled         {result.predicted_traced_ms:10.2f} ms   speedup "
         f"{result.speedup_traced:.2f}×\n"
+        + (
+            f"  throughput per sample       {result.per_sample_speedup:10.2f}×\n"
+            if result.per_sample_speedup is not None
+            else ""
+        )
+        +
         f"  {100 * result.measured_share:.0f}% of the predicted critical path is time from the "
         "trace",
         highlight=False,

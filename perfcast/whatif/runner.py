@@ -57,6 +57,8 @@ class WhatIfResult:
     notes: list[str] = field(default_factory=list)  # about the input (salvage, no steps)
     # Predicted peak memory per rank after the optimizations (perfcast.memory_model), when known.
     memory: Any = None
+    # When the batch changes: throughput per sample against the baseline (speedup x factor).
+    per_sample_speedup: float | None = None
 
     @property
     def speedup_traced(self) -> float:
@@ -152,6 +154,12 @@ def run_whatif(
         notes=input_notes(table),
         memory=_memory(table, specs),
     )
+    factor = 1.0
+    for a in applied:
+        if a.name == "batch-size":
+            factor *= float(a.options.get("factor", 1.0))  # type: ignore[arg-type]
+    if factor != 1.0:
+        result.per_sample_speedup = result.speedup * factor
     if result.memory is not None and result.memory.fits is False:
         result.notes.append("memory: " + result.memory.verdict())
     return result, world.real, predicted

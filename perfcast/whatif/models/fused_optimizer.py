@@ -53,7 +53,7 @@ class Options:
     params: int | None = None  # number of parameter tensors, if known
 
 
-def _params_estimate(graph: Graph, nodes: np.ndarray) -> tuple[int, int]:
+def params_estimate(graph: Graph, nodes: np.ndarray) -> tuple[int, int]:
     """(parameters, ops per parameter): the most common op count is the parameter count."""
     c = graph.cols
     op_names = c["op_name"][nodes]
@@ -70,16 +70,22 @@ def apply(graph: Graph, options: Options) -> Graph:
     c = graph.cols
     gpu = P.select(graph, kind="gpu", phase="optimizer")
     gpu = gpu[c["iteration"][gpu] >= 0]
-    names = graph.names
-    if gpu.size and any(
-        any(k in names[i] for k in _ALREADY_FUSED) for i in np.unique(c["name"][gpu]).tolist()
-    ):
+    if gpu.size and already_fused(graph, gpu):
         raise NotApplicableError("fused-optimizer: the optimizer already uses multi-tensor kernels")
     if gpu.size:
         _apply_gpu(graph, gpu, options)
     else:
         _apply_cpu(graph, options)
     return graph
+
+
+def already_fused(graph: Graph, gpu: np.ndarray) -> bool:
+    """Do these optimizer kernels come from a multi-tensor (foreach) or fused optimizer?"""
+    names = graph.names
+    return any(
+        any(k in names[i] for k in _ALREADY_FUSED)
+        for i in np.unique(graph.cols["name"][gpu]).tolist()
+    )
 
 
 def _fixed_cost(durs: np.ndarray) -> int:
@@ -95,7 +101,7 @@ def _apply_gpu(graph: Graph, gpu: np.ndarray, options: Options) -> None:
         group = gpu[(c["rank"][gpu] == rank) & (c["iteration"][gpu] == it)]
         group = group[np.argsort(c["order"][group], kind="stable")]
         n = group.size
-        params, k = _params_estimate(graph, group)
+        params, k = params_estimate(graph, group)
         if options.params:
             params = options.params
             k = max(1, round(n / params))

@@ -83,10 +83,12 @@ def apply(graph: Graph, options: Options) -> Graph:
             f = np.minimum(t, float(fixed))
             new = np.rint(f * m + (t - f) * share).astype(np.int64)
             P.set_duration(graph, nodes, new)
-        host = np.concatenate([
-            P.select(graph, kind="host", phase=ph, rank=rank, iteration=it)
-            for ph in ("forward", "backward")
-        ])
+        host = np.concatenate(
+            [
+                P.select(graph, kind="host", phase=ph, rank=rank, iteration=it)
+                for ph in ("forward", "backward")
+            ]
+        )
         P.scale(graph, host, share * m)
         opt = C.step_gpu_nodes(graph, rank, it, Phase.OPTIMIZER)
         K.scale_variable(graph, opt, 1.0 / o.pp, fixed)
@@ -96,10 +98,14 @@ def apply(graph: Graph, options: Options) -> Graph:
         p2p = round(2 * m * o.virtual * p2p_us * 1000)
         lane = int(c["lane"][fwd[0]])
         nodes = C.insert_collective(
-            graph, lane, np.array([bubble, p2p]), np.array([0, 2 * m * o.virtual * act_bytes]),
+            graph,
+            lane,
+            np.array([bubble, p2p]),
+            np.array([0, 2 * m * o.virtual * act_bytes]),
             np.array([c["order"][fwd[0]] - 2e-3, c["order"][fwd[0]] - 1e-3]),
             f"pipeline bubble and p2p (modelled, pp={o.pp}, m={m}, v={o.virtual})",
-            np.array([it, it]), Phase.FORWARD,
+            np.array([it, it]),
+            Phase.FORWARD,
         )
         C.wait(graph, nodes[0], nodes[1])
         C.wait(graph, nodes[1], fwd[0])

@@ -88,10 +88,14 @@ def apply(graph: Graph, options: Options) -> Graph:
                     us = allreduce_time_us(nbytes, t, link)
                 c = graph.cols
                 new = C.insert_collective(
-                    graph, int(c["lane"][last]), np.array([round(us * 1000)]),
-                    np.array([nbytes]), np.array([c["order"][last] + 1e-3]),
+                    graph,
+                    int(c["lane"][last]),
+                    np.array([round(us * 1000)]),
+                    np.array([nbytes]),
+                    np.array([c["order"][last] + 1e-3]),
                     f"ncclKernel_AllReduce (modelled TP, {t} GPUs, {link.name})",
-                    np.array([it]), phase,
+                    np.array([it]),
+                    phase,
                 )
                 C.wait(graph, last, new)
                 comm_ns += round(us * 1000)
@@ -103,8 +107,9 @@ def apply(graph: Graph, options: Options) -> Graph:
         )
     if options.sequence_parallel:
         ew = P.select(graph, kind="gpu", phase="forward")
-        ew = ew[np.isin(graph.cols["klass"][ew], [int(KernelClass.ELEMENTWISE),
-                                                   int(KernelClass.NORM)])]
+        ew = ew[
+            np.isin(graph.cols["klass"][ew], [int(KernelClass.ELEMENTWISE), int(KernelClass.NORM)])
+        ]
         K.scale_variable(graph, ew, 1.0 / t, fixed)
     steps = max(n_steps, 1)
     graph.assumptions.append(

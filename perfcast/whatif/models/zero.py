@@ -99,8 +99,12 @@ def apply(graph: Graph, options: Options) -> Graph:
         last = np.array([u[-1] for u in b_units])
         order = c["launch_order"][last] + 0.25
         rs = C.insert_collective(
-            graph, lane, np.full(k, round(rs_us * 1000)), np.full(k, per_unit * o.grad_bytes),
-            order, f"ncclKernel_ReduceScatter (modelled, {o.gpus} GPUs, {link.name})",
+            graph,
+            lane,
+            np.full(k, round(rs_us * 1000)),
+            np.full(k, per_unit * o.grad_bytes),
+            order,
+            f"ncclKernel_ReduceScatter (modelled, {o.gpus} GPUs, {link.name})",
             np.full(k, it),
         )
         C.wait(graph, last, rs)
@@ -111,7 +115,9 @@ def apply(graph: Graph, options: Options) -> Graph:
             if o.stage < 3:
                 whole_us = allgather_time_us(params * o.param_bytes, o.gpus, link)
                 ag = C.insert_collective(
-                    graph, int(c["lane"][opt[-1]]), np.array([round(whole_us * 1000)]),
+                    graph,
+                    int(c["lane"][opt[-1]]),
+                    np.array([round(whole_us * 1000)]),
                     np.array([params * o.param_bytes]),
                     np.array([c["order"][opt[-1]] + 1e-3]),
                     f"ncclKernel_AllGather (modelled, {o.gpus} GPUs, {link.name})",
@@ -127,8 +133,12 @@ def apply(graph: Graph, options: Options) -> Graph:
         f"({o.grad_bytes} B/element) and {total_ag / n_steps / 1e3:.2f} ms of all-gather "
         f"({o.param_bytes} B/element), modelled over {link_note or 'the given link'}; "
         f"optimizer GPU kernels at 1/{o.gpus} of their work"
-        + ("; parameters gathered before each unit's forward and backward, "
-           f"{o.prefetch} unit(s) ahead" if o.stage == 3 else "")
+        + (
+            "; parameters gathered before each unit's forward and backward, "
+            f"{o.prefetch} unit(s) ahead"
+            if o.stage == 3
+            else ""
+        )
     )
     if replaced_ms:
         graph.assumptions.append(
@@ -154,8 +164,13 @@ def _gathers(
     first = np.array([u[0] for u in units])
     order = c["launch_order"][first] - 0.5
     ag = C.insert_collective(
-        graph, lane, np.full(k, round(ag_us * 1000)), np.full(k, nbytes), order,
-        "ncclKernel_AllGather (modelled, FSDP unit)", np.full(k, it),
+        graph,
+        lane,
+        np.full(k, round(ag_us * 1000)),
+        np.full(k, nbytes),
+        order,
+        "ncclKernel_AllGather (modelled, FSDP unit)",
+        np.full(k, it),
     )
     C.wait(graph, ag, first)
     for i in range(prefetch + 1, k):
