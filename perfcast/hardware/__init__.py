@@ -31,6 +31,7 @@ from perfcast.hardware.devices import (
     list_devices,
     lookup_device,
     lookup_device_properties,
+    nearest_device,
 )
 from perfcast.hardware.interconnects import (
     LinkSpec,
@@ -63,6 +64,7 @@ __all__ = [
     "lookup_device",
     "lookup_device_properties",
     "lookup_link",
+    "nearest_device",
     "reduce_scatter_time_us",
     "reduce_time_us",
     "roofline_time_us",

@@ -450,6 +450,34 @@ def lookup_device(name: str) -> DeviceSpec | None:
     return None
 
 
+# Parts missing from the table that are variants of one in it, with what differs. Used only
+# when a name matches nothing else, and always stated in the prediction's assumptions.
+_VARIANTS: tuple[tuple[re.Pattern[str], str, str], ...] = tuple(
+    (re.compile(pattern), device, why)
+    for pattern, device, why in (
+        (
+            r"h800",
+            "H100-SXM5-80GB",
+            "the H800 is the H100 SXM with NVLink cut to 400 GB/s; compute and memory as H100",
+        ),
+        (
+            r"a800",
+            "A100-SXM4-80GB",
+            "the A800 is the A100 with NVLink cut to 400 GB/s; compute and memory as A100 80GB",
+        ),
+    )
+)
+
+
+def nearest_device(name: str) -> tuple[DeviceSpec, str] | None:
+    """A known part standing in for an unknown name, and why; None when nothing is near."""
+    key = _compact(name)
+    for pattern, device, why in _VARIANTS:
+        if key and pattern.search(key):
+            return _BY_NAME[device], f"'{name}' is not in the device table: {why}"
+    return None
+
+
 _GIB = 1 << 30
 
 

@@ -200,8 +200,7 @@ def render_whatif(result: WhatIfResult, console: Console) -> None:
             if result.per_sample_speedup is not None
             else ""
         )
-        +
-        f"  {100 * result.measured_share:.0f}% of the predicted critical path is time from the "
+        + f"  {100 * result.measured_share:.0f}% of the predicted critical path is time from the "
         "trace",
         highlight=False,
     )

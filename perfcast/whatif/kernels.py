@@ -24,6 +24,7 @@ from perfcast.hardware import (
     dtype_from_kernel_name,
     is_compute_bound_class,
     lookup_device,
+    nearest_device,
 )
 from perfcast.whatif import primitives as P
 
@@ -85,14 +86,21 @@ def require_gpu(graph: Graph, model: str) -> np.ndarray:
     return gpu
 
 
-def resolve_device(name: str, model: str, what: str) -> DeviceSpec:
+def resolve_device(name: str, model: str, what: str, graph: Graph | None = None) -> DeviceSpec:
+    """The spec of a named device; a variant of a known part stands in for it (the graph's
+    assumptions say so), anything else is refused."""
     spec = lookup_device(name)
-    if spec is None:
+    if spec is not None:
+        return spec
+    near = nearest_device(name)
+    if near is None:
         raise NotApplicableError(
             f"{model}: unknown device '{name}' ({what})",
             hint="perfcast.hardware.list_devices() lists the known devices",
         )
-    return spec
+    if graph is not None:
+        graph.assumptions.append(f"{model}: {near[1]}; taken as {near[0].name}")
+    return near[0]
 
 
 def rank_devices(
@@ -100,12 +108,19 @@ def rank_devices(
 ) -> dict[int, DeviceSpec]:
     """rank -> DeviceSpec of the trace's GPU (the override wins); refuse unknown devices."""
     if override:
-        forced = resolve_device(override, model, "device option")
+        forced = resolve_device(override, model, "device option", graph)
         return {int(r): forced for r in np.unique(ranks).tolist()}
     out: dict[int, DeviceSpec] = {}
     for r in np.unique(ranks).tolist():
         name = graph.device_names.get(int(r))
         spec = lookup_device(name) if name else None
+        if spec is None and name:
+            near = nearest_device(name)
+            if near is not None:
+                spec = near[0]
+                note = f"{model}: {near[1]}; taken as {spec.name}"
+                if note not in graph.assumptions:
+                    graph.assumptions.append(note)
         if spec is None:
             shown = f"'{name}'" if name else "not recorded"
             raise NotApplicableError(

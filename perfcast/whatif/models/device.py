@@ -25,7 +25,14 @@ bounds that kind of kernel. Here, from `perfcast.hardware` datasheet figures:
   waiting for slower peers scales with it;
 - memcpy: device-to-device copies by the bandwidth ratio; host<->device and
   peer copies unchanged (same PCIe host link and topology assumed);
-- CPU work, launch latencies and gaps: unchanged (the same host is assumed).
+- where the project measured both parts (`perfcast.hardware.measured`, e.g. H100 -> H200),
+  the measured class ratios replace the datasheet ones: achieved bandwidth does not grow
+  as fast as the peak;
+- CPU work: the same host is assumed unless `host=SPEED` says the new machine's CPU is
+  SPEED times as fast (every CPU node and runtime call then takes 1/SPEED as long; launch
+  latencies and gaps on the GPU side are unchanged). The measured H200 machine's host ran a
+  launch-bound step 1.39x faster than the H100 machine's: a new GPU often comes with a new
+  host, and only the user knows it.
 
 The graph's device names become the target's, so models applied afterwards
 (amp, batch-size) use the new GPU's figures.
@@ -49,12 +56,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from perfcast.errors import PerfcastError
-from perfcast.graph.model import GpuKind, Graph
+from perfcast.graph.model import GpuKind, Graph, NodeKind
 from perfcast.hardware import (
     DeviceSpec,
     KernelClass,
     default_intra_node_link,
 )
+from perfcast.hardware.measured import measured_ratio
+from perfcast.whatif import primitives as P
 from perfcast.whatif.kernels import (
     is_compute_kernel,
     kernel_dtype,
@@ -72,6 +81,7 @@ SUMMARY = "the same work on another GPU, per-kernel roofline scaling (target=h10
 class Options:
     target: str = ""  # required: the GPU to move to ("h100", "A100-SXM4-80GB", ...)
     source: str | None = None  # the trace's device, when its deviceProperties lack or misname it
+    host: float = 1.0  # the new machine's CPU speed relative to the traced one
 
 
 # ---------------------------------------------------------------- the model
@@ -89,7 +99,9 @@ def _link_ratio(src: DeviceSpec, dst: DeviceSpec) -> float | None:
 def apply(graph: Graph, options: Options) -> Graph:
     if not options.target:
         raise PerfcastError("device needs a target GPU", hint="e.g. device:target=h100")
-    target = resolve_device(options.target, "device", "target")
+    if not (options.host > 0):
+        raise PerfcastError("device: host must be a positive speed ratio", hint="e.g. host=1.3")
+    target = resolve_device(options.target, "device", "target", graph)
     gpu = require_gpu(graph, "device")
     c = graph.cols
     sources = rank_devices(graph, c["rank"][gpu], options.source, "device")
@@ -97,17 +109,22 @@ def apply(graph: Graph, options: Options) -> Graph:
     ratio = np.ones(gpu.size, dtype=np.float64)
     counts = {"compute": 0, "memory": 0, "comm": 0, "copy": 0}
     comm_scaled = False
+    measured_used: set[str] = set()
     for i, n in enumerate(gpu.tolist()):
         src = sources[int(c["rank"][n])]
+        table = measured_ratio(src.name, target.name)
         gk = int(c["gpu_kind"][n])
         name = graph.name_of(n)
+        mem_ratio = 1 / table.memory if table else src.mem_bw_gbs / target.mem_bw_gbs
+        if table:
+            measured_used.add(table.source)
         if gk == GpuKind.MEMCPY:
             if _MEMCPY_DTOD.search(name):
-                ratio[i] = src.mem_bw_gbs / target.mem_bw_gbs
+                ratio[i] = mem_ratio
                 counts["copy"] += 1
             continue
         if gk == GpuKind.MEMSET:
-            ratio[i] = src.mem_bw_gbs / target.mem_bw_gbs
+            ratio[i] = mem_ratio
             counts["memory"] += 1
             continue
         k = int(c["klass"][n])
@@ -119,15 +136,25 @@ def apply(graph: Graph, options: Options) -> Graph:
             counts["comm"] += 1
         elif is_compute_kernel(graph, n):
             d = kernel_dtype(name, k)
-            ratio[i] = src.peak(d) / target.peak(d)
+            ratio[i] = 1 / table.compute if table else src.peak(d) / target.peak(d)
             counts["compute"] += 1
         else:
-            ratio[i] = src.mem_bw_gbs / target.mem_bw_gbs
+            ratio[i] = mem_ratio
             counts["memory"] += 1
     changed = ratio != 1.0
     before = int(c["dur"][gpu].sum())
     scale_variable(graph, gpu[changed], ratio[changed], fixed)
     after = int(c["dur"][gpu].sum())
+    host_text = "same host CPU assumed"
+    if options.host != 1.0:
+        host = np.flatnonzero(
+            np.isin(c["kind"], [NodeKind.CPU, NodeKind.LAUNCH, NodeKind.RUNTIME, NodeKind.SYNC])
+            & graph.alive
+        )
+        P.scale(graph, host, 1.0 / options.host)
+        host_text = (
+            f"the new machine's CPU taken as {options.host:g}x as fast (host={options.host:g})"
+        )
     # Later models (amp, batch-size) see the new device; a fresh dict, as copies share it.
     graph.device_names = {**graph.device_names, **dict.fromkeys(sources, target.name)}
     src_names = ", ".join(sorted({s.name for s in sources.values()}))
@@ -136,12 +163,17 @@ def apply(graph: Graph, options: Options) -> Graph:
         if comm_scaled
         else "communication kernels unchanged"
     )
+    how = (
+        f"by ratios {'; '.join(sorted(measured_used))}"
+        if measured_used
+        else f"by datasheet peak FLOPS and DRAM bandwidth ({src_names} {_bw(sources)} -> "
+        f"{target.mem_bw_gbs:g} GB/s)"
+    )
     graph.assumptions.append(
-        f"device {src_names} -> {target.name}: {counts['compute']:,} compute-bound kernels by "
-        f"peak FLOPS, {counts['memory']:,} memory-bound kernels and {counts['copy']:,} "
-        f"device copies by DRAM bandwidth ({src_names} {_bw(sources)} -> "
-        f"{target.mem_bw_gbs:g} GB/s), {comm}; fixed {fixed / 1000:.1f} µs per kernel kept; "
-        f"GPU time {before / 1e6:.2f} -> {after / 1e6:.2f} ms; same host CPU assumed"
+        f"device {src_names} -> {target.name}: {counts['compute']:,} compute-bound kernels, "
+        f"{counts['memory']:,} memory-bound kernels and {counts['copy']:,} device copies "
+        f"scaled {how}, {comm}; fixed {fixed / 1000:.1f} µs per kernel kept; "
+        f"GPU time {before / 1e6:.2f} -> {after / 1e6:.2f} ms; {host_text}"
     )
     return graph
 
