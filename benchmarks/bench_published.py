@@ -65,8 +65,16 @@ def megatron(table: dict[str, Any]) -> list[dict[str, Any]]:
         shape = 1 + 2048 / (6 * h) + 51200 / (16 * layers * h)
         flops = 96 * batch * 2048 * layers * h * h * shape
 
-        def tflops(v: int, w: AnalyticWorkload = w, dp: int = dp, tp: int = tp, pp: int = pp,
-                   m: int = m, gpus: int = gpus, flops: float = flops) -> tuple[float, float]:
+        def tflops(
+            v: int,
+            w: AnalyticWorkload = w,
+            dp: int = dp,
+            tp: int = tp,
+            pp: int = pp,
+            m: int = m,
+            gpus: int = gpus,
+            flops: float = flops,
+        ) -> tuple[float, float]:
             p = Plans.single(dp=dp, tp=tp, pp=pp, mb=1, m=m, v=v, ckpt=2)
             c = evaluate(w, p, cl, overlap_dp=False)
             return flops / (float(c.step_s[0]) * gpus) / 1e12, float(c.peak_b[0]) / GIB
@@ -138,8 +146,14 @@ def torchtitan(table: dict[str, Any]) -> list[dict[str, Any]]:
     out = []
     for gpus, lb, _gb, tps, mem in table["rows"]:
         w = AnalyticWorkload(
-            desc, cl, param_bytes=4, gather_bytes=2, grad_bytes=4, main_grad_bytes=4,
-            master_bytes=0, opt_update_bytes=28,
+            desc,
+            cl,
+            param_bytes=4,
+            gather_bytes=2,
+            grad_bytes=4,
+            main_grad_bytes=4,
+            master_bytes=0,
+            opt_update_bytes=28,
         )
         p = Plans.single(dp=gpus, mb=lb, m=1, zero=3, ckpt=1)
         c = evaluate(w, p, cl, overlap_dp=True)
@@ -177,8 +191,15 @@ def recorded_memory() -> list[dict[str, Any]]:
     for cfg, (mem, _dev) in sorted(peaks.items()):
         trace = RECORDED_DIR / "traces" / "h100" / f"{cfg}.json.gz"
         if not trace.is_file():
-            out.append({"config": cfg, "measured_gib": mem, "predicted_gib": None,
-                        "error_pct": None, "note": "no trace recorded (torch.compile run)"})
+            out.append(
+                {
+                    "config": cfg,
+                    "measured_gib": mem,
+                    "predicted_gib": None,
+                    "error_pct": None,
+                    "note": "no trace recorded (torch.compile run)",
+                }
+            )
             continue
         est = predict_peak_memory(perfcast.load(str(trace)))
         out.append(
@@ -230,9 +251,16 @@ def memtracker() -> list[dict[str, Any]]:
         def block(i: int, o: int) -> nn.Module:
             return nn.Sequential(nn.Conv2d(i, o, 3, padding=1), nn.BatchNorm2d(o), nn.ReLU())
 
-        return nn.Sequential(block(3, 32), block(32, 32), nn.MaxPool2d(2), block(32, 64),
-                             block(64, 64), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
-                             nn.Linear(64, 10))
+        return nn.Sequential(
+            block(3, 32),
+            block(32, 32),
+            nn.MaxPool2d(2),
+            block(32, 64),
+            block(64, 64),
+            nn.AdaptiveAvgPool2d(1),
+            nn.Flatten(),
+            nn.Linear(64, 10),
+        )
 
     cases = [
         ("mlp 8x512, batch 256, Adam", lambda: mlp(512, 8), (256, 512), "foreach=False"),
@@ -264,7 +292,8 @@ def memtracker() -> list[dict[str, Any]]:
             path = Path(tmp) / "trace.json"
             sched = torch.profiler.schedule(wait=0, warmup=1, active=1)
             with torch.profiler.profile(
-                activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True,
+                activities=[torch.profiler.ProfilerActivity.CPU],
+                record_shapes=True,
                 schedule=sched,
                 on_trace_ready=lambda p, path=path: p.export_chrome_trace(str(path)),
             ) as prof:
@@ -424,5 +453,3 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
-
-

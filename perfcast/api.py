@@ -76,14 +76,20 @@ def predict(trace: TraceLike, apply: list[str] | str, correct: bool = True) -> W
     return result
 
 
-def advise(trace: TraceLike, device: str | None = None, correct: bool = True) -> Advice:
-    """Every applicable optimization, ranked by predicted step time without the profiler.
+def advise(
+    trace: TraceLike,
+    device: str | None = None,
+    correct: bool = True,
+    candidates: list[str] | None = None,
+) -> Advice:
+    """Every applicable optimization (or the `candidates` specs), ranked by predicted step
+    time without the profiler; gains within a model's measured error are listed unranked.
 
     >>> perfcast.advise("trace.json.gz").suggestions[0].name              # doctest: +SKIP
     """
     from perfcast.advisor.advisor import advise as _advise
 
-    return _advise(_table(trace), target_device=device, correct=correct)
+    return _advise(_table(trace), target_device=device, correct=correct, candidates=candidates)
 
 
 # ---------------------------------------------------------------------------------------------

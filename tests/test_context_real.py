@@ -64,7 +64,9 @@ def test_tree_of_the_largest_trace_builds_within_a_second(shared_traces: Path) -
 @pytest.mark.slow
 def test_advisor_names_module_and_line_on_timesformer(shared_traces: Path) -> None:
     advice = perfcast.advise(shared_traces / "tracelens_h100_timesformer.json.gz")
-    top = advice.suggestions[0]
+    # Its gains are within the models' error bands, so none is ranked; the advisor still
+    # says where each would come from.
+    top = (advice.suggestions or sorted(advice.uncertain, key=lambda s: s.predicted_ms))[0]
     assert top.gain_ms > 0 and top.where
     assert sum(w.share for w in top.where) <= 1.0 + 1e-9
     both = [w for w in top.where if w.module and w.source]

@@ -28,8 +28,7 @@ def _mlp_trace(tmp_path: Path, batch: int = 32) -> Path:
         b.launch("vectorized_elementwise_kernel<gelu>", t + 1, 2, t + 20, 3)
         t += 30
     for shape in ([100], [100, 100], [100], [100, 100]):
-        b.op("autograd::engine::evaluate_function: torch::autograd::AccumulateGrad", t, 8,
-             tid=200)
+        b.op("autograd::engine::evaluate_function: torch::autograd::AccumulateGrad", t, 8, tid=200)
         b.op("torch::autograd::AccumulateGrad", t + 1, 6, tid=200, **{"Input Dims": [shape]})
         t += 10
     b.op("Optimizer.step#Adam.step", t, 100, cat="user_annotation")

@@ -59,8 +59,18 @@ class _Flat:
 
 def test_1f1b_bubble_by_hand() -> None:
     cl = make_cluster("a100-80gb")
-    p = Plans(dp=[1, 1, 1], tp=[1, 1, 1], pp=[4, 4, 1], mb=[1, 1, 1], m=[8, 8, 8],
-              v=[1, 2, 1], zero=[0, 0, 0], ckpt=[0, 0, 0], sp=[0, 0, 0], amp=[0, 0, 0])
+    p = Plans(
+        dp=[1, 1, 1],
+        tp=[1, 1, 1],
+        pp=[4, 4, 1],
+        mb=[1, 1, 1],
+        m=[8, 8, 8],
+        v=[1, 2, 1],
+        zero=[0, 0, 0],
+        ckpt=[0, 0, 0],
+        sp=[0, 0, 0],
+        amp=[0, 0, 0],
+    )
     c = evaluate(_Flat(), p, cl)
     # 1F1B: (m + p - 1) slots of 3 s; bubble (p-1)/(m+p-1).
     assert c.pipeline_s[0] == pytest.approx((8 + 3) * 3)
@@ -75,8 +85,16 @@ def test_1f1b_bubble_by_hand() -> None:
 
 def _ideal_cluster():
     link = LinkSpec("test", 100.0, 0.0, "test")
-    return replace(make_cluster("a100-80gb"), intra=link, inter=link, intra_eff=1.0,
-                   inter_eff=1.0, base_us=0.0, nvls=False, nics_per_node=8)
+    return replace(
+        make_cluster("a100-80gb"),
+        intra=link,
+        inter=link,
+        intra_eff=1.0,
+        inter_eff=1.0,
+        base_us=0.0,
+        nvls=False,
+        nics_per_node=8,
+    )
 
 
 def test_ring_bus_factors_by_hand() -> None:
@@ -196,8 +214,23 @@ def test_cli_plan_example(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_cli_plan_model(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["plan", "--model", "gpt-1.7b", "--gpus", "32", "--gpu", "a100-80gb",
-                 "--global-batch", "512", "--json"]) == 0
+    assert (
+        main(
+            [
+                "plan",
+                "--model",
+                "gpt-1.7b",
+                "--gpus",
+                "32",
+                "--gpu",
+                "a100-80gb",
+                "--global-batch",
+                "512",
+                "--json",
+            ]
+        )
+        == 0
+    )
     data = json.loads(capsys.readouterr().out)
     assert data["best"][0]["tokens_per_s"] > 0
 
@@ -235,6 +268,7 @@ def test_cli_plan_cpu_only_and_no_steps(tmp_path: Path, capsys: pytest.CaptureFi
 def test_plan_multi_rank_folders(shared_traces: Path) -> None:
     r = plan_trace(perfcast.load(str(shared_traces / "dlrm_v100_8rank")), 16, top=3)
     assert r.best
-    r = plan_trace(perfcast.load(str(shared_traces / "hta_sampled_128rank")), 128,
-                   gpu="a100-80gb", top=3)
+    r = plan_trace(
+        perfcast.load(str(shared_traces / "hta_sampled_128rank")), 128, gpu="a100-80gb", top=3
+    )
     assert r.best

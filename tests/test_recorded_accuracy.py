@@ -69,10 +69,24 @@ def test_every_row_is_predicted_and_scored(rows: list[RecordedRow], scored: list
 def test_readme_table_is_generated_from_the_rows(
     rows: list[RecordedRow], scored: list[dict], pytestconfig: pytest.Config
 ) -> None:
-    table = recorded.markdown(rows, scored)
+    table = (
+        recorded.markdown(rows, scored)
+        + "\n\n"
+        + recorded.ranking_markdown(recorded.advisor_rankings(rows))
+    )
     pytestconfig.cache.set("perfcast/recorded_table", table)  # printed by conftest
     assert recorded.readme_block() == table, (
         "README's recorded-accuracy table is out of date: "
+        "run `python -m benchmarks.accuracy --update-readme`"
+    )
+
+
+def test_advisor_error_bands_come_from_the_rows(
+    rows: list[RecordedRow], scored: list[dict]
+) -> None:
+    bands = json.loads(recorded.BANDS.read_text())
+    assert bands == recorded.error_bands(recorded.summarize(rows, scored)), (
+        "perfcast/advisor/error_bands.json is out of date: "
         "run `python -m benchmarks.accuracy --update-readme`"
     )
 

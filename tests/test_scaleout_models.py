@@ -37,8 +37,7 @@ def test_pipeline_bubble_node_by_hand(mlp) -> None:
     nodes = _named(g, "pipeline bubble")
     assert nodes.size == 2 * 3  # bubble and p2p nodes, three steps
     fwd_bwd = g.cols["dur"][
-        np.isin(g.cols["phase"], [1, 2]) & (g.cols["kind"] == 4) & g.alive
-        & (g.cols["klass"] != 9)
+        np.isin(g.cols["phase"], [1, 2]) & (g.cols["kind"] == 4) & g.alive & (g.cols["klass"] != 9)
     ]
     # Per step: bubble = (pp-1)/v x (forward + backward per micro-batch).
     per_step_mb = fwd_bwd.sum() / 3 / 8

@@ -4,6 +4,13 @@ One graph and one baseline replay are shared by all candidates; each
 candidate transforms its own copy. The reason given for each suggestion is
 read off the baseline: what limits the step and how much of it the
 optimization touches.
+
+Every prediction carries the error its model has shown on the project's measured pairs
+(`error_bands.json`, written by the recorded accuracy benchmark): a speedup s with a band e
+means the measured speedup was within s(1 - e) .. s(1 + e) on every pair of that model. Only
+suggestions whose gain stays above 1.00x at the band's low end are ranked; the others are
+listed as uncertain, with why. The best plan composes the ranked suggestions that can be
+applied together, and is predicted as one what-if.
 """
 
 from __future__ import annotations
@@ -40,10 +47,17 @@ class Suggestion:
     gain_ms: float
     explanation: str
     assumptions: list[str]
-    measured_share: float  # of the predicted critical path, with measured durations
+    measured_share: float  # share of the predicted critical path with durations from the trace
     # Where the gain comes from: its top call sites (module, source line, op, share), from
     # the calling-context tree; empty when the trace cannot tell or nothing is gained.
     where: list[CallSite] = field(default_factory=list)
+    code: str = ""  # the change to make, in one line
+    # The model's error on the project's measured pairs: speedup_low .. speedup_high.
+    error_band_pct: float | None = None
+    band_pairs: int = 0  # measured pairs behind the band (0: none for this model)
+    speedup_low: float | None = None
+    speedup_high: float | None = None
+    uncertain: str = ""  # why it is not ranked (empty when ranked)
 
 
 @dataclass
@@ -53,12 +67,24 @@ class NotApplicable:
 
 
 @dataclass
+class Plan:
+    """The ranked suggestions that compose, applied together as one what-if."""
+
+    specs: list[str]
+    predicted_ms: float
+    speedup: float
+    code: list[str]
+
+
+@dataclass
 class Advice:
     baseline_ms: float  # mean step without the profiler (estimated; see correction)
     traced_ms: float  # mean step as traced
     correction: Correction
     bottleneck: str
-    suggestions: list[Suggestion]
+    suggestions: list[Suggestion]  # ranked: their gain exceeds their error band
+    uncertain: list[Suggestion] = field(default_factory=list)  # predicted, not ranked: why
+    plan: Plan | None = None
     not_applicable: list[NotApplicable] = field(default_factory=list)
     facts: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)  # about the input (salvage, no steps)
@@ -75,14 +101,68 @@ CANDIDATES = [
 ]
 
 
+# The change each suggestion asks for, in one line of PyTorch.
+CODE = {
+    "remove-host-sync": "drop .item() / .cpu() / print(loss) from the step; log every N steps",
+    "cuda-graphs": 'torch.compile(model, mode="reduce-overhead")  # or torch.cuda.CUDAGraph '
+    "capture of the step, with Adam(..., capturable=True)",
+    "fused-optimizer:kind=foreach": "torch.optim.AdamW(params, ..., foreach=True)",
+    "fused-optimizer:kind=fused": "torch.optim.AdamW(params, ..., fused=True)",
+    "amp:dtype=bf16": 'with torch.autocast("cuda", dtype=torch.bfloat16): loss = model(x)',
+    "amp:dtype=fp16": 'with torch.autocast("cuda", dtype=torch.float16): ...; '
+    "scaler = torch.amp.GradScaler()",
+    "fuse-elementwise": "model = torch.compile(model)",
+    "dataloader-overlap": "DataLoader(..., num_workers=4, pin_memory=True, "
+    "persistent_workers=True)",
+    "device": "run on the other GPU",
+}
+
+
+def _code(spec: str) -> str:
+    return CODE.get(spec) or CODE.get(spec.split(":")[0], "")
+
+
+def _bands() -> dict[str, object]:
+    """The recorded error of each model (advisor/error_bands.json; empty if missing)."""
+    import json
+    from importlib import resources
+
+    try:
+        text = resources.files("perfcast.advisor").joinpath("error_bands.json").read_text()
+        data = json.loads(text)
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _band(spec: str, bands: dict[str, object]) -> tuple[float | None, int]:
+    """(relative error band, pairs behind it): the model's largest error on its measured pairs;
+    a model with none gets the largest error of any model, and 0 pairs."""
+    by_model = bands.get("by_model", {})
+    overall = bands.get("all", {})
+    if isinstance(by_model, dict):
+        entry = by_model.get(spec.split(":")[0])
+        if isinstance(entry, dict) and entry.get("max") is not None:
+            return float(entry["max"]), int(entry.get("rows", 0))
+    if isinstance(overall, dict) and overall.get("max") is not None:
+        return float(overall["max"]), 0
+    return None, 0
+
+
 def _facts(graph: Graph, tl: Timeline) -> dict[str, float]:
-    """Per-step quantities the explanations quote (means over steps)."""
+    """Per-step, per-rank quantities the explanations quote (means over steps and ranks: a
+    count is never summed over ranks)."""
     c = graph.cols
     alive = graph.alive
-    n_steps = max(len(graph.iterations), 1)
-    gpu = np.flatnonzero((c["kind"] == NodeKind.GPU) & alive & (c["iteration"] >= 0))
+    ranks = max(len({it.rank for it in graph.iterations}), 1)
+    n_steps = max(len(graph.iterations), 1)  # every rank's steps: per-rank means
+    # GPU work the trace recorded (not the zero-length arrival marks collectives get).
+    gpu = np.flatnonzero(
+        (c["kind"] == NodeKind.GPU) & alive & (c["iteration"] >= 0) & (c["event"] >= 0)
+    )
     gpu_ms = float(c["dur"][gpu].sum()) / 1e6 / n_steps
     facts: dict[str, float] = {"gpu_ms": gpu_ms, "kernels_per_step": gpu.size / n_steps}
+    facts["ranks"] = float(ranks)
     paths = critical_paths(tl, keep_steps=False)
     if paths:
         tot = sum(p.total_ms for p in paths) or 1.0
@@ -209,6 +289,7 @@ def advise(
     suggestions: list[Suggestion] = []
     skipped: list[NotApplicable] = []
     where = SiteFinder(table, base)
+    bands = _bands()
     for text in specs:
         try:
             spec: Spec = parse_spec(text)
@@ -218,26 +299,102 @@ def advise(
             skipped.append(NotApplicable(text, str(exc)))
             continue
         _, predicted, _ = step_ms(tl)
-        suggestions.append(
-            Suggestion(
-                name=text,
-                predicted_ms=predicted,
-                speedup=baseline_ms / predicted if predicted > 0 else float("inf"),
-                gain_ms=baseline_ms - predicted,
-                explanation=_explain(text, facts),
-                assumptions=[a for ap in applied for a in ap.assumptions],
-                measured_share=measured_share(tl),
-                where=where(tl),
-            )
+        speedup = baseline_ms / predicted if predicted > 0 else float("inf")
+        band, pairs = _band(text, bands)
+        s = Suggestion(
+            name=text,
+            predicted_ms=predicted,
+            speedup=speedup,
+            gain_ms=baseline_ms - predicted,
+            explanation=_explain(text, facts),
+            assumptions=[a for ap in applied for a in ap.assumptions],
+            measured_share=measured_share(tl),
+            where=where(tl),
+            code=_code(text),
+            error_band_pct=None if band is None else 100.0 * band,
+            band_pairs=pairs,
+            speedup_low=None if band is None else speedup * (1 - band),
+            speedup_high=None if band is None else speedup * (1 + band),
         )
+        s.uncertain = _why_uncertain(s)
+        suggestions.append(s)
     suggestions.sort(key=lambda s: s.predicted_ms)
+    ranked = [s for s in suggestions if not s.uncertain]
     return Advice(
         baseline_ms=baseline_ms,
         traced_ms=traced_ms,
         correction=world.correction,
         bottleneck=_bottleneck(facts),
-        suggestions=suggestions,
+        suggestions=ranked,
+        uncertain=[s for s in suggestions if s.uncertain],
+        plan=_plan(ranked, world, baseline_ms),
         not_applicable=skipped,
         facts=facts,
         notes=input_notes(table),
     )
+
+
+def _why_uncertain(s: Suggestion) -> str:
+    """Empty when the gain is beyond the model's error band; else why it is not ranked."""
+    if s.speedup <= 1.0:
+        return f"predicted no gain ({s.speedup:.2f}x)"
+    if s.speedup_low is None:
+        return "no measured error for any model to bound this prediction"
+    if s.speedup_low <= 1.0:
+        pairs = f"{s.band_pairs} measured pair{'s' * (s.band_pairs != 1)}"
+        if not s.band_pairs:
+            pairs = "no measured pair of this model; the largest error of any model"
+        return (
+            f"the gain ({s.speedup:.2f}x) is within this model's error band "
+            f"(±{s.error_band_pct:.0f}%, {pairs})"
+        )
+    return ""
+
+
+_PLAN_ORDER = [
+    "fused-optimizer",
+    "amp",
+    "fuse-elementwise",
+    "remove-host-sync",
+    "dataloader-overlap",
+    "cuda-graphs",
+]
+
+
+def _plan(ranked: list[Suggestion], world: RealWorld, baseline_ms: float) -> Plan | None:
+    """The ranked suggestions of different models, best first, applied together."""
+    from perfcast.whatif.registry import parse_spec
+
+    chosen: list[Suggestion] = []
+    for s in ranked:
+        model = s.name.split(":")[0]
+        if model == "device" or any(c.name.split(":")[0] == model for c in chosen):
+            continue  # one variant per model; a GPU change is a purchase, not a code change
+        chosen.append(s)
+    if len(chosen) < 2:
+        return None
+    # Code changes first, capture last: a CUDA graph captures whatever the step has become
+    # (a fused optimizer then needs no capturable per-parameter kernels).
+    chosen.sort(
+        key=lambda s: (
+            _PLAN_ORDER.index(s.name.split(":")[0])
+            if s.name.split(":")[0] in _PLAN_ORDER
+            else len(_PLAN_ORDER)
+        )
+    )
+    specs = [parse_spec(s.name) for s in chosen]
+    while specs:
+        try:
+            new_graph, _ = apply_specs(world.graph, specs)
+        except PerfcastError:
+            specs.pop()  # a later model may not apply after an earlier one: drop it
+            continue
+        _, predicted, _ = step_ms(simulate(new_graph))
+        names = [str(sp) for sp in specs]
+        return Plan(
+            specs=names,
+            predicted_ms=predicted,
+            speedup=baseline_ms / predicted if predicted > 0 else float("inf"),
+            code=[c for c in (_code(n) for n in names) if c],
+        )
+    return None

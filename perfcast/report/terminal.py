@@ -9,7 +9,7 @@ from rich.table import Table
 from rich.text import Text
 
 if TYPE_CHECKING:  # types only: importing the simulator here would load numba for `summary`
-    from perfcast.advisor.advisor import Advice
+    from perfcast.advisor.advisor import Advice, Suggestion
     from perfcast.analysis.replay import ReplayResult
     from perfcast.analysis.summary import NamedTime, Summary
     from perfcast.calibration import Calibration
@@ -233,8 +233,11 @@ def render_advice(advice: Advice, console: Console) -> None:
             style="bold",
         )
     )
-    t = Table(title="optimizations ranked by predicted step time", title_justify="left")
-    for col in ("#", "optimization", "predicted ms", "speedup", "measured"):
+    t = Table(
+        title="optimizations ranked by predicted step time (gain beyond the model's error)",
+        title_justify="left",
+    )
+    for col in ("#", "optimization", "predicted ms", "speedup", "measured error", "from trace"):
         t.add_column(col, justify="left" if col == "optimization" else "right", no_wrap=True)
     for i, s in enumerate(advice.suggestions, 1):
         t.add_row(
@@ -242,26 +245,52 @@ def render_advice(advice: Advice, console: Console) -> None:
             Text(s.name),
             _ms(s.predicted_ms),
             f"{s.speedup:.2f}×",
+            _band(s),
             f"{100 * s.measured_share:.0f}%",
         )
     console.print(t)
-    console.print("why, and what each prediction assumes:", style="bold")
+    if advice.plan is not None:
+        p = advice.plan
+        console.print(
+            Text(
+                f"best plan, together: {' + '.join(p.specs)} -> {p.predicted_ms:.2f} ms "
+                f"({p.speedup:.2f}×)",
+                style="bold",
+            )
+        )
+        for line in p.code:
+            console.print(Text(f"  {line}"))
+    console.print("why, where, the change, and what each prediction assumes:", style="bold")
     for i, s in enumerate(advice.suggestions, 1):
         console.print(Text(f"{i}. {s.name}: {s.explanation}"))
-        for site in getattr(s, "where", None) or []:
+        if s.code:
+            console.print(Text(f"     change: {s.code}"))
+        for site in s.where:
             where = " · ".join(x for x in (site.module, site.source, site.op) if x) or site.path
             console.print(Text(f"     where: {100 * site.share:.0f}%  {where}"))
         for line in s.assumptions:
             console.print(Text(f"     assumes: {line}", style="dim"))
+    for s in advice.uncertain:
+        console.print(
+            Text(f"not ranked: {s.name} ({s.speedup:.2f}×): {s.uncertain}", style="yellow")
+        )
     for na in advice.not_applicable:
         console.print(Text(f"not applicable: {na.name}: {na.reason}", style="dim"))
     console.print(
         Text(
-            "'measured' is the share of the predicted critical path whose durations come "
-            "straight from the trace",
+            "'measured error': the largest error of this model on the project's measured pairs "
+            "(speedup range); 'from trace': the share of the predicted critical path whose "
+            "durations come from the trace",
             style="dim",
         )
     )
+
+
+def _band(s: Suggestion) -> str:
+    if s.speedup_low is None or s.speedup_high is None:
+        return "-"
+    pairs = f"{s.band_pairs} pairs" if s.band_pairs else "no pairs"
+    return f"{s.speedup_low:.2f}-{s.speedup_high:.2f}× ({pairs})"
 
 
 def calibration(cal: Calibration, console: Console) -> None:

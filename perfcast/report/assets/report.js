@@ -546,7 +546,9 @@
     add(head, document.createTextNode(". Bottleneck: " + A.bottleneck + "."));
     var S = A.suggestions;
     if (!S.length) {
-      caption(root, "No optimization applies to this trace.", "empty");
+      caption(root, A.uncertain && A.uncertain.length
+        ? "No optimization gains more than its model's measured error; see the unranked ones below."
+        : "No optimization applies to this trace.", "empty");
     } else {
       var names = S.map(function (s, i) { return plotEscape((i + 1) + ". " + s.name); });
       chart(root, "chart-advice", [{
@@ -564,25 +566,42 @@
         }],
         annotations: [{
           xref: "x", yref: "paper", x: A.baseline_ms, y: 1, yanchor: "bottom",
-          text: "replayed baseline", showarrow: false, font: { size: 11 }
+          text: "baseline without the profiler", showarrow: false, font: { size: 11 }
         }]
       }, Math.max(160, 34 * S.length + 90), { displaylogo: false, responsive: true,
         displayModeBar: false });
       table(root, [
         { label: "#", num: true }, { label: "optimization" }, { label: "predicted ms", num: true },
-        { label: "speedup", num: true }, { label: "gain ms", num: true },
-        { label: "share measured", num: true }, { label: "why" }, { label: "assumptions" }
+        { label: "speedup", num: true }, { label: "measured error range", num: true },
+        { label: "gain ms", num: true }, { label: "from trace", num: true },
+        { label: "why, where" }, { label: "change" }, { label: "assumptions" }
       ], S.map(function (s, i) {
         return [
           String(i + 1), s.name, ms(s.predicted_ms),
-          s.speedup === null ? "-" : ms(s.speedup, 2) + "×", ms(s.gain_ms),
-          pct(100 * s.measured_share, 0), whyAndWhere(s),
+          s.speedup === null ? "-" : ms(s.speedup, 2) + "×", bandText(s), ms(s.gain_ms),
+          pct(100 * s.measured_share, 0), whyAndWhere(s), s.code || "-",
           s.assumptions.length ? list(s.assumptions) : "-"
         ];
       }), function (i) { return i === 0 && S[0].gain_ms > 0 ? "best" : null; });
-      caption(root, "Share measured: how much of the predicted critical path keeps durations " +
-        "measured in the trace (the rest is scaled or modelled): the higher, the more the " +
-        "prediction rests on measurement.");
+      caption(root, "Measured error range: the speedup range this model's largest error on the " +
+        "project's measured GPU pairs allows. From trace: how much of the predicted critical " +
+        "path keeps durations from the trace (the rest is scaled or modelled).");
+    }
+    if (A.plan) {
+      var plan = add(root, el("p", { "class": "headline" }));
+      add(plan, document.createTextNode("Best plan, together: " + A.plan.specs.join(" + ") +
+        " → "));
+      add(plan, el("b", null, ms(A.plan.predicted_ms) + " ms (" + ms(A.plan.speedup, 2) + "×)"));
+      if (A.plan.code.length) {
+        root.appendChild(list(A.plan.code));
+      }
+    }
+    if (A.uncertain && A.uncertain.length) {
+      var unc = add(root, el("details"));
+      add(unc, el("summary", null, "predicted, not ranked (" + A.uncertain.length + ")"));
+      table(unc, [{ label: "optimization" }, { label: "speedup", num: true },
+        { label: "why not ranked" }],
+        A.uncertain.map(function (u) { return [u.name, ms(u.speedup, 2) + "×", u.uncertain]; }));
     }
     if (A.not_applicable.length) {
       var det = add(root, el("details"));
@@ -590,6 +609,14 @@
       table(det, [{ label: "optimization" }, { label: "why not" }],
         A.not_applicable.map(function (n) { return [n.name, n.reason]; }));
     }
+  }
+
+  function bandText(s) {
+    if (s.speedup_low === null || s.speedup_low === undefined) {
+      return "-";
+    }
+    return ms(s.speedup_low, 2) + "–" + ms(s.speedup_high, 2) + "× (" +
+      (s.band_pairs ? s.band_pairs + " pairs" : "no pairs of this model") + ")";
   }
 
   // The reason for a suggestion, then where its gain comes from (module · line · op).

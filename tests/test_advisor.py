@@ -1,0 +1,73 @@
+"""The advisor: ranks only gains beyond their model's measured error, says what to change, and
+composes a plan; counts are per rank."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+import perfcast
+from perfcast.advisor import advisor as adv
+
+REPO = Path(__file__).resolve().parents[1]
+MLP = REPO / "benchmarks" / "accuracy" / "recorded" / "traces" / "h100" / "mlp_base.json.gz"
+EXAMPLE = REPO / "perfcast" / "examples" / "ddp_a100_rank0.json.gz"
+
+
+@pytest.fixture(scope="module")
+def mlp_advice():
+    return perfcast.advise(MLP)
+
+
+def test_ranked_gains_clear_their_error_band(mlp_advice) -> None:
+    assert mlp_advice.suggestions, "a launch-bound step with a for-loop Adam has clear gains"
+    for s in mlp_advice.suggestions:
+        assert s.speedup_low is not None and s.speedup_low > 1.0
+        assert s.speedup_low < s.speedup < s.speedup_high
+        assert s.code and not s.uncertain
+    for s in mlp_advice.uncertain:
+        assert s.uncertain and (s.speedup <= 1.0 or s.speedup_low <= 1.0)
+    names = [s.name for s in mlp_advice.suggestions]
+    assert names[0] == "cuda-graphs" and "fused-optimizer:kind=fused" in names
+    assert [s.predicted_ms for s in mlp_advice.suggestions] == sorted(
+        s.predicted_ms for s in mlp_advice.suggestions
+    )
+
+
+def test_the_plan_composes_different_models(mlp_advice) -> None:
+    plan = mlp_advice.plan
+    assert plan is not None
+    models = [p.split(":")[0] for p in plan.specs]
+    assert len(models) == len(set(models)) >= 2
+    # Code changes first, capture last.
+    assert models[-1] == "cuda-graphs"
+    best = min(s.predicted_ms for s in mlp_advice.suggestions)
+    assert plan.predicted_ms <= best
+    assert any("fused=True" in line for line in plan.code)
+
+
+def test_bands_come_from_the_packaged_file() -> None:
+    bands = adv._bands()
+    assert bands["by_model"]["fused-optimizer"]["rows"] >= 3
+    band, pairs = adv._band("fused-optimizer:kind=fused", bands)
+    assert pairs >= 3 and 0 < band < 0.2
+    # A model with no measured pair gets the largest error of any model.
+    band, pairs = adv._band("activation-checkpointing", bands)
+    assert pairs == 0 and band == bands["all"]["max"]
+
+
+def test_counts_are_per_rank(tmp_path: Path) -> None:
+    one = perfcast.advise(EXAMPLE).facts
+    folder = tmp_path / "ranks"
+    folder.mkdir()
+    doc = json.loads(gzip.decompress(EXAMPLE.read_bytes()))
+    for r in (0, 1):  # the same rank twice: per-rank counts must not double
+        doc["distributedInfo"]["rank"] = r
+        (folder / f"rank{r}.json.gz").write_bytes(gzip.compress(json.dumps(doc).encode()))
+    two = perfcast.advise(folder).facts
+    assert one["ranks"] == 1.0 and two["ranks"] == 2.0
+    for key in ("kernels_per_step", "optimizer_kernels_per_step", "syncs_per_step"):
+        assert two[key] == pytest.approx(one[key]), key
