@@ -178,3 +178,38 @@ def test_v100_queue_bound_trace_is_gpu_bound() -> None:
     paths = critical_paths(simulate(build_graph(table)), keep_steps=False)
     assert all(cp.bottleneck == "GPU-bound" for cp in paths)
     assert perfcast.predict(table, "faster-op:where=gpu,factor=2").speedup >= 1.6
+
+
+# Traces whose critical paths keep delays nothing in them explains, and why (checked by hand).
+UNEXPLAINED_IDLE = {
+    "hta_a100_rank0_of16": "rank 0 of 16 with pipeline send/recv: its GPU idles ~80 ms at a "
+    "time inside CUDA-graph launches with nothing running on any stream, waiting on something "
+    "outside this rank's trace",
+    "tracelens_mi300x_sglang_qwen3_8b": "SGLang's overlap scheduler: two kernels start ~490 ms "
+    "after their launch with the GPU idle, held by an event the trace does not record",
+}
+
+
+SHARED_WITH_GPU = [
+    p
+    for p in sorted(SHARED_TRACES.glob("*.json.gz"))
+    if p.name not in {"hta_cpu_only_gloo_rank34.json.gz", "hta_alexnet_a100_cupti_counters.json.gz"}
+]
+
+
+@pytest.mark.parametrize(
+    "path",
+    [pytest.param(p, id=p.name.split(".")[0]) for p in SHARED_WITH_GPU]
+    or [SHARED_TRACES / "absent"],
+)
+def test_unexplained_idle_is_under_one_percent(path: Path, built: dict[Path, Graph]) -> None:
+    if not path.is_file():
+        pytest.skip(f"shared traces not available at {SHARED_TRACES}")
+    paths = critical_paths(simulate(_graph(path, built)), keep_steps=False)
+    idle = sum(cp.by_category_ms["idle"] for cp in paths)
+    total = sum(cp.total_ms for cp in paths)
+    name = path.name.split(".")[0]
+    if name in UNEXPLAINED_IDLE:
+        assert idle > 0.01 * total  # still there: the note must stay true
+    else:
+        assert idle <= 0.01 * total, f"{name}: {100 * idle / total:.1f}% idle"
