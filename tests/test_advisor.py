@@ -71,3 +71,35 @@ def test_counts_are_per_rank(tmp_path: Path) -> None:
     assert one["ranks"] == 1.0 and two["ranks"] == 2.0
     for key in ("kernels_per_step", "optimizer_kernels_per_step", "syncs_per_step"):
         assert two[key] == pytest.approx(one[key]), key
+
+
+def test_fp16_adds_the_grad_scalers_host_check() -> None:
+    from perfcast.graph import build_graph
+    from perfcast.graph.model import NodeKind
+    from perfcast.whatif.registry import parse_spec
+    from perfcast.whatif.runner import apply_specs
+
+    path = REPO / "benchmarks" / "accuracy" / "recorded" / "traces" / "h100" / "r50_base.json.gz"
+    g = build_graph(perfcast.load(path))
+    steps = len(g.iterations)
+    syncs = int((g.cols["kind"] == NodeKind.SYNC).sum())
+    fp16, _ = apply_specs(g, [parse_spec("amp:dtype=fp16")])
+    bf16, _ = apply_specs(g, [parse_spec("amp:dtype=bf16")])
+    assert int((fp16.cols["kind"] == NodeKind.SYNC).sum()) == syncs + steps
+    assert int((bf16.cols["kind"] == NodeKind.SYNC).sum()) == syncs
+    names = {fp16.names[i] for i in fp16.cols["name"][fp16.cols["kind"] == NodeKind.GPU]}
+    assert any("GradScaler" in n for n in names)
+    # The host now waits for the gradients every step: never faster than bf16.
+    r16 = perfcast.predict(path, "amp:dtype=fp16")
+    rbf = perfcast.predict(path, "amp:dtype=bf16")
+    assert r16.predicted_ms >= rbf.predicted_ms
+
+
+def test_amp_is_proposed_in_fp16_on_a_gpu_without_bf16() -> None:
+    from perfcast.graph import build_graph
+
+    g = build_graph(perfcast.load(EXAMPLE))
+    assert "amp:dtype=bf16" in adv._candidates_for(g)  # an A100 has bf16
+    g.device_names = dict.fromkeys(g.device_names, "Tesla V100-SXM2-32GB")
+    specs = adv._candidates_for(g)
+    assert "amp:dtype=fp16" in specs and "amp:dtype=bf16" not in specs

@@ -283,7 +283,7 @@ def advise(
     traced_ms, _, _ = step_ms(world.traced)
     _, baseline_ms, _ = step_ms(base)
     facts = _facts(world.graph, base)
-    specs = list(candidates or CANDIDATES)
+    specs = list(candidates or _candidates_for(world.graph))
     if target_device:
         specs.append(f"device:target={target_device}")
     suggestions: list[Suggestion] = []
@@ -332,6 +332,19 @@ def advise(
         facts=facts,
         notes=input_notes(table),
     )
+
+
+def _candidates_for(graph: Graph) -> list[str]:
+    """The default candidates, with AMP in the 16-bit type the trace's GPUs compute in: fp16
+    (with its grad scaler) where a GPU has no bf16 math, such as a V100."""
+    from perfcast.hardware import lookup_device
+
+    specs = list(CANDIDATES)
+    names = {n for n in graph.device_names.values() if n}
+    devices = [lookup_device(n) for n in names]
+    if devices and any(d is not None and "bf16" not in d.peak_tflops for d in devices):
+        specs = ["amp:dtype=fp16" if s == "amp:dtype=bf16" else s for s in specs]
+    return specs
 
 
 def _why_uncertain(s: Suggestion) -> str:

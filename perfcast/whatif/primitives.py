@@ -187,11 +187,16 @@ def insert(
     count: int = 1,
     source: Source = Source.MODELLED,
     like: int | None = None,
+    near: bool = False,
     **cols: np.ndarray | int | float,
 ) -> np.ndarray:
     """Insert `count` nodes on `lane`, in order, right after `after` or right before `before`.
 
-    `like` copies attribution (op, phase, iteration, rank) from an existing node.
+    `like` copies attribution (op, phase, iteration, rank) from an existing node. Positions
+    are spread evenly between the neighbours, so later insertions still find room; with
+    `near` they keep to the thousandth of the gap next to the anchor, so their order (a time
+    in ns, compared with other lanes' to tell what was enqueued before what) stays the
+    anchor's.
     """
     c = graph.cols
     lane_nodes = np.flatnonzero((c["lane"] == lane) & graph.alive)
@@ -207,8 +212,13 @@ def insert(
     else:
         lo = float(orders[-1]) if orders.size else 0.0
         hi = lo + 1.0
-    # Evenly spaced between the neighbours, so later insertions still find room.
-    pos = lo + (hi - lo) * (np.arange(1, count + 1) / (count + 1))
+    frac = np.arange(1, count + 1) / (count + 1)
+    if near and after is not None:
+        pos = lo + (hi - lo) * 1e-3 * frac
+    elif near and before is not None:
+        pos = hi - (hi - lo) * 1e-3 * (1 - frac)
+    else:
+        pos = lo + (hi - lo) * frac
     values: dict[str, np.ndarray | int | float] = {
         "kind": int(kind),
         "lane": lane,

@@ -51,10 +51,19 @@ it with device=); a target dtype the GPU has no native math for (bf16 before
 Ampere); no fp32/tf32 matmul/conv/attention in forward or backward (already
 mixed precision); amp applied twice.
 
+- fp16 needs a GradScaler (bf16 none), whose step (torch.amp.GradScaler,
+  torch/amp/grad_scaler.py) unscales every gradient with one multi-tensor
+  kernel, checks for infs, and reads the result on the host before the
+  optimizer runs (`sum(v.item() for v in found_inf)`), then updates the scale:
+  modelled as an unscale kernel taking one pass over the gradients (the
+  optimizer's GPU time divided by its ops per parameter, measured) plus a
+  scale-update kernel of fixed cost, and a host synchronization on them
+  before the optimizer's first host work — the CPU can then no longer run
+  ahead of the GPU across the step boundary.
+
 Not modelled: the cast of each weight gradient back to fp32 in backward
-(ToCopyBackward0), input casts of float32-list ops, autocast's weight-cast
-cache across repeated uses of one weight within a step, and a GradScaler
-(bf16 needs none; fp16's adds a few small kernels per step).
+(ToCopyBackward0), input casts of float32-list ops, and autocast's weight-cast
+cache across repeated uses of one weight within a step.
 """
 
 from __future__ import annotations
@@ -67,7 +76,7 @@ import numpy as np
 
 from perfcast.errors import NotApplicableError
 from perfcast.events import Kind
-from perfcast.graph.model import GpuKind, Graph, NodeKind, Source
+from perfcast.graph.model import GpuKind, Graph, NodeKind, Source, SyncKind
 from perfcast.graph.phases import Phase
 from perfcast.hardware import (
     KernelClass,
@@ -304,6 +313,7 @@ def apply(graph: Graph, options: Options) -> Graph:
     mem_after = int(c["dur"][mem].sum())
 
     n_casts, cast_ns = _insert_casts(graph, comp, dtype, devices, fixed)
+    scaler = _grad_scaler(graph, fixed) if dtype == "fp16" else ""
 
     graph.assumptions.append(
         f"amp ({dtype}): {comp.size:,} fp32/tf32 matmul/conv/attention kernels "
@@ -311,9 +321,97 @@ def apply(graph: Graph, options: Options) -> Graph:
         f"from op shapes, the rest by peak ratio); {mem.size:,} memory-bound kernels move half "
         f"the bytes ({mem_before / 1e6:.2f} -> {mem_after / 1e6:.2f} ms); {n_casts:,} weight "
         f"casts added ({cast_ns / 1e6:.2f} ms of GPU time); fixed {fixed / 1000:.1f} µs per "
-        "kernel kept; norms, softmax, losses, optimizer and all-reduce stay fp32"
+        "kernel kept; norms, softmax, losses, optimizer and all-reduce stay fp32" + scaler
     )
     return graph
+
+
+def _grad_scaler(graph: Graph, fixed: int) -> str:
+    """fp16's GradScaler per step: unscale + scale-update kernels and the host's inf check,
+    before the optimizer (see module docstring). Returns the assumption's text."""
+    from perfcast.whatif.models.fused_optimizer import params_estimate
+
+    c = graph.cols
+    added = 0
+    for it in sorted({int(i) for i in c["iteration"][c["iteration"] >= 0].tolist()}):
+        host = np.flatnonzero(
+            (c["iteration"] == it)
+            & (c["phase"] == Phase.OPTIMIZER)
+            & np.isin(c["kind"], [NodeKind.CPU, NodeKind.LAUNCH, NodeKind.RUNTIME])
+            & graph.alive
+        )
+        opt_gpu = np.flatnonzero(
+            (c["iteration"] == it)
+            & (c["phase"] == Phase.OPTIMIZER)
+            & (c["kind"] == NodeKind.GPU)
+            & graph.alive
+        )
+        if host.size == 0 or opt_gpu.size == 0:
+            continue
+        first = int(host[np.argmin(c["order"][host])])
+        lane_gpu = int(c["lane"][opt_gpu[np.argmin(c["order"][opt_gpu])]])
+        _, per_param = params_estimate(graph, opt_gpu)
+        one_pass = int(c["dur"][opt_gpu].sum()) // max(per_param, 1)
+        launch_ns = P.median_launch_ns(graph)
+        launches = P.insert(
+            graph,
+            lane=int(c["lane"][first]),
+            before=first,
+            dur=launch_ns,
+            kind=NodeKind.LAUNCH,
+            name="cudaLaunchKernel",
+            count=2,
+            like=first,
+            near=True,
+        )
+        c = graph.cols
+        # On the stream, right after the work enqueued before these launches.
+        on_lane = np.flatnonzero((c["lane"] == lane_gpu) & graph.alive)
+        before = on_lane[c["launch_order"][on_lane] < c["order"][launches[0]]]
+        place = (
+            {"after": int(before[np.argmax(c["order"][before])])}
+            if before.size
+            else {"before": int(on_lane[np.argmin(c["order"][on_lane])])}
+        )
+        kernels = P.insert(
+            graph,
+            lane=lane_gpu,
+            **place,
+            dur=np.array([fixed + one_pass, fixed]),
+            kind=NodeKind.GPU,
+            name="GradScaler unscale / update_scale (modelled)",
+            count=2,
+            like=int(opt_gpu[0]),
+            near=True,
+            launch=launches,
+            launch_order=c["order"][launches],
+            launch_w=int(graph.nominal.get("launch_latency_ns", 5_000)),
+            stream_w=int(graph.nominal.get("stream_gap_ns", 1_000)),
+            gpu_kind=int(GpuKind.KERNEL),
+        )
+        c = graph.cols
+        # The host reads found_inf: a sync on the unscale kernel's stream.
+        P.insert(
+            graph,
+            lane=int(c["lane"][first]),
+            after=int(launches[-1]),
+            dur=2_000,
+            kind=NodeKind.SYNC,
+            name="cudaStreamSynchronize (GradScaler inf check, modelled)",
+            like=first,
+            near=True,
+            sync_kind=int(SyncKind.STREAM),
+            sync_lane=lane_gpu,
+        )
+        c = graph.cols
+        added += 1
+        del kernels
+    if not added:
+        return "; no optimizer found for fp16's GradScaler"
+    return (
+        f"; fp16 GradScaler in {added} steps: unscale + update kernels and a host inf check "
+        "(a synchronization) before the optimizer"
+    )
 
 
 def _insert_casts(
