@@ -12,7 +12,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from perfcast.events import NONE, EventTable, Kind
-from perfcast.graph.model import NO_RELEASE, NODE_COLUMNS, GpuKind, Lane, NodeKind, Source
+from perfcast.graph.model import (
+    NO_RELEASE,
+    NODE_COLUMNS,
+    GpuKind,
+    Lane,
+    NodeKind,
+    Source,
+    column_default,
+)
 from perfcast.graph.phases import Phase
 
 CPU_LANE_KINDS = np.array(
@@ -46,7 +54,7 @@ class NodeColumns:
             if key in cols:
                 arr = np.broadcast_to(np.asarray(cols[key], dtype=dtype), (m,))
             else:
-                arr = np.full(m, _default_of(key), dtype=dtype)
+                arr = np.full(m, column_default(key, Source.MEASURED), dtype=dtype)
             self.parts.setdefault(key, []).append(arr)
         ids = np.arange(self.n, self.n + m)
         self.n += m
@@ -57,25 +65,6 @@ class NodeColumns:
             k: (np.concatenate(self.parts[k]) if self.parts.get(k) else np.zeros(0, dtype=dt))
             for k, dt in NODE_COLUMNS.items()
         }
-
-
-def _default_of(key: str) -> int:
-    if key in (
-        "dur",
-        "dur_measured",
-        "start_measured",
-        "launch_w",
-        "stream_w",
-        "sync_w",
-        "queue_w",
-        "nbytes",
-    ):
-        return 0
-    if key == "release":
-        return NO_RELEASE
-    if key == "source":
-        return int(Source.MEASURED)
-    return NONE
 
 
 def innermost_op(

@@ -118,6 +118,22 @@ NODE_COLUMNS: dict[str, type] = {
 
 NO_RELEASE = np.iinfo(np.int64).min // 4
 
+# Columns that default to zero (durations, weights, sizes) rather than NONE.
+_ZERO_DEFAULT = frozenset(
+    ("dur", "dur_measured", "start_measured", "launch_w", "stream_w", "sync_w", "queue_w", "nbytes")
+)
+
+
+def column_default(key: str, source: Source | None = None) -> int:
+    """What a node column holds when not given: 0, NO_RELEASE, the source given, else NONE."""
+    if key in _ZERO_DEFAULT:
+        return 0
+    if key == "release":
+        return NO_RELEASE
+    if key == "source":
+        return int(source if source is not None else Source.MODELLED)
+    return NONE
+
 
 @dataclass
 class Graph:
@@ -200,23 +216,7 @@ class Graph:
         m = max(lengths) if lengths else 0
         start = len(self)
         for key, dtype in NODE_COLUMNS.items():
-            default = NONE
-            if key in (
-                "dur",
-                "dur_measured",
-                "start_measured",
-                "launch_w",
-                "stream_w",
-                "sync_w",
-                "queue_w",
-                "nbytes",
-            ):
-                default = 0
-            if key == "release":
-                default = NO_RELEASE
-            if key == "source":
-                default = int(Source.MODELLED)
-            v = values.get(key, default)
+            v = values.get(key, column_default(key))
             arr = np.broadcast_to(np.asarray(v, dtype=dtype), (m,))
             self.cols[key] = np.concatenate([self.cols[key], arr])
         if self.removed is not None:

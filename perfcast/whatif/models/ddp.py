@@ -59,15 +59,12 @@ from perfcast.graph.model import NONE, EdgeType, GpuKind, Graph, NodeKind, Sourc
 from perfcast.graph.phases import Phase, collective_kernel_mask
 from perfcast.hardware.classify import KernelClass
 from perfcast.hardware.collectives import allreduce_time_us, collective_from_kernel_name
-from perfcast.hardware.devices import lookup_device
 from perfcast.hardware.interconnects import (
     LinkSpec,
-    default_intra_node_link,
-    list_links,
-    lookup_link,
 )
 from perfcast.whatif import primitives as P
 from perfcast.whatif.kernels import parse_input_dims
+from perfcast.whatif.models._parallel_common import link_for
 
 SUMMARY = (
     "data parallel on N GPUs: bucketed gradient all-reduce overlapping backward "
@@ -79,7 +76,6 @@ MIB = 1 << 20
 DEFAULT_FIRST_BUCKET_MB = 1.0
 DEFAULT_BUCKET_MB = 25.0
 # Used when the trace's device is unknown: what default_intra_node_link gives unknown parts.
-FALLBACK_LINK = "pcie4"
 # Build defaults (perfcast.graph.build) when the trace measured no launch latency / stream gap.
 _DEFAULT_LAUNCH_NS = 5_000
 _DEFAULT_GAP_NS = 1_000
@@ -124,7 +120,7 @@ def apply(graph: Graph, options: Options) -> Graph:
     table = graph.table
     if table is None:
         raise NotApplicableError("ddp: the graph carries no event table to read gradients from")
-    replaced_ms = _drop_measured_allreduces(graph)
+    replaced_ms = drop_measured_allreduces(graph)
     points = _gradient_points(graph)
     if not points:
         raise NotApplicableError(
@@ -251,25 +247,12 @@ def _check_options(options: Options) -> None:
 
 
 def _link_for(graph: Graph, rank: int, options: Options) -> tuple[LinkSpec, str]:
-    """The link and, when it was not given, where the choice came from."""
-    if options.link:
-        link = lookup_link(options.link)
-        if link is None:
-            raise NotApplicableError(
-                f"ddp: unknown link '{options.link}'",
-                hint="known: " + ", ".join(ln.name for ln in list_links()),
-            )
-        return link, ""
-    name = graph.device_names.get(rank)
-    device = lookup_device(name) if name else None
-    if device is None:
-        link = lookup_link(FALLBACK_LINK)
-        assert link is not None
-        return link, f"; device {name or 'unknown'} not recognized, pass link= to choose"
-    return default_intra_node_link(device), f"; the usual intra-node link of {device.name}"
+    """The link and, when it was not given, where the choice came from ("; ..." to append)."""
+    link, why = link_for(graph, rank, options.link, "ddp")
+    return link, "" if options.link else f"; {why}"
 
 
-def _drop_measured_allreduces(graph: Graph) -> float:
+def drop_measured_allreduces(graph: Graph) -> float:
     """Remove the trace's own all-reduce kernels; refuse other collectives. Returns ms."""
     c = graph.cols
     table = graph.table

@@ -68,9 +68,9 @@ def apply(graph: Graph, options: Options) -> Graph:
         raise NotApplicableError("zero: units must be >= 1 and prefetch >= 0")
     C.require_gpu_steps(graph, "zero")
     params = _param_count(graph, o)
-    from perfcast.whatif.models.ddp import _drop_measured_allreduces
+    from perfcast.whatif.models.ddp import drop_measured_allreduces
 
-    replaced_ms = _drop_measured_allreduces(graph)
+    replaced_ms = drop_measured_allreduces(graph)
     fixed = K.kernel_fixed_cost_ns(graph)
     total_rs = total_ag = 0.0
     n_steps = 0
