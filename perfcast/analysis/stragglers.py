@@ -14,7 +14,6 @@ reports two by default; it ranks ranks by how late their dominant collective sta
 
 from __future__ import annotations
 
-import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -25,12 +24,7 @@ from perfcast.analysis.notes import input_notes
 from perfcast.events import EventTable
 from perfcast.frames import Tables, plain
 from perfcast.graph.phases import collective_kernel_mask
-
-_KIND = re.compile(
-    r"(AllReduce|AllGather|ReduceScatter|Broadcast|Reduce|SendRecv|AllToAll|"
-    r"Send|Recv|all_reduce|all_gather|reduce_scatter|broadcast)",
-    re.IGNORECASE,
-)
+from perfcast.hardware.classify import COLLECTIVE_KIND
 
 
 @dataclass
@@ -74,7 +68,7 @@ def _collective_lists(table: EventTable) -> dict[int, dict[tuple[str, str], np.n
     rows = np.flatnonzero(collective_kernel_mask(table))
     kind_of = {}
     for i in np.unique(table.name[rows]).tolist():
-        m = _KIND.search(table.names[i])
+        m = COLLECTIVE_KIND.search(table.names[i])
         kind_of[i] = m.group(1).lower() if m else "collective"
     out: dict[int, dict[tuple[str, str], list[int]]] = defaultdict(lambda: defaultdict(list))
     rows = rows[np.argsort(table.ts[rows], kind="stable")]

@@ -92,12 +92,19 @@ class Summary:
     ranks: list[RankSummary]
     notes: list[str] = field(default_factory=list)
     correction: Correction | None = None  # how the steps without the profiler were estimated
+    # With several ranks: the ranks whose late arrival at collectives made the others wait
+    # most (analysis.stragglers). The rank with the longest step is usually a waiter, not one.
+    stragglers: list[int] = field(default_factory=list)
 
 
 def summarize(table: EventTable, top: int = 10, real: bool = True) -> Summary:
     """Where the time of each step goes, per rank. With `real` (the default) each step also
     carries its estimate without the profiler, from a replay of the corrected trace."""
     out = _summarize(table, top)
+    if len(table.ranks) > 1:
+        from perfcast.analysis.stragglers import stragglers
+
+        out.stragglers = list(stragglers(table).candidates)
     if real:
         from perfcast.analysis.real_step import real_world
         from perfcast.graph.build import build_graph

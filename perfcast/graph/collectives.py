@@ -20,12 +20,8 @@ from collections import defaultdict
 import numpy as np
 
 from perfcast.graph.model import NONE, EdgeType, Graph, NodeKind, Source
+from perfcast.hardware.classify import COLLECTIVE_KIND
 
-_KIND = re.compile(
-    r"(AllReduce|AllGather|ReduceScatter|Broadcast|Reduce|SendRecv|AllToAll|"
-    r"Send|Recv|all_reduce|all_gather|reduce_scatter|broadcast)",
-    re.IGNORECASE,
-)
 _COMM = re.compile(r"nccl|rccl", re.IGNORECASE)
 
 
@@ -43,7 +39,7 @@ def match_collectives(graph: Graph) -> dict[tuple[str, str, int], dict[int, int]
         nm = names[int(c["name"][node])]
         if not _COMM.search(nm):
             continue
-        m = _KIND.search(nm)
+        m = COLLECTIVE_KIND.search(nm)
         kind = m.group(1).lower() if m else "collective"
         group = ""
         row = int(c["event"][node])

@@ -50,6 +50,13 @@ COMMUNICATION_PATTERN = (
     r"|all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|send_?recv"
 )
 
+# Which collective a communication kernel or op performs (matched across ranks by it).
+COLLECTIVE_KIND = re.compile(
+    r"(AllReduce|AllGather|ReduceScatter|Broadcast|Reduce|SendRecv|AllToAll|"
+    r"Send|Recv|all_reduce|all_gather|reduce_scatter|broadcast)",
+    re.IGNORECASE,
+)
+
 _PATTERNS: dict[KernelClass, str] = {
     KernelClass.COMMUNICATION: COMMUNICATION_PATTERN,
     KernelClass.MEMSET: r"memset|FillFunctor|fillBuffer",

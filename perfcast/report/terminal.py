@@ -38,12 +38,11 @@ def _render_rank_overview(summary: Summary, console: Console) -> None:
     for col in ("rank", "steps", "step ms", "GPU compute", "comm", "idle", "data load"):
         t.add_column(col, justify="right", no_wrap=True)
     means = {rs.rank: _mean([it.measured_ms for it in rs.iterations]) for rs in summary.ranks}
-    slowest = max(means, key=lambda r: means[r]) if means else None
     for rs in summary.ranks:
         its = rs.iterations
         gpu = [it.gpu for it in its if it.gpu is not None]
         t.add_row(
-            Text(f"{rs.rank}" + (" (slowest)" if rs.rank == slowest else "")),
+            Text(f"{rs.rank}" + (" (straggler)" if rs.rank in summary.stragglers else "")),
             str(len(its)),
             _ms(means[rs.rank]),
             _ms(_mean([g.compute_ms for g in gpu])) if gpu else "-",
@@ -52,6 +51,13 @@ def _render_rank_overview(summary: Summary, console: Console) -> None:
             _ms(_mean([it.cpu.dataloader_ms for it in its])),
         )
     console.print(t)
+    if summary.stragglers:
+        console.print(
+            Text(
+                "stragglers (the ranks the others wait for at collectives): "
+                + ", ".join(str(r) for r in summary.stragglers)
+            )
+        )
 
 
 def render_summary(summary: Summary, console: Console, top: int = 5) -> None:

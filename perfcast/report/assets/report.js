@@ -687,9 +687,13 @@
         fastest = i;
       }
     });
-    caption(root, RANKS.length + " ranks. Slowest: rank " + RANKS[slowest].rank + " (" +
-      ms(meas[slowest]) + " ms), fastest: rank " + RANKS[fastest].rank + " (" +
-      ms(meas[fastest]) + " ms): the slowest rank sets the step in synchronous training.");
+    var late = DATA.summary.stragglers || [];
+    caption(root, RANKS.length + " ranks. Longest step: rank " + RANKS[slowest].rank + " (" +
+      ms(meas[slowest]) + " ms), shortest: rank " + RANKS[fastest].rank + " (" +
+      ms(meas[fastest]) + " ms). " + (late.length
+        ? "Stragglers, the ranks the others wait for at collectives: " + late.join(", ") +
+          " (a waiting rank shows the longest step, not the rank it waits for)."
+        : "No rank arrived late at collectives often enough to call it a straggler."));
   }
 
   // ---- go --------------------------------------------------------------------------------

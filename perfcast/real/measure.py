@@ -1,0 +1,142 @@
+"""Measure the profiler's own cost per recorded event on this machine (`perfcast calibrate`).
+
+Small CPU ops are timed in alternating rounds with the profiler off and on (each setting:
+plain, record_shapes, with_stack, profile_memory); the extra time divided by the events
+recorded is the cost per event. Two loops separate an op's own cost from its inputs' (ops of
+one and of three tensor inputs); with_stack's extra over record_shapes, divided by the Python
+frames, is a frame's cost; profile_memory's, divided by the allocations, a [memory] event's.
+With a GPU, small kernel launches give a runtime call's cost (CUPTI); without one the runtime
+cost is left to the default and the result says so.
+
+The costs are what the profiler makes a step longer by, per event: bookkeeping plus what it
+costs the CPU around it (caches), which is what the correction must take out.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any
+
+ROUNDS = {True: 5, False: 9}  # quick or not
+LOOP = {True: 400, False: 1500}
+
+
+def _timed(fn: Any, n: int, profiler_kwargs: dict[str, Any] | None) -> float:
+    """Seconds for fn(n), under the profiler when kwargs are given (off otherwise)."""
+    if profiler_kwargs is None:
+        t = time.perf_counter()
+        fn(n)
+        return time.perf_counter() - t
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], **profiler_kwargs):
+        t = time.perf_counter()
+        fn(n)
+        dt = time.perf_counter() - t
+    return dt
+
+
+def _extra_per_iteration(
+    fn: Any, n: int, rounds: int, settings: dict[str, Any]
+) -> dict[str, float]:
+    """Median seconds per iteration the profiler adds, per setting, off and on alternating."""
+    extra: dict[str, list[float]] = {k: [] for k in settings}
+    fn(max(n // 4, 10))  # warm up
+    for _ in range(rounds):
+        for name, kwargs in settings.items():
+            off = _timed(fn, n, None)
+            on = _timed(fn, n, kwargs)
+            extra[name].append((on - off) / n)
+    return {k: max(statistics.median(v), 0.0) for k, v in extra.items()}
+
+
+def measure_profiler_cost(quick: bool = False) -> dict[str, Any]:
+    """Per-event profiler costs on this machine, in ns, and how they were measured."""
+    import torch
+
+    torch.set_num_threads(1)
+    x = torch.randn(32, 32)
+    y = torch.randn(32, 32)
+    z = torch.randn(32, 32)
+
+    def one_input(n: int) -> None:  # 1 op, 1 tensor input, 1 allocation
+        for _ in range(n):
+            torch.neg(x)
+
+    def three_inputs(n: int) -> None:  # 1 op, 3 tensor inputs, 1 allocation
+        for _ in range(n):
+            torch.addcmul(x, y, z)
+
+    def framed(a: torch.Tensor) -> torch.Tensor:
+        return torch.neg(a)
+
+    def one_frame(n: int) -> None:  # 1 op and 1 Python frame per iteration
+        for _ in range(n):
+            framed(x)
+
+    n, rounds = LOOP[quick], ROUNDS[quick]
+    shapes = {"record_shapes": True}
+    a = _extra_per_iteration(one_input, n, rounds, {"plain": {}, "shapes": shapes})
+    b = _extra_per_iteration(three_inputs, n, rounds, {"shapes": shapes})
+    st = _extra_per_iteration(
+        one_frame, n, rounds, {"shapes": shapes, "stack": {**shapes, "with_stack": True}}
+    )
+    mem = _extra_per_iteration(
+        one_input, n, rounds, {"shapes": shapes, "memory": {**shapes, "profile_memory": True}}
+    )
+    input_ns = max((b["shapes"] - a["shapes"]) / 2 * 1e9, 0.0)
+    op_ns = max(a["shapes"] * 1e9 - input_ns, 0.0)
+    out: dict[str, Any] = {
+        "op_ns": round(op_ns, 1),
+        "input_ns": round(input_ns, 1),
+        "op_no_shapes_ns": round(a["plain"] * 1e9, 1),
+        # A frame records an entry and an exit.
+        "python_ns": round(max(st["stack"] - st["shapes"], 0.0) * 1e9, 1),
+        # neg allocates its output and frees it: two [memory] events per iteration.
+        "memory_ns": round(max(mem["memory"] - mem["shapes"], 0.0) * 1e9 / 2, 1),
+        "runtime_ns": None,
+        "task_ns": None,
+        "rounds": rounds,
+        "loop": n,
+        "torch": str(torch.__version__),
+        "note": "CPU ops timed with the profiler off and on in alternating rounds (medians)",
+    }
+    if torch.cuda.is_available():
+        out.update(_runtime_cost(n, rounds))
+    else:
+        out["note"] += "; no GPU here, so runtime calls keep the default cost"
+    return out
+
+
+def _runtime_cost(n: int, rounds: int) -> dict[str, Any]:
+    """A kernel launch's profiler cost (CUPTI), beyond the op that launches it."""
+    import torch
+
+    g = torch.randn(16, device="cuda")
+
+    def launches(k: int) -> None:
+        for _ in range(k):
+            torch.neg(g)
+        torch.cuda.synchronize()
+
+    from torch.profiler import ProfilerActivity, profile
+
+    def timed(k: int, on: bool) -> float:
+        torch.cuda.synchronize()
+        if not on:
+            t = time.perf_counter()
+            launches(k)
+            return time.perf_counter() - t
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True):
+            t = time.perf_counter()
+            launches(k)
+            dt = time.perf_counter() - t
+        return dt
+
+    launches(50)
+    cpu_only = _extra_per_iteration(
+        lambda k: launches(k), n, rounds, {"cpu": {"record_shapes": True}}
+    )["cpu"]
+    both = statistics.median([(timed(n, True) - timed(n, False)) / n for _ in range(rounds)])
+    return {"runtime_ns": round(max(both - cpu_only, 0.0) * 1e9, 1), "task_ns": None}
