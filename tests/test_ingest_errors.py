@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import json
 import os
 import random
 from pathlib import Path
@@ -150,10 +151,14 @@ def test_bad_events_inside_a_good_file_are_skipped(write_trace):
     ]
     table = perfcast.load(write_trace({"traceEvents": events}))
     assert table.check_invariants() == []
-    assert table.names_of(np.arange(len(table))) == ["aten::add", "7", "k"]
-    assert table.ts.tolist() == [1000, 3500, 4000]
-    assert table.dur.tolist() == [2000, 1000, 0]
-    assert table.ranks[0].warnings == ["1 events without a readable timestamp were skipped"]
+    # Fields of the wrong type drop their event (a number as a name, a list as a thread).
+    assert table.names_of(np.arange(len(table))) == ["aten::add", "k"]
+    assert table.ts.tolist() == [1000, 4000]
+    assert table.dur.tolist() == [2000, 0]
+    dropped, no_time = table.ranks[0].warnings
+    assert dropped.startswith("dropped 1 events whose fields have the wrong type")
+    assert "event #2 at byte " in dropped and "'name' is a number, expected a string" in dropped
+    assert no_time == "1 events without a readable timestamp were skipped"
 
 
 def test_trace_without_events(write_trace):
@@ -304,8 +309,12 @@ def test_salvage_keeps_events_before_a_corrupt_byte(tmp_path: Path, write_trace)
     table = perfcast.load(path)
     info = table.ranks[0]
     assert info.truncated
-    assert "corrupt" in info.salvage_note and "salvaged 150 complete events" in info.salvage_note
-    assert table.names_of(np.arange(len(table))) == [f"op{i}" for i in range(150)]
+    # Only the damaged event is lost: reading resumes at the next event.
+    assert table.names_of(np.arange(len(table))) == [f"op{i}" for i in range(200) if i != 150]
+    assert "skipped 1 damaged stretch of the event list (first at byte " in info.salvage_note
+    assert "kept 199 complete events" in info.salvage_note
+    span = len(json.dumps(events[150])) + 2  # the event and the ", " after it
+    assert f"lost {span} of the file's {len(data):,} bytes" in info.salvage_note
 
 
 def test_invalid_utf8_in_a_name_keeps_every_event(tmp_path: Path, write_trace):

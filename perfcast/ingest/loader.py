@@ -92,48 +92,50 @@ def _reintern(cols: RankColumns, local: list[str], names: Interner) -> None:
 
 
 def _load_one(path: str, names: Interner, rank_hint: int | None) -> tuple[RankInfo, RankColumns]:
-    # Stream whole, well-formed files (bounded memory); anything else is read whole,
-    # where cut-off and corrupt data are salvaged.
-    streamed = reader.StreamedTrace(path)
-    try:
-        cols = extract_rank(streamed.chunks(), names)
-        assert streamed.header is not None
-        decoded = reader.Decoded(streamed.header)
-    except reader.StreamFallback:
-        data, gzip_note = reader.read_bytes(path)
-        decoded = reader.decode(data, path, gzip_note)
-        del data
-        cols = extract_rank(decoded.event_chunks(), names)
-    raw = decoded.trace
+    # Streamed a few MB at a time (memory stays near the size of the columns); cut-off and
+    # damaged files are salvaged on the way (see reader).
+    rd = reader.TraceReader(path)
+    cols = extract_rank(rd.chunks(), names)
+    decoded = rd.result()
+    raw = decoded.header
     info = RankInfo(rank=0, path=path)
     dist = raw.distributedInfo if isinstance(raw.distributedInfo, dict) else {}
-    rank = dist.get("rank")
+    rank = _int_or_none(dist.get("rank"))
     m = _RANK_IN_NAME.search(os.path.basename(path))
-    if isinstance(rank, int) and 0 <= rank < 1 << 31:  # the rank column is int32
+    if rank is not None and 0 <= rank < 1 << 31:  # the rank column is int32
         info.rank = rank
     elif m and int(m.group(1)) < 1 << 31:
         info.rank = int(m.group(1))
     elif rank_hint is not None:
         info.rank = rank_hint
-    info.world_size = dist.get("world_size") if isinstance(dist.get("world_size"), int) else None
+    world = _int_or_none(dist.get("world_size"))
+    info.world_size = world if world is not None and 0 < world < 1 << 31 else None
     info.backend = dist.get("backend") if isinstance(dist.get("backend"), str) else None
     info.device_name = _device_name(raw.deviceProperties)
     props = raw.deviceProperties
     if isinstance(props, list) and props and isinstance(props[0], dict):
         info.device_properties = props[0]
-    if isinstance(raw.baseTimeNanoseconds, int):
-        info.base_ns = raw.baseTimeNanoseconds
-    info.schema_version = raw.schemaVersion
+    base = _int_or_none(raw.baseTimeNanoseconds)
+    if base is not None and abs(base) < 1 << 62:
+        info.base_ns = base
+    schema = raw.schemaVersion
+    ok = _int_or_none(schema) is not None or isinstance(schema, str)
+    info.schema_version = schema if ok else None
     info.truncated = decoded.truncated
     info.salvage_note = decoded.note
-    if decoded.warning:
-        info.warnings.append(decoded.warning)
+    info.warnings.extend(decoded.warnings)
+    info.warnings.extend(cols.warnings)
     info.n_events = len(cols.cols["kind"])
     if cols.n_dropped:
         info.warnings.append(f"{cols.n_dropped} events without a readable timestamp were skipped")
     if info.n_events == 0 and not decoded.truncated:
         info.warnings.append("the trace holds no complete events")
     return info, cols
+
+
+def _int_or_none(value: Any) -> int | None:
+    """A header value that must be an integer (not a bool, a float or a string)."""
+    return value if type(value) is int else None
 
 
 def _device_name(props: Any) -> str | None:
