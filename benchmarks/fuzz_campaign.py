@@ -205,13 +205,17 @@ def classify(rc: int | None, stderr: str, escaped: str | None) -> tuple[str, str
 
 def _signature_from_text(text: str) -> str:
     frames = re.findall(r'File "([^"]+)", line (\d+), in (\S+)', text)
-    exc = [ln for ln in text.splitlines() if re.match(r"^\w[\w.]*(Error|Exception|Exit)\b", ln)]
+    exc = [
+        ln.split(":")[0].rsplit(".", 1)[-1]
+        for ln in text.splitlines()
+        if re.match(r"^\w[\w.]*(Error|Exception|Exit)\b", ln)
+    ]
     where = ""
     for f, _line, fn in reversed(frames):
         if "/perfcast/" in f:
             where = f"{f.split('/perfcast/')[-1]}:{fn}"
             break
-    return f"{(exc[-1].split(':')[0] if exc else 'exception')} at {where}"
+    return f"{exc[-1] if exc else 'exception'} at {where}"
 
 
 def _worker_signature(exc: BaseException) -> str:
@@ -279,10 +283,8 @@ def _worker_main(conn: Any, memory_gb: float, scratch: str) -> None:
                     main(["--debug", *argv])
                 except BaseException as exc:
                     stderr += "\n[debug] " + _worker_signature(exc)
-            sig = re.findall(r"\[debug\] (.*)", stderr)
-            if not sig:
-                sig = re.findall(r"^(\w+Error.*)$", buf.getvalue(), re.M)
-            stderr += ("\n[signature] " + sig[-1]) if sig else ""
+            sig = re.findall(r"\[debug\] (.*)", stderr) or [_signature_from_text(buf.getvalue())]
+            stderr += "\n[signature] " + sig[-1]
         conn.send((rc, stderr, escaped, seconds))
 
 
@@ -392,6 +394,15 @@ def run_input(runner: Runner, inp: Input, stages: tuple[str, ...], scratch: Path
 
 # ---------------------------------------------------------------------------------------------
 # Minimizing a failure
+
+
+def _normalize_message(stderr: str) -> str:
+    """The error line with paths, numbers and quoted details blanked, to count kinds."""
+    lines = [ln for ln in stderr.splitlines() if ln.strip()]
+    last = lines[-1] if lines else ""
+    last = re.sub(r"/\S+?(?=: | \(|$)", "PATH", last)
+    last = re.sub(r"\([^()]*\)", "(...)", last)
+    return re.sub(r"\d[\d,.]*", "N", last)[:200]
 
 
 def _slug(sig: str) -> str:
@@ -508,6 +519,7 @@ def main(argv: list[str] | None = None) -> int:
     by_mutator: dict[str, Counter] = defaultdict(Counter)
     failures: list[dict[str, Any]] = []
     signatures: Counter = Counter()
+    messages: Counter = Counter()  # clean errors, normalized: what users are told
     minimized: dict[str, str] = {}
     started = time.time()
     max_events = None if args.no_crop else args.max_events
@@ -521,6 +533,7 @@ def main(argv: list[str] | None = None) -> int:
             "by_stage": {k: dict(v) for k, v in counts.items()},
             "by_mutator": {k: dict(v) for k, v in sorted(by_mutator.items())},
             "signatures": dict(signatures.most_common()),
+            "error_messages": dict(messages.most_common(200)),
             "failures": failures[-2000:],
             "minimized": minimized,
             "seconds": round(time.time() - started, 1),
@@ -537,6 +550,8 @@ def main(argv: list[str] | None = None) -> int:
                 res = run_input(runner, inp, (stage,), scratch)[stage]
                 results[stage] = res
                 counts[stage][res["outcome"]] += 1
+                if res["outcome"] == "error":
+                    messages[_normalize_message(res["stderr_tail"])] += 1
                 load_failed = stage == "summary" and res["outcome"] == "error"
                 if load_failed and not args.keep_going_stages:
                     break  # the trace cannot be read: every stage would say the same
