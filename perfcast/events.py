@@ -79,6 +79,10 @@ class RankInfo:
     salvage_note: str | None = None
     n_events: int = 0
     warnings: list[str] = field(default_factory=list)
+    # What the trace says about the machine it was taken on (None: nothing): "host_id"
+    # (calibration.machine_id of its host name), "from" (which field said so), and what
+    # `perfcast profile` records besides (cpu_model, cores, torch).
+    machine: dict[str, object] | None = None
 
 
 @dataclass

@@ -97,6 +97,19 @@ def _profiler_output(cap: Capture) -> Iterator[None]:
         os.close(log)
 
 
+def _record_machine(prof: Any) -> None:
+    """Put this machine's identity in the trace header ("perfcast_machine"), so that a
+    calibration can be checked against the machine the trace comes from."""
+    import json
+
+    from perfcast.calibration import machine_identity
+
+    preset = getattr(prof, "preset_metadata_json", None) or getattr(prof, "add_metadata_json", None)
+    if preset is not None:
+        with contextlib.suppress(Exception):  # an older torch: the trace just says less
+            preset("perfcast_machine", json.dumps(machine_identity()))
+
+
 PROFILER_LOG = "profiler.log"
 # The files perfcast profile writes (see Capture._trace_name): --overwrite may replace them.
 _OWN_TRACE = re.compile(r"rank\d+(\.step\d+)?\.json\.gz")
@@ -191,6 +204,7 @@ class Capture:
             with_modules=self.with_modules,
             profile_memory=self.profile_memory,
         )
+        _record_machine(self._prof)
         with _profiler_output(self):
             self._prof.__enter__()
         self._hook = register_optimizer_step_post_hook(self._optimizer_hook)

@@ -160,7 +160,10 @@ def _guard(fn: Callable[[], int], *, debug: bool, subject: str | None) -> int:
         return fn()
     except PerfcastError as exc:
         _print_traceback(debug)
-        print(f"perfcast: error: {exc}", file=sys.stderr)
+        text = str(exc)
+        if exc.path is None and subject and subject not in text:
+            text = f"{subject}: {text}"  # e.g. a what-if that does not apply to this trace
+        print(f"perfcast: error: {text}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print("perfcast: interrupted", file=sys.stderr)

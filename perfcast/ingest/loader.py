@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import os
 import re
@@ -121,6 +122,7 @@ def _load_one(path: str, names: Interner, rank_hint: int | None) -> tuple[RankIn
     schema = raw.schemaVersion
     ok = _int_or_none(schema) is not None or isinstance(schema, str)
     info.schema_version = schema if ok else None
+    info.machine = _machine_of(raw, path)
     info.truncated = decoded.truncated
     info.salvage_note = decoded.note
     info.warnings.extend(decoded.warnings)
@@ -131,6 +133,33 @@ def _load_one(path: str, names: Interner, rank_hint: int | None) -> tuple[RankIn
     if info.n_events == 0 and not decoded.truncated:
         info.warnings.append("the trace holds no complete events")
     return info, cols
+
+
+# torch.profiler.tensorboard_trace_handler names files "{host}_{pid}.{time}.pt.trace.json".
+_HANDLER_NAME = re.compile(r"(.+)_\d+\.\d{10,}\.pt\.trace\.json(?:\.gz)?")
+
+
+def _machine_of(raw: Any, path: str) -> dict[str, object] | None:
+    """What the trace says about its machine, most specific first; None if nothing."""
+    from perfcast.calibration import machine_id
+
+    own = raw.perfcast_machine
+    if isinstance(own, dict) and isinstance(own.get("host_id"), str):
+        keep = ("host_id", "cpu_model", "cores", "torch")
+        out: dict[str, object] = {k: own[k] for k in keep if isinstance(own.get(k), (str, int))}
+        out["from"] = "the perfcast_machine metadata perfcast profile wrote"
+        return out
+    for key in ("host_name", "hostname"):
+        name = getattr(raw, key)
+        if isinstance(name, str) and name.strip():
+            return {"host_id": machine_id(name.strip()), "from": f"the trace's '{key}' field"}
+    m = _HANDLER_NAME.fullmatch(os.path.basename(path))
+    if m:
+        return {
+            "host_id": machine_id(m.group(1)),
+            "from": "its file name (host_pid.time.pt.trace.json, as torch.profiler names it)",
+        }
+    return None
 
 
 def _int_or_none(value: Any) -> int | None:
@@ -169,6 +198,14 @@ def _derive(
         info.warnings.append(
             f"{early.size} GPU events start before the call that launched them "
             "(CPU/GPU clock skew?); their launch links were dropped"
+        )
+    # A stream runs its work in the order it was enqueued; links that say otherwise
+    # (correlation ids reused or mismatched by another tool) are dropped.
+    disorder = _drop_out_of_order_launches(c, launch, is_gpu)
+    if disorder:
+        info.warnings.append(
+            f"{disorder} GPU events run out of their stream's launch order (correlation ids "
+            "that do not match?); their launch links were dropped"
         )
     fwd_bwd = _fwd_bwd_links(c, rc.flows)
     _inherit_collective_args(c, launch, parent)
@@ -326,6 +363,73 @@ def _launch_links(
             if row is not None and r is not None and launch[row] == NONE:
                 launch[row] = r
     return launch
+
+
+def _drop_out_of_order_launches(
+    c: dict[str, np.ndarray], launch: np.ndarray, is_gpu: np.ndarray
+) -> int:
+    """Unlink GPU rows whose launch contradicts their stream's order; how many.
+
+    Per stream, in order of start, the launch calls must start in order too: the longest
+    run that does (longest non-decreasing subsequence) keeps its links. A dropped link is
+    kept after all if its call overlaps those of its kept neighbours (calls from two
+    threads may enqueue in either order). Real traces have no such contradictions.
+    """
+    rows = np.flatnonzero(is_gpu & (launch >= 0))
+    if rows.size < 2:
+        return 0
+    ts, dur, pid, tid = c["ts"], c["dur"], c["pid"], c["tid"]
+    rows = rows[np.lexsort((rows, ts[rows], tid[rows], pid[rows]))]
+    lt = ts[launch[rows]]
+    same = (pid[rows][1:] == pid[rows][:-1]) & (tid[rows][1:] == tid[rows][:-1])
+    if not (same & (lt[1:] < lt[:-1])).any():
+        return 0
+    cuts = np.flatnonzero(~same) + 1
+    dropped = 0
+    for part in np.split(np.arange(rows.size), cuts):
+        keys = lt[part].tolist()
+        if all(a <= b for a, b in itertools.pairwise(keys)):
+            continue
+        keep = _longest_non_decreasing(keys)
+        lrow = launch[rows[part]]
+        end = (ts[lrow] + dur[lrow]).tolist()
+        kept = [k for k in range(len(keys)) if keep[k]]
+        for k in range(len(keys)):
+            if keep[k]:
+                continue
+            j = bisect.bisect_left(kept, k)
+            before = kept[j - 1] if j > 0 else None
+            after = kept[j] if j < len(kept) else None
+            if (before is None or keys[before] <= end[k]) and (
+                after is None or keys[k] <= end[after]
+            ):
+                continue  # overlapping calls: either could have enqueued first
+            launch[rows[part[k]]] = NONE
+            dropped += 1
+    return dropped
+
+
+def _longest_non_decreasing(keys: list[int]) -> list[bool]:
+    """Which items form a longest non-decreasing subsequence (patience sorting)."""
+    tails: list[int] = []  # smallest tail value of a subsequence of each length
+    tail_at: list[int] = []  # ... and its index
+    prev = [-1] * len(keys)
+    for i, key in enumerate(keys):
+        j = bisect.bisect_right(tails, key)
+        if j:
+            prev[i] = tail_at[j - 1]
+        if j == len(tails):
+            tails.append(key)
+            tail_at.append(i)
+        else:
+            tails[j] = key
+            tail_at[j] = i
+    keep = [False] * len(keys)
+    i = tail_at[-1] if tail_at else -1
+    while i >= 0:
+        keep[i] = True
+        i = prev[i]
+    return keep
 
 
 def _fwd_bwd_links(c: dict[str, np.ndarray], flows: dict[str, Any]) -> np.ndarray:

@@ -99,6 +99,11 @@ class RawTrace(msgspec.Struct, gc=False):
     distributedInfo: Any = None  # noqa: N815
     baseTimeNanoseconds: Any = None  # noqa: N815
     schemaVersion: Any = None  # noqa: N815
+    # Which machine wrote it: Kineto's host_name (recent PyTorch), a user's hostname
+    # metadata, and what `perfcast profile` records (calibration.machine_identity()).
+    host_name: Any = None
+    hostname: Any = None
+    perfcast_machine: Any = None
 
 
 # Category -> Kind for every generation. Lookup is lower-cased.
