@@ -9,20 +9,21 @@ returns the file's bytes. Everything is a function of the seed: the same seed, t
 Structural mutators edit the decoded JSON (wrong types, duplicated or shuffled events,
 cyclic flows, nested or replicated steps, huge numbers, markup in names, hostile shape
 strings); byte-level ones edit the serialized file (flips in the JSON or in the gzip stream,
-cuts, garbage). Deep nesting is spliced into the text, since `json.dumps` cannot write it.
+cuts, garbage). Deep nesting is spliced into the text, since no JSON encoder writes it.
 """
 
 from __future__ import annotations
 
 import copy
 import gzip
-import json
 import random
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import msgspec
 
 # Every field the ingest layer reads, events and args (see perfcast.ingest.schema).
 EVENT_KEYS = ("ph", "cat", "name", "pid", "tid", "ts", "dur", "id", "s", "bp", "args")
@@ -156,10 +157,10 @@ class Doc:
         """The JSON text (deep nesting spliced in); the bytes once a byte mutator ran."""
         if self.data is not None:
             return self.data
-        text = json.dumps(self.obj)
+        text = msgspec.json.encode(self.obj)
         for key, raw in self.splices.items():
-            text = text.replace(json.dumps(key), raw)
-        return text.encode("utf-8", "surrogatepass")
+            text = text.replace(msgspec.json.encode(key), raw.encode())
+        return text
 
     def file_bytes(self) -> bytes:
         if self.data is not None:
@@ -597,30 +598,37 @@ MUTATORS: dict[str, Mutator] = {**STRUCTURAL, **BYTES}
 
 @dataclass
 class Seed:
-    """A real trace to start from: its path, whether gzipped, its decoded JSON."""
+    """A real trace to start from. Its events are kept as their JSON text, one by one, so a
+    mutation decodes only the window it uses (big seeds stay cheap to mutate)."""
 
     path: Path
     gz: bool
-    obj: Any
+    header: Any  # the document without its events (None for a bare event list)
+    events: list[bytes]
+
+    def __repr__(self) -> str:  # short: hypothesis prints the arguments of a failing case
+        return f"Seed({self.path.name}, {len(self.events)} events)"
 
     @classmethod
     def read(cls, path: str | Path) -> Seed:
         p = Path(path)
         raw = p.read_bytes()
         gz = raw[:2] == b"\x1f\x8b"
-        return cls(p, gz, json.loads(gzip.decompress(raw) if gz else raw))
+        text = gzip.decompress(raw) if gz else raw
+        doc = msgspec.json.decode(text, type=dict[str, msgspec.Raw] | list[msgspec.Raw])
+        if isinstance(doc, list):
+            return cls(p, gz, None, [bytes(e) for e in doc])
+        events = doc.pop("traceEvents", None)
+        listed = msgspec.json.decode(events, type=list[msgspec.Raw]) if events else []
+        header = {k: msgspec.json.decode(v) for k, v in doc.items()}
+        return cls(p, gz, header, [bytes(e) for e in listed])
 
-
-def crop(rng: random.Random, obj: Any, max_events: int) -> Any:
-    """A contiguous window of at most max_events events (big seeds stay quick to run)."""
-    events = obj.get("traceEvents") if isinstance(obj, dict) else obj
-    if not isinstance(events, list) or len(events) <= max_events:
-        return obj
-    i = rng.randrange(len(events) - max_events + 1)
-    window = events[i : i + max_events]
-    if isinstance(obj, dict):
-        return {**obj, "traceEvents": window}
-    return window
+    def document(self, start: int = 0, stop: int | None = None) -> Any:
+        """A fresh, decoded copy of the trace with events[start:stop] (mutators edit it)."""
+        events = msgspec.json.decode(b"[" + b",".join(self.events[start:stop]) + b"]")
+        if self.header is None:
+            return events
+        return {**msgspec.json.decode(msgspec.json.encode(self.header)), "traceEvents": events}
 
 
 def mutate(
@@ -633,11 +641,13 @@ def mutate(
 
     `names` picks the mutators (in order) instead of drawing them.
     """
-    obj = seed.obj
-    if max_events is not None:
-        obj = crop(rng, obj, max_events)
+    start, stop = 0, None
+    if max_events is not None and len(seed.events) > max_events:
+        # A contiguous window of events: big seeds stay quick to run.
+        start = rng.randrange(len(seed.events) - max_events + 1)
+        stop = start + max_events
     gz = seed.gz if rng.random() < 0.8 else not seed.gz
-    doc = Doc(obj=copy.deepcopy(obj), gz=gz)
+    doc = Doc(obj=seed.document(start, stop), gz=gz)
     if names is None:
         names = rng.sample(sorted(STRUCTURAL), rng.choice([1, 1, 2, 3]))
         if rng.random() < 0.35:
