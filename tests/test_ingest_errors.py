@@ -7,6 +7,8 @@ import hashlib
 import json
 import os
 import random
+import re
+import time
 from pathlib import Path
 
 import numpy as np
@@ -329,3 +331,79 @@ def test_invalid_utf8_in_a_name_keeps_every_event(tmp_path: Path, write_trace):
     assert table.name_of(5) == "\ufffd5"
     assert not table.ranks[0].truncated
     assert any("UTF-8" in w for w in table.ranks[0].warnings)
+
+
+# ---------------------------------------------------------------------------------------------
+# What was lost, in bytes of the file on disk (issue 15: a 93% cut reported as "0.0%").
+
+
+def _big_trace(n: int) -> bytes:
+    events = [dict(EVENT, ts=float(i), name=f"op{i}") for i in range(n)]
+    return json.dumps({"traceEvents": events, "schemaVersion": 1}).encode()
+
+
+def _share(note: str) -> float:
+    return float(re.search(r"\(([\d.]+)%\)$", note).group(1))
+
+
+def test_a_gzip_stream_damaged_early_loses_the_rest_of_the_file(tmp_path: Path):
+    # Stored (level 0) deflate blocks: a damaged block header stops zlib right there.
+    data = gzip.compress(_big_trace(20_000), compresslevel=0, mtime=0)
+    header = 10  # walk the stored blocks (a header byte, LEN, NLEN, LEN bytes) past 7%
+    while header < len(data) * 7 // 100:
+        length = data[header + 1] | data[header + 2] << 8
+        assert length ^ (data[header + 3] | data[header + 4] << 8) == 0xFFFF
+        header += 5 + length
+    assert 0.07 < header / len(data) < 0.2
+    broken = bytearray(data)
+    broken[header + 3] ^= 0xFF  # its length check (NLEN) no longer matches
+    path = tmp_path / "stored.json.gz"
+    path.write_bytes(bytes(broken))
+    info = perfcast.load(path).ranks[0]
+    assert info.truncated and "the gzip stream is corrupt" in info.salvage_note
+    m = re.search(r"the ([\d,]+) bytes from byte ([\d,]+) on could not be read", info.salvage_note)
+    assert m, info.salvage_note
+    found = int(m.group(2).replace(",", ""))
+    assert header - 128 <= found <= header + 4  # the damaged block header, within zlib's reach
+    assert _share(info.salvage_note) == pytest.approx(100 * (1 - header / len(data)), abs=0.3)
+
+    # Compressed data damaged at 7%: zlib inflates garbage and notices only at the end (the
+    # checksum); the garbage is skipped, and the note still counts 93% of the file lost.
+    data = gzip.compress(_big_trace(20_000), compresslevel=6, mtime=0)
+    at = len(data) * 7 // 100
+    path = tmp_path / "deflate.json.gz"
+    path.write_bytes(data[:at] + b"\xff" * 64 + data[at + 64 :])
+    table = perfcast.load(path)
+    note = table.ranks[0].salvage_note
+    assert "the gzip stream is corrupt" in note and "too damaged to read" in note
+    assert _share(note) == pytest.approx(93, abs=2), note
+    assert 0.06 * 20_000 < len(table) < 0.075 * 20_000  # what came before the damage
+    assert table.names_of(np.arange(len(table))) == [f"op{i}" for i in range(len(table))]
+
+
+@pytest.mark.parametrize("gz", [False, True], ids=["json", "gzip"])
+def test_a_cut_file_says_what_followed_the_cut_is_unknown(tmp_path: Path, gz: bool):
+    data = _big_trace(5_000)
+    data = gzip.compress(data, mtime=0) if gz else data
+    path = tmp_path / ("cut.json.gz" if gz else "cut.json")
+    path.write_bytes(data[: len(data) * 7 // 100])  # 93% of the file never written
+    table = perfcast.load(path)
+    note = table.ranks[0].salvage_note
+    assert table.ranks[0].truncated and 0 < len(table) < 5_000
+    assert "cut off" in note and "how much that was is unknown" in note
+    assert f"kept {len(table):,} complete events" in note
+    assert f"of the file's {len(data) * 7 // 100:,} bytes" in note
+
+
+def test_damage_early_in_a_big_slice_costs_one_event_not_a_minute(tmp_path: Path):
+    """The old reader retried a 4 MB decode at every event boundary after the damage."""
+    data = bytearray(_big_trace(120_000))  # ~10 MB: two slices and more
+    i = data.index(b'"op1000"')
+    data[i] = 0x07
+    path = tmp_path / "big.json"
+    path.write_bytes(bytes(data))
+    start = time.perf_counter()
+    table = perfcast.load(path)
+    assert time.perf_counter() - start < 15
+    assert len(table) == 120_000 - 1
+    assert "op1000" not in set(table.names)

@@ -44,13 +44,19 @@ MAX_EVENT_BYTES = 64 << 20
 MAX_HEADER_BYTES = 64 << 20
 MAX_INFLATION = 250  # JSON traces compress 5-30x; far more is a decompression bomb
 _BOMB_FLOOR = 1 << 30  # below this, any ratio is fine
-DECODE_BUDGET = 8  # damage search: decoded bytes at most this many times the data read
+DECODE_BUDGET = 32  # damage search: decoded bytes at most this many times the data read
 _MAX_MERGE = 8  # event boundaries found inside one event (`},{` in nested args or a name)
+_RECOVER_WINDOW = 1 << 20  # damage search: how far one step looks ahead
+_MIN_WINDOW = 1 << 12  # ... right after damage
+_MERGE_SPAN = 1 << 16  # ... and how far past a damaged byte it splits into pieces
+_BAD_RUN_LIMIT = 1 << 20  # damage with little between: probe ahead instead (see _recover_step)
+_PROBE_STRIDE = 1 << 20
+_GOOD_RUN = 1 << 16
 
 _GZIP_MAGIC = b"\x1f\x8b"
 _BOM = b"\xef\xbb\xbf"
 _BLOCK = 1 << 22
-_GZ_IN = 1 << 16
+_GZ_IN = 1 << 14  # small: inflated offsets map back to file offsets closely
 _EVENT_GAP = re.compile(rb"\}\s*,\s*\{")
 _EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*')
 _LEAD = re.compile(rb"[\s,]*")
@@ -78,6 +84,7 @@ class _Source:
         self.problem: str | None = None  # the gzip stream is cut or corrupt
         self.problem_at: int | None = None  # where, in bytes of the file
         self.trailing: str | None = None  # data after the end of the gzip stream
+        self.cut = False  # the gzip stream just stops (as opposed to being corrupt)
         self.produced = 0
         self._marks_out: list[int] = [0]  # inflated offset ...
         self._marks_in: list[int] = [0]  # ... and the file offset consumed to produce it
@@ -139,11 +146,19 @@ class _Source:
                             )
                         return
                     decomp = zlib.decompressobj(16 + zlib.MAX_WBITS)
+                before = decomp.copy()  # to find the damaged byte, should this fail
                 try:
                     out = decomp.decompress(data, _BLOCK)
                 except zlib.error as exc:
                     self.problem = f"the gzip stream is corrupt ({exc})"
-                    self.problem_at = consumed
+                    good = _first_bad_byte(before, data)
+                    self.problem_at = consumed + good
+                    # What inflates before the damage is data too (all of it, when only
+                    # the checksum at the end is wrong).
+                    out = before.decompress(data[:good])
+                    if out:
+                        self._mark(len(out), consumed + good)
+                        yield out
                     return
                 left = len(decomp.unconsumed_tail) + (len(decomp.unused_data) if decomp.eof else 0)
                 consumed += len(data) - left
@@ -161,17 +176,38 @@ class _Source:
                 yield out
             self.problem = "the gzip stream ends early (the file is cut off)"
             self.problem_at = self.size
+            self.cut = True
 
     def file_offset(self, pos: int) -> int:
-        """The file offset that inflated offset `pos` came from (exact for plain files)."""
+        """The file offset that inflated offset `pos` came from: exact for plain files;
+        for gzip, interpolated between the points where both offsets are known."""
         if not self.gz:
             return pos
         i = bisect.bisect_left(self._marks_out, pos)
-        return self._marks_in[min(i, len(self._marks_in) - 1)]
+        if i >= len(self._marks_out):
+            return self._marks_in[-1]
+        if i == 0 or self._marks_out[i] == pos:
+            return self._marks_in[i]
+        o0, o1 = self._marks_out[i - 1], self._marks_out[i]
+        f0, f1 = self._marks_in[i - 1], self._marks_in[i]
+        return f0 + round((f1 - f0) * (pos - o0) / max(o1 - o0, 1))
 
 
 # ---------------------------------------------------------------------------------------------
 # JSON structure, for the slow paths: where strings, nesting and list elements are.
+
+
+def _first_bad_byte(state: Any, data: bytes) -> int:
+    """Where in `data` the decompressor (`state`, before it saw `data`) fails: bisection."""
+    lo, hi = 0, len(data)  # data[:lo] inflates; data[:hi] fails
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        try:
+            state.copy().decompress(data[:mid])
+            lo = mid
+        except zlib.error:
+            hi = mid
+    return lo
 
 
 def scan(data: bytes | bytearray | memoryview) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -331,6 +367,9 @@ class TraceReader:
         self._seen = 0  # list elements looked at
         self._kept = 0  # events handed on
         self._spent = 0  # bytes decoded in the search for damage
+        self._window = _RECOVER_WINDOW
+        self._bad_run = 0  # damaged bytes lately, less what decoded between (see _good)
+        self._gave_up = False  # the end of the data was too damaged to search
 
     # -- buffer ---------------------------------------------------------------------------
 
@@ -444,7 +483,8 @@ class TraceReader:
             self._skip_lead()
             if not self._buf:
                 if self._eof:
-                    self._cut_at = self._base  # the data ends after an event, with no "]"
+                    if self._cut_at is None:  # the data ends after an event, with no "]"
+                        self._cut_at = self._base
                     return
                 continue
             if self._buf[0] == ord("]"):
@@ -723,21 +763,56 @@ class TraceReader:
         self, pos: int, end: int, final: bool, closing: bool
     ) -> tuple[_Got | None, int, int | None] | None:
         """One step of `_recover` from piece start `pos`: (decoded events or None, where the
-        next piece starts, where the list closed or None); None to wait for more data."""
-        gaps = list(_EVENT_GAP.finditer(self._buf, pos, end))
-        starts = [pos] + [m.end() - 1 for m in gaps]  # piece i is _buf[starts[i]:ends[i]]
-        ends = [m.start() + 1 for m in gaps] + [end]
-        k = len(starts)
-        whole = self._attempt(pos, end)
+        next piece starts, where the list closed or None); None to wait for more data.
+
+        Looks at most _RECOVER_WINDOW bytes ahead (whole pieces), so a long damaged
+        stretch costs a bounded amount per step, not the rest of the stretch each time.
+        """
+        if self._bad_run > _BAD_RUN_LIMIT:
+            # A long stretch that is mostly damage (inflated garbage after a corrupt gzip
+            # block): stop searching it piece by piece; probe a window every _PROBE_STRIDE
+            # bytes, and search normally again once one decodes.
+            m = _EVENT_GAP.search(self._buf, min(pos + _PROBE_STRIDE, end), end)
+            nxt = m.end() - 1 if m else end
+            if m is None and final and not closing:
+                self._cut_at = self._base + pos
+                self._gave_up = True
+            else:
+                self._losses.append((self._base + pos, self._base + nxt, "damaged"))
+            self._bad_run = _BAD_RUN_LIMIT // 2  # one good window brings it back
+            return None, nxt, None
+        # The window: up to the first boundary past `_window` bytes (whole pieces only). It
+        # doubles while decoding goes well and shrinks after damage, so dense damage costs
+        # little per step and sparse damage is passed in large strides.
+        limit, after = end, end
+        if pos + self._window < end:
+            m = _EVENT_GAP.search(self._buf, pos + self._window, end)
+            if m:
+                limit, after = m.start() + 1, m.end() - 1
+        whole = self._attempt(pos, limit)
         if isinstance(whole, _Got):
-            return whole, end, None
+            self._window = min(self._window * 2, _RECOVER_WINDOW)
+            self._good(limit - pos)
+            return whole, after, None
+        self._window = _MIN_WINDOW
         if whole.kind == "closed" and not closing and self._verify_close(pos + whole.at):
             got = self._attempt(pos, pos + whole.at)
             return (got if isinstance(got, _Got) else None), pos + whole.at, pos + whole.at
+        # Pieces (split at `},{`) up to a little past the damage only: dense damage then
+        # costs little per step.
+        scan_to = min(limit, pos + whole.at + _MERGE_SPAN)
+        gaps = list(_EVENT_GAP.finditer(self._buf, pos, scan_to))
+        if scan_to < limit and gaps:
+            after = gaps[-1].end() - 1  # the pieces after the last boundary: a later step
+            limit = gaps[-1].start() + 1
+            gaps = gaps[:-1]
+        starts = [pos] + [m.end() - 1 for m in gaps]  # piece i is _buf[starts[i]:ends[i]]
+        ends = [m.start() + 1 for m in gaps] + [limit]
+        k = len(starts)
         # Pieces before the damage: bisection, starting from msgspec's position as a guess.
         lo, hi = 0, k  # runs of pieces [0, j) decode for j <= lo, fail for j >= hi
         best: _Got | None = None
-        guess = bisect.bisect_right(ends, pos + whole.at) if whole.kind == "damage" else k - 1
+        guess = bisect.bisect_right(ends, pos + whole.at) if whole.kind != "truncated" else k - 1
         if 0 < guess < k:
             got = self._attempt(pos, ends[guess - 1])
             if isinstance(got, _Got):
@@ -752,6 +827,7 @@ class TraceReader:
             else:
                 hi = mid
         if lo > 0:
+            self._good(ends[lo - 1] - pos)
             return best, starts[lo], None
         # The first piece cannot start a run: an event cut by `},{` inside it (nested args,
         # a name)? Try it with its next neighbours; else it is damaged.
@@ -760,24 +836,36 @@ class TraceReader:
                 break
             got = self._attempt(pos, ends[extra])
             if isinstance(got, _Got):
-                return got, starts[extra + 1] if extra + 1 < k else end, None
-        if not final and k <= _MAX_MERGE + 1 and pos > 0:
+                self._good(ends[extra] - pos)
+                return got, starts[extra + 1] if extra + 1 < k else after, None
+        if not final and limit == end and k <= _MAX_MERGE + 1 and pos > 0:
             return None  # near the end of what is read so far: more data may complete it
-        nxt = starts[1] if k > 1 else end
-        if k == 1 and final and not closing:
+        nxt = starts[1] if k > 1 else after
+        if k == 1 and limit == end and final and not closing:
             self._cut_at = self._base + pos  # the data ends inside this event
         else:
             self._losses.append((self._base + pos, self._base + nxt, "damaged"))
             self._seen += 1
+            self._bad_run += nxt - pos
         return None, nxt, None
 
+    def _good(self, n: int) -> None:
+        """n bytes decoded: a long enough run ends a stretch of damage."""
+        if n >= _GOOD_RUN:
+            self._bad_run = 0
+        else:
+            self._bad_run = max(self._bad_run - n, 0)
+
     def _attempt(self, a: int, b: int) -> _Got | _Damage:
-        """Decode _buf[a:b] as a run of elements (counted against the search budget)."""
-        self._spent += b - a
+        """Decode _buf[a:b] as a run of elements, counted against the search budget: all of
+        it, or (a failure) as far as the decoder got."""
         try:
-            return self._decode(a, b)
+            got = self._decode(a, b)
         except _Damage as d:
+            self._spent += min(b - a, d.at) + 256
             return d
+        self._spent += b - a
+        return got
 
     def _skip_oversized(self) -> None:
         """More than MAX_EVENT_BYTES without an event boundary: skip to the next one."""
@@ -802,44 +890,54 @@ class TraceReader:
         return self._src.file_offset(pos)
 
     def _salvage_note(self) -> str | None:
-        """What was lost, in bytes of the file on disk; None when nothing was."""
-        size = max(self._src.size, 1)
+        """What was lost, in bytes of the file on disk; None when nothing was.
+
+        Two kinds of loss: damaged stretches that were skipped (reading went on after
+        them), and everything from some point on: where a gzip stream stopped inflating,
+        where the data ends inside the event list, or from where the rest was too damaged.
+        A file that simply ends early (a cut) cannot say how much was never written.
+        """
+        src = self._src
+        size = max(src.size, 1)
+        tail_at = size  # from here on, everything is lost (file offsets)
+        if src.problem_at is not None:
+            tail_at = min(tail_at, src.problem_at)
+        if self._cut_at is not None:
+            tail_at = min(tail_at, self._file_offset(self._cut_at))
+        spans = [
+            (self._file_offset(a), min(self._file_offset(b), tail_at)) for a, b, _ in self._losses
+        ]
+        spans = [(a, b) for a, b in spans if a < tail_at]
+        lost = sum(max(b - a, 0) for a, b in spans) + (size - tail_at)
+        truncated = self._cut_at is not None or src.problem is not None
+        cut_off = src.cut if src.problem else self._cut_at is not None and not self._gave_up
         parts: list[str] = []
-        lost = 0
-        if self._losses:
-            spans = [(self._file_offset(a), self._file_offset(b)) for a, b, _ in self._losses]
-            lost += sum(max(b - a, 0) for a, b in spans)
-            first = spans[0][0]
-            why = {w for _, _, w in self._losses}
-            kinds = " or ".join(sorted(why))
+        if src.problem:
+            parts.append(src.problem)
+        elif self._cut_at is not None and not self._gave_up:
+            parts.append("the file ends inside the event list (cut off)")
+        if spans:
+            kinds = " or ".join(sorted({w for _, _, w in self._losses}))
             parts.append(
-                f"skipped {len(self._losses):,} {kinds} stretch"
-                f"{'es' if len(self._losses) > 1 else ''} of the event list (first at byte "
-                f"{first:,})"
+                f"skipped {len(spans):,} {kinds} stretch{'es' if len(spans) > 1 else ''} of "
+                f"the event list (first at byte {spans[0][0]:,})"
             )
-        cut = self._cut_at is not None or self._src.problem is not None
-        if cut:
-            at = self._src.problem_at
-            if at is None:
-                at = self._file_offset(self._cut_at or 0)
-            lost += max(size - at, 0)
-            cause = self._src.problem or "the file ends inside the event list (cut off)"
-            parts.insert(0, cause)
-            if self._src.problem_at is not None and self._src.problem_at < self._src.size:
-                parts.append(f"the {size - at:,} bytes from byte {at:,} on could not be read")
-            else:
-                parts.append(
-                    "anything written after the cut is lost, and how much that was is unknown"
-                )
-        if self._cut_header and not cut:
+        if self._gave_up:
+            parts.append(f"from byte {tail_at:,} on the data is too damaged to read")
+        elif tail_at < src.size and not cut_off:
+            parts.append(f"the {size - tail_at:,} bytes from byte {tail_at:,} on could not be read")
+        if cut_off:
+            # The data just stops: whatever followed was never written (or is gone).
+            parts.append("anything written after the cut is lost, and how much that was is unknown")
+        if self._cut_header and not truncated:
             parts.append("the file is cut off or damaged after the event list")
         if not parts:
             return None
         share = 100.0 * lost / size
-        sizes = "about " if self._src.gz else ""
+        sizes = "about " if src.gz else ""
         return (
             f"{'; '.join(parts)}; kept {self._kept:,} complete events; lost {sizes}{lost:,} "
-            f"of the file's {self._src.size:,} bytes ({share:.1f}%)"
+            f"of the file's {src.size:,} bytes ({share:.1f}%)"
         )
 
     def _empty(self) -> TraceFormatError:
