@@ -273,7 +273,10 @@ def _worker_main(conn: Any, memory_gb: float, scratch: str) -> None:
                 os.close(saved[0])
                 os.close(saved[1])
             err.seek(0)
-            stderr = err.read()[-20000:].decode("utf-8", "replace")
+            raw = err.read()
+            # The last line whole (it decides the outcome), and the tail before it.
+            cut = raw.rfind(b"\n", 0, max(len(raw) - 1, 0)) + 1
+            stderr = (raw[max(cut - 4000, 0) : cut] + raw[cut:][:20000]).decode("utf-8", "replace")
         if "internal error" in stderr and escaped is None:
             # Rerun with --debug to name the place (the user sees the one line only).
             buf = io.StringIO()

@@ -14,9 +14,19 @@ from __future__ import annotations
 REPORT_HINT = "please report it with this line and, if you can share it, the trace"
 
 
+_MAX_LINE = 1200  # a trace's 100,000-character kernel name must not become the message
+
+
 def one_line(text: str) -> str:
-    """`text` with line breaks and runs of whitespace folded: errors print as one line."""
-    return " ".join(text.split())
+    """`text` as one printable line: whitespace folded, other control characters escaped
+    (a name with a terminal escape sequence in it prints as text), and the middle of a very
+    long message elided (its start names the file, its end says what to do)."""
+    text = " ".join(text.split())
+    if not text.isprintable():
+        text = "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in text)
+    if len(text) > _MAX_LINE:
+        text = f"{text[: _MAX_LINE * 2 // 3]} [...] {text[-_MAX_LINE // 3 :]}"
+    return text
 
 
 class PerfcastError(Exception):

@@ -229,6 +229,7 @@ def _cpu_list(text: str | None) -> tuple[int, ...]:
 def cmd_calibrate(args: argparse.Namespace, ui: Any) -> int:
     import dataclasses
     import os
+    import time
     import warnings
 
     from perfcast import calibration
@@ -246,7 +247,10 @@ def cmd_calibrate(args: argparse.Namespace, ui: Any) -> int:
     if out is not None and out.lower() in ("off", "none", "0"):
         out = None
     target = out or str(calibration.default_path())
-    ui.note("measuring DataLoader hand-off and checkpoint costs (about 10 s) ...")
+    # ~11 s on an idle 2-core VM, 4 s of it the workers' deliberate idle gaps; a busy machine
+    # takes longer (the timing loops share the cores), and says so below.
+    ui.note("measuring DataLoader hand-off and checkpoint costs (10-30 s) ...")
+    started = time.monotonic()
     with warnings.catch_warnings():
         # torch warns about "excessive" workers when the process is pinned to fewer CPUs.
         warnings.simplefilter("ignore")
@@ -256,6 +260,7 @@ def cmd_calibrate(args: argparse.Namespace, ui: Any) -> int:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise PerfcastError(f"calibration failed: {first}") from None
     cal = dataclasses.replace(cal, path=str(calibration.save(cal, target)))
+    ui.note(f"measured in {time.monotonic() - started:.0f} s")
     if args.json:
         ui.emit_json(cal.to_dict())
         return 0

@@ -14,7 +14,7 @@ import numpy as np
 from perfcast.errors import TraceFormatError
 from perfcast.events import NONE, EventTable, Iteration, Kind, RankInfo
 from perfcast.ingest import reader
-from perfcast.ingest.normalize import Interner, RankColumns, extract_rank
+from perfcast.ingest.normalize import Interner, RankColumns, extract_rank, printable
 from perfcast.parallel import map_ordered, worker_count
 
 _RANK_IN_NAME = re.compile(r"(?:rank|worker|node|gpu|proc)[-_.]?(\d+)", re.IGNORECASE)
@@ -171,7 +171,7 @@ def _device_name(props: Any) -> str | None:
     if isinstance(props, list) and props:
         first = props[0]
         if isinstance(first, dict) and isinstance(first.get("name"), str):
-            return first["name"]
+            return printable(first["name"])
     return None
 
 

@@ -38,7 +38,12 @@ MAX_SHAPE_CHARS = 1 << 16
 
 
 class Interner:
-    """Maps strings to small ints; shared across ranks so tables concatenate."""
+    """Maps strings to small ints; shared across ranks so tables concatenate.
+
+    A name with control characters (a terminal escape sequence, a line break) is stored
+    with them escaped: names end up on terminals and in reports, and never legitimately
+    hold them.
+    """
 
     def __init__(self) -> None:
         self.index: dict[str, int] = {}
@@ -49,8 +54,13 @@ class Interner:
         if idx is None:
             idx = len(self.names)
             self.index[s] = idx
-            self.names.append(s)
+            self.names.append(s if s.isprintable() else printable(s))
         return idx
+
+
+def printable(s: str) -> str:
+    """`s` with every non-printable character written as an escape (\\x1b, \\u202e)."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in s)
 
 
 @dataclass
@@ -427,5 +437,6 @@ def _thread_names(events: Events, strings: dict[str, int]) -> dict[tuple[int, in
         if ev.ph == "M" and ev.name == "thread_name" and ev.args is not None:
             value = ev.args.name
             if isinstance(value, str):
-                out[(_to_int_id(ev.pid, strings), _to_int_id(ev.tid, strings))] = value
+                name = value if value.isprintable() else printable(value)
+                out[(_to_int_id(ev.pid, strings), _to_int_id(ev.tid, strings))] = name
     return out
