@@ -92,9 +92,9 @@ FastEvent = _event_struct("FastEvent", True, FastArgs, NO_ARGS)
 
 
 class RawTrace(msgspec.Struct, gc=False):
-    """The header: everything around the event list (decoded on its own, list emptied)."""
+    """The header: what surrounds the event list, decoded on its own. The events are read
+    slice by slice (reader.TraceReader); a second "traceEvents" key is skipped, not decoded."""
 
-    traceEvents: Any = None  # noqa: N815
     deviceProperties: Any = None  # noqa: N815
     distributedInfo: Any = None  # noqa: N815
     baseTimeNanoseconds: Any = None  # noqa: N815
