@@ -9,6 +9,7 @@ import os
 import random
 import re
 import time
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -407,3 +408,28 @@ def test_damage_early_in_a_big_slice_costs_one_event_not_a_minute(tmp_path: Path
     assert time.perf_counter() - start < 15
     assert len(table) == 120_000 - 1
     assert "op1000" not in set(table.names)
+
+
+@pytest.mark.parametrize(
+    ("content", "what"),
+    [
+        (b"PK\x03\x04 zipped", "a zip archive"),
+        (zlib.compress(b'{"traceEvents": []}'), "zlib data without a gzip header"),
+        (gzip.compress(gzip.compress(b'{"traceEvents": []}')), "gzip inside gzip"),
+        (b"<html><body>404</body></html>", "HTML or XML"),
+    ],
+)
+def test_other_formats_are_named(tmp_path: Path, content: bytes, what: str):
+    path = tmp_path / "trace.json.gz"
+    path.write_bytes(content)
+    assert_format_error(path, f"is not JSON \\(it looks like {what}")
+
+
+def test_wrong_typed_events_are_located_in_the_json(tmp_path: Path, write_trace):
+    events = [EVENT, dict(EVENT, ph=["X"]), EVENT]
+    data = json.dumps({"traceEvents": events}).encode()
+    path = tmp_path / "trace.json.gz"
+    path.write_bytes(gzip.compress(data))
+    (note,) = perfcast.load(path).ranks[0].warnings
+    at = data.index(b'{"ph": ["X"]')
+    assert f"event #1 at byte {at:,} of the inflated JSON: 'ph' is an array" in note

@@ -70,15 +70,18 @@ class DropLog:
     counts: Counter[str] = field(default_factory=Counter)
     first: dict[str, str] = field(default_factory=dict)
 
-    def add(self, key: str, detail: str, index: int | None, offset: int | None) -> None:
-        """Count one drop; `key` groups them ("'ph'"), `detail` is the first one's story."""
+    def add(
+        self, key: str, detail: str, index: int | None, offset: int | None, unit: str = ""
+    ) -> None:
+        """Count one drop; `key` groups them ("'ph'"), `detail` is the first one's story;
+        `offset` is a byte offset into the JSON, `unit` how to name it."""
         self.counts[key] += 1
         if key not in self.first:
             where = []
             if index is not None:
                 where.append(f"event #{index:,}")
             if offset is not None:
-                where.append(f"byte {offset:,}")
+                where.append(f"byte {offset:,}{unit}")
             self.first[key] = f"{' at '.join(where)}: {detail}" if where else detail
 
     @property

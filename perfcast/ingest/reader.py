@@ -63,6 +63,19 @@ _LEAD = re.compile(rb"[\s,]*")
 _NONSPACE = re.compile(rb"\S")
 _ERROR_AT = re.compile(r"\(byte (\d+)\)")
 
+# What a file that is not JSON may be instead, for the message (after gzip is inflated).
+_OTHER_FORMATS = (
+    (_GZIP_MAGIC, "gzip inside gzip: inflate it once more"),
+    (b"PK\x03\x04", "a zip archive: unpack it first"),
+    (b"BZh", "bzip2: decompress it first"),
+    (b"\xfd7zXZ\x00", "xz: decompress it first"),
+    (b"\x28\xb5\x2f\xfd", "zstd: decompress it first"),
+    (b"\x78\x01", "zlib data without a gzip header"),
+    (b"\x78\x9c", "zlib data without a gzip header"),
+    (b"\x78\xda", "zlib data without a gzip header"),
+    (b"<", "HTML or XML (a download page saved instead of the file?)"),
+)
+
 _fast_list = msgspec.json.Decoder(list[FastEvent])  # type: ignore[valid-type]
 _lenient_list = msgspec.json.Decoder(list[RawEvent])  # type: ignore[valid-type]
 _lenient_one = msgspec.json.Decoder(RawEvent)
@@ -278,6 +291,12 @@ def flatten_deep(data: bytes | bytearray, limit: int = MAX_DEPTH) -> tuple[bytes
     return bytes(out), int(starts.size), int(starts[0])
 
 
+def _skip_space(data: bytes | bytearray, pos: int) -> int:
+    """The first non-whitespace position at or after pos (an element's own first byte)."""
+    m = _NONSPACE.search(data, pos)
+    return m.start() if m else pos
+
+
 def _fix_utf8(data: bytes | bytearray) -> bytes:
     return bytes(data).decode("utf-8", errors="replace").encode()
 
@@ -412,7 +431,7 @@ class TraceReader:
         if self._nested:
             warnings.append(
                 f"{self._nested:,} values nested deeper than {MAX_DEPTH} levels were read "
-                f"as null (first at byte {self._file_offset(self._nested_at or 0):,})"
+                f"as null (first at byte {self._nested_at or 0:,}{self._json_unit()})"
             )
         if self._utf8_fixed:
             warnings.append("invalid UTF-8 in strings was replaced by U+FFFD")
@@ -442,10 +461,12 @@ class TraceReader:
         if first != b"{":
             if self._src.problem and self._src.produced == 0:
                 raise self._empty()
+            kind = next((k for magic, k in _OTHER_FORMATS if self._buf.startswith(magic)), None)
+            what = f"it looks like {kind}" if kind else "it does not start with '{' or '['"
             raise TraceFormatError(
-                "is not JSON (it does not start with '{' or '[')",
+                f"is not JSON ({what})",
                 path=self.path,
-                hint="expected a Kineto/Chrome trace JSON written by torch.profiler",
+                hint="expected a Kineto/Chrome trace JSON (or .json.gz) written by torch.profiler",
             )
         start = 0
         while True:
@@ -634,8 +655,9 @@ class TraceReader:
         """Count what a decoded stretch at _buf[start] looked at and dropped."""
         for why, index, at in got.drops:
             key = why.split(" is ")[0] if why.startswith("'") else why.split(" (")[0]
-            offset = None if at is None else self._file_offset(self._base + start + at)
-            self._drops.add(key, why, self._seen + index, offset)
+            # Where to find the event: an offset in the JSON (of a gzip file: once inflated).
+            offset = None if at is None else self._base + start + at
+            self._drops.add(key, why, self._seen + index, offset, self._json_unit())
         self._seen += got.seen
 
     def _damage(self, exc: msgspec.DecodeError, start: int, end: int) -> _Damage:
@@ -665,7 +687,8 @@ class TraceReader:
                 continue
             if offsets is None:
                 offsets = self._element_offsets(data)
-            drops.append((why, i, int(offsets[i]) - 1 if i < offsets.size else None))
+            at = _skip_space(data, int(offsets[i])) - 1 if i < offsets.size else None
+            drops.append((why, i, at))
         return _Got(kept, len(events), drops)
 
     @staticmethod
@@ -688,7 +711,7 @@ class TraceReader:
         begin = 1
         for k, stop in enumerate(cuts):
             piece = data[begin:stop]
-            at = begin - 1
+            at = _skip_space(data, begin) - 1
             begin = stop + 1
             if not piece.strip():
                 continue
@@ -888,6 +911,10 @@ class TraceReader:
 
     def _file_offset(self, pos: int) -> int:
         return self._src.file_offset(pos)
+
+    def _json_unit(self) -> str:
+        """How byte offsets into the JSON are named: of a gzip file, once inflated."""
+        return " of the inflated JSON" if self._src.gz else ""
 
     def _salvage_note(self) -> str | None:
         """What was lost, in bytes of the file on disk; None when nothing was.
