@@ -200,3 +200,16 @@ def test_an_internal_error_is_one_line_and_debug_shows_the_traceback(capsys, mon
     assert "Traceback (most recent call last)" in err and err.rstrip().count("\n") > 3
     assert main(["summary", str(MARKUP), "--debug"]) == 3  # after the command, too
     assert "Traceback" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "content",
+    ["[" * 5000 + "]" * 5000, '{"ranks": ' + "[" * 5000 + "]" * 5000 + "}", '[{"a": 1}]', "{"],
+    ids=["deep-list", "deep-value", "list", "cut"],
+)
+def test_show_refuses_hostile_files_in_one_line(capsys, tmp_path, content):
+    path = tmp_path / "result.json"
+    path.write_text(content)
+    assert main(["show", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"perfcast: error: {path}: ")

@@ -176,9 +176,12 @@ def cmd_show(args: argparse.Namespace, ui: Any) -> int:
     try:
         with open(args.result, "rb") as fh:
             data = fh.read()
-        keys = set(msgspec.json.decode(data))
-    except (OSError, msgspec.DecodeError, TypeError) as exc:
-        raise PerfcastError(f"cannot read a saved result ({exc})", path=args.result) from None
+        # Only the top-level keys (msgspec.Raw skips the values): deep nesting is not read.
+        top = msgspec.json.decode(data, type=dict[str, msgspec.Raw])
+        keys = set(top)
+    except (OSError, msgspec.DecodeError, msgspec.ValidationError, RecursionError) as exc:
+        why = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+        raise PerfcastError(f"cannot read a saved result ({why})", path=args.result) from None
     kinds: list[tuple[str, Any, str]] = [
         ("suggestions", Advice, "render_advice"),
         ("unresolved_dependencies", ReplayResult, "render_replay"),
@@ -189,8 +192,9 @@ def cmd_show(args: argparse.Namespace, ui: Any) -> int:
         if key in keys:
             try:
                 result = msgspec.json.decode(data, type=cls)
-            except msgspec.ValidationError as exc:
-                raise PerfcastError(f"not a perfcast result ({exc})", path=args.result) from None
+            except (msgspec.ValidationError, RecursionError) as exc:
+                why = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+                raise PerfcastError(f"not a perfcast result ({why})", path=args.result) from None
             return _output(result, render, args, ui)
     raise PerfcastError(
         "not a perfcast result",
