@@ -213,3 +213,19 @@ def test_show_refuses_hostile_files_in_one_line(capsys, tmp_path, content):
     assert main(["show", str(path)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith(f"perfcast: error: {path}: ")
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("faster-op:pattern=(", "not a valid regular expression"),
+        ("remove-host-sync:op=[", "not a valid regular expression"),
+        ("batch-size:factor=1e26", "out of range"),
+        ("faster-op:factor=inf", "out of range"),
+        ("ddp:bucket_mb=nan", "out of range"),
+    ],
+)
+def test_hostile_whatif_options_are_clean_errors(capsys, spec, message):
+    assert main(["whatif", str(EXAMPLE), "--apply", spec]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err

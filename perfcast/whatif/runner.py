@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from perfcast.analysis.critical_path import critical_paths
 from perfcast.analysis.notes import input_notes
+from perfcast.errors import PerfcastError
 from perfcast.events import EventTable
 from perfcast.graph.build import build_graph
 from perfcast.graph.model import Graph, Source
@@ -75,7 +77,12 @@ def apply_specs(graph: Graph, specs: list[Spec]) -> tuple[Graph, list[AppliedMod
         module = get_model(spec.name)
         options = build_options(spec.name, spec.options)
         before = len(g.assumptions)
-        g = module.apply(g.copy(), options)
+        try:
+            g = module.apply(g.copy(), options)
+        except re.error as exc:  # a pattern option (pattern=, module=, op=) the user wrote
+            raise PerfcastError(
+                f"{spec}: an option is not a valid regular expression ({exc})"
+            ) from None
         applied.append(AppliedModel(spec.name, dict(vars(options)), g.assumptions[before:]))
     return g, applied
 
