@@ -280,14 +280,15 @@ def _worker_main(conn: Any, memory_gb: float, scratch: str) -> None:
         if "internal error" in stderr and escaped is None:
             # Rerun with --debug to name the place (the user sees the one line only).
             buf = io.StringIO()
+            sig = None
             with contextlib.redirect_stderr(buf), contextlib.redirect_stdout(io.StringIO()):
                 try:
                     main(["--debug", *argv])
                 except BaseException as exc:
-                    stderr += "\n[debug] " + _worker_signature(exc)
-            sig = re.findall(r"\[debug\] (.*)", stderr) or [_signature_from_text(buf.getvalue())]
-            stderr += "\n[signature] " + sig[-1]
-        conn.send((rc, stderr, escaped, seconds))
+                    sig = _worker_signature(exc)
+            conn.send((rc, stderr, escaped, seconds, sig or _signature_from_text(buf.getvalue())))
+            continue
+        conn.send((rc, stderr, escaped, seconds, None))
 
 
 class Worker:
@@ -343,11 +344,10 @@ class Runner:
             self.worker.kill()
             self.worker = None
             return Run("crash", None, time.perf_counter() - start, signature=f"died ({code})")
-        rc, stderr, escaped, seconds = payload
+        rc, stderr, escaped, seconds, debug_sig = payload
         outcome, sig = classify(rc, stderr, escaped)
-        if outcome == "internal":
-            found = re.findall(r"\[signature\] (.*)", stderr)
-            sig = found[-1] if found else sig
+        if outcome == "internal" and debug_sig:
+            sig = debug_sig  # where it happened, from the --debug rerun
         return Run(outcome, rc, seconds, stderr[-1500:], sig)
 
     def _subprocess(self, argv: list[str]) -> Run:

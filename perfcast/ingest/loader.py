@@ -15,6 +15,7 @@ from perfcast.errors import TraceFormatError
 from perfcast.events import NONE, EventTable, Iteration, Kind, RankInfo
 from perfcast.ingest import reader
 from perfcast.ingest.normalize import Interner, RankColumns, extract_rank, printable
+from perfcast.ingest.schema import NON_LAUNCHING_CALLS
 from perfcast.parallel import map_ordered, worker_count
 
 _RANK_IN_NAME = re.compile(r"(?:rank|worker|node|gpu|proc)[-_.]?(\d+)", re.IGNORECASE)
@@ -199,6 +200,21 @@ def _derive(
             f"{early.size} GPU events start before the call that launched them "
             "(CPU/GPU clock skew?); their launch links were dropped"
         )
+    # Synchronizations and event calls launch nothing: such links are mismatched ids.
+    linked = np.flatnonzero(launch >= 0)
+    if linked.size:
+        idle = np.fromiter(
+            (bool(NON_LAUNCHING_CALLS.search(names.names[i])) for i in c["name"][launch[linked]]),
+            dtype=bool,
+            count=linked.size,
+        )
+        if idle.any():
+            launch[linked[idle]] = NONE
+            info.warnings.append(
+                f"{int(idle.sum())} GPU events were linked to calls that launch nothing "
+                "(synchronizations, event records: correlation ids that do not match?); "
+                "their launch links were dropped"
+            )
     # A stream runs its work in the order it was enqueued; links that say otherwise
     # (correlation ids reused or mismatched by another tool) are dropped.
     disorder = _drop_out_of_order_launches(c, launch, is_gpu)

@@ -8,6 +8,7 @@ that renames an argument is an edit of one row of ARG_FIELDS.
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any
 
 import msgspec
@@ -136,3 +137,10 @@ CATEGORY_KIND: dict[str, Kind] = {
 # Flow categories that tie a runtime call to the GPU work it launched.
 LAUNCH_FLOW_CATS = frozenset({"ac2g", "async_cpu_to_gpu", "async"})
 FWDBWD_FLOW_CATS = frozenset({"fwdbwd", "forward_backward"})
+
+# Runtime calls that enqueue no GPU work: a kernel or copy "launched" by one of them got its
+# correlation id from another tool or a corrupt file (the loader drops such links).
+NON_LAUNCHING_CALLS = re.compile(
+    r"^(cuda|hip|cu)(Device|Stream|Event|Ctx)?Synchronize$"
+    r"|^(cuda|hip|cu)(StreamWaitEvent|EventRecord|EventQuery|StreamQuery)"
+)
