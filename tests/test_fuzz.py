@@ -173,7 +173,7 @@ def _case(tmp: Path, seed: Seed, names: list[str], salt: int) -> Path:
     return path
 
 
-@settings(max_examples=200)
+@settings(max_examples=150)
 @given(
     pick=st.integers(0, 1000),
     names=_mutators,
@@ -186,7 +186,7 @@ def test_structural_mutations(seeds: list[Seed], pick: int, names, salt: int, mo
         check_all_stages(_case(Path(tmp), seeds[pick % len(seeds)], names, salt), model)
 
 
-@settings(max_examples=150)
+@settings(max_examples=120)
 @given(
     pick=st.integers(0, 1000),
     names=_mutators,
@@ -201,7 +201,7 @@ def test_damaged_bytes(seeds: list[Seed], pick: int, names, last: str, salt: int
         check_all_stages(case, model)
 
 
-@settings(max_examples=30)
+@settings(max_examples=24)
 @given(salt=st.integers(0, 2**32), names=_mutators, model=st.sampled_from(WHATIF))
 def test_rank_folders(salt: int, names, model: str):
     """A folder of ranks where one rank's file is mutated (collectives across ranks)."""

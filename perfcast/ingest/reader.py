@@ -611,13 +611,15 @@ class TraceReader:
                 hint='expected events like {"ph": "X", "name": ..., "ts": ...}',
             )
 
-    # -- decoding: pure functions of the buffer, committed by the caller --------------------
+    # -- decoding: trial decodes count nothing; the caller commits what it keeps ------------
 
     def _decode(self, start: int, end: int) -> _Got:
-        """The elements of _buf[start:end] decoded as one list, without side effects.
+        """The elements of _buf[start:end] decoded as one list.
 
-        _Damage if the JSON is broken; _Repaired after rewriting the stretch in place (a
-        value nested too deeply became null, or bad UTF-8 became U+FFFD): decode again.
+        Events looked at and dropped are returned, not counted (`_commit` counts what is
+        kept), so the damage search may decode a stretch more than once. _Damage if the
+        JSON is broken; _Repaired after a repair in place (a value nested too deeply
+        became null, bad UTF-8 became U+FFFD; counted once, here): decode again.
         """
         data = bytearray(b"[")  # one copy of the stretch, not two
         with memoryview(self._buf) as view:
