@@ -232,6 +232,25 @@ def test_regression_corpus(path: Path, tmp_path: Path):
         check_all_stages(case, model)
 
 
+KNOWN = sorted((DATA / "known").glob("*.json*"))
+
+
+@pytest.mark.xfail(strict=True, reason="a known internal error (see tests/data/fuzz/README.md)")
+@pytest.mark.parametrize("path", KNOWN, ids=lambda p: p.name.split(".")[0])
+def test_known_internal_errors(path: Path, tmp_path: Path):
+    """Inputs that still end in perfcast's one-line internal error (a what-if closes a
+    dependency cycle). Once fixed this test passes, strict xfail fails: move the file to
+    regressions/."""
+    case = tmp_path / path.name
+    case.write_bytes(path.read_bytes())
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        rc = main(["whatif", str(case), "--apply", "ddp:gpus=4"])
+    lines = err.getvalue().strip().splitlines()
+    assert rc != 3 or (len(lines) == 1 and "internal error" in lines[0]), "not one line"
+    check_all_stages(case, "ddp:gpus=4")
+
+
 def test_a_failing_stage_fails_the_property(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """The checks above can fail: an internal error and a hang are both caught."""
     import perfcast.analysis.summary as summary
