@@ -20,6 +20,7 @@ in the prediction's assumptions. Run it on the machine that trains.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -141,8 +142,9 @@ def active() -> Calibration | None:
     except OSError:
         if os.environ.get(ENV, "").strip():
             raise PerfcastError(
-                f"{path}: calibration file not found ({ENV} names it); run "
-                f"'perfcast calibrate --out {path}' or set {ENV}=off"
+                f"calibration file not found ({ENV} names it); run "
+                f"'perfcast calibrate --out {path}' or set {ENV}=off",
+                path=str(path),
             ) from None
         return None
     key = (str(path), mtime)
@@ -171,8 +173,9 @@ def load(path: str | Path) -> Calibration:
         )
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise PerfcastError(
-            f"{p}: not a perfcast calibration file ({exc}); run 'perfcast calibrate' again "
-            f"or set {ENV}=off"
+            f"not a perfcast calibration file ({exc}); run 'perfcast calibrate' again "
+            f"or set {ENV}=off",
+            path=str(p),
         ) from None
 
 
@@ -200,6 +203,7 @@ def cpu_model() -> str:
 def machine_info() -> dict[str, Any]:
     info: dict[str, Any] = {
         "hostname": socket.gethostname(),
+        "host_id": machine_id(socket.gethostname()),  # what for_trace compares
         "cpu_model": cpu_model(),
         "cores": os.cpu_count(),
         "platform": platform.platform(),
@@ -400,4 +404,89 @@ def measure(
         created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         dataloader=measure_dataloader(workers, worker_cpus, repeat=repeat),
         checkpoint=measure_checkpoint(repeat=40 if quick else 100),
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Which machine a calibration fits. The costs belong to the machine they were measured on;
+# applied to a trace from another machine they mislead. Traces say little about their host:
+# recent PyTorch writes "host_name" in the header, `perfcast profile` adds the identity
+# below ("perfcast_machine"), torch's tensorboard_trace_handler puts the host in the file
+# name (perfcast.ingest.loader reads all three into RankInfo.machine). Where none is there,
+# the check cannot be made, and the prediction's assumptions say so.
+
+
+def machine_id(hostname: str) -> str:
+    """A short, stable id of a host: compares machines without writing their names."""
+    return hashlib.sha256(hostname.encode("utf-8", "replace")).hexdigest()[:12]
+
+
+def machine_identity() -> dict[str, Any]:
+    """What `perfcast profile` records in a trace: host id, CPU model, cores, torch."""
+    info: dict[str, Any] = {
+        "host_id": machine_id(socket.gethostname()),
+        "cpu_model": cpu_model(),
+        "cores": os.cpu_count(),
+    }
+    try:
+        import torch
+
+        info["torch"] = str(torch.__version__)
+    except ImportError:
+        pass
+    return info
+
+
+def for_trace(table: Any) -> tuple[Calibration | None, str]:
+    """The calibration to use for this trace, and a sentence saying which it is and whether
+    it fits the trace's machine (None and the reason when it does not).
+
+    Fits: the same host, or (for traces `perfcast profile` wrote) a host with the same CPU
+    model and core count. Another host: not used, unless PERFCAST_CALIBRATION names the
+    file (the user's explicit choice, and the sentence says so). Unknown: used, "could not
+    be checked".
+    """
+    cal = active()
+    if cal is None:
+        return None, ""
+    m = cal.machine
+    cal_host = m.get("host_id") or (
+        machine_id(str(m["hostname"])) if isinstance(m.get("hostname"), str) else None
+    )
+    ranks = getattr(table, "ranks", None) or []
+    stated = [r.machine for r in ranks if isinstance(getattr(r, "machine", None), dict)]
+    if not stated or cal_host is None:
+        why = (
+            "the calibration file does not record its host"
+            if cal_host is None
+            else "the trace does not say which machine it was taken on"
+        )
+        return (
+            cal,
+            f"{cal.source()}; whether it is the trace's machine could not be checked ({why})",
+        )
+    cpu = (m.get("cpu_model"), m.get("cores"))
+    others = [
+        t
+        for t in stated
+        if t.get("host_id") != cal_host and (t.get("cpu_model"), t.get("cores")) != cpu
+    ]
+    first = stated[0]
+    if not others:
+        same_host = all(t.get("host_id") == cal_host for t in stated)
+        how = (
+            "the same host" if same_host else f"a host with the same CPU ({cpu[0]}, {cpu[1]} cores)"
+        )
+        return cal, f"{cal.source()}; the trace comes from {how} (per {first['from']})"
+    other = others[0]
+    mismatch = (
+        f"measured on host {cal_host} ({m.get('cpu_model', 'CPU unknown')}), but the trace "
+        f"comes from host {other.get('host_id')} (per {other['from']})"
+    )
+    if os.environ.get(ENV, "").strip():
+        return cal, f"{cal.source()}; {mismatch}: used because {ENV} names it"
+    return None, (
+        f"the calibration in {cal.path} was {mismatch}, so it is not used: run "
+        f"'perfcast calibrate' on the training machine, or name the file in {ENV} to use it "
+        "anyway"
     )

@@ -1,6 +1,32 @@
-"""Errors a user can act on. The CLI prints `str(err)` as one line and exits with `exit_code`."""
+"""The error model. The CLI prints one line per error and exits with its code.
+
+    PerfcastError (exit 2)  a problem with the user's input or request: the message says
+                            which file, where in it and what to do.
+    InternalError (exit 3)  an invariant of perfcast itself failed (a bug, not the user's
+                            doing): the message says so, names the trace, asks for a report.
+
+Any other exception that reaches the CLI is reported as an internal error too; only
+`perfcast --debug` shows tracebacks.
+"""
 
 from __future__ import annotations
+
+REPORT_HINT = "please report it with this line and, if you can share it, the trace"
+
+
+_MAX_LINE = 1200  # a trace's 100,000-character kernel name must not become the message
+
+
+def one_line(text: str) -> str:
+    """`text` as one printable line: whitespace folded, other control characters escaped
+    (a name with a terminal escape sequence in it prints as text), and the middle of a very
+    long message elided (its start names the file, its end says what to do)."""
+    text = " ".join(text.split())
+    if not text.isprintable():
+        text = "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in text)
+    if len(text) > _MAX_LINE:
+        text = f"{text[: _MAX_LINE * 2 // 3]} [...] {text[-_MAX_LINE // 3 :]}"
+    return text
 
 
 class PerfcastError(Exception):
@@ -14,7 +40,7 @@ class PerfcastError(Exception):
         text = f"{path}: {message}" if path else message
         if hint:
             text = f"{text} ({hint})"
-        super().__init__(text)
+        super().__init__(one_line(text))
 
 
 class TraceFormatError(PerfcastError):
@@ -23,3 +49,33 @@ class TraceFormatError(PerfcastError):
 
 class NotApplicableError(PerfcastError):
     """A what-if that does not apply to this trace (e.g. ddp on a CPU-only trace)."""
+
+
+class InternalError(RuntimeError):
+    """perfcast broke one of its own invariants (e.g. a dependency cycle the graph builder
+    should have removed). Not the user's fault: the message asks for a report."""
+
+    exit_code = 3
+
+    def __init__(self, message: str, *, path: str | None = None) -> None:
+        self.path = path
+        where = f" while processing {path}" if path else ""
+        super().__init__(one_line(f"internal error{where}: {message}; {REPORT_HINT}"))
+
+
+def describe_internal(exc: BaseException, path: str | None) -> str:
+    """The one line for an unexpected exception: what it was, on which trace, what to do."""
+    if isinstance(exc, InternalError):
+        text = str(exc)
+        if path and exc.path is None:
+            text = text.replace("internal error:", f"internal error while processing {path}:", 1)
+        return f"{text} (--debug shows the traceback)"
+    detail = one_line(str(exc))
+    if len(detail) > 200:
+        detail = detail[:200] + "..."
+    kind = type(exc).__name__
+    where = f" while processing {path}" if path else ""
+    return (
+        f"internal error{where}: {kind}{': ' + detail if detail else ''}; {REPORT_HINT} "
+        "(--debug shows the traceback)"
+    )

@@ -11,8 +11,16 @@ from typing import Any
 
 import pytest
 
-# The shared folder sits next to the repository: <root>/shared/traces, <root>/main/tests.
-SHARED_TRACES = Path(__file__).parents[2] / "shared" / "traces"
+# Real traces (the project's shared collection, see its MANIFEST.md): $PERFCAST_TRACES, else
+# the shared folder next to the repository (<root>/shared/traces, <root>/main/tests).
+TRACES_ENV = "PERFCAST_TRACES"
+SHARED_TRACES = Path(
+    os.environ.get(TRACES_ENV, "").strip() or Path(__file__).parents[2] / "shared" / "traces"
+)
+NO_TRACES = (
+    f"real traces not found at {SHARED_TRACES} (no MANIFEST.md there); set {TRACES_ENV} "
+    "to a folder holding the project's shared traces to run these tests"
+)
 
 WriteTrace = Callable[..., Path]
 
@@ -30,18 +38,24 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
-    """Print the recorded accuracy table (every GPU and CPU row) when its test ran."""
+    """Print the recorded accuracy table (every GPU and CPU row) when its test ran, and say,
+    not just count, why real-trace tests were skipped (a fresh clone has none)."""
     table = config.cache.get("perfcast/recorded_table", None)
     if table:
         terminalreporter.section("recorded accuracy (python -m benchmarks.accuracy)")
         terminalreporter.write_line(table)
+    skipped = terminalreporter.stats.get("skipped", [])
+    n = sum(1 for report in skipped if NO_TRACES in str(report.longrepr))
+    if n:
+        terminalreporter.write_line(f"{n} tests skipped: {NO_TRACES}", yellow=True, bold=True)
 
 
 @pytest.fixture(scope="session")
 def shared_traces() -> Path:
-    """The folder of real traces; tests that need it are skipped where it is absent."""
+    """The folder of real traces; tests that need it are skipped where it is absent (and the
+    end of the run says how many, and why)."""
     if not (SHARED_TRACES / "MANIFEST.md").is_file():
-        pytest.skip(f"real traces not available at {SHARED_TRACES}")
+        pytest.skip(NO_TRACES)
     return SHARED_TRACES
 
 

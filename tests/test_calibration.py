@@ -125,3 +125,76 @@ def test_cli_calibrate_writes_the_file_models_read(
     monkeypatch.setenv("PERFCAST_CALIBRATION", str(out))
     active = calibration.active()
     assert active is not None and active.path == str(out)
+
+
+# ---------------------------------------------------------------------------------------------
+# Which machine: a calibration is applied only to traces from its machine (where known).
+
+
+class _Rank:
+    def __init__(self, machine: dict | None) -> None:
+        self.machine = machine
+
+
+class _Table:
+    def __init__(self, *machines: dict | None) -> None:
+        self.ranks = [_Rank(m) for m in machines]
+
+
+def test_for_trace_checks_the_machine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.delenv("PERFCAST_CALIBRATION", raising=False)
+    cal = Calibration(
+        machine={"hostname": "box", "cpu_model": "EPYC 7B13", "cores": 8},
+        created="2026-11-22T10:00:00Z",
+        dataloader=None,
+        checkpoint=None,
+    )
+    calibration.save(cal, calibration.default_path())
+    box = calibration.machine_id("box")
+    assert box != calibration.machine_id("other") and len(box) == 12
+
+    # Nothing in the trace says where it comes from: used, and the sentence says so.
+    used, note = calibration.for_trace(_Table(None))
+    assert used is not None and "could not be checked" in note
+    # The same host, by the header's host_name.
+    same = {"host_id": box, "from": "the trace's 'host_name' field"}
+    used, note = calibration.for_trace(_Table(same))
+    assert used is not None and "the trace comes from the same host" in note
+    # Another host: not used, and the reason names both.
+    other = {"host_id": calibration.machine_id("other"), "from": "the trace's 'host_name' field"}
+    used, note = calibration.for_trace(_Table(same, other))
+    assert used is None
+    assert f"measured on host {box} (EPYC 7B13)" in note and "not used" in note
+    # ... another host with the same CPU (perfcast profile records it): a twin, used.
+    twin = dict(other, cpu_model="EPYC 7B13", cores=8)
+    used, note = calibration.for_trace(_Table(twin))
+    assert used is not None and "same CPU (EPYC 7B13, 8 cores)" in note
+    # ... and a file the user names explicitly is used anyway, saying so.
+    monkeypatch.setenv("PERFCAST_CALIBRATION", str(calibration.default_path()))
+    used, note = calibration.for_trace(_Table(other))
+    assert used is not None and "used because PERFCAST_CALIBRATION names it" in note
+
+
+def test_the_loader_reads_which_machine_a_trace_comes_from(tmp_path: Path, write_trace) -> None:
+    import perfcast
+
+    ev = {"ph": "X", "cat": "cpu_op", "name": "aten::add", "pid": 1, "tid": 1, "ts": 1, "dur": 2}
+    kineto = write_trace({"traceEvents": [ev], "host_name": "gpu-node-7"}, "a.json")
+    ours = write_trace(
+        {"traceEvents": [ev], "perfcast_machine": {"host_id": "abc", "cores": 4}}, "b.json"
+    )
+    named = write_trace({"traceEvents": [ev]}, "gpu-node-7_1234.1700000000000000000.pt.trace.json")
+    silent = write_trace({"traceEvents": [ev]}, "c.json")
+    node7 = calibration.machine_id("gpu-node-7")
+    assert perfcast.load(kineto).ranks[0].machine == {
+        "host_id": node7,
+        "from": "the trace's 'host_name' field",
+    }
+    assert perfcast.load(ours).ranks[0].machine == {
+        "host_id": "abc",
+        "cores": 4,
+        "from": "the perfcast_machine metadata perfcast profile wrote",
+    }
+    assert perfcast.load(named).ranks[0].machine["host_id"] == node7
+    assert perfcast.load(silent).ranks[0].machine is None

@@ -135,3 +135,76 @@ def test_run_profile_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     rc = run_profile(["-o", str(tmp_path / "t"), "--", "python", str(idle)])
     assert rc == 2
     assert "no training steps" in capsys.readouterr().err
+
+
+_SCRIPT = """
+import pathlib, sys
+import torch
+
+model = torch.nn.Linear(8, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for _ in range(int(sys.argv[1])):
+    loss = model(torch.randn(4, 8)).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+pathlib.Path(sys.argv[2]).write_text("the script ran to its end")
+"""
+
+
+def test_run_profile_refuses_a_folder_with_traces(tmp_path: Path, capsys) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(_SCRIPT)
+    out = tmp_path / "traces"
+    cmd = ["--", "python", str(script), "8", str(tmp_path / "done")]
+    assert run_profile(["-o", str(out), *cmd]) == 0
+    first = (out / "rank0.json.gz").read_bytes()
+    capsys.readouterr()
+
+    # A second capture into the same folder would mix two runs: refused, nothing touched.
+    assert run_profile(["-o", str(out), *cmd]) == 2
+    err = capsys.readouterr().err
+    assert "already holds traces (rank0.json.gz)" in err and "--overwrite" in err
+    assert (out / "rank0.json.gz").read_bytes() == first
+
+    # --overwrite replaces what perfcast profile wrote ...
+    assert run_profile(["-o", str(out), "--overwrite", *cmd]) == 0
+    assert (out / "rank0.json.gz").read_bytes() != first
+    # ... but never trace files of other origins.
+    (out / "colleague.json").write_text("{}")
+    assert run_profile(["-o", str(out), "--overwrite", *cmd]) == 2
+    assert "did not write (colleague.json)" in capsys.readouterr().err
+    assert (out / "colleague.json").read_text() == "{}"
+
+
+def test_run_profile_stops_the_script_once_the_capture_is_written(tmp_path: Path, capsys) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(_SCRIPT)
+    done = tmp_path / "done"
+    # Default schedule: wait 1 + warmup 1 + active 3 = 5 steps, of the script's 50.
+    assert (
+        run_profile(["-o", str(tmp_path / "a"), "--", "python", str(script), "50", str(done)]) == 0
+    )
+    err = capsys.readouterr().err
+    assert not done.exists()
+    assert "stopped the script after step 5" in err
+    argv = ["-o", str(tmp_path / "b"), "--run-to-end", "--", "python", str(script), "50", str(done)]
+    assert run_profile(argv) == 0
+    assert done.read_text() == "the script ran to its end"
+
+
+def test_run_profile_keeps_profiler_output_off_the_terminal(tmp_path: Path, capfd) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(_SCRIPT)
+    cmd = ["--", "python", str(script), "6", str(tmp_path / "done")]
+    assert run_profile(["-o", str(tmp_path / "quiet"), *cmd]) == 0
+    quiet = capfd.readouterr().err
+    log = (tmp_path / "quiet" / "profiler.log").read_text()
+    assert run_profile(["-o", str(tmp_path / "loud"), "--show-profiler-output", *cmd]) == 0
+    loud = capfd.readouterr().err
+    assert not (tmp_path / "loud" / "profiler.log").exists()
+    if "USDT" not in loud:
+        pytest.skip("this torch build writes nothing of its own on stderr")
+    # The same native lines: in the log by default, on the terminal when asked for.
+    assert "USDT" not in quiet
+    assert "profiler_start" in log and "profiler_start" in loud

@@ -163,3 +163,69 @@ def test_show_refuses_other_files(capsys, tmp_path):
     other.write_text('{"hello": 1}')
     assert main(["show", str(other)]) == 2
     assert "not a perfcast result" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------
+# The error model: one line per error, no tracebacks unless asked, bugs called bugs.
+
+MARKUP = Path(__file__).parent / "data" / "fuzz" / "regressions" / "markup_in_names.json.gz"
+
+
+def test_names_with_control_characters_reach_no_terminal(capsys):
+    # Kernel and device names holding escape sequences, line breaks and Rich markup.
+    assert main(["summary", str(MARKUP)]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b[31m" not in out and "\\x1b[31mred" in out
+    assert "[bold red]x[/bold red]" in out  # markup is printed as text, not interpreted
+    assert main(["whatif", str(MARKUP), "--apply", "amp"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"perfcast: error: {MARKUP}: amp:")
+    assert "'[red]GPU[/red]\\n'" in err
+
+
+def test_an_internal_error_is_one_line_and_debug_shows_the_traceback(capsys, monkeypatch):
+    import perfcast.analysis.summary as summary
+
+    def broken(*args, **kwargs):
+        raise KeyError("a bug")
+
+    monkeypatch.setattr(summary, "summarize", broken)
+    assert main(["summary", str(MARKUP)]) == 3
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert err.startswith(f"perfcast: internal error while processing {MARKUP}: KeyError")
+    assert "please report it" in err and "--debug" in err
+    assert main(["--debug", "summary", str(MARKUP)]) == 3
+    err = capsys.readouterr().err
+    assert "Traceback (most recent call last)" in err and err.rstrip().count("\n") > 3
+    assert main(["summary", str(MARKUP), "--debug"]) == 3  # after the command, too
+    assert "Traceback" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "content",
+    ["[" * 5000 + "]" * 5000, '{"ranks": ' + "[" * 5000 + "]" * 5000 + "}", '[{"a": 1}]', "{"],
+    ids=["deep-list", "deep-value", "list", "cut"],
+)
+def test_show_refuses_hostile_files_in_one_line(capsys, tmp_path, content):
+    path = tmp_path / "result.json"
+    path.write_text(content)
+    assert main(["show", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"perfcast: error: {path}: ")
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("faster-op:pattern=(", "not a valid regular expression"),
+        ("remove-host-sync:op=[", "not a valid regular expression"),
+        ("batch-size:factor=1e26", "out of range"),
+        ("faster-op:factor=inf", "out of range"),
+        ("ddp:bucket_mb=nan", "out of range"),
+    ],
+)
+def test_hostile_whatif_options_are_clean_errors(capsys, spec, message):
+    assert main(["whatif", str(EXAMPLE), "--apply", spec]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err

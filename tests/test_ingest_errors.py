@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import json
 import os
 import random
+import re
+import time
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -150,10 +154,14 @@ def test_bad_events_inside_a_good_file_are_skipped(write_trace):
     ]
     table = perfcast.load(write_trace({"traceEvents": events}))
     assert table.check_invariants() == []
-    assert table.names_of(np.arange(len(table))) == ["aten::add", "7", "k"]
-    assert table.ts.tolist() == [1000, 3500, 4000]
-    assert table.dur.tolist() == [2000, 1000, 0]
-    assert table.ranks[0].warnings == ["1 events without a readable timestamp were skipped"]
+    # Fields of the wrong type drop their event (a number as a name, a list as a thread).
+    assert table.names_of(np.arange(len(table))) == ["aten::add", "k"]
+    assert table.ts.tolist() == [1000, 4000]
+    assert table.dur.tolist() == [2000, 0]
+    dropped, no_time = table.ranks[0].warnings
+    assert dropped.startswith("dropped 1 events whose fields have the wrong type")
+    assert "event #2 at byte " in dropped and "'name' is a number, expected a string" in dropped
+    assert no_time == "1 events without a readable timestamp were skipped"
 
 
 def test_trace_without_events(write_trace):
@@ -304,8 +312,12 @@ def test_salvage_keeps_events_before_a_corrupt_byte(tmp_path: Path, write_trace)
     table = perfcast.load(path)
     info = table.ranks[0]
     assert info.truncated
-    assert "corrupt" in info.salvage_note and "salvaged 150 complete events" in info.salvage_note
-    assert table.names_of(np.arange(len(table))) == [f"op{i}" for i in range(150)]
+    # Only the damaged event is lost: reading resumes at the next event.
+    assert table.names_of(np.arange(len(table))) == [f"op{i}" for i in range(200) if i != 150]
+    assert "skipped 1 damaged stretch of the event list (first at byte " in info.salvage_note
+    assert "kept 199 complete events" in info.salvage_note
+    span = len(json.dumps(events[150])) + 2  # the event and the ", " after it
+    assert f"lost {span} of the file's {len(data):,} bytes" in info.salvage_note
 
 
 def test_invalid_utf8_in_a_name_keeps_every_event(tmp_path: Path, write_trace):
@@ -320,3 +332,104 @@ def test_invalid_utf8_in_a_name_keeps_every_event(tmp_path: Path, write_trace):
     assert table.name_of(5) == "\ufffd5"
     assert not table.ranks[0].truncated
     assert any("UTF-8" in w for w in table.ranks[0].warnings)
+
+
+# ---------------------------------------------------------------------------------------------
+# What was lost, in bytes of the file on disk (issue 15: a 93% cut reported as "0.0%").
+
+
+def _big_trace(n: int) -> bytes:
+    events = [dict(EVENT, ts=float(i), name=f"op{i}") for i in range(n)]
+    return json.dumps({"traceEvents": events, "schemaVersion": 1}).encode()
+
+
+def _share(note: str) -> float:
+    return float(re.search(r"\(([\d.]+)%\)$", note).group(1))
+
+
+def test_a_gzip_stream_damaged_early_loses_the_rest_of_the_file(tmp_path: Path):
+    # Stored (level 0) deflate blocks: a damaged block header stops zlib right there.
+    data = gzip.compress(_big_trace(20_000), compresslevel=0, mtime=0)
+    header = 10  # walk the stored blocks (a header byte, LEN, NLEN, LEN bytes) past 7%
+    while header < len(data) * 7 // 100:
+        length = data[header + 1] | data[header + 2] << 8
+        assert length ^ (data[header + 3] | data[header + 4] << 8) == 0xFFFF
+        header += 5 + length
+    assert 0.07 < header / len(data) < 0.2
+    broken = bytearray(data)
+    broken[header + 3] ^= 0xFF  # its length check (NLEN) no longer matches
+    path = tmp_path / "stored.json.gz"
+    path.write_bytes(bytes(broken))
+    info = perfcast.load(path).ranks[0]
+    assert info.truncated and "the gzip stream is corrupt" in info.salvage_note
+    m = re.search(r"the ([\d,]+) bytes from byte ([\d,]+) on could not be read", info.salvage_note)
+    assert m, info.salvage_note
+    found = int(m.group(2).replace(",", ""))
+    assert header - 128 <= found <= header + 4  # the damaged block header, within zlib's reach
+    assert _share(info.salvage_note) == pytest.approx(100 * (1 - header / len(data)), abs=0.3)
+
+    # Compressed data damaged at 7%: zlib inflates garbage and notices only at the end (the
+    # checksum); the garbage is skipped, and the note still counts 93% of the file lost.
+    data = gzip.compress(_big_trace(20_000), compresslevel=6, mtime=0)
+    at = len(data) * 7 // 100
+    path = tmp_path / "deflate.json.gz"
+    path.write_bytes(data[:at] + b"\xff" * 64 + data[at + 64 :])
+    table = perfcast.load(path)
+    note = table.ranks[0].salvage_note
+    assert "the gzip stream is corrupt" in note and "too damaged to read" in note
+    assert _share(note) == pytest.approx(93, abs=2), note
+    assert 0.06 * 20_000 < len(table) < 0.075 * 20_000  # what came before the damage
+    assert table.names_of(np.arange(len(table))) == [f"op{i}" for i in range(len(table))]
+
+
+@pytest.mark.parametrize("gz", [False, True], ids=["json", "gzip"])
+def test_a_cut_file_says_what_followed_the_cut_is_unknown(tmp_path: Path, gz: bool):
+    data = _big_trace(5_000)
+    data = gzip.compress(data, mtime=0) if gz else data
+    path = tmp_path / ("cut.json.gz" if gz else "cut.json")
+    path.write_bytes(data[: len(data) * 7 // 100])  # 93% of the file never written
+    table = perfcast.load(path)
+    note = table.ranks[0].salvage_note
+    assert table.ranks[0].truncated and 0 < len(table) < 5_000
+    assert "cut off" in note and "how much that was is unknown" in note
+    assert f"kept {len(table):,} complete events" in note
+    assert f"of the file's {len(data) * 7 // 100:,} bytes" in note
+
+
+def test_damage_early_in_a_big_slice_costs_one_event_not_a_minute(tmp_path: Path):
+    """The old reader retried a 4 MB decode at every event boundary after the damage."""
+    data = bytearray(_big_trace(120_000))  # ~10 MB: two slices and more
+    i = data.index(b'"op1000"')
+    data[i] = 0x07
+    path = tmp_path / "big.json"
+    path.write_bytes(bytes(data))
+    start = time.perf_counter()
+    table = perfcast.load(path)
+    assert time.perf_counter() - start < 15
+    assert len(table) == 120_000 - 1
+    assert "op1000" not in set(table.names)
+
+
+@pytest.mark.parametrize(
+    ("content", "what"),
+    [
+        (b"PK\x03\x04 zipped", "a zip archive"),
+        (zlib.compress(b'{"traceEvents": []}'), "zlib data without a gzip header"),
+        (gzip.compress(gzip.compress(b'{"traceEvents": []}')), "gzip inside gzip"),
+        (b"<html><body>404</body></html>", "HTML or XML"),
+    ],
+)
+def test_other_formats_are_named(tmp_path: Path, content: bytes, what: str):
+    path = tmp_path / "trace.json.gz"
+    path.write_bytes(content)
+    assert_format_error(path, f"is not JSON \\(it looks like {what}")
+
+
+def test_wrong_typed_events_are_located_in_the_json(tmp_path: Path, write_trace):
+    events = [EVENT, dict(EVENT, ph=["X"]), EVENT]
+    data = json.dumps({"traceEvents": events}).encode()
+    path = tmp_path / "trace.json.gz"
+    path.write_bytes(gzip.compress(data))
+    (note,) = perfcast.load(path).ranks[0].warnings
+    at = data.index(b'{"ph": ["X"]')
+    assert f"event #1 at byte {at:,} of the inflated JSON: 'ph' is an array" in note

@@ -14,8 +14,7 @@ import pytest
 import perfcast
 from perfcast.errors import TraceFormatError
 from perfcast.events import NONE, EventTable, Kind
-
-SHARED_TRACES = Path(__file__).parents[2] / "shared" / "traces"  # as the conftest fixture
+from tests.conftest import SHARED_TRACES
 
 # Over ~10 MB of JSON: loading them and reading them again with stdlib json takes seconds.
 BIG = {

@@ -212,3 +212,17 @@ def test_edges_from_removed_nodes_pass_to_the_lane_predecessor(shared_traces):
         same = np.flatnonzero((c["lane"] == c["lane"][s]) & alive & (c["order"] < c["order"][s]))
         expected = int(same[np.argmax(c["order"][same])]) if same.size else -1
         assert r == expected
+
+
+def test_a_busy_thread_with_many_idle_gaps_builds_in_linear_time(tmp_path):
+    """30k ops with idle gaps on one thread: the hand-off search was quadratic (44 s)."""
+    import time
+
+    b = TraceBuilder(device=None)
+    for i in range(30_000):
+        b.op("aten::add", i * 40, 10)
+    table = perfcast.load(b.write(tmp_path / "gaps.json"))
+    start = time.perf_counter()
+    tl = simulate(build_graph(table))
+    assert time.perf_counter() - start < 10
+    assert [sim for *_, sim in tl.iteration_ns()] == [(29_999 * 40 + 10) * US]

@@ -9,15 +9,17 @@ step post-hook, so an unmodified training script can be profiled (see ``run_prof
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gzip
 import os
+import re
 import runpy
 import shutil
 import sys
 import traceback
 import warnings
 import weakref
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -69,6 +71,50 @@ def _resolve_activities(activities: Iterable[Any] | None) -> list[Any]:
     return resolved
 
 
+@contextlib.contextmanager
+def _profiler_output(cap: Capture) -> Iterator[None]:
+    """Send what the profiler's C++ side writes to stderr (fd 2) to OUT/profiler.log while
+    it starts, steps and stops; the script's own output is untouched (only these calls
+    are redirected). `show_profiler_output` leaves it on the terminal."""
+    if cap.show_profiler_output:
+        yield
+        return
+    try:
+        cap.out_dir.mkdir(parents=True, exist_ok=True)
+        log = os.open(cap.out_dir / PROFILER_LOG, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    except OSError:  # an unwritable folder fails later, with its own message
+        yield
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    os.dup2(log, 2)
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(log)
+
+
+def _record_machine(prof: Any) -> None:
+    """Put this machine's identity in the trace header ("perfcast_machine"), so that a
+    calibration can be checked against the machine the trace comes from."""
+    import json
+
+    from perfcast.calibration import machine_identity
+
+    preset = getattr(prof, "preset_metadata_json", None) or getattr(prof, "add_metadata_json", None)
+    if preset is not None:
+        with contextlib.suppress(Exception):  # an older torch: the trace just says less
+            preset("perfcast_machine", json.dumps(machine_identity()))
+
+
+PROFILER_LOG = "profiler.log"
+# The files perfcast profile writes (see Capture._trace_name): --overwrite may replace them.
+_OWN_TRACE = re.compile(r"rank\d+(\.step\d+)?\.json\.gz")
+
+
 class Capture:
     """A profiling session; use through ``capture()`` as a context manager.
 
@@ -89,6 +135,7 @@ class Capture:
         profile_memory: bool = False,
         activities: Iterable[Any] | None = None,
         max_steps: int | None = None,
+        show_profiler_output: bool = False,
     ) -> None:
         if wait < 0 or warmup < 0 or active < 1 or repeat < 0:
             raise ValueError("need wait >= 0, warmup >= 0, active >= 1 and repeat >= 0")
@@ -102,6 +149,9 @@ class Capture:
         self.profile_memory = profile_memory
         self.activities = activities
         self.max_steps = max_steps
+        # Kineto prints its own lines ("USDT: ... profiler_start") on the process's stderr;
+        # they go to OUT/profiler.log unless asked for (see _profiler_output).
+        self.show_profiler_output = show_profiler_output
         self.trace_paths: list[Path] = []
         #: training steps seen so far (explicit or from the optimizer hook)
         self.steps = 0
@@ -154,7 +204,9 @@ class Capture:
             with_modules=self.with_modules,
             profile_memory=self.profile_memory,
         )
-        self._prof.__enter__()
+        _record_machine(self._prof)
+        with _profiler_output(self):
+            self._prof.__enter__()
         self._hook = register_optimizer_step_post_hook(self._optimizer_hook)
         _ACTIVE = self
         return self
@@ -173,7 +225,8 @@ class Capture:
             # Stopping mid-cycle still flushes a partial trace through _on_trace_ready.
             self._stopping = True
             try:
-                prof.__exit__(exc_type, exc, tb)
+                with _profiler_output(self):
+                    prof.__exit__(exc_type, exc, tb)
             finally:
                 self._stopping = False
 
@@ -213,7 +266,8 @@ class Capture:
         if self._prof is None:
             return
         self.steps += 1
-        self._prof.step()
+        with _profiler_output(self):
+            self._prof.step()
         if (
             self.max_steps is not None
             and self.steps >= self.max_steps
@@ -259,6 +313,7 @@ def capture(
     profile_memory: bool = False,
     activities: Iterable[Any] | None = None,
     max_steps: int | None = None,
+    show_profiler_output: bool = False,
 ) -> Capture:
     """Profile the enclosed training loop into ``out_dir/rank{R}.json.gz``.
 
@@ -266,7 +321,8 @@ def capture(
     never called, by every ``optimizer.step()`` of the first optimizer seen.  ``activities``
     defaults to CPU plus CUDA when available (ProfilerActivity values or "cpu"/"cuda").
     ``max_steps`` ends the program (``MaxStepsReached``, a SystemExit) once that many steps
-    ran and the schedule is complete.
+    ran and the schedule is complete. The profiler's own stderr lines go to
+    ``out_dir/profiler.log`` unless ``show_profiler_output``.
     """
     return Capture(
         out_dir,
@@ -280,6 +336,7 @@ def capture(
         profile_memory=profile_memory,
         activities=activities,
         max_steps=max_steps,
+        show_profiler_output=show_profiler_output,
     )
 
 
@@ -362,6 +419,23 @@ def _build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="end the script after N steps (never before the capture finished)",
     )
+    parser.add_argument(
+        "--run-to-end",
+        action="store_true",
+        help="let the script run to its end after the last trace is written (default: "
+        "stop it at the next step, unless --max-steps says otherwise or --repeat 0)",
+    )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace the traces a previous `perfcast profile` left in the folder "
+        "(default: refuse to write into a folder that holds traces)",
+    )
+    parser.add_argument(
+        "--show-profiler-output",
+        action="store_true",
+        help="show the profiler's own messages on stderr (default: OUT/profiler.log)",
+    )
     parser.add_argument("command", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     return parser
 
@@ -387,9 +461,16 @@ def run_profile(argv: list[str]) -> int:
     except ValueError as exc:
         return _fail(str(exc))
 
+    problem = _prepare_out(Path(ns.out), ns.overwrite)
+    if problem:
+        return _fail(problem)
+    max_steps = ns.max_steps
+    if max_steps is None and not ns.run_to_end and ns.repeat > 0:
+        # Stop at the first step boundary once every trace is written (documented).
+        max_steps = (ns.wait + ns.warmup + ns.active) * ns.repeat
     try:
         # Validate the schedule before running anything.
-        cap = capture(
+        cap = Capture(
             ns.out,
             wait=ns.wait,
             warmup=ns.warmup,
@@ -398,7 +479,8 @@ def run_profile(argv: list[str]) -> int:
             with_stack=ns.with_stack,
             with_modules=ns.with_modules,
             profile_memory=ns.memory,
-            max_steps=ns.max_steps,
+            max_steps=max_steps,
+            show_profiler_output=ns.show_profiler_output,
         )
     except ValueError as exc:
         return _fail(str(exc))
@@ -429,6 +511,7 @@ def run_profile(argv: list[str]) -> int:
     sys.argv = [argv0, *script_args]
     sys.path.insert(0, sys_path0)
     rc = 0
+    stopped = False
     try:
         with cap:
             try:
@@ -437,7 +520,7 @@ def run_profile(argv: list[str]) -> int:
                 else:
                     runpy.run_module(target, run_name="__main__", alter_sys=True)
             except MaxStepsReached:
-                pass
+                stopped = True
             except SystemExit as exc:
                 rc = _exit_code(exc)
     except Exception:
@@ -468,6 +551,12 @@ def run_profile(argv: list[str]) -> int:
             f"perfcast: {cap.steps} steps seen; wrote {len(cap.trace_paths)} trace(s) to {out}: "
             f"{names}"
         )
+    if stopped and ns.max_steps is None:
+        print(
+            f"perfcast: the capture is complete: stopped the script after step {cap.steps} "
+            "(--run-to-end lets it finish)",
+            file=sys.stderr,
+        )
     if cap.schedule_steps is not None and not cap.finished:
         print(
             f"perfcast: warning: the script ended before the schedule finished "
@@ -475,6 +564,36 @@ def run_profile(argv: list[str]) -> int:
             file=sys.stderr,
         )
     return rc
+
+
+def _prepare_out(out: Path, overwrite: bool) -> str | None:
+    """Refuse a folder that already holds traces (the analysis would mix old and new
+    ranks); with --overwrite, remove the ones perfcast wrote. Returns the problem, if any."""
+    if out.exists() and not out.is_dir():
+        return f"{out} exists and is not a folder; choose another -o"
+    if not out.is_dir():
+        return None
+    traces = sorted(
+        p.name for p in out.iterdir() if p.is_file() and p.name.endswith((".json", ".json.gz"))
+    )
+    if not traces:
+        return None
+    shown = ", ".join(traces[:3]) + (f" and {len(traces) - 3} more" if len(traces) > 3 else "")
+    if not overwrite:
+        return (
+            f"{out} already holds traces ({shown}); write to another folder with -o, "
+            "or pass --overwrite to replace them"
+        )
+    foreign = [name for name in traces if not _OWN_TRACE.fullmatch(name)]
+    if foreign:
+        return (
+            f"{out} holds trace files perfcast profile did not write ({', '.join(foreign[:3])}); "
+            "--overwrite only replaces its own: choose another folder with -o"
+        )
+    for name in traces:
+        (out / name).unlink()
+    (out / PROFILER_LOG).unlink(missing_ok=True)
+    return None
 
 
 def _exit_code(exc: SystemExit) -> int:

@@ -12,7 +12,7 @@ import msgspec
 from rich.console import Console
 
 from perfcast import __version__
-from perfcast.errors import PerfcastError
+from perfcast.errors import InternalError, PerfcastError, describe_internal, one_line
 
 
 class UI:
@@ -87,6 +87,12 @@ def cmd_summary(args: argparse.Namespace, ui: UI) -> int:
 def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the machine-readable result")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress or notes on stderr")
+    # Also accepted before the command (`perfcast --debug summary ...`); SUPPRESS keeps the
+    # subcommand's default from overriding that.
+    p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=_DEBUG_HELP)
+
+
+_DEBUG_HELP = "show the full traceback of an error (for bug reports)"
 
 
 COMMANDS: dict[str, Callable[[argparse.Namespace, UI], int]] = {"summary": cmd_summary}
@@ -99,6 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
         "trace (Kineto JSON, one file per rank).",
     )
     parser.add_argument("--version", action="version", version=f"perfcast {__version__}")
+    parser.add_argument("--debug", action="store_true", help=_DEBUG_HELP)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     p = sub.add_parser("summary", help="where the time of each step goes, per rank")
@@ -137,25 +144,39 @@ def _register_extra_commands(sub: Any) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    debug = bool(argv) and argv[0] == "--debug"
     # `perfcast profile -- python train.py` passes everything after the command through.
-    if argv and argv[0] == "profile":
+    if argv[debug:] and argv[debug] == "profile":
         from perfcast.capture.profiler import run_profile
 
-        return _guard(lambda: run_profile(argv[1:]), UI())
+        rest = argv[debug + 1 :]
+        return _guard(lambda: run_profile(rest), debug=debug, subject=None)
     parser = build_parser()
     args = parser.parse_args(argv)
     if not args.command:
         parser.print_help()
         return 2
     ui = UI(quiet=getattr(args, "quiet", False), json_mode=getattr(args, "json", False))
-    return _guard(lambda: COMMANDS[args.command](args, ui), ui)
+    # The file the command works on, for the one-line message of an internal error.
+    subject = getattr(args, "path", None) or getattr(args, "result", None)
+    return _guard(lambda: COMMANDS[args.command](args, ui), debug=args.debug, subject=subject)
 
 
-def _guard(fn: Callable[[], int], ui: UI) -> int:
+def _guard(fn: Callable[[], int], *, debug: bool, subject: str | None) -> int:
+    """Run a command; every failure becomes one line on stderr and an exit code.
+
+    Covers every subcommand (it wraps the dispatch): errors the user can act on
+    (PerfcastError, exit 2), and anything else as an internal error (exit 3) that names
+    the trace and asks for a report. `--debug` prints the traceback first.
+    """
     try:
         return fn()
     except PerfcastError as exc:
-        print(f"perfcast: error: {exc}", file=sys.stderr)
+        _print_traceback(debug)
+        text = str(exc)
+        if exc.path is None and subject and subject not in text:
+            text = f"{subject}: {text}"  # e.g. a what-if that does not apply to this trace
+        print(f"perfcast: error: {text}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print("perfcast: interrupted", file=sys.stderr)
@@ -163,8 +184,26 @@ def _guard(fn: Callable[[], int], ui: UI) -> int:
     except BrokenPipeError:
         return 0
     except MemoryError:
-        print("perfcast: error: out of memory while processing the trace", file=sys.stderr)
-        return 1
+        _print_traceback(debug)
+        where = f"{subject}: " if subject else ""
+        print(
+            f"perfcast: error: {where}ran out of memory (free some memory, or analyse fewer "
+            "ranks or a shorter trace)",
+            file=sys.stderr,
+        )
+        return PerfcastError.exit_code
+    except Exception as exc:
+        # Not the user's doing: a bug (CycleError from the simulator, an unexpected value).
+        _print_traceback(debug)
+        print(f"perfcast: {one_line(describe_internal(exc, subject))}", file=sys.stderr)
+        return InternalError.exit_code
+
+
+def _print_traceback(debug: bool) -> None:
+    if debug:
+        import traceback
+
+        traceback.print_exc()
 
 
 def entry() -> None:

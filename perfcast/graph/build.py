@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from perfcast.events import NONE, EventTable, RankInfo
-from perfcast.graph.acyclic import cyclic_node_count
+from perfcast.graph.acyclic import break_cycles, cyclic_node_count
 from perfcast.graph.collectives import add_collective_waits
 from perfcast.graph.lanes import CPU_LANE_KINDS, NodeColumns, build_cpu_lanes, build_gpu_lanes
 from perfcast.graph.launches import attribute_names, gpu_weights, link_launches, queue_weights
@@ -95,6 +95,11 @@ def build_graph(table: EventTable) -> Graph:
         graph.add_edges(src, dst, w, EdgeType(etype), at_end)
     collectives_across_ranks(graph, unresolved)
     iterations.extend(iteration_spans(table, graph, row_to_node))
+    # A damaged or inconsistent trace can make the edges above contradict each other.
+    # (graph.unresolved: collectives_across_ranks may have swapped the dict for a copy.)
+    graph.unresolved["cycles_broken"] = graph.unresolved.get("cycles_broken", 0) + break_cycles(
+        graph
+    )
     graph.assumptions.extend(
         [
             "GPU tasks start after their launch, their stream predecessor and any "
@@ -115,8 +120,10 @@ def collectives_across_ranks(graph: Graph, unresolved: dict[str, int]) -> None:
     if add_collective_waits(graph) == 0:
         return
     if cyclic_node_count(lower(graph)):
-        graph.__dict__.update(before.__dict__)
-        unresolved["collectives_unmatched"] = unresolved.get("collectives_unmatched", 0) + 1
+        graph.__dict__.update(before.__dict__)  # graph.unresolved is now before's copy
+        graph.unresolved["collectives_unmatched"] = (
+            graph.unresolved.get("collectives_unmatched", 0) + 1
+        )
 
 
 def _device_name(info: RankInfo) -> str | None:

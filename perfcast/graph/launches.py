@@ -72,6 +72,8 @@ def _order_unlaunched(graph: Graph, gpu: np.ndarray) -> None:
     would put it far too late among the launches that syncs and the launch queue count.
     """
     c = graph.cols
+    if gpu.size == 0:
+        return
     before_trace = float(np.min(c["order"])) - 1.0
     for lane in np.unique(c["lane"][gpu]).tolist():
         g = gpu[c["lane"][gpu] == lane]

@@ -67,10 +67,20 @@ def cross_thread_waits(
         if cand.size == 0:
             continue
         cand = cand[np.argsort(end[cand], kind="stable")]
-        cand_lane = c["lane"][cand]
+        cend = end[cand]
+        clane = c["lane"][cand]
+        # Index just before the run of same-lane candidates each one belongs to: skipping
+        # the waiter's own lane in one step (walking back one by one was quadratic on a
+        # single busy thread: 30k ops took 44 s).
+        run_start = np.zeros(cand.size, dtype=np.int64)
+        change = np.flatnonzero(clane[1:] != clane[:-1]) + 1
+        run_start[change] = change
+        before_run = np.maximum.accumulate(run_start) - 1
         for gnode in cpu[is_gap[cpu] & (c["rank"][cpu] == rank)].tolist():
             ge = int(end[gnode])
-            src = _source(cand, end[cand], cand_lane, ge, int(c["lane"][gnode]), int(start[gnode]))
+            src = _source(
+                cand, cend, clane, before_run, ge, int(c["lane"][gnode]), int(start[gnode])
+            )
             if src >= 0:
                 srcs.append(src)
                 dsts.append(gnode)
@@ -78,7 +88,14 @@ def cross_thread_waits(
         for fnode in first_work[c["rank"][first_work] == rank].tolist():
             fs = int(start[fnode])
             src = _source(
-                cand, end[cand], cand_lane, fs, int(c["lane"][fnode]), NO_RELEASE, FIRST_WORK_TOL_NS
+                cand,
+                cend,
+                clane,
+                before_run,
+                fs,
+                int(c["lane"][fnode]),
+                NO_RELEASE,
+                FIRST_WORK_TOL_NS,
             )
             if src >= 0:
                 f_srcs.append(src)
@@ -100,16 +117,17 @@ def _source(
     cand: np.ndarray,
     cend: np.ndarray,
     clane: np.ndarray,
+    before_run: np.ndarray,
     t: int,
     lane: int,
     after: int,
     tol: int = CROSS_THREAD_TOL_NS,
 ) -> int:
     """The last hand-off candidate (sorted by end) on another lane ending in (after, t] and
-    within tol of t; -1 if none."""
+    within tol of t; -1 if none. `before_run[i]`: the last candidate before i's same-lane run."""
     i = int(np.searchsorted(cend, t, side="right")) - 1
-    while i >= 0 and clane[i] == lane:
-        i -= 1
+    if i >= 0 and clane[i] == lane:
+        i = int(before_run[i])
     if i < 0 or cend[i] <= after or t - cend[i] > tol:
         return -1
     return int(cand[i])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import os
 import re
@@ -13,7 +14,8 @@ import numpy as np
 from perfcast.errors import TraceFormatError
 from perfcast.events import NONE, EventTable, Iteration, Kind, RankInfo
 from perfcast.ingest import reader
-from perfcast.ingest.normalize import Interner, RankColumns, extract_rank
+from perfcast.ingest.normalize import Interner, RankColumns, extract_rank, printable
+from perfcast.ingest.schema import NON_LAUNCHING_CALLS
 from perfcast.parallel import map_ordered, worker_count
 
 _RANK_IN_NAME = re.compile(r"(?:rank|worker|node|gpu|proc)[-_.]?(\d+)", re.IGNORECASE)
@@ -92,43 +94,41 @@ def _reintern(cols: RankColumns, local: list[str], names: Interner) -> None:
 
 
 def _load_one(path: str, names: Interner, rank_hint: int | None) -> tuple[RankInfo, RankColumns]:
-    # Stream whole, well-formed files (bounded memory); anything else is read whole,
-    # where cut-off and corrupt data are salvaged.
-    streamed = reader.StreamedTrace(path)
-    try:
-        cols = extract_rank(streamed.chunks(), names)
-        assert streamed.header is not None
-        decoded = reader.Decoded(streamed.header)
-    except reader.StreamFallback:
-        data, gzip_note = reader.read_bytes(path)
-        decoded = reader.decode(data, path, gzip_note)
-        del data
-        cols = extract_rank(decoded.event_chunks(), names)
-    raw = decoded.trace
+    # Streamed a few MB at a time (memory stays near the size of the columns); cut-off and
+    # damaged files are salvaged on the way (see reader).
+    rd = reader.TraceReader(path)
+    cols = extract_rank(rd.chunks(), names)
+    decoded = rd.result()
+    raw = decoded.header
     info = RankInfo(rank=0, path=path)
     dist = raw.distributedInfo if isinstance(raw.distributedInfo, dict) else {}
-    rank = dist.get("rank")
+    rank = _int_or_none(dist.get("rank"))
     m = _RANK_IN_NAME.search(os.path.basename(path))
-    if isinstance(rank, int) and 0 <= rank < 1 << 31:  # the rank column is int32
+    if rank is not None and 0 <= rank < 1 << 31:  # the rank column is int32
         info.rank = rank
     elif m and int(m.group(1)) < 1 << 31:
         info.rank = int(m.group(1))
     elif rank_hint is not None:
         info.rank = rank_hint
-    info.world_size = dist.get("world_size") if isinstance(dist.get("world_size"), int) else None
+    world = _int_or_none(dist.get("world_size"))
+    info.world_size = world if world is not None and 0 < world < 1 << 31 else None
     info.backend = dist.get("backend") if isinstance(dist.get("backend"), str) else None
     info.device_name = _device_name(raw.deviceProperties)
     props = raw.deviceProperties
     if isinstance(props, list) and props and isinstance(props[0], dict):
         info.device_properties = props[0]
-    if isinstance(raw.baseTimeNanoseconds, int):
-        info.base_ns = raw.baseTimeNanoseconds
-    info.schema_version = raw.schemaVersion
-    _read_perfcast_metadata(raw.perfcast, info)
+    base = _int_or_none(raw.baseTimeNanoseconds)
+    if base is not None and abs(base) < 1 << 62:
+        info.base_ns = base
+    schema = raw.schemaVersion
+    ok = _int_or_none(schema) is not None or isinstance(schema, str)
+    info.schema_version = schema if ok else None
+    info.machine = _machine_of(raw, path)
+    _read_unprofiled_steps(raw.perfcast_unprofiled_step_ms, info)
     info.truncated = decoded.truncated
     info.salvage_note = decoded.note
-    if decoded.warning:
-        info.warnings.append(decoded.warning)
+    info.warnings.extend(decoded.warnings)
+    info.warnings.extend(cols.warnings)
     info.n_events = len(cols.cols["kind"])
     if cols.n_dropped:
         info.warnings.append(f"{cols.n_dropped} events without a readable timestamp were skipped")
@@ -137,11 +137,43 @@ def _load_one(path: str, names: Interner, rank_hint: int | None) -> tuple[RankIn
     return info, cols
 
 
+# torch.profiler.tensorboard_trace_handler names files "{host}_{pid}.{time}.pt.trace.json".
+_HANDLER_NAME = re.compile(r"(.+)_\d+\.\d{10,}\.pt\.trace\.json(?:\.gz)?")
+
+
+def _machine_of(raw: Any, path: str) -> dict[str, object] | None:
+    """What the trace says about its machine, most specific first; None if nothing."""
+    from perfcast.calibration import machine_id
+
+    own = raw.perfcast_machine
+    if isinstance(own, dict) and isinstance(own.get("host_id"), str):
+        keep = ("host_id", "cpu_model", "cores", "torch")
+        out: dict[str, object] = {k: own[k] for k in keep if isinstance(own.get(k), (str, int))}
+        out["from"] = "the perfcast_machine metadata perfcast profile wrote"
+        return out
+    for key in ("host_name", "hostname"):
+        name = getattr(raw, key)
+        if isinstance(name, str) and name.strip():
+            return {"host_id": machine_id(name.strip()), "from": f"the trace's '{key}' field"}
+    m = _HANDLER_NAME.fullmatch(os.path.basename(path))
+    if m:
+        return {
+            "host_id": machine_id(m.group(1)),
+            "from": "its file name (host_pid.time.pt.trace.json, as torch.profiler names it)",
+        }
+    return None
+
+
+def _int_or_none(value: Any) -> int | None:
+    """A header value that must be an integer (not a bool, a float or a string)."""
+    return value if type(value) is int else None
+
+
 def _device_name(props: Any) -> str | None:
     if isinstance(props, list) and props:
         first = props[0]
         if isinstance(first, dict) and isinstance(first.get("name"), str):
-            return first["name"]
+            return printable(first["name"])
     return None
 
 
@@ -168,6 +200,29 @@ def _derive(
         info.warnings.append(
             f"{early.size} GPU events start before the call that launched them "
             "(CPU/GPU clock skew?); their launch links were dropped"
+        )
+    # Synchronizations and event calls launch nothing: such links are mismatched ids.
+    linked = np.flatnonzero(launch >= 0)
+    if linked.size:
+        idle = np.fromiter(
+            (bool(NON_LAUNCHING_CALLS.search(names.names[i])) for i in c["name"][launch[linked]]),
+            dtype=bool,
+            count=linked.size,
+        )
+        if idle.any():
+            launch[linked[idle]] = NONE
+            info.warnings.append(
+                f"{int(idle.sum())} GPU events were linked to calls that launch nothing "
+                "(synchronizations, event records: correlation ids that do not match?); "
+                "their launch links were dropped"
+            )
+    # A stream runs its work in the order it was enqueued; links that say otherwise
+    # (correlation ids reused or mismatched by another tool) are dropped.
+    disorder = _drop_out_of_order_launches(c, launch, is_gpu)
+    if disorder:
+        info.warnings.append(
+            f"{disorder} GPU events run out of their stream's launch order (correlation ids "
+            "that do not match?); their launch links were dropped"
         )
     fwd_bwd = _fwd_bwd_links(c, rc.flows)
     _inherit_collective_args(c, launch, parent)
@@ -238,28 +293,28 @@ def _derive(
 _MAX_UNPROFILED_STEPS = 10_000
 
 
-def _read_perfcast_metadata(meta: object, info: RankInfo) -> None:
-    """What perfcast's capture recorded beside the trace: kept only when well-formed."""
-    if not isinstance(meta, dict):
+def _read_unprofiled_steps(value: object, info: RankInfo) -> None:
+    """Steps perfcast's capture timed without the profiler (a JSON list of ms, or its text);
+    kept only when every value is a plausible step time."""
+    if isinstance(value, str) and len(value) < 1_000_000:
+        import json
+
+        try:
+            value = json.loads(value)
+        except ValueError:
+            value = None
+    if value is None:
         return
-    steps = meta.get("unprofiled_step_ms")
-    if isinstance(steps, list) and 0 < len(steps) <= _MAX_UNPROFILED_STEPS:
+    if isinstance(value, list) and 0 < len(value) <= _MAX_UNPROFILED_STEPS:
         good = [
             float(x)
-            for x in steps
+            for x in value
             if isinstance(x, (int, float)) and not isinstance(x, bool) and 0 < x < 1e9
         ]
-        if len(good) == len(steps):
+        if len(good) == len(value):
             info.unprofiled_step_ms = good
-        else:
-            info.warnings.append("the perfcast metadata's unprofiled step times are unreadable")
-    machine = meta.get("machine")
-    if isinstance(machine, dict):
-        info.machine = {
-            str(k): v
-            for k, v in list(machine.items())[:32]
-            if isinstance(v, (str, int, float)) and not isinstance(v, bool)
-        }
+            return
+    info.warnings.append("the trace's unprofiled step times (perfcast metadata) are unreadable")
 
 
 def _backlog(c: dict[str, np.ndarray], is_gpu: np.ndarray, launch: np.ndarray) -> np.ndarray:
@@ -377,6 +432,73 @@ def _launch_links(
             if row is not None and r is not None and launch[row] == NONE:
                 launch[row] = r
     return launch
+
+
+def _drop_out_of_order_launches(
+    c: dict[str, np.ndarray], launch: np.ndarray, is_gpu: np.ndarray
+) -> int:
+    """Unlink GPU rows whose launch contradicts their stream's order; how many.
+
+    Per stream, in order of start, the launch calls must start in order too: the longest
+    run that does (longest non-decreasing subsequence) keeps its links. A dropped link is
+    kept after all if its call overlaps those of its kept neighbours (calls from two
+    threads may enqueue in either order). Real traces have no such contradictions.
+    """
+    rows = np.flatnonzero(is_gpu & (launch >= 0))
+    if rows.size < 2:
+        return 0
+    ts, dur, pid, tid = c["ts"], c["dur"], c["pid"], c["tid"]
+    rows = rows[np.lexsort((rows, ts[rows], tid[rows], pid[rows]))]
+    lt = ts[launch[rows]]
+    same = (pid[rows][1:] == pid[rows][:-1]) & (tid[rows][1:] == tid[rows][:-1])
+    if not (same & (lt[1:] < lt[:-1])).any():
+        return 0
+    cuts = np.flatnonzero(~same) + 1
+    dropped = 0
+    for part in np.split(np.arange(rows.size), cuts):
+        keys = lt[part].tolist()
+        if all(a <= b for a, b in itertools.pairwise(keys)):
+            continue
+        keep = _longest_non_decreasing(keys)
+        lrow = launch[rows[part]]
+        end = (ts[lrow] + dur[lrow]).tolist()
+        kept = [k for k in range(len(keys)) if keep[k]]
+        for k in range(len(keys)):
+            if keep[k]:
+                continue
+            j = bisect.bisect_left(kept, k)
+            before = kept[j - 1] if j > 0 else None
+            after = kept[j] if j < len(kept) else None
+            if (before is None or keys[before] <= end[k]) and (
+                after is None or keys[k] <= end[after]
+            ):
+                continue  # overlapping calls: either could have enqueued first
+            launch[rows[part[k]]] = NONE
+            dropped += 1
+    return dropped
+
+
+def _longest_non_decreasing(keys: list[int]) -> list[bool]:
+    """Which items form a longest non-decreasing subsequence (patience sorting)."""
+    tails: list[int] = []  # smallest tail value of a subsequence of each length
+    tail_at: list[int] = []  # ... and its index
+    prev = [-1] * len(keys)
+    for i, key in enumerate(keys):
+        j = bisect.bisect_right(tails, key)
+        if j:
+            prev[i] = tail_at[j - 1]
+        if j == len(tails):
+            tails.append(key)
+            tail_at.append(i)
+        else:
+            tails[j] = key
+            tail_at[j] = i
+    keep = [False] * len(keys)
+    i = tail_at[-1] if tail_at else -1
+    while i >= 0:
+        keep[i] = True
+        i = prev[i]
+    return keep
 
 
 def _fwd_bwd_links(c: dict[str, np.ndarray], flows: dict[str, Any]) -> np.ndarray:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Any
 
@@ -32,10 +32,18 @@ _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 # Times beyond ~146 years in ns are garbage; the bound also keeps ts + dur inside int64.
 _TIME_LIMIT = 1 << 62
 _BAD_TIME = _INT64_MIN  # marks an unreadable time (never a valid value under the limit)
+# Shape strings ("Input Dims") longer than this are ignored: real ones are a few hundred
+# bytes, and the what-if models parse them (perfcast.whatif.kernels.parse_input_dims).
+MAX_SHAPE_CHARS = 1 << 16
 
 
 class Interner:
-    """Maps strings to small ints; shared across ranks so tables concatenate."""
+    """Maps strings to small ints; shared across ranks so tables concatenate.
+
+    A name with control characters (a terminal escape sequence, a line break) is stored
+    with them escaped: names end up on terminals and in reports, and never legitimately
+    hold them.
+    """
 
     def __init__(self) -> None:
         self.index: dict[str, int] = {}
@@ -46,8 +54,13 @@ class Interner:
         if idx is None:
             idx = len(self.names)
             self.index[s] = idx
-            self.names.append(s)
+            self.names.append(s if s.isprintable() else printable(s))
         return idx
+
+
+def printable(s: str) -> str:
+    """`s` with every non-printable character written as an escape (\\x1b, \\u202e)."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in s)
 
 
 @dataclass
@@ -58,6 +71,8 @@ class RankColumns:
     flows: dict[str, Any]
     thread_names: dict[tuple[int, int], str]
     n_dropped: int
+    warnings: list[str] = field(default_factory=list)
+    long_shapes: int = 0  # shape strings over MAX_SHAPE_CHARS, ignored
 
 
 def _to_int_id(value: Any, strings: dict[str, int]) -> int:
@@ -129,7 +144,10 @@ def _times_ns(values: list[Any]) -> np.ndarray:
         return np.zeros(0, dtype=np.int64)
     kinds = set(map(type, values))
     if kinds <= {int, float}:
-        arr = np.array(values, dtype=np.float64)
+        try:
+            arr = np.array(values, dtype=np.float64)
+        except OverflowError:  # an integer beyond float64: the per-value path says "bad"
+            return np.fromiter(map(_time_ns, values), dtype=np.int64, count=n)
         if (
             np.isfinite(arr).all()
             and (np.abs(arr) < 2.0**53).all()
@@ -187,9 +205,21 @@ def extract_rank(chunks: Iterable[Events], names: Interner) -> RankColumns:
     cols = {k: np.concatenate([p.cols[k] for p in parts]) for k in parts[0].cols}
     flows: dict[str, Any] = {k: [x for p in parts for x in p.flows[k]] for k in parts[0].flows}
     thread_names = {k: v for p in parts for k, v in p.thread_names.items()}
+    long_shapes = sum(p.long_shapes for p in parts)
     return RankColumns(
-        cols=cols, flows=flows, thread_names=thread_names, n_dropped=sum(p.n_dropped for p in parts)
+        cols=cols,
+        flows=flows,
+        thread_names=thread_names,
+        n_dropped=sum(p.n_dropped for p in parts),
+        warnings=_shape_warning(long_shapes),
+        long_shapes=long_shapes,
     )
+
+
+def _shape_warning(n: int) -> list[str]:
+    if not n:
+        return []
+    return [f"{n:,} 'Input Dims' values longer than {MAX_SHAPE_CHARS:,} characters were ignored"]
 
 
 def _extract_chunk(
@@ -229,7 +259,7 @@ def _extract_chunk(
     )
 
     args = [ev.args for ev in rows]
-    fast = bool(rows) and isinstance(rows[0], FastEvent)
+    fast = bool(rows) and isinstance(rows[0], FastEvent)  # the reader never mixes kinds
 
     def arg_col(attr: str) -> np.ndarray:
         if fast:  # typed ints, -1 when absent: no conversion per value
@@ -297,10 +327,15 @@ def _extract_chunk(
             wait_corr[i] = _to_opt_int(a.wait_on_corr)
 
     shapes = np.full(n, NONE, dtype=np.int32)
+    long_shapes = 0
     for i in np.flatnonzero(kinds == Kind.CPU_OP).tolist():
         a = args[i]
         if a is not None and a.input_dims is not None:
-            shapes[i] = names(_compact(a.input_dims))
+            text = _compact(a.input_dims)
+            if text is None:
+                long_shapes += 1
+            else:
+                shapes[i] = names(text)
 
     coll_name = np.full(n, NONE, dtype=np.int32)
     coll_in = np.full(n, NONE, dtype=np.int64)
@@ -316,8 +351,8 @@ def _extract_chunk(
             coll_group[i] = _to_opt_int32(a.coll_group)
             if a.coll_dtype is not None:
                 coll_dtype[i] = names(str(a.coll_dtype))
-            if a.coll_ranks is not None:
-                coll_ranks[i] = names(_compact(a.coll_ranks))
+            if a.coll_ranks is not None and (ranks := _compact(a.coll_ranks)) is not None:
+                coll_ranks[i] = names(ranks)
 
     cols: dict[str, np.ndarray] = {
         "kind": kinds,
@@ -350,13 +385,25 @@ def _extract_chunk(
 
     flows = _extract_flows(events, strings)
     thread_names = _thread_names(events, strings)
-    return RankColumns(cols=cols, flows=flows, thread_names=thread_names, n_dropped=n_dropped)
+    return RankColumns(
+        cols=cols,
+        flows=flows,
+        thread_names=thread_names,
+        n_dropped=n_dropped,
+        warnings=_shape_warning(long_shapes),
+        long_shapes=long_shapes,
+    )
 
 
-def _compact(value: Any) -> str:
-    if isinstance(value, str):
-        return value
-    return repr(value)
+def _compact(value: Any) -> str | None:
+    """A list arg as text (Python's repr: JSON syntax for lists of numbers); None if it is
+    longer than MAX_SHAPE_CHARS."""
+    if not isinstance(value, str):
+        try:
+            value = repr(value)
+        except (RecursionError, MemoryError):  # nesting is capped by the reader; to be sure
+            return None
+    return value if len(value) <= MAX_SHAPE_CHARS else None
 
 
 def _extract_flows(events: Events, strings: dict[str, int]) -> dict[str, Any]:
@@ -390,5 +437,6 @@ def _thread_names(events: Events, strings: dict[str, int]) -> dict[tuple[int, in
         if ev.ph == "M" and ev.name == "thread_name" and ev.args is not None:
             value = ev.args.name
             if isinstance(value, str):
-                out[(_to_int_id(ev.pid, strings), _to_int_id(ev.tid, strings))] = value
+                name = value if value.isprintable() else printable(value)
+                out[(_to_int_id(ev.pid, strings), _to_int_id(ev.tid, strings))] = name
     return out

@@ -8,6 +8,7 @@ that renames an argument is an edit of one row of ARG_FIELDS.
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any
 
 import msgspec
@@ -46,12 +47,24 @@ ARG_FIELDS: tuple[tuple[str, str, bool], ...] = (
     ("coll_ranks", "Process Group Ranks", False),
     ("name", "name", False),
 )
-EVENT_FIELDS = ("ph", "cat", "name", "pid", "tid", "ts", "dur", "id", "s", "bp")
+EVENT_FIELDS = ("ph", "cat", "name", "pid", "tid", "ts", "dur", "id")
 
 # The fast path types ids as int64 with -1 for "absent", so columns are read without a
-# conversion per value. A file whose ids are not plain integers fails validation there and
-# is decoded again with the lenient structs, which take anything.
+# conversion per value, and types every event field (checks.EVENT_TYPES says the same in
+# words): msgspec validates a well-formed slice while decoding it, at almost no cost. A
+# slice that fails is decoded again with the lenient structs, which take anything, and
+# each event is checked by perfcast.ingest.checks.
 I64 = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
+_FAST_TYPES: dict[str, Any] = {
+    "ph": str,
+    "cat": str,
+    "name": str,
+    "pid": I64 | str,
+    "tid": I64 | str,
+    "ts": int | float,
+    "dur": int | float,
+    "id": I64 | str,
+}
 
 
 def _args_struct(name: str, typed: bool) -> Any:
@@ -64,8 +77,10 @@ def _args_struct(name: str, typed: bool) -> Any:
     return msgspec.defstruct(name, fields, frozen=typed, gc=False, module=__name__)
 
 
-def _event_struct(name: str, args_type: Any, args_default: Any) -> Any:
-    fields: list[tuple[str, Any, Any]] = [(f, Any, None) for f in EVENT_FIELDS]
+def _event_struct(name: str, typed: bool, args_type: Any, args_default: Any) -> Any:
+    fields: list[tuple[str, Any, Any]] = [
+        (f, _FAST_TYPES[f] if typed else Any, None) for f in EVENT_FIELDS
+    ]
     fields.append(("args", args_type, args_default))
     return msgspec.defstruct(name, fields, gc=False, module=__name__)
 
@@ -73,18 +88,25 @@ def _event_struct(name: str, args_type: Any, args_default: Any) -> Any:
 RawArgs = _args_struct("RawArgs", typed=False)
 FastArgs = _args_struct("FastArgs", typed=True)
 NO_ARGS = FastArgs()
-RawEvent = _event_struct("RawEvent", RawArgs | None, None)
-FastEvent = _event_struct("FastEvent", FastArgs, NO_ARGS)
+RawEvent = _event_struct("RawEvent", False, RawArgs | None, None)
+FastEvent = _event_struct("FastEvent", True, FastArgs, NO_ARGS)
 
 
 class RawTrace(msgspec.Struct, gc=False):
-    traceEvents: list[RawEvent] | None = None  # type: ignore[valid-type]  # noqa: N815
+    """The header: what surrounds the event list, decoded on its own. The events are read
+    slice by slice (reader.TraceReader); a second "traceEvents" key is skipped, not decoded."""
+
     deviceProperties: Any = None  # noqa: N815
     distributedInfo: Any = None  # noqa: N815
     baseTimeNanoseconds: Any = None  # noqa: N815
     schemaVersion: Any = None  # noqa: N815
-    # Written by `perfcast profile` / perfcast.capture: unprofiled step times, the machine.
-    perfcast: Any = None
+    # Which machine wrote it: Kineto's host_name (recent PyTorch), a user's hostname
+    # metadata, and what `perfcast profile` records (calibration.machine_identity()).
+    host_name: Any = None
+    hostname: Any = None
+    perfcast_machine: Any = None
+    # Steps timed without the profiler before the traced window (perfcast's capture).
+    perfcast_unprofiled_step_ms: Any = None
 
 
 # Category -> Kind for every generation. Lookup is lower-cased.
@@ -117,3 +139,10 @@ CATEGORY_KIND: dict[str, Kind] = {
 # Flow categories that tie a runtime call to the GPU work it launched.
 LAUNCH_FLOW_CATS = frozenset({"ac2g", "async_cpu_to_gpu", "async"})
 FWDBWD_FLOW_CATS = frozenset({"fwdbwd", "forward_backward"})
+
+# Runtime calls that enqueue no GPU work: a kernel or copy "launched" by one of them got its
+# correlation id from another tool or a corrupt file (the loader drops such links).
+NON_LAUNCHING_CALLS = re.compile(
+    r"^(cuda|hip|cu)(Device|Stream|Event|Ctx)?Synchronize$"
+    r"|^(cuda|hip|cu)(StreamWaitEvent|EventRecord|EventQuery|StreamQuery)"
+)

@@ -9,7 +9,6 @@ fixed cost (measured).
 
 from __future__ import annotations
 
-import ast
 import functools
 import json
 import re
@@ -157,21 +156,42 @@ def kernel_dtype(name: str, klass: int) -> str:
     return "fp32"  # torch.backends.cuda.matmul.allow_tf32 defaults to False since 1.12
 
 
+# Limits on an "Input Dims" string (written by the profiler, or by anyone): its length, how
+# deeply its lists nest (a tensor list input is a list of shapes: 3 levels), and the size of
+# one dimension. Anything beyond is unreadable (None), never an error.
+MAX_DIMS_CHARS = 1 << 16
+MAX_DIMS_DEPTH = 4
+MAX_DIM = 1 << 40
+
+
 @functools.lru_cache(maxsize=1 << 14)
 def parse_input_dims(text: str) -> list | None:
     """An "Input Dims" string as a list (do not modify: cached); None if unreadable.
 
-    JSON as the trace wrote it, or a Python repr (the loader stores non-string
-    values that way).
+    JSON as the trace wrote it (the loader keeps non-string values as their repr, which is
+    JSON for lists of numbers). Bounded: at most MAX_DIMS_CHARS characters, lists nested
+    MAX_DIMS_DEPTH deep, integer dimensions within +-MAX_DIM; anything else is None.
     """
+    if not isinstance(text, str) or len(text) > MAX_DIMS_CHARS:
+        return None
     try:
         value = json.loads(text)
-    except (ValueError, TypeError):
-        try:
-            value = ast.literal_eval(text)
-        except (ValueError, SyntaxError, TypeError):
-            return None
-    return value if isinstance(value, list) else None
+    except (ValueError, RecursionError):
+        return None
+    return value if isinstance(value, list) and _plain_dims(value, 1) else None
+
+
+def _plain_dims(value: list, depth: int) -> bool:
+    """Lists of integer dimensions (or nested lists of them), no deeper than the limit."""
+    if depth > MAX_DIMS_DEPTH:
+        return False
+    for x in value:
+        if isinstance(x, list):
+            if not _plain_dims(x, depth + 1):
+                return False
+        elif type(x) is not int or not -MAX_DIM <= x <= MAX_DIM:
+            return False
+    return True
 
 
 def op_input_dims(graph: Graph, node: int) -> list | None:

@@ -96,6 +96,11 @@ def build_options(name: str, raw: dict[str, Any]) -> Any:
     return cls(**kwargs)
 
 
+# Numeric options are bounded: a factor of 1e26 overflowed durations (int64 ns), inf and
+# nan are no size at all.
+MAX_OPTION = 1e6
+
+
 def _convert(model: str, key: str, value: Any, hint: Any) -> Any:
     if not isinstance(value, str):
         return value
@@ -104,9 +109,16 @@ def _convert(model: str, key: str, value: Any, hint: Any) -> Any:
         if hint is bool or text == "bool":
             return value.lower() in ("1", "true", "yes", "on")
         if hint is int or text in ("int", "int | None"):
-            return int(value)
-        if hint is float or text in ("float", "float | None"):
-            return float(value)
+            number: float = int(value)
+        elif hint is float or text in ("float", "float | None"):
+            number = float(value)
+        else:
+            return value
     except ValueError:
         raise PerfcastError(f"option {key}={value} of '{model}' is not a number") from None
-    return value
+    if not abs(number) <= MAX_OPTION:  # also nan
+        raise PerfcastError(
+            f"option {key}={value} of '{model}' is out of range",
+            hint=f"a finite number of at most {MAX_OPTION:,.0f} in size",
+        )
+    return number

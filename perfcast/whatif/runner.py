@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -10,8 +11,11 @@ import numpy as np
 from perfcast.analysis.critical_path import critical_paths
 from perfcast.analysis.notes import input_notes
 from perfcast.analysis.real_step import RealWorld, real_world
+from perfcast.errors import PerfcastError
 from perfcast.events import EventTable
+from perfcast.graph.acyclic import break_cycles, cyclic_node_count
 from perfcast.graph.build import build_graph
+from perfcast.graph.lower import lower
 from perfcast.graph.model import Graph, Source
 from perfcast.real import Correction
 from perfcast.sim.timeline import Timeline, simulate
@@ -91,6 +95,19 @@ def measured_share(tl: Timeline) -> float:
     return measured / total if total else 1.0
 
 
+def _keep_acyclic(graph: Graph, spec: Spec) -> None:
+    """A model's dependencies can contradict a damaged trace's own order (a kernel launched
+    after another yet run before it on one stream) and close a cycle; those are dropped as
+    the builder drops the trace's own contradictions, and the prediction says so."""
+    if not cyclic_node_count(lower(graph)):
+        return
+    n = break_cycles(graph)
+    graph.assumptions.append(
+        f"{spec}: {n} dependencies contradicted the trace's own order (a damaged trace?) and "
+        "were dropped to keep the graph acyclic"
+    )
+
+
 def apply_specs(graph: Graph, specs: list[Spec]) -> tuple[Graph, list[AppliedModel]]:
     g = graph
     applied = []
@@ -98,7 +115,13 @@ def apply_specs(graph: Graph, specs: list[Spec]) -> tuple[Graph, list[AppliedMod
         module = get_model(spec.name)
         options = build_options(spec.name, spec.options)
         before = len(g.assumptions)
-        g = module.apply(g.copy(), options)
+        try:
+            g = module.apply(g.copy(), options)
+        except re.error as exc:  # a pattern option (pattern=, module=, op=) the user wrote
+            raise PerfcastError(
+                f"{spec}: an option is not a valid regular expression ({exc})"
+            ) from None
+        _keep_acyclic(g, spec)
         applied.append(AppliedModel(spec.name, dict(vars(options)), g.assumptions[before:]))
     return g, applied
 

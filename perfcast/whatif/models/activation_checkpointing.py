@@ -95,7 +95,7 @@ def apply(graph: Graph, options: Options) -> Graph:
     if options.regions < 1:
         raise NotApplicableError("activation-checkpointing: regions must be at least 1")
     fwd = _selected(graph, options.module)
-    costs = calibration.active()
+    costs, fit = calibration.for_trace(graph.table)
     ck = costs.checkpoint if costs is not None else None
     if fwd.size == 0:
         what = f"matching '{options.module}'" if options.module else ""
@@ -134,12 +134,12 @@ def apply(graph: Graph, options: Options) -> Graph:
         graph.assumptions.append(
             f"checkpoint bookkeeping {book_ns / steps / 1e6:.2f} ms per step = "
             f"{options.regions} region(s) x {ck.region_ms:g} ms + recomputed ops x "
-            f"{ck.op_ms:g} ms ({costs.source()})"
+            f"{ck.op_ms:g} ms ({fit})"
         )
     else:
+        why = fit or "no calibration (run 'perfcast calibrate' on the training machine)"
         graph.assumptions.append(
-            "torch.utils.checkpoint's own bookkeeping per region and op is not counted: no "
-            "calibration (run 'perfcast calibrate' on the training machine)"
+            f"torch.utils.checkpoint's own bookkeeping per region and op is not counted: {why}"
         )
     if already:
         graph.assumptions.append(

@@ -57,6 +57,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -125,7 +126,7 @@ def apply(graph: Graph, options: Options) -> Graph:
     w = options.workers
     # Batches in flight at once: the workers' own cores bound their parallelism.
     par = w if options.worker_cores is None else min(w, options.worker_cores)
-    cost = _hand_off_cost(options)
+    cost = _hand_off_cost(options, graph.table)
     contended = options.cores is not None and options.worker_cores is None
     dl_all = np.concatenate([s.dl for s in steps])
     rest = _rest_host(graph, steps, dl_all)
@@ -307,11 +308,11 @@ class _HandOff:
     text: str
 
 
-def _hand_off_cost(options: Options) -> _HandOff:
+def _hand_off_cost(options: Options, table: Any) -> _HandOff:
     if options.overhead_ms is not None:
         ms = options.overhead_ms
         return _HandOff(lambda k, gap: ms, lambda k: 0.0, f"receive {ms:g} ms (overhead_ms)")
-    cal = calibration.active()
+    cal, fit = calibration.for_trace(table)
     if cal is not None and cal.dataloader is not None:
         dl = cal.dataloader
         return _HandOff(
@@ -320,15 +321,15 @@ def _hand_off_cost(options: Options) -> _HandOff:
             f"receive {dl.batch_ms[0]:g} + {dl.tensor_ms[0]:g} ms per tensor after "
             f"{dl.gaps_ms[0]:g} ms idle to {dl.batch_ms[-1]:g} + {dl.tensor_ms[-1]:g} after "
             f"{dl.gaps_ms[-1]:g} ms, worker {dl.worker_batch_ms:g} + "
-            f"{dl.worker_tensor_ms:g} ms per tensor ({cal.source()}, "
-            f"{dl.sharing_strategy} sharing)",
+            f"{dl.worker_tensor_ms:g} ms per tensor ({fit}, {dl.sharing_strategy} sharing)",
         )
     ms = _DEFAULT_RECEIVE_MS
+    why = fit or "run 'perfcast calibrate' on the training machine"
     return _HandOff(
         lambda k, gap: ms,
         lambda k: 0.0,
-        f"receive {ms:g} ms assumed, not measured: run 'perfcast calibrate' on the training "
-        "machine (it measured 0.4-3 ms per batch on a 2-core VM) or set overhead_ms",
+        f"receive {ms:g} ms assumed, not measured ({why}; it measured 0.4-3 ms per batch on a "
+        "2-core VM) or set overhead_ms",
     )
 
 

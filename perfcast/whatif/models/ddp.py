@@ -208,7 +208,8 @@ def apply(graph: Graph, options: Options) -> Graph:
             if not mine:
                 continue
             last_ar = int(new[mine[-1]])
-            _wait_after_backward(graph, key, last_ar, launched, gap, options.blocking_wait)
+            ready = max(b_order[i] for i in mine)
+            _wait_after_backward(graph, key, last_ar, ready, launched, gap, options.blocking_wait)
         total_ns += int(dur.sum())
         n_buckets += k
         total_bytes += float(sum(b_bytes))
@@ -466,11 +467,15 @@ def _wait_after_backward(
     graph: Graph,
     key: tuple[int, int],
     last_ar: int,
+    ready: float,
     launched: dict[int, tuple[np.ndarray, np.ndarray]],
     gap: int,
     blocking_wait: bool,
 ) -> None:
-    """Compute streams that ran backward wait for the last all-reduce (DDP finalize)."""
+    """Compute streams that ran backward wait for the last all-reduce (DDP finalize): the
+    work launched after backward's end and after the last gradient was ready (`ready`, its
+    order), never work the all-reduce itself waits for (a damaged trace can put a gradient
+    after what it takes for backward's end)."""
     rank, it = key
     c = graph.cols
     bwd_host = P.select(graph, kind="host", phase="backward", rank=rank, iteration=it)
@@ -479,11 +484,12 @@ def _wait_after_backward(
         return
     end_node = int(bwd_host[np.argmax(c["order"][bwd_host])])
     t_end = float(c["order"][end_node])
+    t_gpu = max(t_end, ready)
     bwd_gpu = P.select(graph, kind="gpu", phase="backward", rank=rank, iteration=it)
     lanes = set(c["lane"][bwd_gpu].tolist()) & set(launched) or set(launched)
     for lane in sorted(lanes):
         nodes, keys = launched[lane]
-        j = int(np.searchsorted(keys, t_end, side="right"))
+        j = int(np.searchsorted(keys, t_gpu, side="right"))
         if j < nodes.size:
             graph.add_edges(np.array([last_ar]), np.array([int(nodes[j])]), gap, EdgeType.DATA)
     if blocking_wait:
