@@ -99,12 +99,29 @@ class CheckpointCosts:
 
 
 @dataclass(frozen=True)
+class ProfilerCosts:
+    """What torch.profiler adds to a step per recorded event on this machine (ns): an op and
+    each recorded input (record_shapes), an op without shapes, a Python frame (with_stack), a
+    [memory] event, and a runtime call (CUPTI; None when measured without a GPU). See
+    perfcast.real.measure."""
+
+    op_ns: float
+    input_ns: float
+    op_no_shapes_ns: float
+    python_ns: float
+    memory_ns: float
+    runtime_ns: float | None
+    note: str = ""
+
+
+@dataclass(frozen=True)
 class Calibration:
     machine: dict[str, Any]
     created: str
     dataloader: DataLoaderCosts | None
     checkpoint: CheckpointCosts | None
     path: str = ""
+    profiler: ProfilerCosts | None = None
 
     def source(self) -> str:
         """Where the numbers come from, for assumption texts."""
@@ -164,12 +181,14 @@ def load(path: str | Path) -> Calibration:
             raise ValueError(f"format {raw.get('format')!r}, expected {FORMAT}")
         dl = raw.get("dataloader")
         ck = raw.get("checkpoint")
+        pr = raw.get("profiler")
         return Calibration(
             machine=dict(raw["machine"]),
             created=str(raw["created"]),
             dataloader=DataLoaderCosts(**dl) if dl else None,
             checkpoint=CheckpointCosts(**ck) if ck else None,
             path=str(p),
+            profiler=ProfilerCosts(**pr) if pr else None,
         )
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise PerfcastError(
@@ -404,6 +423,23 @@ def measure(
         created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         dataloader=measure_dataloader(workers, worker_cpus, repeat=repeat),
         checkpoint=measure_checkpoint(repeat=40 if quick else 100),
+        profiler=measure_profiler(quick),
+    )
+
+
+def measure_profiler(quick: bool = False) -> ProfilerCosts:
+    """The profiler's own cost per event here (perfcast.real.measure)."""
+    from perfcast.real.measure import measure_profiler_cost
+
+    m = measure_profiler_cost(quick=quick)
+    return ProfilerCosts(
+        op_ns=m["op_ns"],
+        input_ns=m["input_ns"],
+        op_no_shapes_ns=m["op_no_shapes_ns"],
+        python_ns=m["python_ns"],
+        memory_ns=m["memory_ns"],
+        runtime_ns=m["runtime_ns"],
+        note=m["note"],
     )
 
 
@@ -435,6 +471,17 @@ def machine_identity() -> dict[str, Any]:
     except ImportError:
         pass
     return info
+
+
+def matches_trace(table: Any) -> tuple[Calibration | None, bool, str]:
+    """(calibration, positively the trace's machine, sentence): for costs that must not be
+    guessed across machines (the profiler's), only a recognised machine (or a file named in
+    PERFCAST_CALIBRATION) counts; "could not be checked" does not."""
+    cal, sentence = for_trace(table)
+    if cal is None:
+        return None, False, sentence
+    named = bool(os.environ.get(ENV, "").strip())
+    return cal, named or "the trace comes from" in sentence, sentence
 
 
 def for_trace(table: Any) -> tuple[Calibration | None, str]:

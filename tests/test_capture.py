@@ -7,6 +7,7 @@ import json
 import textwrap
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -42,7 +43,7 @@ def _train(n_steps: int, *, explicit: bool = False) -> None:
 
 
 def test_optimizer_hook_marks_steps(tmp_path: Path) -> None:
-    with capture(tmp_path, wait=1, warmup=1, active=2) as cap:
+    with capture(tmp_path, wait=1, warmup=1, active=2, unprofiled=0) as cap:
         _train(6)
     assert cap.steps == 6
     assert cap.automatic
@@ -58,7 +59,7 @@ def test_optimizer_hook_marks_steps(tmp_path: Path) -> None:
 
 
 def test_explicit_steps_disable_hook(tmp_path: Path) -> None:
-    with capture(tmp_path, wait=0, warmup=1, active=2) as cap:
+    with capture(tmp_path, wait=0, warmup=1, active=2, unprofiled=0) as cap:
         _train(4, explicit=True)
     # One boundary per iteration: the hook only marked the first one, before step() took over.
     assert cap.steps == 4
@@ -72,7 +73,7 @@ def test_explicit_steps_disable_hook(tmp_path: Path) -> None:
 
 def test_several_cycles_and_rank_from_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RANK", "3")
-    with capture(tmp_path, wait=0, warmup=1, active=1, repeat=2) as cap:
+    with capture(tmp_path, wait=0, warmup=1, active=1, repeat=2, unprofiled=0) as cap:
         _train(5)
     assert [p.name for p in cap.trace_paths] == ["rank3.step2.json.gz", "rank3.step4.json.gz"]
     assert cap.finished
@@ -156,7 +157,7 @@ def test_run_profile_refuses_a_folder_with_traces(tmp_path: Path, capsys) -> Non
     script = tmp_path / "train.py"
     script.write_text(_SCRIPT)
     out = tmp_path / "traces"
-    cmd = ["--", "python", str(script), "8", str(tmp_path / "done")]
+    cmd = ["--", "python", str(script), "14", str(tmp_path / "done")]
     assert run_profile(["-o", str(out), *cmd]) == 0
     first = (out / "rank0.json.gz").read_bytes()
     capsys.readouterr()
@@ -181,13 +182,14 @@ def test_run_profile_stops_the_script_once_the_capture_is_written(tmp_path: Path
     script = tmp_path / "train.py"
     script.write_text(_SCRIPT)
     done = tmp_path / "done"
-    # Default schedule: wait 1 + warmup 1 + active 3 = 5 steps, of the script's 50.
+    # Default schedule: 1 warm-up + 6 unprofiled steps, then wait 1 + warmup 1 + active 3:
+    # 12 steps of the script's 50.
     assert (
         run_profile(["-o", str(tmp_path / "a"), "--", "python", str(script), "50", str(done)]) == 0
     )
     err = capsys.readouterr().err
     assert not done.exists()
-    assert "stopped the script after step 5" in err
+    assert "stopped the script after step 12" in err
     argv = ["-o", str(tmp_path / "b"), "--run-to-end", "--", "python", str(script), "50", str(done)]
     assert run_profile(argv) == 0
     assert done.read_text() == "the script ran to its end"
@@ -196,7 +198,7 @@ def test_run_profile_stops_the_script_once_the_capture_is_written(tmp_path: Path
 def test_run_profile_keeps_profiler_output_off_the_terminal(tmp_path: Path, capfd) -> None:
     script = tmp_path / "train.py"
     script.write_text(_SCRIPT)
-    cmd = ["--", "python", str(script), "6", str(tmp_path / "done")]
+    cmd = ["--", "python", str(script), "14", str(tmp_path / "done")]
     assert run_profile(["-o", str(tmp_path / "quiet"), *cmd]) == 0
     quiet = capfd.readouterr().err
     log = (tmp_path / "quiet" / "profiler.log").read_text()
@@ -208,3 +210,19 @@ def test_run_profile_keeps_profiler_output_off_the_terminal(tmp_path: Path, capf
     # The same native lines: in the log by default, on the terminal when asked for.
     assert "USDT" not in quiet
     assert "profiler_start" in log and "profiler_start" in loud
+
+
+def test_steps_are_timed_without_the_profiler_and_written_into_the_trace(tmp_path: Path) -> None:
+    import perfcast
+
+    with capture(tmp_path, wait=1, warmup=1, active=2, unprofiled=4) as cap:
+        _train(11)  # 1 warm-up + 4 timed + 4 profiled, and two more
+    assert len(cap.unprofiled_step_ms) == 2 and all(x > 0 for x in cap.unprofiled_step_ms)
+    table = perfcast.load(cap.trace_paths[0])
+    assert table.ranks[0].unprofiled_step_ms == pytest.approx(cap.unprofiled_step_ms)
+    # The profiled steps are the ones after the timed ones: two of them, as scheduled.
+    assert len(table.iterations) == 2
+    # Predictions fit the profiler's cost to those steps.
+    r = perfcast.predict(table, [])
+    assert r.measured_real_ms == pytest.approx(float(np.median(cap.unprofiled_step_ms)))
+    assert r.correction.source in ("fit", "default", "calibration")

@@ -195,3 +195,62 @@ def test_a_gpu_bound_step_keeps_its_base_cost_when_fitted(tmp_path: Path) -> Non
     r = perfcast.predict(path, "remove-host-sync")
     assert r.correction.source == "default"
     assert r.measured_real_ms == pytest.approx(73.8)
+
+
+def _calibration_file(tmp_path: Path, machine: dict) -> Path:
+    doc = {
+        "format": 2,
+        "machine": machine,
+        "created": "2026-11-23T00:00:00Z",
+        "dataloader": None,
+        "checkpoint": None,
+        "profiler": {
+            "op_ns": 700.0,
+            "input_ns": 100.0,
+            "op_no_shapes_ns": 300.0,
+            "python_ns": 500.0,
+            "memory_ns": 100.0,
+            "runtime_ns": None,
+            "note": "test",
+        },
+    }
+    path = tmp_path / "cal.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def test_a_calibration_applies_only_to_its_own_machine(tmp_path: Path, monkeypatch) -> None:
+    import gzip
+
+    from perfcast import calibration
+
+    here = calibration.machine_identity()
+    monkeypatch.setenv(calibration.ENV, "")  # the default location, which tmp HOME points to
+    monkeypatch.setattr(calibration, "default_path", lambda: _calibration_file(tmp_path, here))
+    doc = json.loads(gzip.decompress((H100 / "mlp_base.json.gz").read_bytes()))
+    mine = tmp_path / "mine.json.gz"
+    mine.write_bytes(gzip.compress(json.dumps({**doc, "perfcast_machine": here}).encode()))
+    other = tmp_path / "other.json.gz"
+    stranger = {**here, "host_id": "0" * 12, "cpu_model": "another CPU", "cores": 1}
+    other.write_bytes(gzip.compress(json.dumps({**doc, "perfcast_machine": stranger}).encode()))
+    unknown = H100 / "mlp_base.json.gz"
+
+    ours = perfcast.predict(mine, "remove-host-sync").correction
+    assert ours.source == "calibration" and ours.op_us == pytest.approx(0.7)
+    assert ours.runtime_us == pytest.approx(4.5)  # no GPU when calibrating: the default
+    theirs = perfcast.predict(other, "remove-host-sync").correction
+    assert theirs.source == "default"
+    # A trace that does not say its machine: the profiler's cost is never guessed across hosts.
+    assert perfcast.predict(unknown, "remove-host-sync").correction.source == "default"
+
+
+def test_the_profiler_cost_is_measured_here() -> None:
+    pytest.importorskip("torch")
+    from perfcast.real.measure import measure_profiler_cost
+
+    m = measure_profiler_cost(quick=True)
+    # Recording an op with its shapes costs something; nothing is negative.
+    assert m["op_ns"] + m["input_ns"] > 0
+    for key in ("op_ns", "input_ns", "op_no_shapes_ns", "python_ns", "memory_ns"):
+        assert m[key] >= 0, key
+    assert m["runtime_ns"] is None or m["runtime_ns"] >= 0

@@ -216,7 +216,8 @@ def measure_pair(baseline: Any, variant: Any, timing: Timing) -> PairTiming:
 
 
 def profile_baseline(trainer: Any, trace_dir: Path, timing: Timing) -> list[Path]:
-    """Warm up, then capture wait=1/warmup=1/active=3 steps into ``trace_dir``."""
+    """Warm up, then capture into ``trace_dir``: one warm-up and 4 steps timed without the
+    profiler, then wait=1/warmup=1/active=3 profiled steps."""
     from perfcast.capture import capture, step
 
     trace_dir.mkdir(parents=True, exist_ok=True)
@@ -225,8 +226,10 @@ def profile_baseline(trainer: Any, trace_dir: Path, timing: Timing) -> list[Path
     for _ in range(timing.profile_warmup):
         trainer.step()
     trainer.synchronize()
-    with capture(trace_dir, wait=1, warmup=1, active=3) as cap:
-        for _ in range(5):
+    # As `perfcast profile` does by default: a few steps timed without the profiler first,
+    # written into the trace (predictions fit the profiler's cost to them).
+    with capture(trace_dir, wait=1, warmup=1, active=3, unprofiled=4) as cap:
+        for _ in range(cap.schedule_steps or 0):
             trainer.step()
             step()  # explicit boundaries: they include the data fetch and the item() sync
         trainer.synchronize()

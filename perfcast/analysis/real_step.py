@@ -61,6 +61,8 @@ def real_world(
     if not correct:
         cost = OFF
     else:
+        if calibration is None and table is not None:
+            calibration = calibrated_cost(table, settings)
         cost = calibration if calibration is not None else default_cost(settings)
         if measured:
             cost = _fit(graph, cost, measured) or cost
@@ -84,6 +86,30 @@ def real_world(
     if corrected is not graph:
         corrected.assumptions.append(correction.assumption())
     return RealWorld(graph, corrected, traced, real, cost, settings, removed, correction, steps)
+
+
+def calibrated_cost(table: object, settings: ProfilerSettings) -> ProfilerCost | None:
+    """The profiler costs `perfcast calibrate` measured, when the trace comes from that
+    machine (runtime calls: the default when the calibration had no GPU)."""
+    from perfcast import calibration
+
+    cal, fits, sentence = calibration.matches_trace(table)
+    if cal is None or cal.profiler is None or not fits:
+        return None
+    p = cal.profiler
+    base = default_cost(settings)
+    return ProfilerCost(
+        op_ns=p.op_ns if settings.record_shapes else p.op_no_shapes_ns,
+        input_ns=p.input_ns if settings.record_shapes else 0.0,
+        runtime_ns=p.runtime_ns if p.runtime_ns is not None else base.runtime_ns,
+        python_ns=p.python_ns if (settings.with_stack or settings.with_modules) else 0.0,
+        memory_ns=p.memory_ns if settings.profile_memory else 0.0,
+        task_ns=base.task_ns,
+        source="calibration",
+        uncertainty=0.2,
+        note=sentence
+        + ("" if p.runtime_ns is not None else "; runtime calls at the default (no GPU then)"),
+    )
 
 
 def _rank_steps(graph: Graph) -> dict[int, float]:

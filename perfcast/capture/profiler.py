@@ -97,17 +97,33 @@ def _profiler_output(cap: Capture) -> Iterator[None]:
         os.close(log)
 
 
-def _record_machine(prof: Any) -> None:
-    """Put this machine's identity in the trace header ("perfcast_machine"), so that a
-    calibration can be checked against the machine the trace comes from."""
-    import json
+def _synchronize() -> None:
+    """Wait for the GPU, when torch has one in use (unprofiled timing windows end here)."""
+    try:
+        import torch
 
-    from perfcast.calibration import machine_identity
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.synchronize()
+    except Exception:  # timing without a synchronize beats no capture
+        pass
+
+
+def _record(prof: Any, key: str, value: Any) -> None:
+    """Put a JSON value in the trace header under `key` (torch's metadata API)."""
+    import json
 
     preset = getattr(prof, "preset_metadata_json", None) or getattr(prof, "add_metadata_json", None)
     if preset is not None:
         with contextlib.suppress(Exception):  # an older torch: the trace just says less
-            preset("perfcast_machine", json.dumps(machine_identity()))
+            preset(key, json.dumps(value))
+
+
+def _record_machine(prof: Any) -> None:
+    """Put this machine's identity in the trace header ("perfcast_machine"), so that a
+    calibration can be checked against the machine the trace comes from."""
+    from perfcast.calibration import machine_identity
+
+    _record(prof, "perfcast_machine", machine_identity())
 
 
 PROFILER_LOG = "profiler.log"
@@ -136,9 +152,12 @@ class Capture:
         activities: Iterable[Any] | None = None,
         max_steps: int | None = None,
         show_profiler_output: bool = False,
+        unprofiled: int = 6,
     ) -> None:
         if wait < 0 or warmup < 0 or active < 1 or repeat < 0:
             raise ValueError("need wait >= 0, warmup >= 0, active >= 1 and repeat >= 0")
+        if unprofiled < 0:
+            raise ValueError("unprofiled must be >= 0")
         if max_steps is not None and max_steps < 1:
             raise ValueError("max_steps must be >= 1")
         self.out_dir = Path(out_dir)
@@ -152,6 +171,12 @@ class Capture:
         # Kineto prints its own lines ("USDT: ... profiler_start") on the process's stderr;
         # they go to OUT/profiler.log unless asked for (see _profiler_output).
         self.show_profiler_output = show_profiler_output
+        # Steps timed without the profiler before it starts (after one warm-up step), in two
+        # windows with a device synchronize at their edges; written into every trace.
+        self.unprofiled = unprofiled
+        #: per-step times (ms) of the unprofiled windows, once measured
+        self.unprofiled_step_ms: list[float] = []
+        self._timing: list[float] = []  # window edge times (perf_counter)
         self.trace_paths: list[Path] = []
         #: training steps seen so far (explicit or from the optimizer hook)
         self.steps = 0
@@ -166,11 +191,16 @@ class Capture:
         self._driver: weakref.ref[Any] | None = None
 
     @property
+    def pre_steps(self) -> int:
+        """Steps run before the profiler starts: a warm-up and the timed unprofiled ones."""
+        return self.unprofiled + 1 if self.unprofiled else 0
+
+    @property
     def schedule_steps(self) -> int | None:
         """Steps the schedule needs to finish all cycles; None when it repeats forever."""
         if self.repeat == 0:
             return None
-        return (self.wait + self.warmup + self.active) * self.repeat
+        return self.pre_steps + (self.wait + self.warmup + self.active) * self.repeat
 
     @property
     def finished(self) -> bool:
@@ -184,7 +214,6 @@ class Capture:
 
     def __enter__(self) -> Capture:
         global _ACTIVE
-        import torch.profiler
         from torch.optim.optimizer import register_optimizer_step_post_hook
 
         if _ACTIVE is not None:
@@ -193,6 +222,15 @@ class Capture:
         if self.repeat != 1:
             # Each cycle goes to its own file, so torch's "clears events" warning is noise.
             warnings.filterwarnings("ignore", message="Warning: Profiler clears events")
+        if not self.unprofiled:
+            self._start_profiler()
+        self._hook = register_optimizer_step_post_hook(self._optimizer_hook)
+        _ACTIVE = self
+        return self
+
+    def _start_profiler(self) -> None:
+        import torch.profiler
+
         self._prof = torch.profiler.profile(
             activities=_resolve_activities(self.activities),
             schedule=torch.profiler.schedule(
@@ -205,11 +243,10 @@ class Capture:
             profile_memory=self.profile_memory,
         )
         _record_machine(self._prof)
+        if self.unprofiled_step_ms:
+            _record(self._prof, "perfcast_unprofiled_step_ms", self.unprofiled_step_ms)
         with _profiler_output(self):
             self._prof.__enter__()
-        self._hook = register_optimizer_step_post_hook(self._optimizer_hook)
-        _ACTIVE = self
-        return self
 
     def __exit__(
         self,
@@ -264,6 +301,9 @@ class Capture:
 
     def _advance(self) -> None:
         if self._prof is None:
+            if self.unprofiled and not self.unprofiled_step_ms and _ACTIVE is self:
+                self.steps += 1
+                self._time_unprofiled()
             return
         self.steps += 1
         with _profiler_output(self):
@@ -274,6 +314,28 @@ class Capture:
             and (self.finished or self.repeat == 0)
         ):
             raise MaxStepsReached(0)
+
+    def _time_unprofiled(self) -> None:
+        """At each step boundary before the profiler starts: the first closes the warm-up step;
+        then two windows of steps are timed, each between two device synchronizations (one
+        per window, not per step, so the CPU still runs ahead of the GPU inside it)."""
+        import time
+
+        _synchronize()
+        self._timing.append(time.perf_counter())
+        edges = self._timing
+        half = self.unprofiled // 2 or 1
+        ends = [half, self.unprofiled] if self.unprofiled >= 2 else [1]
+        done = len(edges) - 1  # timed steps so far
+        if done < self.unprofiled:
+            return
+        per_step = []
+        start = 0
+        for e in ends:
+            per_step.append((edges[e] - edges[start]) * 1e3 / (e - start))
+            start = e
+        self.unprofiled_step_ms = [round(x, 4) for x in per_step]
+        self._start_profiler()
 
     def _trace_name(self, step_num: int) -> str:
         rank = _current_rank()
@@ -314,6 +376,7 @@ def capture(
     activities: Iterable[Any] | None = None,
     max_steps: int | None = None,
     show_profiler_output: bool = False,
+    unprofiled: int = 6,
 ) -> Capture:
     """Profile the enclosed training loop into ``out_dir/rank{R}.json.gz``.
 
@@ -322,7 +385,10 @@ def capture(
     defaults to CPU plus CUDA when available (ProfilerActivity values or "cpu"/"cuda").
     ``max_steps`` ends the program (``MaxStepsReached``, a SystemExit) once that many steps
     ran and the schedule is complete. The profiler's own stderr lines go to
-    ``out_dir/profiler.log`` unless ``show_profiler_output``.
+    ``out_dir/profiler.log`` unless ``show_profiler_output``. Before the profiler starts, one
+    warm-up step runs, then ``unprofiled`` steps are timed without the profiler (two windows,
+    each between device synchronizations); the times go into every trace
+    (``perfcast_unprofiled_step_ms``), and perfcast fits its profiler-cost correction to them.
     """
     return Capture(
         out_dir,
@@ -337,6 +403,7 @@ def capture(
         activities=activities,
         max_steps=max_steps,
         show_profiler_output=show_profiler_output,
+        unprofiled=unprofiled,
     )
 
 
@@ -410,6 +477,14 @@ def _build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--with-modules", action="store_true", help="record nn.Module scopes")
     parser.add_argument("--memory", action="store_true", help="profile memory allocations")
     parser.add_argument(
+        "--unprofiled-steps",
+        type=int,
+        default=6,
+        metavar="N",
+        help="steps timed without the profiler before it starts (after one warm-up step), "
+        "written into the trace so predictions fit the profiler's cost to them (0: none)",
+    )
+    parser.add_argument(
         "--json", action="store_true", help="print the trace paths as JSON on stdout at the end"
     )
     parser.add_argument(
@@ -467,7 +542,9 @@ def run_profile(argv: list[str]) -> int:
     max_steps = ns.max_steps
     if max_steps is None and not ns.run_to_end and ns.repeat > 0:
         # Stop at the first step boundary once every trace is written (documented).
-        max_steps = (ns.wait + ns.warmup + ns.active) * ns.repeat
+        max_steps = (ns.unprofiled_steps + 1 if ns.unprofiled_steps else 0) + (
+            ns.wait + ns.warmup + ns.active
+        ) * ns.repeat
     try:
         # Validate the schedule before running anything.
         cap = Capture(
@@ -481,6 +558,7 @@ def run_profile(argv: list[str]) -> int:
             profile_memory=ns.memory,
             max_steps=max_steps,
             show_profiler_output=ns.show_profiler_output,
+            unprofiled=ns.unprofiled_steps,
         )
     except ValueError as exc:
         return _fail(str(exc))
@@ -538,12 +616,16 @@ def run_profile(argv: list[str]) -> int:
             f"trace in {out} is possibly empty"
         )
     if not cap.trace_paths:
-        need = ns.wait + ns.warmup + 1
+        need = cap.pre_steps + ns.wait + ns.warmup + 1
         return _fail(f"no trace written: only {cap.steps} step(s) ran, the schedule needs {need}+")
     if ns.json:
         import json
 
-        doc = {"steps": cap.steps, "traces": [str(p) for p in cap.trace_paths]}
+        doc = {
+            "steps": cap.steps,
+            "traces": [str(p) for p in cap.trace_paths],
+            "unprofiled_step_ms": cap.unprofiled_step_ms,
+        }
         print(json.dumps(doc))
     else:
         names = ", ".join(p.name for p in cap.trace_paths)

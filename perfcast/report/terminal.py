@@ -334,6 +334,15 @@ def calibration(cal: Calibration, console: Console) -> None:
             f"  fitted receive: {fits}; worker {dl.worker_batch_ms:g} + "
             f"{dl.worker_tensor_ms:g} ms/tensor"
         )
+    if cal.profiler is not None:
+        pr = cal.profiler
+        rt = "not measured (no GPU)" if pr.runtime_ns is None else f"{pr.runtime_ns:g} ns"
+        console.print(
+            f"torch.profiler's own cost per event: {pr.op_ns:g} ns per op + {pr.input_ns:g} per "
+            f"recorded input ({pr.op_no_shapes_ns:g} without record_shapes), "
+            f"{pr.python_ns:g} per Python frame, {pr.memory_ns:g} per memory event, "
+            f"runtime call {rt}"
+        )
     if cal.checkpoint is not None:
         ck = cal.checkpoint
         console.print(
