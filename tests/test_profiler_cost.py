@@ -91,13 +91,23 @@ def test_cost_never_takes_more_than_a_segment_holds(tmp_path: Path) -> None:
     assert c["dur"][launch] == MIN_RUNTIME_NS
 
 
-def test_input_counts_read_input_dims_without_parsing() -> None:
-    from perfcast.real.profiler_cost import _top_level_items
+def test_input_dims_are_read_one_way_and_bounded() -> None:
+    from perfcast.ingest.input_dims import (
+        MAX_DIMS_CHARS,
+        numel,
+        parse_input_dims,
+        tensor_shapes,
+    )
 
-    assert _top_level_items("[[64, 256], [256], []]") == 3
-    assert _top_level_items("[]") == 0
-    assert _top_level_items("[[[1, 2], [3]], [4]]") == 2  # a tensor list is one input
-    assert _top_level_items("[" * 100_000) <= 1  # bounded on hostile strings
+    assert len(parse_input_dims("[[64, 256], [256], []]")) == 3
+    assert parse_input_dims("[]") == []
+    assert len(parse_input_dims("[[[1, 2], [3]], [4]]")) == 2  # a tensor list is one input
+    assert parse_input_dims("[" * 100_000) is None  # hostile strings are unreadable
+    assert parse_input_dims("[" * 10 + "]" * 10) is None  # too deep
+    assert parse_input_dims('[["a"]]') is None and parse_input_dims("[[1.5]]") is None
+    assert parse_input_dims("[[" + "1, " * MAX_DIMS_CHARS + "1]]") is None
+    assert tensor_shapes(parse_input_dims("[[2, 3], [[1], [2]], [-1], []]")) == [[2, 3], [], [], []]
+    assert numel([2, 3]) == 6 and numel([]) == 0 and numel([-1, 2]) == 0 and numel("x") == 0
 
 
 def test_settings_are_read_off_the_trace(tmp_path: Path) -> None:

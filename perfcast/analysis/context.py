@@ -31,7 +31,6 @@ NumPy: the only Python loops run over distinct names or over tree depths.
 from __future__ import annotations
 
 import enum
-import json
 import re
 from dataclasses import dataclass, field
 
@@ -39,6 +38,7 @@ import numpy as np
 
 from perfcast.events import NONE, EventTable, Kind
 from perfcast.graph.phases import PHASE_LABELS, Phase, event_phases
+from perfcast.ingest.input_dims import parse_input_dims, tensor_shapes
 
 
 class CtxKind(enum.IntEnum):
@@ -704,22 +704,6 @@ def build_index(table: EventTable) -> ContextIndex:
 # Metrics
 
 
-def _shape_lists(text: str) -> list[list[int]] | None:
-    try:
-        dims = json.loads(text)
-    except (ValueError, TypeError):
-        return None
-    if not isinstance(dims, list):
-        return None
-    out = []
-    for d in dims:
-        if isinstance(d, list) and all(isinstance(x, int) and x >= 0 for x in d):
-            out.append(d)
-        else:
-            out.append([])
-    return out
-
-
 def _prod(xs: list[int]) -> int:
     p = 1
     for x in xs:
@@ -733,7 +717,7 @@ def op_flops(op: str, shapes: str) -> float:
     Matrix products (mm, addmm, bmm, baddbmm, matmul, linear) and scaled-dot-product
     attention; convolutions need strides and padding the trace does not record.
     """
-    dims = _shape_lists(shapes)
+    dims = tensor_shapes(parse_input_dims(shapes))
     if not dims:
         return 0.0
     name = op.removeprefix("aten::")

@@ -20,7 +20,6 @@ The peak is the device's for that dtype (`DeviceSpec.peak`), the bandwidth its m
 
 from __future__ import annotations
 
-import json
 import math
 from collections import Counter
 from dataclasses import dataclass, field
@@ -32,6 +31,7 @@ from perfcast.analysis.notes import input_notes
 from perfcast.events import EventTable, Kind
 from perfcast.frames import Tables, plain
 from perfcast.hardware.classify import dtype_from_kernel_name
+from perfcast.ingest.input_dims import parse_input_dims
 
 DTYPE_BYTES = {"fp64": 8, "fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 
@@ -164,19 +164,6 @@ class Roofline(Tables):
     ROW_TYPES = {"ops": OpRoofline}  # noqa: RUF012
 
 
-def _parse_shapes(text: str) -> list | None:
-    try:
-        value = json.loads(text)
-    except ValueError:
-        try:
-            import ast
-
-            value = ast.literal_eval(text)
-        except (ValueError, SyntaxError):
-            return None
-    return value if isinstance(value, list) else None
-
-
 def roofline(table: EventTable, top: int = 30) -> Roofline:
     """FLOPs, bytes, achieved TFLOP/s and GB/s per op (and shapes), against the device's peak.
 
@@ -225,7 +212,7 @@ def roofline(table: EventTable, top: int = 30) -> Roofline:
     dtype_of_kernel: dict[int, str | None] = {}
     for gi in np.argsort(-g_gpu, kind="stable").tolist():
         rank, name_i, shape_i = (int(x) for x in groups[gi])
-        shapes = _parse_shapes(names[shape_i])
+        shapes = parse_input_dims(names[shape_i])
         members = first_kernel[ginv == gi]
         votes: Counter[str] = Counter()
         for kname in table.name[members].tolist():

@@ -33,7 +33,7 @@ _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 _TIME_LIMIT = 1 << 62
 _BAD_TIME = _INT64_MIN  # marks an unreadable time (never a valid value under the limit)
 # Shape strings ("Input Dims") longer than this are ignored: real ones are a few hundred
-# bytes, and the what-if models parse them (perfcast.whatif.kernels.parse_input_dims).
+# bytes, and the what-if models parse them (perfcast.ingest.input_dims).
 MAX_SHAPE_CHARS = 1 << 16
 
 

@@ -22,10 +22,6 @@ Read once per rank from the EventTable (`record_shapes=True` traces); the memory
 
 from __future__ import annotations
 
-import ast
-import functools
-import json
-import math
 import re
 from dataclasses import dataclass, field
 
@@ -33,6 +29,7 @@ import numpy as np
 
 from perfcast.events import NONE, EventTable, Kind
 from perfcast.graph.phases import Phase, event_phases
+from perfcast.ingest.input_dims import numel, row_input_dims
 
 _AG = "AccumulateGrad"
 _WEIGHT_OPS = re.compile(
@@ -128,32 +125,6 @@ class TraceFacts:
         return int(sum(s.nbytes for s in self.saved))
 
 
-@functools.lru_cache(maxsize=65536)
-def _parse_dims(text: str) -> list | None:
-    """An "Input Dims" string (JSON, or the Python repr the loader keeps) as a list."""
-    try:
-        value = json.loads(text)
-    except (ValueError, TypeError):
-        try:
-            value = ast.literal_eval(text)
-        except (ValueError, SyntaxError, TypeError):
-            return None
-    return value if isinstance(value, list) else None
-
-
-def _dims(table: EventTable, row: int) -> list | None:
-    s = int(table.shapes[row])
-    if s < 0:
-        return None
-    return _parse_dims(table.names[s])
-
-
-def _numel(d: object) -> int:
-    if not isinstance(d, list) or not d or not all(isinstance(x, int) and x >= 0 for x in d):
-        return 0
-    return math.prod(d)
-
-
 def last_complete_step(table: EventTable, rank: int) -> int | None:
     """Index of the rank's last step (the one least disturbed by warm-up), None if none."""
     idx = [i for i, it in enumerate(table.iterations) if it.rank == rank]
@@ -205,12 +176,12 @@ def _params(table: EventTable, ops: np.ndarray, facts: TraceFacts) -> None:
     par = table.parent[rows]
     rows = rows[~((par >= 0) & is_ag[table.name[np.maximum(par, 0)]])]
     for r in rows.tolist():
-        d = _dims(table, r)
+        d = row_input_dims(table, r)
         if d is None:
             # The shapes sit on the op inside (torch::autograd::AccumulateGrad).
             kids = np.flatnonzero(table.parent == r)
-            d = _dims(table, int(kids[0])) if kids.size else None
-        n = _numel(d[0]) if d else 0
+            d = row_input_dims(table, int(kids[0])) if kids.size else None
+        n = numel(d[0]) if d else 0
         if n > 0:
             facts.param_numels.append(n)
 
@@ -277,7 +248,7 @@ def _saved(table: EventTable, ops: np.ndarray, phases: np.ndarray, facts: TraceF
     firsts: list[tuple[int, ...] | None] = []
     dims_of: list[list | None] = []
     for r in rows:
-        d = _dims(table, r)
+        d = row_input_dims(table, r)
         dims_of.append(d)
         firsts.append(tuple(d[0]) if d and isinstance(d[0], list) and d[0] else None)
     for i, r in enumerate(rows):
@@ -295,11 +266,11 @@ def _saved(table: EventTable, ops: np.ndarray, phases: np.ndarray, facts: TraceF
         # The first input was saved already by a shape-changing op and not read since: the
         # same tensor, not counted again (what else the op keeps still is).
         dup = rule != "mask" and seen.get(key) is False
-        n = _numel(list(key))
+        n = numel(list(key))
         first = 0 if dup else n * width
         extra = 0
         if rule == "in2" and d is not None and len(d) > 1:
-            extra = _numel(d[1]) * width
+            extra = numel(d[1]) * width
         elif rule == "mask":
             first = n  # one byte per element
         elif rule == "attn":
@@ -330,11 +301,11 @@ def _saved(table: EventTable, ops: np.ndarray, phases: np.ndarray, facts: TraceF
             name = table.names[int(table.name[r])]
             if not re.search(r"^aten::(linear|addmm)$", name):
                 continue
-            d = _dims(table, r)
+            d = row_input_dims(table, r)
             if d and len(d) > 1:
                 w = d[1] if name.endswith("linear") else (d[2] if len(d) > 2 else [])
                 b = d[2] if name.endswith("linear") and len(d) > 2 else (d[0] if d else [])
-                lin += _numel(w) + (_numel(b) if isinstance(b, list) and len(b) == 1 else 0)
+                lin += numel(w) + (numel(b) if isinstance(b, list) and len(b) == 1 else 0)
         facts.linear_param_numel = min(lin, facts.params)
 
 

@@ -29,6 +29,7 @@ import numpy as np
 
 from perfcast.events import EventTable, Kind
 from perfcast.graph.model import Graph, NodeKind, Source
+from perfcast.ingest.input_dims import parse_input_dims
 
 ENTER_SHARE = 0.7  # of an op's cost, before its start (measured: head/tail gaps of nested ops)
 MIN_RUNTIME_NS = 500  # a runtime call keeps at least this much (or its whole time if less)
@@ -125,26 +126,12 @@ def input_counts(table: EventTable) -> np.ndarray:
         return counts
     per_name = {}
     for idx in np.unique(table.shapes[has]).tolist():
-        per_name[idx] = _top_level_items(table.names[idx])
+        per_name[idx] = len(parse_input_dims(table.names[idx]) or ())
     lookup = np.zeros(int(table.shapes[has].max()) + 1, dtype=np.int32)
     for idx, n in per_name.items():
         lookup[idx] = n
     counts[has] = lookup[table.shapes[has]]
     return counts
-
-
-def _top_level_items(text: str) -> int:
-    """Items of the outermost list in an "Input Dims" string ("[[64, 256], [256], []]" has
-    three: Kineto writes every input as a list, [] for non-tensors), without parsing it."""
-    depth = 0
-    items = 0
-    for ch in text[:10_000]:  # bounded work on hostile strings
-        if ch == "[":
-            depth += 1
-            items += depth == 2
-        elif ch == "]":
-            depth -= 1
-    return items
 
 
 def remove_profiler_cost(graph: Graph, cost: ProfilerCost) -> tuple[Graph, Removed]:

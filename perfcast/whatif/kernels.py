@@ -9,8 +9,6 @@ fixed cost (measured).
 
 from __future__ import annotations
 
-import functools
-import json
 import re
 
 import numpy as np
@@ -25,6 +23,7 @@ from perfcast.hardware import (
     lookup_device,
     nearest_device,
 )
+from perfcast.ingest.input_dims import row_input_dims
 from perfcast.whatif import primitives as P
 
 # The smallest kernels of a trace are almost all fixed cost (see module docstring).
@@ -156,49 +155,10 @@ def kernel_dtype(name: str, klass: int) -> str:
     return "fp32"  # torch.backends.cuda.matmul.allow_tf32 defaults to False since 1.12
 
 
-# Limits on an "Input Dims" string (written by the profiler, or by anyone): its length, how
-# deeply its lists nest (a tensor list input is a list of shapes: 3 levels), and the size of
-# one dimension. Anything beyond is unreadable (None), never an error.
-MAX_DIMS_CHARS = 1 << 16
-MAX_DIMS_DEPTH = 4
-MAX_DIM = 1 << 40
-
-
-@functools.lru_cache(maxsize=1 << 14)
-def parse_input_dims(text: str) -> list | None:
-    """An "Input Dims" string as a list (do not modify: cached); None if unreadable.
-
-    JSON as the trace wrote it (the loader keeps non-string values as their repr, which is
-    JSON for lists of numbers). Bounded: at most MAX_DIMS_CHARS characters, lists nested
-    MAX_DIMS_DEPTH deep, integer dimensions within +-MAX_DIM; anything else is None.
-    """
-    if not isinstance(text, str) or len(text) > MAX_DIMS_CHARS:
-        return None
-    try:
-        value = json.loads(text)
-    except (ValueError, RecursionError):
-        return None
-    return value if isinstance(value, list) and _plain_dims(value, 1) else None
-
-
-def _plain_dims(value: list, depth: int) -> bool:
-    """Lists of integer dimensions (or nested lists of them), no deeper than the limit."""
-    if depth > MAX_DIMS_DEPTH:
-        return False
-    for x in value:
-        if isinstance(x, list):
-            if not _plain_dims(x, depth + 1):
-                return False
-        elif type(x) is not int or not -MAX_DIM <= x <= MAX_DIM:
-            return False
-    return True
-
-
 def op_input_dims(graph: Graph, node: int) -> list | None:
     """The parsed "Input Dims" of the op a node is attributed to (do not modify), or None."""
     table = graph.table
     op = int(graph.cols["op"][node])
     if table is None or op < 0 or op >= len(table):
         return None
-    idx = int(table.shapes[op])
-    return parse_input_dims(table.names[idx]) if idx >= 0 else None
+    return row_input_dims(table, op)

@@ -62,8 +62,8 @@ from perfcast.hardware.collectives import allreduce_time_us, collective_from_ker
 from perfcast.hardware.interconnects import (
     LinkSpec,
 )
+from perfcast.ingest.input_dims import is_shape, parse_input_dims
 from perfcast.whatif import primitives as P
-from perfcast.whatif.kernels import parse_input_dims
 from perfcast.whatif.models._parallel_common import link_for
 
 SUMMARY = (
@@ -388,7 +388,7 @@ def _first_numel(text: str) -> int | None:
     first = dims[0]
     if not first:
         return -1
-    if not all(isinstance(d, int) and d >= 0 for d in first):
+    if not is_shape(first):
         return None
     return math.prod(first)
 
