@@ -24,14 +24,13 @@ import argparse
 import json
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import textwrap
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_ingest import DEFAULT_TRACE, HTA_VENV, build_hta_venv, measure
+from bench_ingest import DEFAULT_TRACE, hta_rank_dir, measure
 
 HTA_BATTERY = textwrap.dedent(
     """
@@ -105,22 +104,11 @@ def main(argv: list[str] | None = None) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="bench_analyze_"))
     try:
         if not args.no_hta:
-            HTA_VENV.parent.mkdir(parents=True, exist_ok=True)
-            hta_py, why = build_hta_venv(HTA_VENV.parent / "hta-venv-build.log")
+            hta_py, rank_dir = hta_rank_dir(workdir, trace)
             if hta_py is None:
-                print(f"hta: skipped: {why}")
+                print(f"hta: {rank_dir}")
             else:
-                ver = subprocess.run(
-                    [str(hta_py), "-m", "pip", "show", "HolisticTraceAnalysis"],
-                    capture_output=True,
-                    text=True,
-                ).stdout
-                ver = next((ln for ln in ver.splitlines() if ln.startswith("Version")), "")
-                print(f"hta: {hta_py} {ver}")
-                rank_dir = workdir / "hta_trace_dir"
-                rank_dir.mkdir()
-                shutil.copy(trace, rank_dir / trace.name)
-                contenders["hta"] = [str(hta_py), "-c", HTA_BATTERY, str(rank_dir)] + (
+                contenders["hta"] = [str(hta_py), "-c", HTA_BATTERY, rank_dir] + (
                     ["aten"] if args.hta_aten else []
                 )
         names = list(contenders)

@@ -131,6 +131,23 @@ def build_hta_venv(log: Path) -> tuple[Path | None, str]:
     return None, "; ".join(tried) + f" (see {log})"
 
 
+def hta_rank_dir(workdir: Path, trace: Path) -> tuple[Path | None, str]:
+    """(HTA's Python, its trace folder holding a copy of `trace`), building HTA's venv on first
+    use; (None, why) when HTA cannot be had. HTA reads a folder of rank files."""
+    HTA_VENV.parent.mkdir(parents=True, exist_ok=True)
+    python, why = build_hta_venv(HTA_VENV.parent / "hta-venv-build.log")
+    if python is None:
+        return None, f"skipped: {why}"
+    show = [str(python), "-m", "pip", "show", "HolisticTraceAnalysis"]
+    version = subprocess.run(show, capture_output=True, text=True).stdout
+    ver = next((ln for ln in version.splitlines() if ln.startswith("Version")), "")
+    rank_dir = workdir / "hta_trace_dir"
+    rank_dir.mkdir()
+    shutil.copy(trace, rank_dir / trace.name)
+    print(f"hta: {why} ({python}) {ver}")
+    return python, str(rank_dir)
+
+
 def cli_available() -> bool:
     spec = importlib.util.find_spec("perfcast.cli.main")
     if spec is None or spec.origin is None:
@@ -191,22 +208,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.no_hta:
             print("hta: skipped (--no-hta)")
         else:
-            HTA_VENV.parent.mkdir(parents=True, exist_ok=True)
-            hta_python, why = build_hta_venv(HTA_VENV.parent / "hta-venv-build.log")
+            hta_python, rank_dir = hta_rank_dir(workdir, trace)
             if hta_python is None:
-                print(f"hta: skipped: {why}")
+                print(f"hta: {rank_dir}")
             else:
-                version = subprocess.run(
-                    [str(hta_python), "-m", "pip", "show", "HolisticTraceAnalysis"],
-                    capture_output=True,
-                    text=True,
-                ).stdout
-                ver = next((ln for ln in version.splitlines() if ln.startswith("Version")), "")
-                print(f"hta: {why} ({hta_python}) {ver}")
-                rank_dir = workdir / "hta_trace_dir"  # HTA reads a folder of rank files
-                rank_dir.mkdir()
-                shutil.copy(trace, rank_dir / trace.name)
-                contenders["hta"] = [str(hta_python), "-c", HTA, str(rank_dir)]
+                contenders["hta"] = [str(hta_python), "-c", HTA, rank_dir]
 
         results: dict[str, list[dict]] = {name: [] for name in contenders}
         names = list(contenders)

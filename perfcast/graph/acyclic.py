@@ -225,13 +225,7 @@ def break_cycles(graph: Graph) -> int:
             drop_e, drop_l, drop_s = in_cycle, gpu[:0], s_nodes
         else:
             break
-        if drop_e.any():
-            keep = ~drop_e
-            graph.edge_src = graph.edge_src[keep]
-            graph.edge_dst = graph.edge_dst[keep]
-            graph.edge_w = graph.edge_w[keep]
-            graph.edge_type = graph.edge_type[keep]
-            graph.edge_at_end = graph.edge_at_end[keep]
+        graph.drop_edges(drop_e)
         c["launch"][drop_l] = NONE
         c["sync_kind"][drop_s] = SyncKind.NONE
         removed += int(drop_e.sum()) + int(drop_l.size) + int(drop_s.size)

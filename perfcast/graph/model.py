@@ -250,6 +250,16 @@ class Graph:
             [self.edge_at_end, np.full(src.shape, at_end, dtype=bool)]
         )
 
+    def drop_edges(self, drop: np.ndarray) -> None:
+        """Delete the edges where the boolean mask `drop` is set."""
+        if drop.any():
+            keep = ~drop
+            self.edge_src = self.edge_src[keep]
+            self.edge_dst = self.edge_dst[keep]
+            self.edge_w = self.edge_w[keep]
+            self.edge_type = self.edge_type[keep]
+            self.edge_at_end = self.edge_at_end[keep]
+
     def check_invariants(self) -> list[str]:
         problems = []
         n = len(self)

@@ -293,14 +293,7 @@ def drop_measured_allreduces(graph: Graph) -> float:
     ms = float(c["dur"][drop].sum()) / 1e6
     P.remove(graph, drop)
     # Their cross-stream waits go with them: the modelled all-reduces bring their own.
-    touch = np.isin(graph.edge_src, drop) | np.isin(graph.edge_dst, drop)
-    if touch.any():
-        keep = ~touch
-        graph.edge_src = graph.edge_src[keep]
-        graph.edge_dst = graph.edge_dst[keep]
-        graph.edge_w = graph.edge_w[keep]
-        graph.edge_type = graph.edge_type[keep]
-        graph.edge_at_end = graph.edge_at_end[keep]
+    graph.drop_edges(np.isin(graph.edge_src, drop) | np.isin(graph.edge_dst, drop))
     return ms
 
 
