@@ -20,7 +20,7 @@ try:  # numba is optional: callers fall back to plain Python without it.
 
     HAVE_NUMBA = True
 except ImportError:  # pragma: no cover - depends on the environment
-    numba = None
+    numba = None  # type: ignore[assignment]
     HAVE_NUMBA = False
 
 
@@ -39,5 +39,5 @@ def compile_loop(fn: Callable[..., Any]) -> Callable[..., Any]:
         return fn
     cache = _cache_dir()
     if cache is not None and not os.environ.get("NUMBA_CACHE_DIR"):
-        numba.config.CACHE_DIR = str(cache)
+        numba.config.CACHE_DIR = str(cache)  # type: ignore[attr-defined]
     return numba.njit(cache=cache is not None, nogil=True)(fn)

@@ -209,14 +209,14 @@ def collectives(table: EventTable, link: str | None = None) -> Collectives:
     # Per (rank, op): bytes-weighted bus bandwidth over the calls of known size.
     agg: dict[tuple[int, str], list[float]] = {}
     for row in out.by_op:
-        a = agg.setdefault((row.rank, row.op), [0, 0.0, 0.0, 0.0, 0.0])
-        a[0] += row.count
-        a[1] += row.total_ms
+        acc = agg.setdefault((row.rank, row.op), [0, 0.0, 0.0, 0.0, 0.0])
+        acc[0] += row.count
+        acc[1] += row.total_ms
         if row.size_bytes and row.busbw_gbs is not None:
             f = _factor(row.op, row.group_size) or 0.0
-            a[2] += row.size_bytes * row.count
-            a[3] += row.total_ms
-            a[4] += row.size_bytes * row.count * f
+            acc[2] += row.size_bytes * row.count
+            acc[3] += row.total_ms
+            acc[4] += row.size_bytes * row.count * f
     for (rank, op), (cnt, tot, nbytes, timed_ms, fbytes) in sorted(agg.items()):
         out.summary.append(
             CollectiveSummary(

@@ -209,8 +209,8 @@ def memory(table: EventTable) -> Memory:
         on_rank = table.rank == rank
         origin = int(table.ts[on_rank].min()) if on_rank.any() else 0
         sel = table.rank[mem_all] == rank if mem_all.size else np.zeros(0, bool)
-        if sel.any():
-            _rank_memory(table, out, rank, origin, mem_all[sel], phases, encl[sel])  # type: ignore[index]
+        if sel.any() and phases is not None and encl is not None:
+            _rank_memory(table, out, rank, origin, mem_all[sel], phases, encl[sel])
         _copies(table, out, rank, origin)
     if not mem_all.size:
         out.notes.append("no [memory] events: record with profile_memory=True for a timeline")

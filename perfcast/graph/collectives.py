@@ -83,8 +83,9 @@ def add_collective_waits(graph: Graph) -> int:
     # Every participant gets an arrival node (a zero-length copy of it, just before it on its
     # stream), all appended at once: one append per node would copy every column each time.
     parts = np.array([x for m in matches.values() for x in m.values()], dtype=np.int64)
-    copied = ("lane", "launch_order", "op", "op_name", "scope", "phase", "iteration", "name")
-    copied += ("gpu_kind", "klass", "launch", "launch_w", "stream_w", "release", "rank")
+    copied: tuple[str, ...] = ("lane", "launch_order", "op", "op_name", "scope", "phase")
+    copied += ("iteration", "name", "gpu_kind", "klass", "launch", "launch_w", "stream_w")
+    copied += ("release", "rank")
     arrivals = graph.append(
         kind=int(NodeKind.GPU),
         order=c["order"][parts] - 0.5,

@@ -48,9 +48,10 @@ class NodeColumns:
     parts: dict[str, list[np.ndarray]]
     n: int = 0
 
-    def add(self, **cols: np.ndarray) -> np.ndarray:
+    def add(self, **cols: np.ndarray | int) -> np.ndarray:
         m = max(np.size(v) for v in cols.values())
         for key, dtype in NODE_COLUMNS.items():
+            arr: np.ndarray
             if key in cols:
                 arr = np.broadcast_to(np.asarray(cols[key], dtype=dtype), (m,))
             else:

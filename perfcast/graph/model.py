@@ -217,7 +217,7 @@ class Graph:
         start = len(self)
         for key, dtype in NODE_COLUMNS.items():
             v = values.get(key, column_default(key))
-            arr = np.broadcast_to(np.asarray(v, dtype=dtype), (m,))
+            arr: np.ndarray = np.broadcast_to(np.asarray(v, dtype=dtype), (m,))
             self.cols[key] = np.concatenate([self.cols[key], arr])
         if self.removed is not None:
             self.removed = np.concatenate([self.removed, np.zeros(m, dtype=bool)])

@@ -155,14 +155,14 @@ def cross_stream_edges(table: EventTable, graph: Graph, row_to_node: np.ndarray)
 
     def last_before(lane: int, t: float) -> int:
         nodes, keys = lane_nodes.get(lane, (None, None))
-        if nodes is None:
+        if nodes is None or keys is None:
             return NONE
         i = int(np.searchsorted(keys, t, side="right")) - 1
         return int(nodes[i]) if i >= 0 else NONE
 
     def first_after(lane: int, t: float) -> int:
         nodes, keys = lane_nodes.get(lane, (None, None))
-        if nodes is None:
+        if nodes is None or keys is None:
             return NONE
         i = int(np.searchsorted(keys, t, side="left"))
         return int(nodes[i]) if i < nodes.size else NONE
@@ -198,7 +198,7 @@ def cross_stream_edges(table: EventTable, graph: Graph, row_to_node: np.ndarray)
     names = graph.names
     cpu_lanes = [i for i, ln in enumerate(graph.lanes) if not ln.is_gpu]
     launches = np.flatnonzero(c["kind"] == NodeKind.LAUNCH)
-    first_gpu_of = {}
+    first_gpu_of: dict[int, int] = {}
     for g in gpu[c["launch"][gpu] >= 0].tolist():
         first_gpu_of.setdefault(int(c["launch"][g]), g)
     rt_like = np.flatnonzero((c["kind"] == NodeKind.RUNTIME) | (c["kind"] == NodeKind.LAUNCH))

@@ -72,4 +72,6 @@ def tensor_shapes(dims: list | None) -> list[list[int]]:
 
 def numel(shape: object) -> int:
     """Elements of a tensor shape; 0 for an empty, malformed or non-tensor entry."""
-    return math.prod(shape) if is_shape(shape) and shape else 0  # type: ignore[arg-type]
+    if not isinstance(shape, list) or not shape or not is_shape(shape):
+        return 0
+    return math.prod(shape)

@@ -74,7 +74,7 @@ def timeline_events(
     start = (tl.start / 1000.0).tolist()  # µs, as Python floats for the encoder
     end = (tl.end / 1000.0).tolist()
     for node in drawn.tolist():
-        ln = int(c["lane"][node])
+        lane = int(c["lane"][node])
         nm_idx = int(c["name"][node])
         name = names[nm_idx] if nm_idx >= 0 else "cpu"
         k = NodeKind(int(kind[node]))
@@ -83,8 +83,8 @@ def timeline_events(
                 "ph": "X",
                 "cat": k.name.lower(),
                 "name": name,
-                "pid": pid_of[g.lanes[ln].rank],
-                "tid": ln,
+                "pid": pid_of[g.lanes[lane].rank],
+                "tid": lane,
                 "ts": start[node],
                 "dur": end[node] - start[node],
                 "args": {
@@ -125,12 +125,12 @@ def timeline_events(
                 }
             )
         # Stored dependencies: cross-stream waits, thread hand-offs, collectives.
-        for k, (src, dst, etype) in enumerate(
+        for e, (src, dst, etype) in enumerate(
             zip(g.edge_src.tolist(), g.edge_dst.tolist(), g.edge_type.tolist())
         ):
             if not (live[src] and live[dst]):
                 continue
-            fid = pid_base * 10_000_000 + 5_000_000 + k
+            fid = pid_base * 10_000_000 + 5_000_000 + e
             cat = _EDGE_LABEL.get(int(etype), "dependency")
             events.append(
                 {

@@ -86,7 +86,7 @@ def render_summary(summary: Summary, console: Console, top: int = 5) -> None:
             g = it.gpu
             c = it.cpu
             label = Text(it.name.replace("ProfilerStep", "step "))
-            row = [
+            row: list[str | Text] = [
                 label,
                 _ms(it.measured_ms),
                 _ms(g.compute_ms) if g else "-",
@@ -156,7 +156,7 @@ def render_replay(result: ReplayResult, console: Console) -> None:
     for rr in result.ranks:
         for it in rr.iterations:
             style = "red" if abs(it.error_pct) > 1.0 else None
-            row = [
+            row: list[str | Text] = [
                 str(rr.rank),
                 Text(it.name),
                 _ms(it.measured_ms),

@@ -368,15 +368,13 @@ def _grad_scaler(graph: Graph, fixed: int) -> str:
         # On the stream, right after the work enqueued before these launches.
         on_lane = np.flatnonzero((c["lane"] == lane_gpu) & graph.alive)
         before = on_lane[c["launch_order"][on_lane] < c["order"][launches[0]]]
-        place = (
-            {"after": int(before[np.argmax(c["order"][before])])}
-            if before.size
-            else {"before": int(on_lane[np.argmin(c["order"][on_lane])])}
-        )
+        after_node = int(before[np.argmax(c["order"][before])]) if before.size else None
+        first_node = None if before.size else int(on_lane[np.argmin(c["order"][on_lane])])
         kernels = P.insert(
             graph,
             lane=lane_gpu,
-            **place,
+            after=after_node,
+            before=first_node,
             dur=np.array([fixed + one_pass, fixed]),
             kind=NodeKind.GPU,
             name="GradScaler unscale / update_scale (modelled)",
