@@ -234,7 +234,6 @@ def test_regression_corpus(path: Path, tmp_path: Path):
 
 # Inputs that still end in an internal error, and the what-if that makes it (README).
 KNOWN = {
-    "ddp_gradient_kernel_without_launch.json": "ddp:gpus=4",
     "fuse_elementwise_sync_target_moves.json": "fuse-elementwise",
 }
 
