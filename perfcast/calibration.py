@@ -20,7 +20,6 @@ in the prediction's assumptions. Run it on the machine that trains.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -34,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from perfcast.errors import PerfcastError
+from perfcast.machine import machine_id
 from perfcast.paths import user_cache_dir
 
 ENV = "PERFCAST_CALIBRATION"
@@ -450,11 +450,6 @@ def measure_profiler(quick: bool = False) -> ProfilerCosts:
 # below ("perfcast_machine"), torch's tensorboard_trace_handler puts the host in the file
 # name (perfcast.ingest.loader reads all three into RankInfo.machine). Where none is there,
 # the check cannot be made, and the prediction's assumptions say so.
-
-
-def machine_id(hostname: str) -> str:
-    """A short, stable id of a host: compares machines without writing their names."""
-    return hashlib.sha256(hostname.encode("utf-8", "replace")).hexdigest()[:12]
 
 
 def machine_identity() -> dict[str, Any]:

@@ -547,3 +547,12 @@ def test_real_single_gpu_training_trace(shared_traces: Path) -> None:
         assert math.isfinite(result.speedup) and result.speedup > 0
     # Recomputing the forward cannot make the step faster.
     assert result.speedup < 1
+
+
+@pytest.mark.slow
+def test_real_ddp_on_a_trace_with_kernels_without_launch_links(shared_traces: Path) -> None:
+    # 2021 format: many kernels keep no launch link, so their launch order is their own start;
+    # ddp made the first "after backward" kernel one that ran before a gradient: a cycle.
+    table = perfcast.load(shared_traces / "resnet50_v100_nw4_2021.json.gz")
+    result, _, _ = run_whatif(table, [parse_spec("ddp:gpus=4")])
+    assert math.isfinite(result.speedup) and 0.9 < result.speedup <= 1.0

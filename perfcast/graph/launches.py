@@ -198,10 +198,16 @@ def _infer_cross_stream(
         order = on_rank[np.argsort(end[on_rank], kind="stable")]
         ends = end[order]
         lanes = c["lane"][order]
+        # Index just before each run of same-lane tasks: skips the task's own stream in one
+        # step (walking back one by one is quadratic on a long single stream).
+        run_start = np.zeros(order.size, dtype=np.int64)
+        change = np.flatnonzero(lanes[1:] != lanes[:-1]) + 1
+        run_start[change] = change
+        before_run = np.maximum.accumulate(run_start) - 1
         for node in g[late & (c["rank"][g] == rank)].tolist():
             i = int(np.searchsorted(ends, start[node], side="right")) - 1
-            while i >= 0 and lanes[i] == c["lane"][node]:
-                i -= 1
+            if i >= 0 and lanes[i] == c["lane"][node]:
+                i = int(before_run[i])
             if i >= 0 and start[node] - ends[i] <= UNEXPLAINED_TOL_NS:
                 cross[node] = int(order[i])
                 unresolved["cross_stream_inferred"] = unresolved.get("cross_stream_inferred", 0) + 1

@@ -16,6 +16,7 @@ from perfcast.events import NONE, EventTable, Iteration, Kind, RankInfo
 from perfcast.ingest import reader
 from perfcast.ingest.normalize import Interner, RankColumns, extract_rank, printable
 from perfcast.ingest.schema import NON_LAUNCHING_CALLS
+from perfcast.machine import machine_id
 from perfcast.parallel import map_ordered, worker_count
 
 _RANK_IN_NAME = re.compile(r"(?:rank|worker|node|gpu|proc)[-_.]?(\d+)", re.IGNORECASE)
@@ -143,8 +144,6 @@ _HANDLER_NAME = re.compile(r"(.+)_\d+\.\d{10,}\.pt\.trace\.json(?:\.gz)?")
 
 def _machine_of(raw: Any, path: str) -> dict[str, object] | None:
     """What the trace says about its machine, most specific first; None if nothing."""
-    from perfcast.calibration import machine_id
-
     own = raw.perfcast_machine
     if isinstance(own, dict) and isinstance(own.get("host_id"), str):
         keep = ("host_id", "cpu_model", "cores", "torch")

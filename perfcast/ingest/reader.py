@@ -747,6 +747,7 @@ class TraceReader:
         the events of each decoded run (a run comes from one decoder: one kind of struct).
         """
         out: list[EventList] = []
+        end = self._fix_utf8_stretch(end)  # at once: damage often comes with bad UTF-8
         pos = 0  # start of the next piece
         repairs = 0
         while pos < end:
@@ -765,10 +766,12 @@ class TraceReader:
             try:
                 step = self._recover_step(pos, end, final, closing)
             except _Repaired as r:
+                # A value nested too deeply, flattened where the step looked: each repair
+                # removes what it found, so there are at most as many as such values.
                 repairs += 1
                 end += r.end - r.old_end
-                if repairs > 8:
-                    raise  # cannot happen: each repair removes what caused it
+                if repairs > end:
+                    raise  # cannot happen
                 continue
             if step is None:  # wait for more data
                 break
@@ -783,6 +786,18 @@ class TraceReader:
             pos = new_pos
         self._consume(min(pos, end))
         return out
+
+    def _fix_utf8_stretch(self, end: int) -> int:
+        """Replace invalid UTF-8 in _buf[:end] with U+FFFD; returns the stretch's new end."""
+        try:
+            with memoryview(self._buf) as view:
+                str(view[:end], "utf-8")
+        except UnicodeDecodeError:
+            fixed = _fix_utf8(self._buf[:end])
+            self._buf[:end] = fixed
+            self._utf8_fixed = True
+            return len(fixed)
+        return end
 
     def _recover_step(
         self, pos: int, end: int, final: bool, closing: bool

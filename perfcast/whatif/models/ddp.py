@@ -480,9 +480,19 @@ def _wait_after_backward(
     t_gpu = max(t_end, ready)
     bwd_gpu = P.select(graph, kind="gpu", phase="backward", rank=rank, iteration=it)
     lanes = set(c["lane"][bwd_gpu].tolist()) & set(launched) or set(launched)
+    # Never a task the all-reduces wait for (launched up to the last bucket's gradient), nor
+    # one that runs before such a task on the stream: either closes a cycle. The launch and
+    # stream orders agree in a consistent trace; a task without a launch link keeps its own
+    # GPU start as launch order, and they do not (r50_fused, the 2021 ResNet-50 traces).
+    waited = float(c["launch_order"][last_ar])
     for lane in sorted(lanes):
         nodes, keys = launched[lane]
         j = int(np.searchsorted(keys, t_gpu, side="right"))
+        k = int(np.searchsorted(keys, waited, side="right"))
+        j = max(j, k)
+        if k > 0 and j < nodes.size:
+            later = np.flatnonzero(c["order"][nodes[j:]] > c["order"][nodes[:k]].max())
+            j = j + int(later[0]) if later.size else nodes.size
         if j < nodes.size:
             graph.add_edges(np.array([last_ar]), np.array([int(nodes[j])]), gap, EdgeType.DATA)
     if blocking_wait:
