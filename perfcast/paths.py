@@ -1,8 +1,12 @@
-"""Where perfcast keeps files of its own (never next to the user's traces)."""
+"""Where perfcast keeps files of its own (never next to the user's traces), and where the
+profiler's own messages go."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 
@@ -11,3 +15,28 @@ def user_cache_dir() -> Path:
     Not created here."""
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "perfcast"
+
+
+@contextlib.contextmanager
+def native_stderr_to(path: str | os.PathLike[str]) -> Iterator[None]:
+    """Send what native code writes to stderr (fd 2) to `path` (appended) for the duration.
+
+    Kineto prints lines of its own ("USDT: ... profiler_start") on fd 2 each time a profiler
+    starts or stops; Python's sys.stderr is flushed before and after so no message of ours
+    is lost or misplaced. If `path` cannot be opened nothing is redirected.
+    """
+    try:
+        target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    except OSError:
+        yield
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    os.dup2(target, 2)
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(target)

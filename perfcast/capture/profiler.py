@@ -24,6 +24,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from perfcast.paths import native_stderr_to
+
 __all__ = ["Capture", "MaxStepsReached", "active_capture", "capture", "run_profile", "step"]
 
 # The capture currently inside its ``with`` block; torch cannot nest profilers, so one suffices.
@@ -81,20 +83,11 @@ def _profiler_output(cap: Capture) -> Iterator[None]:
         return
     try:
         cap.out_dir.mkdir(parents=True, exist_ok=True)
-        log = os.open(cap.out_dir / PROFILER_LOG, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     except OSError:  # an unwritable folder fails later, with its own message
         yield
         return
-    sys.stderr.flush()
-    saved = os.dup(2)
-    os.dup2(log, 2)
-    try:
+    with native_stderr_to(cap.out_dir / PROFILER_LOG):
         yield
-    finally:
-        sys.stderr.flush()
-        os.dup2(saved, 2)
-        os.close(saved)
-        os.close(log)
 
 
 def _synchronize() -> None:

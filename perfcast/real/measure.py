@@ -14,9 +14,12 @@ costs the CPU around it (caches), which is what the correction must take out.
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from typing import Any
+
+from perfcast.paths import native_stderr_to
 
 ROUNDS = {True: 5, False: 9}  # quick or not
 LOOP = {True: 400, False: 1500}
@@ -30,7 +33,11 @@ def _timed(fn: Any, n: int, profiler_kwargs: dict[str, Any] | None) -> float:
         return time.perf_counter() - t
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU], **profiler_kwargs):
+    # Kineto's own start/stop lines would land between calibrate's progress messages.
+    with (
+        native_stderr_to(os.devnull),
+        profile(activities=[ProfilerActivity.CPU], **profiler_kwargs),
+    ):
         t = time.perf_counter()
         fn(n)
         dt = time.perf_counter() - t
@@ -128,7 +135,8 @@ def _runtime_cost(n: int, rounds: int) -> dict[str, Any]:
             t = time.perf_counter()
             launches(k)
             return time.perf_counter() - t
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True):
+        activities = [ProfilerActivity.CPU, ProfilerActivity.CUDA]
+        with native_stderr_to(os.devnull), profile(activities=activities, record_shapes=True):
             t = time.perf_counter()
             launches(k)
             dt = time.perf_counter() - t
