@@ -141,13 +141,15 @@ def advisor_rankings(rows: Sequence[RecordedRow]) -> list[dict[str, Any]]:
         floor = min(score.values(), default=1.0)
         advised = [score.get(r.spec or "", floor - 1.0) for r in group]  # unranked: tied last
         measured = [r.speedup for r in group]
+        rho = spearman(advised, measured)
         out.append(
             {
                 "baseline": trace,
                 "changes": [r.spec for r in group],
                 "measured": [round(m, 3) for m in measured],
                 "advisor_ranked": [s.name for s in advice.suggestions],
-                "spearman": round(spearman(advised, measured), 3),
+                # undefined when either side is all ties (the advisor ranks nothing)
+                "spearman": None if rho != rho else round(rho, 3),
             }
         )
     return out
@@ -266,7 +268,7 @@ def ranking_markdown(rankings: Sequence[dict[str, Any]]) -> str:
         ranked = " > ".join(g["advisor_ranked"]) or "(nothing ranked)"
         lines.append(
             f"| {Path(g['baseline']).name.split('.')[0]} | {changes} | {ranked} "
-            f"| {g['spearman']:.2f} |"
+            f"| {'n/a (all tied)' if g['spearman'] is None else format(g['spearman'], '.2f')} |"
         )
     return "\n".join(lines)
 
