@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from perfcast.analysis.catalog import TITLES
 from perfcast.analysis.comms import Collectives, collectives
 from perfcast.analysis.idle import IdleTime, idle_time
 from perfcast.analysis.kernels import KernelBreakdown, kernel_breakdown
@@ -26,17 +27,20 @@ from perfcast.events import EventTable
 from perfcast.frames import result_tables
 
 # name -> (function(table, top) -> result, one-line title). Order is the report's order.
+_RUN: dict[str, Callable[[EventTable, int], Any]] = {
+    "kernels": lambda t, top: kernel_breakdown(t, top=top),
+    "idle": lambda t, top: idle_time(t),
+    "launches": lambda t, top: launch_stats(t, top=top),
+    "queue": lambda t, top: launch_queue(t),
+    "memory": lambda t, top: memory(t),
+    "stragglers": lambda t, top: stragglers(t, top=top),
+    "collectives": lambda t, top: collectives(t),
+    "roofline": lambda t, top: roofline(t, top=top),
+    "scopes": lambda t, top: scopes(t, top=top),
+    "ops": lambda t, top: op_kernels(t, top=top),
+}
 ANALYSES: dict[str, tuple[Callable[[EventTable, int], Any], str]] = {
-    "kernels": (lambda t, top: kernel_breakdown(t, top=top), "GPU kernels by kind, top kernels"),
-    "idle": (lambda t, top: idle_time(t), "GPU idle time per stream, by cause"),
-    "launches": (lambda t, top: launch_stats(t, top=top), "kernel launch statistics"),
-    "queue": (lambda t, top: launch_queue(t), "launch-queue length and blocked launches"),
-    "memory": (lambda t, top: memory(t), "memory timeline and copy bandwidth"),
-    "stragglers": (lambda t, top: stragglers(t, top=top), "stragglers across ranks"),
-    "collectives": (lambda t, top: collectives(t), "collectives: size, algorithm, bus bandwidth"),
-    "roofline": (lambda t, top: roofline(t, top=top), "per-op roofline from shapes"),
-    "scopes": (lambda t, top: scopes(t, top=top), "record_function and module scopes"),
-    "ops": (lambda t, top: op_kernels(t, top=top), "kernels by launching ATen op"),
+    name: (_RUN[name], title) for name, title in TITLES.items()
 }
 
 

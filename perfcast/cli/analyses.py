@@ -11,17 +11,17 @@ from perfcast.errors import PerfcastError
 
 def register(sub: Any, add_common: Callable[[Any], None], table: dict[str, Any]) -> None:
     """Add `analyze` and `diff` to the parser and the dispatch table."""
-    from perfcast.analysis.battery import ANALYSES
+    from perfcast.analysis.catalog import TITLES
 
     p = sub.add_parser(
         "analyze",
         help="kernel breakdown, idle time, launches, launch queue, memory, stragglers, "
         "collectives, roofline, scopes, kernels by op",
         description="Every trace analysis HTA and TraceLens offer, on every rank. Analyses: "
-        + "; ".join(f"{k} ({v[1]})" for k, v in ANALYSES.items()),
+        + "; ".join(f"{k} ({title})" for k, title in TITLES.items()),
     )
     p.add_argument("path", help="trace file (.json/.json.gz) or folder of rank files")
-    p.add_argument("--only", metavar="NAME,...", help=f"run only these ({', '.join(ANALYSES)})")
+    p.add_argument("--only", metavar="NAME,...", help=f"run only these ({', '.join(TITLES)})")
     p.add_argument("--top", type=int, default=10, help="rows per ranked table (default 10)")
     p.add_argument("--rows", type=int, default=12, help="rows shown per table in the terminal")
     _add_exports(p)
