@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import statistics
 from pathlib import Path
 
 import pytest
@@ -25,8 +26,18 @@ def rows() -> list[RecordedRow]:
 
 
 @pytest.fixture(scope="module")
-def scored(rows: list[RecordedRow]) -> list[dict]:
-    return recorded.score(rows)
+def tables() -> dict:
+    return recorded._Tables()
+
+
+@pytest.fixture(scope="module")
+def scored(rows: list[RecordedRow], tables: dict) -> list[dict]:
+    return recorded.score(rows, tables)
+
+
+@pytest.fixture(scope="module")
+def host_stated(rows: list[RecordedRow], scored: list[dict], tables: dict) -> dict | None:
+    return recorded.host_stated_device(rows, scored, tables)
 
 
 def test_rows_cover_the_measured_sets(rows: list[RecordedRow]) -> None:
@@ -67,10 +78,13 @@ def test_every_row_is_predicted_and_scored(rows: list[RecordedRow], scored: list
 
 
 def test_readme_table_is_generated_from_the_rows(
-    rows: list[RecordedRow], scored: list[dict], pytestconfig: pytest.Config
+    rows: list[RecordedRow],
+    scored: list[dict],
+    host_stated: dict | None,
+    pytestconfig: pytest.Config,
 ) -> None:
     table = (
-        recorded.markdown(rows, scored)
+        recorded.markdown(rows, scored, host_stated)
         + "\n\n"
         + recorded.ranking_markdown(recorded.advisor_rankings(rows))
     )
@@ -79,6 +93,31 @@ def test_readme_table_is_generated_from_the_rows(
         "README's recorded-accuracy table is out of date: "
         "run `python -m benchmarks.accuracy --update-readme`"
     )
+
+
+def test_device_rows_with_the_host_stated_are_left_out_one_at_a_time(
+    rows: list[RecordedRow], scored: list[dict], host_stated: dict | None
+) -> None:
+    assert host_stated is not None
+    by_id = {r.id: (r, p) for r, p in zip(rows, scored)}
+    device_rows = [i for i, (r, _) in by_id.items() if (r.spec or "").startswith("device:")]
+    assert [x["id"] for x in host_stated["rows_detail"]] == device_rows
+    for x in host_stated["rows_detail"]:
+        r, same_host = by_id[x["id"]]
+        # Each row's host speed comes from the other host-only rows, never its own result.
+        others = [
+            o.speedup
+            for o, q in by_id.values()
+            if o.id != r.id
+            and (o.spec or "").startswith("device:")
+            and q["predicted_speedup"] <= 1.01
+        ]
+        assert x["host"] == round(statistics.median(others), 2)
+        # A faster host never makes the predicted step slower.
+        assert x["predicted_speedup"] >= round(same_host["predicted_speedup"], 4) - 1e-9
+    # What the recorded H200 pairs show: stating the host closes most of the device gap.
+    same = [by_id[x["id"]][1]["speedup_error"] for x in host_stated["rows_detail"]]
+    assert host_stated["median"] < statistics.median(same)
 
 
 def test_advisor_error_bands_come_from_the_rows(
