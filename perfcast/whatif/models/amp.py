@@ -75,7 +75,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from perfcast.errors import NotApplicableError
-from perfcast.events import Kind
+from perfcast.events import EventTable, Kind
 from perfcast.graph.model import GpuKind, Graph, NodeKind, Source, SyncKind
 from perfcast.graph.phases import Phase
 from perfcast.hardware import (
@@ -209,31 +209,86 @@ def _keeps_fp32(op_name: str, phase: int) -> bool:
     return bool(_FP32_FWD.match(op_name))
 
 
-def _cast_op_cpu_ns(graph: Graph) -> int:
-    """Median inclusive CPU time of this trace's `aten::_to_copy` ops that launched a kernel."""
+_HOST_KINDS = (NodeKind.CPU, NodeKind.LAUNCH, NodeKind.RUNTIME)
+_AUTOGRAD_NODE = "autograd::engine::evaluate_function: "
+
+
+@dataclass
+class _HostCosts:
+    """What a cast costs the host, from this graph's own host work (so when the profiler's
+    cost has been taken out of the graph, it is out of these figures too)."""
+
+    cast_ns: int  # one cast op's CPU time, its launch call excluded
+    cast_from: str  # which ops of the trace it was read from
+    node_ns: int  # an autograd node's own CPU time (evaluate_function outside its ops)
+
+
+def _outermost_aten(table: EventTable, rows: np.ndarray) -> np.ndarray:
+    """Each row's outermost ancestor that is still an ATen op (itself when its parent is not)."""
+    parent = table.parent
+    is_aten = np.fromiter((n.startswith("aten::") for n in table.names), dtype=np.bool_)
+    name = table.name
+    top = rows.copy()
+    for _ in range(16):
+        p = parent[top]
+        up = (p >= 0) & is_aten[name[np.maximum(p, 0)]] & is_aten[name[top]]
+        if not up.any():
+            break
+        top[up] = p[up]
+    return top
+
+
+def _host_costs(graph: Graph) -> _HostCosts:
+    """The CPU cost of one autocast cast and of one autograd node, read from the trace.
+
+    A cast (`aten::to` -> `_to_copy` -> `empty_strided` + `copy_`) is an out-of-place
+    elementwise op with one kernel. Where the trace has casts that launched a kernel, their
+    median inclusive host time is used; otherwise that of its out-of-place elementwise ops
+    with one kernel (div, sqrt, add, ...), which lack the cast's two thin dispatch layers
+    (an underestimate, stated). An autograd node's own time is the median of what
+    `evaluate_function` ranges spend outside their ops.
+    """
     table = graph.table
     if table is None:
-        return 0
+        return _HostCosts(0, "no trace table: cast CPU not counted", 0)
     c = graph.cols
-    try:
-        to_copy = table.names.index("aten::_to_copy")
-    except ValueError:
-        return 0
+    alive = graph.alive
+    host = np.flatnonzero(np.isin(c["kind"], _HOST_KINDS) & alive & (c["op"] >= 0))
     kernels = np.flatnonzero(
-        (c["kind"] == NodeKind.GPU) & (c["gpu_kind"] == GpuKind.KERNEL) & (c["op"] >= 0)
+        (c["kind"] == NodeKind.GPU) & (c["gpu_kind"] == GpuKind.KERNEL) & alive & (c["op"] >= 0)
     )
-    rows: set[int] = set()
-    for r in np.unique(c["op"][kernels]).tolist():
-        for _ in range(4):
-            if r < 0:
-                break
-            if int(table.name[r]) == to_copy and int(table.kind[r]) == Kind.CPU_OP:
-                rows.add(r)
-                break
-            r = int(table.parent[r])
-    if not rows:
-        return 0
-    return int(np.median(table.dur[np.array(sorted(rows))]))
+    n_rows = len(table.dur)
+    node_ns = 0
+    node_names = [i for i, n in enumerate(table.names) if n.startswith(_AUTOGRAD_NODE)]
+    if node_names:
+        own = np.bincount(c["op"][host], weights=c["dur"][host], minlength=n_rows)
+        is_node = np.isin(table.name, node_names) & (table.kind == Kind.CPU_OP)
+        if is_node.any():
+            node_ns = int(np.median(own[is_node]))
+    top_host = _outermost_aten(table, c["op"][host].astype(np.int64))
+    top_kernel = _outermost_aten(table, c["op"][kernels].astype(np.int64))
+    inclusive = np.bincount(top_host, weights=c["dur"][host], minlength=n_rows)
+    n_kernels = np.bincount(top_kernel, minlength=n_rows)
+    elementwise = np.zeros(n_rows, dtype=bool)
+    elementwise[top_kernel[c["klass"][kernels] == KernelClass.ELEMENTWISE]] = True
+    single = np.flatnonzero((n_kernels == 1) & elementwise & (table.kind == Kind.CPU_OP))
+    names = [table.names[int(i)] for i in table.name[single]]
+    launch_ns = P.median_launch_ns(graph)
+    casts = single[[n == "aten::to" for n in names]]
+    if casts.size:
+        how = f"the trace's {casts.size:,} casts that launched a kernel"
+        picked = casts
+    else:
+        out_of_place = [not n.endswith("_") and n not in ("aten::copy_",) for n in names]
+        picked = single[out_of_place]
+        how = (
+            f"the trace's {picked.size:,} out-of-place elementwise ops with one kernel "
+            "(no casts in it; an underestimate)"
+        )
+    if picked.size == 0:
+        return _HostCosts(0, "no op in the trace to read a cast's CPU cost from", node_ns)
+    cast_ns = max(int(np.median(inclusive[picked])) - launch_ns, 0)
+    return _HostCosts(cast_ns, how, node_ns)
 
 
 def apply(graph: Graph, options: Options) -> Graph:
@@ -312,7 +367,10 @@ def apply(graph: Graph, options: Options) -> Graph:
     scale_variable(graph, mem, BYTES_16 / BYTES_FP32, fixed)
     mem_after = int(c["dur"][mem].sum())
 
-    n_casts, cast_ns = _insert_casts(graph, comp, dtype, devices, fixed)
+    costs = _host_costs(graph)
+    n_casts, cast_durs = _insert_casts(graph, comp, dtype, devices, fixed, costs)
+    n_grad, grad_durs = _insert_grad_casts(graph, comp, dtype, costs, cast_durs, fixed)
+    cast_ns = sum(cast_durs) + sum(grad_durs)
     scaler = _grad_scaler(graph, fixed) if dtype == "fp16" else ""
 
     graph.assumptions.append(
@@ -320,8 +378,11 @@ def apply(graph: Graph, options: Options) -> Graph:
         f"{comp_before / 1e6:.2f} -> {comp_after / 1e6:.2f} ms ({n_roofline:,} by roofline "
         f"from op shapes, the rest by peak ratio); {mem.size:,} memory-bound kernels move half "
         f"the bytes ({mem_before / 1e6:.2f} -> {mem_after / 1e6:.2f} ms); {n_casts:,} weight "
-        f"casts added ({cast_ns / 1e6:.2f} ms of GPU time); fixed {fixed / 1000:.1f} µs per "
-        "kernel kept; norms, softmax, losses, optimizer and all-reduce stay fp32" + scaler
+        f"casts in forward and {n_grad:,} gradient casts back to fp32 in backward added "
+        f"({cast_ns / 1e6:.2f} ms of GPU time; {costs.cast_ns / 1000:.1f} µs of CPU per cast "
+        f"besides its launch, from {costs.cast_from}; {costs.node_ns / 1000:.1f} µs per "
+        f"autograd node); fixed {fixed / 1000:.1f} µs per kernel kept; norms, softmax, "
+        "losses, optimizer and all-reduce stay fp32" + scaler
     )
     return graph
 
@@ -413,8 +474,8 @@ def _grad_scaler(graph: Graph, fixed: int) -> str:
 
 
 def _insert_casts(
-    graph: Graph, comp: np.ndarray, dtype: str, devices: dict, fixed: int
-) -> tuple[int, int]:
+    graph: Graph, comp: np.ndarray, dtype: str, devices: dict, fixed: int, costs: _HostCosts
+) -> tuple[int, list[int]]:
     """One weight cast before each forward op that launched a converted matmul/conv.
 
     Insertions are batched (one `Graph.append` per node kind) with positions chosen as
@@ -425,7 +486,7 @@ def _insert_casts(
     fwd = comp[c["phase"][comp] == Phase.FORWARD]
     fwd = fwd[np.argsort(c["order"][fwd], kind="stable")]
     if fwd.size == 0:
-        return 0, 0
+        return 0, []
     # The first GPU task of each op on each stream (a layout transform may precede the GEMM).
     alive_gpu = np.flatnonzero((c["kind"] == NodeKind.GPU) & graph.alive & (c["op"] >= 0))
     alive_gpu = alive_gpu[np.isin(c["op"][alive_gpu], c["op"][fwd])]
@@ -456,12 +517,12 @@ def _insert_casts(
         durs.append(fixed + round(moved / dev.mem_bw_gbs))
         nbytes.append(moved)
     if not firsts:
-        return 0, 0
+        return 0, []
     first = np.array(firsts, dtype=np.int64)
     launch = c["launch"][first].astype(np.int64)
     has_launch = launch >= 0
     launch_ns = P.median_launch_ns(graph)
-    cpu_ns = max(_cast_op_cpu_ns(graph) - launch_ns, 0)
+    cpu_ns = costs.cast_ns
     new_launch = np.full(first.size, -1, dtype=np.int64)
     if has_launch.any():
         anchors = launch[has_launch]
@@ -505,7 +566,125 @@ def _insert_casts(
         nbytes=np.array(nbytes, dtype=np.int64),
         **like,
     )
-    return first.size, int(sum(durs))
+    return first.size, durs
+
+
+def _insert_grad_casts(
+    graph: Graph,
+    comp: np.ndarray,
+    dtype: str,
+    costs: _HostCosts,
+    forward_durs: list[int],
+    fixed: int,
+) -> tuple[int, list[int]]:
+    """ToCopyBackward0: each weight cast of forward is undone in backward, where the 16-bit
+    weight gradient is cast back to fp32 by an autograd node of its own, right after the
+    node of the layer (ConvolutionBackward0, AddmmBackward0, ...) that produced it.
+
+    One node per autograd node that launched a converted matmul/convolution in backward
+    (attention and batched matmuls have no weight): its CPU (the node's own time plus a
+    cast), a launch, and a cast kernel after the layer's last kernel on that stream, as long
+    as the forward casts in reverse order (their weights, backward runs the layers in
+    reverse), else their median.
+    """
+    table = graph.table
+    c = graph.cols
+    bwd = comp[c["phase"][comp] == Phase.BACKWARD]
+    if table is None or bwd.size == 0 or not forward_durs:
+        return 0, []
+    node_names = {i for i, n in enumerate(table.names) if n.startswith(_AUTOGRAD_NODE)}
+    if not node_names:
+        return 0, []
+    is_node = np.zeros(len(table.names), dtype=bool)
+    is_node[list(node_names)] = True
+
+    def node_of(rows: np.ndarray) -> np.ndarray:
+        out = np.full(rows.size, -1, dtype=np.int64)
+        cur = rows.astype(np.int64).copy()
+        for _ in range(24):
+            live = (cur >= 0) & (out < 0)
+            if not live.any():
+                break
+            hit = live & is_node[table.name[np.maximum(cur, 0)]]
+            out[hit] = cur[hit]
+            cur = np.where(live & ~hit, table.parent[np.maximum(cur, 0)], -1)
+        return out
+
+    bwd = bwd[c["op"][bwd] >= 0]
+    nodes = node_of(c["op"][bwd])
+    keep = nodes >= 0
+    bwd, nodes = bwd[keep], nodes[keep]
+    weighted = [
+        not _NO_WEIGHT.search(table.names[int(table.name[r])].lower())
+        for r in np.unique(nodes).tolist()
+    ]
+    targets = np.unique(nodes)[np.array(weighted, dtype=bool)] if nodes.size else nodes
+    if targets.size == 0:
+        return 0, []
+    alive = graph.alive
+    host = np.flatnonzero(np.isin(c["kind"], _HOST_KINDS) & alive & (c["op"] >= 0))
+    host_node = node_of(c["op"][host])
+    host_anchor: list[int] = []
+    gpu_anchor: list[int] = []
+    for t in targets.tolist():
+        mine = host[host_node == t]
+        kern = bwd[nodes == t]
+        if mine.size == 0 or kern.size == 0:
+            continue
+        host_anchor.append(int(mine[np.argmax(c["order"][mine])]))
+        gpu_anchor.append(int(kern[np.argmax(c["order"][kern])]))
+    if not host_anchor:
+        return 0, []
+    h = np.array(host_anchor, dtype=np.int64)
+    g = np.array(gpu_anchor, dtype=np.int64)
+    # Backward meets the layers in reverse: the anchors in time order take the forward
+    # casts' sizes backwards.
+    by_time = np.argsort(c["order"][h], kind="stable")
+    if len(forward_durs) == h.size:
+        durs = np.empty(h.size, dtype=np.int64)
+        durs[by_time] = np.array(forward_durs[::-1], dtype=np.int64)
+    else:
+        durs = np.full(h.size, int(np.median(forward_durs)), dtype=np.int64)
+    launch_ns = P.median_launch_ns(graph)
+    slots = _slots_after(graph, h, 2)
+    graph.append(
+        kind=int(NodeKind.CPU),
+        lane=c["lane"][h],
+        order=slots[:, 0],
+        dur=costs.node_ns + costs.cast_ns,
+        source=int(Source.MODELLED),
+        name=graph.intern("ToCopyBackward0 (autocast, modelled)"),
+        **_like(graph, h),
+    )
+    launches = graph.append(
+        kind=int(NodeKind.LAUNCH),
+        lane=graph.cols["lane"][h],
+        order=slots[:, 1],
+        dur=launch_ns,
+        dur_measured=launch_ns,
+        source=int(Source.MODELLED),
+        name=graph.intern("cudaLaunchKernel"),
+        **_like(graph, h),
+    )
+    c = graph.cols
+    gpu_slots = _slots_after(graph, g, 1)[:, 0]
+    like = _like(graph, g)
+    like["gpu_kind"] = np.full(g.size, int(GpuKind.KERNEL))
+    like["klass"] = np.full(g.size, int(KernelClass.ELEMENTWISE))
+    graph.append(
+        kind=int(NodeKind.GPU),
+        lane=c["lane"][g],
+        order=gpu_slots,
+        launch_order=c["order"][launches],
+        dur=np.maximum(durs, fixed),
+        source=int(Source.MODELLED),
+        name=graph.intern(f"autocast cast {dtype} -> fp32 gradient (modelled)"),
+        launch=launches,
+        launch_w=int(graph.nominal.get("launch_latency_ns", 5_000)),
+        stream_w=int(graph.nominal.get("stream_gap_ns", 1_000)),
+        **like,
+    )
+    return h.size, durs.tolist()
 
 
 _LIKE_KEYS = ("op", "op_name", "scope", "phase", "iteration", "rank", "klass", "gpu_kind")
@@ -514,6 +693,23 @@ _LIKE_KEYS = ("op", "op_name", "scope", "phase", "iteration", "rank", "klass", "
 def _like(graph: Graph, nodes: np.ndarray) -> dict[str, np.ndarray]:
     """Attribution columns copied from existing nodes (as `primitives.insert(like=...)`)."""
     return {k: graph.cols[k][nodes].copy() for k in _LIKE_KEYS}
+
+
+def _slots_after(graph: Graph, anchors: np.ndarray, k: int) -> np.ndarray:
+    """k evenly spaced order keys between each anchor and its live lane successor."""
+    c = graph.cols
+    alive = graph.alive
+    out = np.empty((anchors.size, k), dtype=np.float64)
+    lanes = c["lane"][anchors]
+    frac = np.arange(1, k + 1) / (k + 1)
+    for lane in np.unique(lanes).tolist():
+        orders = np.sort(c["order"][np.flatnonzero((c["lane"] == lane) & alive)])
+        sel = np.flatnonzero(lanes == lane)
+        lo = c["order"][anchors[sel]]
+        i = np.searchsorted(orders, lo, side="right")
+        hi = np.where(i < orders.size, orders[np.minimum(i, orders.size - 1)], lo + 1.0)
+        out[sel] = lo[:, None] + (hi - lo)[:, None] * frac[None, :]
+    return out
 
 
 def _slots_before(graph: Graph, anchors: np.ndarray, k: int) -> np.ndarray:

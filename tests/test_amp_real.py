@@ -1,0 +1,51 @@
+"""amp on a real trace: the ResNet-50 H100 baseline of the recorded accuracy set (fp32 convs).
+
+Autocast casts each fp32 weight before its forward conv/matmul, and autograd casts the
+16-bit weight gradient back to fp32 in a ToCopyBackward0 node right after the layer's own
+backward node: both have host and GPU cost, read from the trace.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from perfcast import load
+from perfcast.graph import build_graph
+from perfcast.graph.model import NodeKind
+from perfcast.graph.phases import Phase
+from perfcast.whatif.models import amp
+from perfcast.whatif.registry import build_options, get_model
+
+R50 = Path(__file__).parents[1] / "benchmarks/accuracy/recorded/traces/h100/r50_base.json.gz"
+
+
+def test_gradient_casts_follow_their_layers_in_backward() -> None:
+    graph = build_graph(load(R50))
+    costs = amp._host_costs(graph)
+    assert costs.cast_ns > 0 and costs.node_ns > 0
+    assert "out-of-place elementwise" in costs.cast_from  # the fp32 trace has no casts
+    g = get_model("amp").apply(graph.copy(), build_options("amp", {}))
+    c = g.cols
+    alive = g.alive
+
+    def named(text: str) -> np.ndarray:
+        ids = [i for i, n in enumerate(g.names) if text in n]
+        return np.flatnonzero(np.isin(c["name"], ids) & alive)
+
+    fwd_kernels = named("autocast cast fp32 -> bf16")
+    bwd_kernels = named("-> fp32 gradient")
+    bwd_cpu = named("ToCopyBackward0 (autocast, modelled)")
+    # ResNet-50: 53 convolutions and one linear layer, three steps in the trace.
+    assert fwd_kernels.size == bwd_kernels.size == bwd_cpu.size == 3 * 54
+    assert (c["phase"][bwd_kernels] == Phase.BACKWARD).all()
+    assert (c["kind"][bwd_cpu] == NodeKind.CPU).all()
+    assert (c["dur"][bwd_cpu] == costs.node_ns + costs.cast_ns).all()
+    # Each gradient cast kernel is launched by a launch of its own, on the CPU thread.
+    launches = c["launch"][bwd_kernels]
+    assert (launches >= 0).all() and (c["kind"][launches] == NodeKind.LAUNCH).all()
+    # The backward casts carry the sizes of the forward ones, layers in reverse.
+    assert sorted(c["dur"][bwd_kernels].tolist()) == sorted(c["dur"][fwd_kernels].tolist())
+    assert g.check_invariants() == []
+    assert any("162 gradient casts back to fp32" in a for a in g.assumptions)
