@@ -295,7 +295,7 @@ def render_advice(advice: Advice, console: Console) -> None:
 def _band(s: Suggestion) -> str:
     if s.speedup_low is None or s.speedup_high is None:
         return "-"
-    pairs = f"{s.band_pairs} pairs" if s.band_pairs else "no pairs"
+    pairs = f"{s.band_pairs} pair{'s' * (s.band_pairs != 1)}" if s.band_pairs else "no pairs"
     return f"{s.speedup_low:.2f}-{s.speedup_high:.2f}× ({pairs})"
 
 
