@@ -112,6 +112,10 @@ class ProfilerCosts:
     memory_ns: float
     runtime_ns: float | None
     note: str = ""
+    # Not a profiler cost: this CPU's time per small ATen op (torch.neg on a 32x32 CPU
+    # tensor) without the profiler, to compare hosts (`device:host=FILE`). None in files
+    # written before it was measured.
+    host_op_ns: float | None = None
 
 
 @dataclass(frozen=True)
@@ -440,6 +444,7 @@ def measure_profiler(quick: bool = False) -> ProfilerCosts:
         memory_ns=m["memory_ns"],
         runtime_ns=m["runtime_ns"],
         note=m["note"],
+        host_op_ns=m.get("host_op_ns"),
     )
 
 

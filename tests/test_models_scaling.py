@@ -209,6 +209,50 @@ def test_device_refusals(write_trace):
         predict(unknown, "device")
 
 
+def _calibration_file(path, host_op_ns):
+    from perfcast import calibration
+
+    costs = calibration.ProfilerCosts(
+        op_ns=500.0,
+        input_ns=0.0,
+        op_no_shapes_ns=400.0,
+        python_ns=600.0,
+        memory_ns=50.0,
+        runtime_ns=None,
+        host_op_ns=host_op_ns,
+    )
+    machine = {"hostname": path.stem, "cpu_model": "test CPU", "cores": 2}
+    cal = calibration.Calibration(machine, "2026-11-23", None, None, profiler=costs)
+    return calibration.save(cal, path)
+
+
+def test_device_host_speed_from_the_new_machines_calibration(write_trace, tmp_path, monkeypatch):
+    table = load(write_trace, gpu_trace(MIXED))
+    _, same_us, _ = predict(table, "device:target=h100")
+    _, twice_us, _ = predict(table, "device:target=h100,host=2")
+    assert twice_us < same_us  # 50 µs of host work ahead of the GPU's
+    new = _calibration_file(tmp_path / "new.json", 500.0)
+    old = _calibration_file(tmp_path / "old.json", 1000.0)
+    # The traced machine's calibration is needed too: here, none is known.
+    monkeypatch.setenv("PERFCAST_CALIBRATION", "off")
+    with pytest.raises(PerfcastError, match="no calibration with a host speed"):
+        predict(table, f"device:target=h100,host={new}")
+    # Named by the user, the old one is the traced machine's: 1000 / 500 ns = 2x.
+    monkeypatch.setenv("PERFCAST_CALIBRATION", str(old))
+    _, from_files_us, g = predict(table, f"device:target=h100,host={new}")
+    assert from_files_us == pytest.approx(twice_us, abs=1e-6)
+    assert any("taken as 2x as fast (host=new.json: 500 ns" in a for a in g.assumptions)
+    # A calibration from before the host speed was measured, and a path that is not there.
+    legacy = _calibration_file(tmp_path / "legacy.json", None)
+    with pytest.raises(PerfcastError, match="no host speed"):
+        predict(table, f"device:target=h100,host={legacy}")
+    with pytest.raises(PerfcastError, match="neither a number nor a file"):
+        predict(table, f"device:target=h100,host={tmp_path / 'missing.json'}")
+    for bad in ("0", "-1", "inf", "nan"):
+        with pytest.raises(PerfcastError, match="positive speed ratio"):
+            predict(table, f"device:target=h100,host={bad}")
+
+
 def test_amp_then_device(write_trace):
     table = load(write_trace, gpu_trace(MIXED))
     _, pred_us, g = predict(table, "amp", "device:target=h100")

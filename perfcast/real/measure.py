@@ -92,6 +92,9 @@ def measure_profiler_cost(quick: bool = False) -> dict[str, Any]:
     mem = _extra_per_iteration(
         one_input, n, rounds, {"shapes": shapes, "memory": {**shapes, "profile_memory": True}}
     )
+    # This CPU's speed at what a training step's host side does most (dispatching small ops),
+    # without the profiler: `device:host=FILE` compares two machines by it.
+    host_op_ns = statistics.median([_timed(one_input, n, None) / n for _ in range(rounds)]) * 1e9
     input_ns = max((b["shapes"] - a["shapes"]) / 2 * 1e9, 0.0)
     op_ns = max(a["shapes"] * 1e9 - input_ns, 0.0)
     out: dict[str, Any] = {
@@ -104,6 +107,7 @@ def measure_profiler_cost(quick: bool = False) -> dict[str, Any]:
         "memory_ns": round(max(mem["memory"] - mem["shapes"], 0.0) * 1e9 / 2, 1),
         "runtime_ns": None,
         "task_ns": None,
+        "host_op_ns": round(host_op_ns, 1),
         "rounds": rounds,
         "loop": n,
         "torch": str(torch.__version__),

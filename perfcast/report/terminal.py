@@ -343,6 +343,11 @@ def calibration(cal: Calibration, console: Console) -> None:
             f"{pr.python_ns:g} per Python frame, {pr.memory_ns:g} per memory event, "
             f"runtime call {rt}"
         )
+        if pr.host_op_ns is not None:
+            console.print(
+                f"host speed: {pr.host_op_ns:g} ns per small op without the profiler "
+                "(compare machines with device:target=GPU,host=THIS_FILE)"
+            )
     if cal.checkpoint is not None:
         ck = cal.checkpoint
         console.print(

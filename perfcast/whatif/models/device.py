@@ -30,9 +30,12 @@ bounds that kind of kernel. Here, from `perfcast.hardware` datasheet figures:
   as fast as the peak;
 - CPU work: the same host is assumed unless `host=SPEED` says the new machine's CPU is
   SPEED times as fast (every CPU node and runtime call then takes 1/SPEED as long; launch
-  latencies and gaps on the GPU side are unchanged). The measured H200 machine's host ran a
-  launch-bound step 1.39x faster than the H100 machine's: a new GPU often comes with a new
-  host, and only the user knows it.
+  latencies and gaps on the GPU side are unchanged), or `host=FILE` names the new
+  machine's `perfcast calibrate` file: SPEED is then the ratio of the two machines' time
+  per small ATen op without the profiler (the traced machine's from the calibration that
+  fits the trace). The measured H200 machine's host ran a launch-bound step 1.39x faster
+  than the H100 machine's: a new GPU often comes with a new host, and only the user knows
+  it.
 
 The graph's device names become the target's, so models applied afterwards
 (amp, batch-size) use the new GPU's figures.
@@ -52,6 +55,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -81,7 +85,8 @@ SUMMARY = "the same work on another GPU, per-kernel roofline scaling (target=h10
 class Options:
     target: str = ""  # required: the GPU to move to ("h100", "A100-SXM4-80GB", ...)
     source: str | None = None  # the trace's device, when its deviceProperties lack or misname it
-    host: float = 1.0  # the new machine's CPU speed relative to the traced one
+    # the new machine's CPU speed relative to the traced one, or its calibration file
+    host: str = "1"
 
 
 # ---------------------------------------------------------------- the model
@@ -96,11 +101,63 @@ def _link_ratio(src: DeviceSpec, dst: DeviceSpec) -> float | None:
     return None
 
 
+def host_ratio(host: str, graph: Graph) -> tuple[float, str]:
+    """The new host's speed relative to the traced one, and where it comes from: a number,
+    or the new machine's calibration file against the one that fits the trace."""
+    from perfcast.whatif.registry import MAX_OPTION
+
+    text = str(host).strip()
+    try:
+        speed = float(text)
+    except ValueError:
+        return _host_ratio_from_calibration(Path(text), graph)
+    if not (0 < speed <= MAX_OPTION):
+        raise PerfcastError(
+            "device: host must be a positive speed ratio or a calibration file",
+            hint="e.g. host=1.3, or host=other-machine.json written by perfcast calibrate there",
+        )
+    return speed, f"host={speed:g}"
+
+
+def _host_ratio_from_calibration(path: Path, graph: Graph) -> tuple[float, str]:
+    from perfcast import calibration
+
+    if not path.is_file():
+        raise PerfcastError(
+            f"device: host={path} is neither a number nor a file",
+            hint="host=1.3, or the file `perfcast calibrate -o FILE` wrote on the new machine",
+        )
+    new = calibration.load(path)
+    new_ns = new.profiler.host_op_ns if new.profiler else None
+    if not new_ns:
+        raise PerfcastError(
+            "device: this calibration has no host speed (written by an older perfcast); "
+            "run 'perfcast calibrate' on the new machine again",
+            path=str(path),
+        )
+    here, fits, sentence = (
+        calibration.matches_trace(graph.table) if graph.table is not None else (None, False, "")
+    )
+    old_ns = here.profiler.host_op_ns if here is not None and here.profiler else None
+    if not fits or not old_ns:
+        raise PerfcastError(
+            "device: host=FILE compares the new machine with the traced one, and no "
+            "calibration with a host speed is known for the traced machine"
+            + (f" ({sentence})" if sentence else ""),
+            hint="run 'perfcast calibrate' on the traced machine too (or name its file in "
+            "PERFCAST_CALIBRATION), or give the ratio as host=SPEED",
+        )
+    speed = old_ns / new_ns
+    return speed, (
+        f"host={path.name}: {new_ns:g} ns per small op there against {old_ns:g} ns on the "
+        "traced machine, per perfcast calibrate"
+    )
+
+
 def apply(graph: Graph, options: Options) -> Graph:
     if not options.target:
         raise PerfcastError("device needs a target GPU", hint="e.g. device:target=h100")
-    if not (options.host > 0):
-        raise PerfcastError("device: host must be a positive speed ratio", hint="e.g. host=1.3")
+    host_speed, host_how = host_ratio(options.host, graph)
     target = resolve_device(options.target, "device", "target", graph)
     gpu = require_gpu(graph, "device")
     c = graph.cols
@@ -146,15 +203,13 @@ def apply(graph: Graph, options: Options) -> Graph:
     scale_variable(graph, gpu[changed], ratio[changed], fixed)
     after = int(c["dur"][gpu].sum())
     host_text = "same host CPU assumed"
-    if options.host != 1.0:
+    if host_speed != 1.0:
         host = np.flatnonzero(
             np.isin(c["kind"], [NodeKind.CPU, NodeKind.LAUNCH, NodeKind.RUNTIME, NodeKind.SYNC])
             & graph.alive
         )
-        P.scale(graph, host, 1.0 / options.host)
-        host_text = (
-            f"the new machine's CPU taken as {options.host:g}x as fast (host={options.host:g})"
-        )
+        P.scale(graph, host, 1.0 / host_speed)
+        host_text = f"the new machine's CPU taken as {host_speed:.3g}x as fast ({host_how})"
     # Later models (amp, batch-size) see the new device; a fresh dict, as copies share it.
     graph.device_names = {**graph.device_names, **dict.fromkeys(sources, target.name)}
     src_names = ", ".join(sorted({s.name for s in sources.values()}))
