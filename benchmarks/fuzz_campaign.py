@@ -59,24 +59,12 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from tests.fuzzing import WHATIF_SPECS as WHATIF_MODELS  # noqa: E402
 from tests.fuzzing import Seed, mutate  # noqa: E402
 
 SHARED = REPO.parent / "shared"
 DEFAULT_TRACES = [SHARED / "traces", SHARED / "gpu-truth" / "traces" / "h100"]
 STAGES = ("summary", "replay", "whatif", "advise", "report")
-WHATIF_MODELS = (
-    "faster-op:pattern=.,factor=2",
-    "amp",
-    "fused-optimizer",
-    "cuda-graphs",
-    "fuse-elementwise",
-    "dataloader-overlap",
-    "remove-host-sync",
-    "device:target=h100",
-    "ddp:gpus=4",
-    "activation-checkpointing",
-    "batch-size:factor=2",
-)
 OUTCOMES = ("ok", "error", "internal", "traceback", "timeout", "crash", "modified")
 
 

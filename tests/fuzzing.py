@@ -25,6 +25,21 @@ from typing import Any
 
 import msgspec
 
+# One spec per what-if model, as both the fuzz tests and the campaign rotate through them.
+WHATIF_SPECS = (
+    "faster-op:pattern=.,factor=2",
+    "amp",
+    "fused-optimizer",
+    "cuda-graphs",
+    "fuse-elementwise",
+    "dataloader-overlap",
+    "remove-host-sync",
+    "device:target=h100",
+    "ddp:gpus=4",
+    "activation-checkpointing",
+    "batch-size:factor=2",
+)
+
 # Every field the ingest layer reads, events and args (see perfcast.ingest.schema).
 EVENT_KEYS = ("ph", "cat", "name", "pid", "tid", "ts", "dur", "id", "s", "bp", "args")
 ARG_KEYS = (

@@ -31,7 +31,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from perfcast.cli.main import main
-from tests.fuzzing import BYTES, STRUCTURAL, Seed, mutate
+from tests.fuzzing import BYTES, STRUCTURAL, WHATIF_SPECS, Seed, mutate
 from tests.tracegen import TraceBuilder
 
 DATA = Path(__file__).parent / "data" / "fuzz"
@@ -41,19 +41,6 @@ REGRESSIONS = sorted(
     p for p in (DATA / "regressions").iterdir() if p.name.endswith((".json", ".json.gz"))
 )
 STAGE_LIMIT_S = 30  # generous for a slow CI machine; the seeds take well under a second
-WHATIF = (
-    "faster-op:pattern=.,factor=2",
-    "amp",
-    "fused-optimizer",
-    "cuda-graphs",
-    "fuse-elementwise",
-    "dataloader-overlap",
-    "remove-host-sync",
-    "device:target=h100",
-    "ddp:gpus=4",
-    "activation-checkpointing",
-    "batch-size:factor=2",
-)
 
 settings.register_profile(
     "ci",
@@ -178,7 +165,7 @@ def _case(tmp: Path, seed: Seed, names: list[str], salt: int) -> Path:
     pick=st.integers(0, 1000),
     names=_mutators,
     salt=st.integers(0, 2**32),
-    model=st.sampled_from(WHATIF),
+    model=st.sampled_from(WHATIF_SPECS),
 )
 def test_structural_mutations(seeds: list[Seed], pick: int, names, salt: int, model: str):
     """Wrong types, duplicates, shuffles, cycles, steps, numbers, nesting, markup, shapes."""
@@ -192,7 +179,7 @@ def test_structural_mutations(seeds: list[Seed], pick: int, names, salt: int, mo
     names=_mutators,
     last=st.sampled_from(sorted(BYTES)),
     salt=st.integers(0, 2**32),
-    model=st.sampled_from(WHATIF),
+    model=st.sampled_from(WHATIF_SPECS),
 )
 def test_damaged_bytes(seeds: list[Seed], pick: int, names, last: str, salt: int, model: str):
     """The same, then flipped bytes, cuts, garbage or odd compression of the file."""
@@ -202,7 +189,7 @@ def test_damaged_bytes(seeds: list[Seed], pick: int, names, last: str, salt: int
 
 
 @settings(max_examples=24)
-@given(salt=st.integers(0, 2**32), names=_mutators, model=st.sampled_from(WHATIF))
+@given(salt=st.integers(0, 2**32), names=_mutators, model=st.sampled_from(WHATIF_SPECS))
 def test_rank_folders(salt: int, names, model: str):
     """A folder of ranks where one rank's file is mutated (collectives across ranks)."""
     rng = random.Random(salt)
