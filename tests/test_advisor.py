@@ -49,6 +49,27 @@ def test_the_plan_composes_different_models(mlp_advice) -> None:
     assert any("fused=True" in line for line in plan.code)
 
 
+def test_every_plan_member_earns_its_place(mlp_advice) -> None:
+    """Greedy, best first: each member, added in rank order, made the plan at least 1%
+    faster; what was left out is a ranked suggestion the plan did not need."""
+    from perfcast.analysis.real_step import real_world
+    from perfcast.graph import build_graph
+
+    plan = mlp_advice.plan
+    assert plan is not None
+    order = [s.name for s in mlp_advice.suggestions]
+    members = sorted(plan.specs, key=order.index)
+    ranked = {s.name: s for s in mlp_advice.suggestions}
+    world = real_world(build_graph(perfcast.load(MLP)))
+    before = ranked[members[0]].predicted_ms
+    for k in range(2, len(members) + 1):
+        now = adv._predict_together([ranked[n] for n in members[:k]], world)
+        assert now is not None and now < before * 0.99, members[:k]
+        before = now
+    assert plan.predicted_ms == pytest.approx(before)
+    assert set(plan.left_out) <= set(ranked) - set(plan.specs)
+
+
 def test_bands_come_from_the_packaged_file() -> None:
     bands = adv._bands()
     assert bands["by_model"]["fused-optimizer"]["rows"] >= 3

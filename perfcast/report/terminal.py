@@ -243,8 +243,14 @@ def render_advice(advice: Advice, console: Console) -> None:
         title="optimizations ranked by predicted step time (gain beyond the model's error)",
         title_justify="left",
     )
-    for col in ("#", "optimization", "predicted ms", "speedup", "measured error", "from trace"):
-        t.add_column(col, justify="left" if col == "optimization" else "right", no_wrap=True)
+    # Numbers never shrink to an ellipsis on a narrow terminal: the name and the error range
+    # wrap instead.
+    t.add_column("#", justify="right", no_wrap=True)
+    t.add_column("optimization", overflow="fold", ratio=1)
+    for col in ("predicted ms", "speedup"):
+        t.add_column(col, justify="right", no_wrap=True, min_width=len(col))
+    t.add_column("measured error", justify="right")
+    t.add_column("from trace", justify="right", no_wrap=True, min_width=5)
     for i, s in enumerate(advice.suggestions, 1):
         t.add_row(
             str(i),
@@ -266,6 +272,10 @@ def render_advice(advice: Advice, console: Console) -> None:
         )
         for line in p.code:
             console.print(Text(f"  {line}"))
+        if p.left_out:
+            console.print(
+                Text(f"  left out, adding under 1% on top: {', '.join(p.left_out)}", style="dim")
+            )
     console.print("why, where, the change, and what each prediction assumes:", style="bold")
     for i, s in enumerate(advice.suggestions, 1):
         console.print(Text(f"{i}. {s.name}: {s.explanation}"))
