@@ -433,3 +433,16 @@ def test_wrong_typed_events_are_located_in_the_json(tmp_path: Path, write_trace)
     (note,) = perfcast.load(path).ranks[0].warnings
     at = data.index(b'{"ph": ["X"]')
     assert f"event #1 at byte {at:,} of the inflated JSON: 'ph' is an array" in note
+
+
+def test_depth_limit_on_a_value_the_cut_left_open() -> None:
+    """A value nested past the limit and never closed (a cut file) is nulled to the end,
+    where the reader's salvage takes over; one that closes is nulled up to its bracket."""
+    from perfcast.ingest.reader import flatten_deep
+
+    open_ = b'[{"a": ' + b"[" * 12 + b"1"
+    new, replaced, first = flatten_deep(open_, limit=5)
+    assert (new, replaced, first) == (b'[{"a": [[[null', 1, 10)
+    closed = b'[{"a": ' + b"[" * 12 + b"1" + b"]" * 12 + b"}]"
+    new, replaced, first = flatten_deep(closed, limit=5)
+    assert (new, replaced, first) == (b'[{"a": [[[null]]]}]', 1, 10)

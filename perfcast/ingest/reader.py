@@ -277,8 +277,11 @@ def flatten_deep(data: bytes | bytearray, limit: int = MAX_DEPTH) -> tuple[bytes
     if starts.size == 0:
         return bytes(data), 0, None
     closes = pos[((codes == 93) | (codes == 125)) & (before == limit + 1)]
-    i = np.searchsorted(closes, starts)
-    ends = np.where(i < closes.size, closes[np.minimum(i, max(closes.size - 1, 0))] + 1, len(data))
+    # A value still open where the data ends (a cut file) runs to the end.
+    ends = np.full(starts.size, len(data), dtype=np.int64)
+    if closes.size:
+        i = np.searchsorted(closes, starts)
+        ends = np.where(i < closes.size, closes[np.minimum(i, closes.size - 1)] + 1, len(data))
     out = bytearray()
     prev = 0
     for s, e in zip(starts.tolist(), ends.tolist(), strict=True):

@@ -36,7 +36,7 @@ def _mean(values: list[float]) -> float:
 def _render_rank_overview(summary: Summary, console: Console) -> None:
     t = Table(title="ranks (means over steps)", title_justify="left")
     for col in ("rank", "steps", "step ms", "GPU compute", "comm", "idle", "data load"):
-        t.add_column(col, justify="right", no_wrap=True)
+        t.add_column(col, justify="right")
     means = {rs.rank: _mean([it.measured_ms for it in rs.iterations]) for rs in summary.ranks}
     for rs in summary.ranks:
         its = rs.iterations
@@ -78,10 +78,10 @@ def render_summary(summary: Summary, console: Console, top: int = 5) -> None:
         if real:
             cols.insert(2, "w/o profiler")
         for col in cols:
-            table.add_column(col, justify="left" if col == "step" else "right", no_wrap=True)
+            table.add_column(col, justify="left" if col == "step" else "right")
         cpu = Table(title="CPU time by phase (ms)", title_justify="left")
         for col in ("step", "data loading", "forward", "backward", "optimizer", "comm", "kernels"):
-            cpu.add_column(col, justify="left" if col == "step" else "right", no_wrap=True)
+            cpu.add_column(col, justify="left" if col == "step" else "right")
         for it in rs.iterations:
             g = it.gpu
             c = it.cpu
@@ -152,7 +152,7 @@ def render_replay(result: ReplayResult, console: Console) -> None:
     if measured:
         cols.append("measured so")
     for col in cols:
-        t.add_column(col, justify="left" if col == "step" else "right", no_wrap=True)
+        t.add_column(col, justify="left" if col == "step" else "right")
     for rr in result.ranks:
         for it in rr.iterations:
             style = "red" if abs(it.error_pct) > 1.0 else None
