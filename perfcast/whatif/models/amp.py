@@ -211,6 +211,7 @@ def _keeps_fp32(op_name: str, phase: int) -> bool:
 
 _HOST_KINDS = (NodeKind.CPU, NodeKind.LAUNCH, NodeKind.RUNTIME)
 _AUTOGRAD_NODE = "autograd::engine::evaluate_function: "
+_MIN_PROXY_OPS = 5  # fewer forward ops than this and their median says little
 
 
 @dataclass
@@ -236,6 +237,20 @@ def _outermost_aten(table: EventTable, rows: np.ndarray) -> np.ndarray:
             break
         top[up] = p[up]
     return top
+
+
+def _nearest(table: EventTable, rows: np.ndarray, name_id: int, depth: int = 8) -> np.ndarray:
+    """Each row's nearest ancestor (itself included) named `name_id`, or -1."""
+    out = np.full(rows.size, -1, dtype=np.int64)
+    cur = rows.copy()
+    for _ in range(depth):
+        live = (cur >= 0) & (out < 0)
+        if not live.any():
+            break
+        hit = live & (table.name[np.maximum(cur, 0)] == name_id)
+        out[hit] = cur[hit]
+        cur = np.where(live & ~hit, table.parent[np.maximum(cur, 0)], -1)
+    return out
 
 
 def _host_costs(graph: Graph) -> _HostCosts:
@@ -265,26 +280,48 @@ def _host_costs(graph: Graph) -> _HostCosts:
         is_node = np.isin(table.name, node_names) & (table.kind == Kind.CPU_OP)
         if is_node.any():
             node_ns = int(np.median(own[is_node]))
-    top_host = _outermost_aten(table, c["op"][host].astype(np.int64))
-    top_kernel = _outermost_aten(table, c["op"][kernels].astype(np.int64))
-    inclusive = np.bincount(top_host, weights=c["dur"][host], minlength=n_rows)
-    n_kernels = np.bincount(top_kernel, minlength=n_rows)
-    elementwise = np.zeros(n_rows, dtype=bool)
-    elementwise[top_kernel[c["klass"][kernels] == KernelClass.ELEMENTWISE]] = True
-    single = np.flatnonzero((n_kernels == 1) & elementwise & (table.kind == Kind.CPU_OP))
-    names = [table.names[int(i)] for i in table.name[single]]
     launch_ns = P.median_launch_ns(graph)
-    casts = single[[n == "aten::to" for n in names]]
+    # The trace's own casts first: `aten::to` rows (at any depth: autocast's sit inside the
+    # conv or matmul that asked for them) whose subtree launched exactly one kernel.
+    casts = np.zeros(0, dtype=np.int64)
+    if "aten::to" in table.names:
+        to_name = table.names.index("aten::to")
+        cast_of_kernel = _nearest(table, c["op"][kernels].astype(np.int64), to_name)
+        n_kernels = np.bincount(cast_of_kernel[cast_of_kernel >= 0], minlength=n_rows)
+        casts = np.flatnonzero(n_kernels == 1)
     if casts.size:
+        cast_of_host = _nearest(table, c["op"][host].astype(np.int64), to_name)
+        inside = cast_of_host >= 0
+        inclusive = np.bincount(
+            cast_of_host[inside], weights=c["dur"][host][inside], minlength=n_rows
+        )
         how = f"the trace's {casts.size:,} casts that launched a kernel"
         picked = casts
     else:
-        out_of_place = [not n.endswith("_") and n not in ("aten::copy_",) for n in names]
-        picked = single[out_of_place]
-        how = (
-            f"the trace's {picked.size:,} out-of-place elementwise ops with one kernel "
-            "(no casts in it; an underestimate)"
-        )
+        top_host = _outermost_aten(table, c["op"][host].astype(np.int64))
+        top_kernel = _outermost_aten(table, c["op"][kernels].astype(np.int64))
+        inclusive = np.bincount(top_host, weights=c["dur"][host], minlength=n_rows)
+        n_kernels = np.bincount(top_kernel, minlength=n_rows)
+        elementwise = np.zeros(n_rows, dtype=bool)
+        elementwise[top_kernel[c["klass"][kernels] == KernelClass.ELEMENTWISE]] = True
+        single = np.flatnonzero((n_kernels == 1) & elementwise & (table.kind == Kind.CPU_OP))
+        # A weight's cast runs in forward on a tensor that requires grad, so autograd records
+        # a node for it: forward's one-kernel elementwise ops (relu, add, ...) pay the same
+        # bookkeeping, the optimizer's (under no_grad) do not.
+        forward = np.zeros(n_rows, dtype=bool)
+        forward[top_kernel[c["phase"][kernels] == Phase.FORWARD]] = True
+        fwd = single[forward[single]]
+        names = [table.names[int(i)] for i in table.name[single]]
+        if fwd.size >= _MIN_PROXY_OPS:
+            picked = fwd
+            how = f"the trace's {fwd.size:,} one-kernel elementwise ops in forward (no casts in it)"
+        else:
+            out_of_place = [not n.endswith("_") and n != "aten::to" for n in names]
+            picked = single[np.array(out_of_place, dtype=bool)] if names else single
+            how = (
+                f"the trace's {picked.size:,} out-of-place elementwise ops with one kernel "
+                "(no casts in it; without autograd's bookkeeping, an underestimate)"
+            )
     if picked.size == 0:
         return _HostCosts(0, "no op in the trace to read a cast's CPU cost from", node_ns)
     cast_ns = max(int(np.median(inclusive[picked])) - launch_ns, 0)
