@@ -62,3 +62,14 @@ def test_a_trace_with_casts_lends_them_its_cost() -> None:
     proxy = amp._host_costs(build_graph(load(R50)))
     # What the fp32 trace's stand-ins say is of the casts' order, and below them.
     assert 0.3 * costs.cast_ns < proxy.cast_ns < costs.cast_ns
+
+
+def test_refused_on_a_trace_already_under_autocast() -> None:
+    """cuDNN's kernel names do not say bf16, but the casts inside every conv do."""
+    import pytest
+
+    from perfcast.errors import NotApplicableError
+
+    graph = build_graph(load(R50.with_name("r50_amp_bf16.json.gz")))
+    with pytest.raises(NotApplicableError, match="already runs under autocast: 51 of the 51"):
+        get_model("amp").apply(graph, build_options("amp", {}))

@@ -253,6 +253,32 @@ def _nearest(table: EventTable, rows: np.ndarray, name_id: int, depth: int = 8) 
     return out
 
 
+# Autocast casts inside the op that asks for them; a user's own .to() sits outside. When at
+# least this share of forward matmuls/convolutions has one inside, autocast is already on.
+_AUTOCAST_SHARE = 0.25
+
+
+def _under_autocast(graph: Graph, compute: np.ndarray) -> tuple[int, int]:
+    """(forward matmul/conv ops with a cast kernel inside them, forward matmul/conv ops)."""
+    table = graph.table
+    c = graph.cols
+    fwd = compute[(c["phase"][compute] == Phase.FORWARD) & (c["op"][compute] >= 0)]
+    if table is None or fwd.size == 0:
+        return 0, 0
+    tops = np.unique(_outermost_aten(table, c["op"][fwd].astype(np.int64)))
+    if "aten::to" not in table.names:
+        return 0, int(tops.size)
+    kernels = np.flatnonzero(
+        (c["kind"] == NodeKind.GPU) & (c["gpu_kind"] == GpuKind.KERNEL) & (c["op"] >= 0)
+    )
+    cast = _nearest(table, c["op"][kernels].astype(np.int64), table.names.index("aten::to"))
+    cast = cast[cast >= 0]
+    # The op a cast sits in: the outermost ATen op above it (itself when it is top-level).
+    holders = _outermost_aten(table, cast)
+    inside = holders[holders != cast]
+    return int(np.isin(tops, inside).sum()), int(tops.size)
+
+
 def _host_costs(graph: Graph) -> _HostCosts:
     """The CPU cost of one autocast cast and of one autograd node, read from the trace.
 
@@ -372,6 +398,13 @@ def apply(graph: Graph, options: Options) -> Graph:
         raise NotApplicableError(
             "amp: no fp32/tf32 matmul, convolution or attention kernels in forward or "
             "backward (the trace already runs them in 16 bits, or has none)"
+        )
+    cast, ops = _under_autocast(graph, np.array(compute, dtype=np.int64))
+    if ops and cast >= _AUTOCAST_SHARE * ops:
+        raise NotApplicableError(
+            f"amp: the trace already runs under autocast: {cast:,} of the {ops:,} forward "
+            "matmuls and convolutions whose kernel names look fp32 cast their inputs inside "
+            "the op (an aten::to with a kernel), which is autocast's doing"
         )
 
     # Compute-bound kernels: roofline with the kept efficiency, else the peak ratio.
