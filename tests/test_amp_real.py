@@ -15,6 +15,7 @@ from perfcast import load
 from perfcast.graph import build_graph
 from perfcast.graph.model import NodeKind
 from perfcast.graph.phases import Phase
+from perfcast.sim.timeline import simulate
 from perfcast.whatif.models import amp
 from perfcast.whatif.registry import build_options, get_model
 
@@ -47,9 +48,22 @@ def test_gradient_casts_follow_their_layers_in_backward() -> None:
     # Each gradient cast kernel is launched by a launch of its own, on the CPU thread.
     launches = c["launch"][bwd_kernels]
     assert (launches >= 0).all() and (c["kind"][launches] == NodeKind.LAUNCH).all()
-    # The backward casts carry the sizes of the forward ones, layers in reverse.
-    assert sorted(c["dur"][bwd_kernels].tolist()) == sorted(c["dur"][fwd_kernels].tolist())
+    # Within each step, the backward casts carry the forward ones' sizes, layers in reverse.
+    for it in np.unique(c["iteration"][fwd_kernels]).tolist():
+        f = fwd_kernels[c["iteration"][fwd_kernels] == it]
+        b = bwd_kernels[c["iteration"][bwd_kernels] == it]
+        f = f[np.argsort(c["order"][f], kind="stable")]
+        b = b[np.argsort(c["launch_order"][b], kind="stable")]
+        assert c["nbytes"][b].tolist() == c["nbytes"][f][::-1].tolist()
+        assert c["dur"][b].tolist() == c["dur"][f][::-1].tolist()
+        assert len(set(c["nbytes"][f].tolist())) > 5  # distinct layers: the order matters
+    # On its stream, nothing launched before a cast runs after it.
+    for k in bwd_kernels.tolist():
+        on = np.flatnonzero((c["lane"] == c["lane"][k]) & alive)
+        later = c["order"][on] > c["order"][k]
+        assert not (later & (c["launch_order"][on] < c["launch_order"][k])).any()
     assert g.check_invariants() == []
+    simulate(g)  # replays (no cycle)
     assert any("162 gradient casts back to fp32" in a for a in g.assumptions)
 
 

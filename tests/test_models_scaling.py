@@ -244,13 +244,33 @@ def test_device_host_speed_from_the_new_machines_calibration(write_trace, tmp_pa
     assert any("taken as 2x as fast (host=new.json: 500 ns" in a for a in g.assumptions)
     # A calibration from before the host speed was measured, and a path that is not there.
     legacy = _calibration_file(tmp_path / "legacy.json", None)
-    with pytest.raises(PerfcastError, match="no host speed"):
+    with pytest.raises(PerfcastError, match="no usable host speed"):
         predict(table, f"device:target=h100,host={legacy}")
     with pytest.raises(PerfcastError, match="neither a number nor a file"):
         predict(table, f"device:target=h100,host={tmp_path / 'missing.json'}")
-    for bad in ("0", "-1", "inf", "nan"):
+    for bad in ("0", "-1", "inf", "nan", "1e-300"):
         with pytest.raises(PerfcastError, match="positive speed ratio"):
             predict(table, f"device:target=h100,host={bad}")
+    # Edited or damaged files, and names no file system takes: one-line errors.
+    import json
+
+    for value in ("abc", float("inf"), -500.0, float("nan"), True):
+        doc = json.loads(new.read_text())
+        doc["profiler"]["host_op_ns"] = value
+        edited = tmp_path / "edited.json"
+        edited.write_text(json.dumps(doc))
+        with pytest.raises(PerfcastError, match="no usable host speed"):
+            predict(table, f"device:target=h100,host={edited}")
+    doc = json.loads(new.read_text())
+    doc["profiler"]["host_op_ns"] = 1e-300
+    (tmp_path / "tiny.json").write_text(json.dumps(doc))
+    with pytest.raises(PerfcastError, match="out of range"):
+        predict(table, f"device:target=h100,host={tmp_path / 'tiny.json'}")
+    (tmp_path / "junk.json").write_text("[1, 2]")
+    with pytest.raises(PerfcastError, match="not a perfcast calibration file"):
+        predict(table, f"device:target=h100,host={tmp_path / 'junk.json'}")
+    with pytest.raises(PerfcastError, match="neither a number nor a file"):
+        predict(table, "device:target=h100,host=" + "a" * 5000)
 
 
 def test_amp_then_device(write_trace):

@@ -107,7 +107,7 @@ _HOST_ONLY = 1.01
 
 
 def host_stated_device(
-    rows: Sequence[RecordedRow], results: Sequence[dict[str, Any]], tables: dict[str, Any]
+    rows: Sequence[RecordedRow], results: Sequence[dict[str, Any]], tables: _Tables
 ) -> dict[str, Any] | None:
     """The device rows again, each with the new machine's host speed stated (`host=`).
 
@@ -291,7 +291,9 @@ def markdown(
     results: Sequence[dict[str, Any]],
     host_stated: dict[str, Any] | None = None,
 ) -> str:
-    """The README table: every row (none dropped), then medians and maxima by device, change."""
+    """The README table: every row (none dropped), then medians and maxima per processor,
+    device and change, the device rows with the host speed stated (when given), and the
+    unprofiled baseline estimates."""
     lines = [
         "| row | device | change | measured × | predicted × | error | predicted ms "
         "| measured ms | step error | baseline est. | traced / real | spread |",

@@ -45,15 +45,28 @@ Where each duration comes from:
   element), else `fixed`. Batched matmuls (bmm, baddbmm) and attention
   multiply activations, which are already 16-bit, and get no cast. Each cast
   is launched from a new launch call (the trace's median launch duration)
-  right before the op's first launch, plus the CPU time of the cast op itself
-  (the median of the trace's own `aten::_to_copy` ops that launched a kernel,
-  when the trace has any; otherwise none: an underestimate).
+  right before the op's first launch, plus the CPU time of the cast op itself:
+  the median of the trace's own casts (`aten::to` that launched one kernel, at
+  any depth) when it has some; otherwise of forward's one-kernel elementwise
+  ops (relu, add, ...), which pay autograd's bookkeeping as a weight's cast
+  does; otherwise of any out-of-place one-kernel elementwise op (stated as an
+  underestimate). All read from the graph being predicted, so with the
+  profiler's cost taken out of it, out of these too;
+- gradient casts (ToCopyBackward0): each weight cast is undone in backward by
+  an autograd node that casts the 16-bit weight gradient back to fp32, right
+  after the node of its layer: the node's own time (the median of the trace's
+  `evaluate_function` ranges outside their ops) plus a cast on the host, a
+  launch, and a kernel the size of the layer's forward cast (per rank and
+  step, layers in reverse) on the layer's stream, after what was launched
+  before it.
 
 Converted kernels are renamed "autocast[bf16] <name>" so that later models
 (device) know their new dtype. Refused: no GPU work; an unknown device (name
 it with device=); a target dtype the GPU has no native math for (bf16 before
 Ampere); no fp32/tf32 matmul/conv/attention in forward or backward (already
-mixed precision); amp applied twice.
+mixed precision); a trace already under autocast, told by the casts inside at
+least a quarter of its forward matmuls/convolutions (cuDNN's kernel names do
+not show bf16); amp applied twice.
 
 - fp16 needs a GradScaler (bf16 none), whose step (torch.amp.GradScaler,
   torch/amp/grad_scaler.py) unscales every gradient with one multi-tensor
@@ -65,9 +78,9 @@ mixed precision); amp applied twice.
   before the optimizer's first host work — the CPU can then no longer run
   ahead of the GPU across the step boundary.
 
-Not modelled: the cast of each weight gradient back to fp32 in backward
-(ToCopyBackward0), input casts of float32-list ops, and autocast's weight-cast
-cache across repeated uses of one weight within a step.
+Not modelled: input casts of float32-list ops, autocast's dispatch overhead on
+every other op, and autocast's weight-cast cache across repeated uses of one
+weight within a step.
 """
 
 from __future__ import annotations
@@ -286,12 +299,14 @@ def _under_autocast(graph: Graph, compute: np.ndarray) -> tuple[int, int]:
 def _host_costs(graph: Graph) -> _HostCosts:
     """The CPU cost of one autocast cast and of one autograd node, read from the trace.
 
-    A cast (`aten::to` -> `_to_copy` -> `empty_strided` + `copy_`) is an out-of-place
-    elementwise op with one kernel. Where the trace has casts that launched a kernel, their
-    median inclusive host time is used; otherwise that of its out-of-place elementwise ops
-    with one kernel (div, sqrt, add, ...), which lack the cast's two thin dispatch layers
-    (an underestimate, stated). An autograd node's own time is the median of what
-    `evaluate_function` ranges spend outside their ops.
+    A cast (`aten::to` -> `_to_copy` -> `empty_strided` + `copy_`) is an elementwise op
+    with one kernel, and a weight's cast is recorded by autograd. In order of preference:
+    the median inclusive host time of the trace's own casts that launched one kernel (at
+    any depth: autocast's sit inside the op that asked for them); of forward's one-kernel
+    elementwise ops, in place or not (at least `_MIN_PROXY_OPS` of them); of any
+    out-of-place one-kernel elementwise op (no autograd bookkeeping: an underestimate,
+    stated). The launch is counted apart. An autograd node's own time is the median of
+    what `evaluate_function` ranges spend outside their ops.
     """
     table = graph.table
     if table is None:
@@ -448,9 +463,10 @@ def apply(graph: Graph, options: Options) -> Graph:
     mem_after = int(c["dur"][mem].sum())
 
     costs = _host_costs(graph)
-    n_casts, cast_durs = _insert_casts(graph, comp, dtype, devices, fixed, costs)
-    n_grad, grad_durs = _insert_grad_casts(graph, comp, dtype, costs, cast_durs, fixed)
-    cast_ns = sum(cast_durs) + sum(grad_durs)
+    casts = _insert_casts(graph, comp, dtype, devices, fixed, costs)
+    grad_durs = _insert_grad_casts(graph, comp, dtype, costs, casts, fixed)
+    n_casts, n_grad = len(casts), len(grad_durs)
+    cast_ns = sum(x.dur for x in casts) + sum(grad_durs)
     scaler = _grad_scaler(graph, fixed) if dtype == "fp16" else ""
 
     graph.assumptions.append(
@@ -560,9 +576,19 @@ def _grad_scaler(graph: Graph, fixed: int) -> str:
     )
 
 
+@dataclass(frozen=True)
+class _Cast:
+    """One forward weight cast as inserted: where it is, and what its kernel moves."""
+
+    rank: int
+    iteration: int
+    dur: int
+    nbytes: int
+
+
 def _insert_casts(
     graph: Graph, comp: np.ndarray, dtype: str, devices: dict, fixed: int, costs: _HostCosts
-) -> tuple[int, list[int]]:
+) -> list[_Cast]:
     """One weight cast before each forward op that launched a converted matmul/conv.
 
     Insertions are batched (one `Graph.append` per node kind) with positions chosen as
@@ -573,7 +599,7 @@ def _insert_casts(
     fwd = comp[c["phase"][comp] == Phase.FORWARD]
     fwd = fwd[np.argsort(c["order"][fwd], kind="stable")]
     if fwd.size == 0:
-        return 0, []
+        return []
     # The first GPU task of each op on each stream (a layout transform may precede the GEMM).
     alive_gpu = np.flatnonzero((c["kind"] == NodeKind.GPU) & graph.alive & (c["op"] >= 0))
     alive_gpu = alive_gpu[np.isin(c["op"][alive_gpu], c["op"][fwd])]
@@ -604,7 +630,7 @@ def _insert_casts(
         durs.append(fixed + round(moved / dev.mem_bw_gbs))
         nbytes.append(moved)
     if not firsts:
-        return 0, []
+        return []
     first = np.array(firsts, dtype=np.int64)
     launch = c["launch"][first].astype(np.int64)
     has_launch = launch >= 0
@@ -653,7 +679,12 @@ def _insert_casts(
         nbytes=np.array(nbytes, dtype=np.int64),
         **like,
     )
-    return first.size, durs
+    return [
+        _Cast(int(r), int(i), d, b)
+        for r, i, d, b in zip(
+            c["rank"][first].tolist(), c["iteration"][first].tolist(), durs, nbytes
+        )
+    ]
 
 
 def _insert_grad_casts(
@@ -661,27 +692,29 @@ def _insert_grad_casts(
     comp: np.ndarray,
     dtype: str,
     costs: _HostCosts,
-    forward_durs: list[int],
+    forward: list[_Cast],
     fixed: int,
-) -> tuple[int, list[int]]:
+) -> list[int]:
     """ToCopyBackward0: each weight cast of forward is undone in backward, where the 16-bit
     weight gradient is cast back to fp32 by an autograd node of its own, right after the
     node of the layer (ConvolutionBackward0, AddmmBackward0, ...) that produced it.
 
     One node per autograd node that launched a converted matmul/convolution in backward
     (attention and batched matmuls have no weight): its CPU (the node's own time plus a
-    cast), a launch, and a cast kernel after the layer's last kernel on that stream, as long
-    as the forward casts in reverse order (their weights, backward runs the layers in
-    reverse), else their median.
+    cast) and a launch after the layer node's last host work, and a cast kernel on the
+    layer's stream after everything launched before it. Its size is the forward cast's of
+    the same layer: within each rank and step, backward meets the layers in reverse order
+    (where the counts differ, the median of that step's forward casts). Returns the
+    kernels' durations.
     """
     table = graph.table
     c = graph.cols
     bwd = comp[c["phase"][comp] == Phase.BACKWARD]
-    if table is None or bwd.size == 0 or not forward_durs:
-        return 0, []
+    if table is None or bwd.size == 0 or not forward:
+        return []
     node_names = {i for i, n in enumerate(table.names) if n.startswith(_AUTOGRAD_NODE)}
     if not node_names:
-        return 0, []
+        return []
     is_node = np.zeros(len(table.names), dtype=bool)
     is_node[list(node_names)] = True
 
@@ -707,31 +740,24 @@ def _insert_grad_casts(
     ]
     targets = np.unique(nodes)[np.array(weighted, dtype=bool)] if nodes.size else nodes
     if targets.size == 0:
-        return 0, []
+        return []
     alive = graph.alive
     host = np.flatnonzero(np.isin(c["kind"], _HOST_KINDS) & alive & (c["op"] >= 0))
     host_node = node_of(c["op"][host])
     host_anchor: list[int] = []
-    gpu_anchor: list[int] = []
+    layer_kernel: list[int] = []
     for t in targets.tolist():
         mine = host[host_node == t]
         kern = bwd[nodes == t]
         if mine.size == 0 or kern.size == 0:
             continue
         host_anchor.append(int(mine[np.argmax(c["order"][mine])]))
-        gpu_anchor.append(int(kern[np.argmax(c["order"][kern])]))
+        layer_kernel.append(int(kern[np.argmax(c["order"][kern])]))
     if not host_anchor:
-        return 0, []
+        return []
     h = np.array(host_anchor, dtype=np.int64)
-    g = np.array(gpu_anchor, dtype=np.int64)
-    # Backward meets the layers in reverse: the anchors in time order take the forward
-    # casts' sizes backwards.
-    by_time = np.argsort(c["order"][h], kind="stable")
-    if len(forward_durs) == h.size:
-        durs = np.empty(h.size, dtype=np.int64)
-        durs[by_time] = np.array(forward_durs[::-1], dtype=np.int64)
-    else:
-        durs = np.full(h.size, int(np.median(forward_durs)), dtype=np.int64)
+    g = np.array(layer_kernel, dtype=np.int64)
+    durs, nbytes = _grad_cast_sizes(c, h, forward)
     launch_ns = P.median_launch_ns(graph)
     slots = _slots_after(graph, h, 2)
     graph.append(
@@ -754,7 +780,11 @@ def _insert_grad_casts(
         **_like(graph, h),
     )
     c = graph.cols
-    gpu_slots = _slots_after(graph, g, 1)[:, 0]
+    launch_order = c["order"][launches]
+    # On a stream, what was launched earlier runs earlier: the cast goes after the last task
+    # of the layer's stream launched before it (a bias gradient, a layout helper, ...).
+    anchors = _last_launched_before(graph, c["lane"][g], launch_order, fallback=g)
+    gpu_slots = _slots_after(graph, anchors, 1)[:, 0]
     like = _like(graph, g)
     like["gpu_kind"] = np.full(g.size, int(GpuKind.KERNEL))
     like["klass"] = np.full(g.size, int(KernelClass.ELEMENTWISE))
@@ -762,16 +792,73 @@ def _insert_grad_casts(
         kind=int(NodeKind.GPU),
         lane=c["lane"][g],
         order=gpu_slots,
-        launch_order=c["order"][launches],
+        launch_order=launch_order,
         dur=np.maximum(durs, fixed),
         source=int(Source.MODELLED),
         name=graph.intern(f"autocast cast {dtype} -> fp32 gradient (modelled)"),
         launch=launches,
         launch_w=int(graph.nominal.get("launch_latency_ns", 5_000)),
         stream_w=int(graph.nominal.get("stream_gap_ns", 1_000)),
+        nbytes=nbytes,
         **like,
     )
-    return h.size, durs.tolist()
+    return np.maximum(durs, fixed).tolist()
+
+
+def _grad_cast_sizes(
+    c: dict[str, np.ndarray], anchors: np.ndarray, forward: list[_Cast]
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per backward cast (anchored at `anchors`), the duration and bytes of the forward cast
+    of the same layer: per rank and step, forward's casts in reverse order."""
+    durs = np.empty(anchors.size, dtype=np.int64)
+    nbytes = np.empty(anchors.size, dtype=np.int64)
+    groups: dict[tuple[int, int], list[_Cast]] = {}
+    for x in forward:
+        groups.setdefault((x.rank, x.iteration), []).append(x)
+    every = [x.dur for x in forward]
+    every_bytes = [x.nbytes for x in forward]
+    keys = list(zip(c["rank"][anchors].tolist(), c["iteration"][anchors].tolist()))
+    for key in set(keys):
+        mine = np.flatnonzero([k == key for k in keys])
+        mine = mine[np.argsort(c["order"][anchors[mine]], kind="stable")]
+        fwd = groups.get(key, [])
+        if len(fwd) == mine.size:
+            durs[mine] = [x.dur for x in reversed(fwd)]
+            nbytes[mine] = [x.nbytes for x in reversed(fwd)]
+        else:
+            durs[mine] = int(np.median([x.dur for x in fwd] or every))
+            nbytes[mine] = int(np.median([x.nbytes for x in fwd] or every_bytes))
+    return durs, nbytes
+
+
+def _last_launched_before(
+    graph: Graph, lanes: np.ndarray, launch_order: np.ndarray, fallback: np.ndarray
+) -> np.ndarray:
+    """Per (lane, launch order key): the live task of that lane with the latest position
+    among those launched before the key (`fallback` where none is)."""
+    c = graph.cols
+    alive = graph.alive
+    out = fallback.copy()
+    for lane in np.unique(lanes).tolist():
+        on = np.flatnonzero((c["lane"] == lane) & alive)
+        if on.size == 0:
+            continue
+        by_launch = on[np.argsort(c["launch_order"][on], kind="stable")]
+        keys = c["launch_order"][by_launch]
+        # The latest-positioned task among the first k by launch order, for every k.
+        which = by_launch[_argmax_prefix(c["order"][by_launch])]
+        sel = np.flatnonzero(lanes == lane)
+        k = np.searchsorted(keys, launch_order[sel], side="left")
+        has = k > 0
+        out[sel[has]] = which[k[has] - 1]
+    return out
+
+
+def _argmax_prefix(values: np.ndarray) -> np.ndarray:
+    """Index of the running maximum of `values` at every position."""
+    idx = np.arange(values.size)
+    is_new_max = np.r_[True, values[1:] > np.maximum.accumulate(values)[:-1]]
+    return np.maximum.accumulate(np.where(is_new_max, idx, 0))
 
 
 _LIKE_KEYS = ("op", "op_name", "scope", "phase", "iteration", "rank", "klass", "gpu_kind")

@@ -53,6 +53,7 @@ lookup, a compute kernel's dtype, op shapes) are in `perfcast.whatif.kernels`.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,6 +78,7 @@ from perfcast.whatif.kernels import (
     resolve_device,
     scale_variable,
 )
+from perfcast.whatif.registry import MAX_OPTION
 
 SUMMARY = "the same work on another GPU, per-kernel roofline scaling (target=h100, source=...)"
 
@@ -104,42 +106,66 @@ def _link_ratio(src: DeviceSpec, dst: DeviceSpec) -> float | None:
 def host_ratio(host: str, graph: Graph) -> tuple[float, str]:
     """The new host's speed relative to the traced one, and where it comes from: a number,
     or the new machine's calibration file against the one that fits the trace."""
-    from perfcast.whatif.registry import MAX_OPTION
-
     text = str(host).strip()
     try:
         speed = float(text)
     except ValueError:
-        return _host_ratio_from_calibration(Path(text), graph)
-    if not (0 < speed <= MAX_OPTION):
+        return _host_ratio_from_calibration(Path(text).expanduser(), graph)
+    if not _sane_speed(speed):
         raise PerfcastError(
             "device: host must be a positive speed ratio or a calibration file",
-            hint="e.g. host=1.3, or host=other-machine.json written by perfcast calibrate there",
+            hint=f"e.g. host=1.3 (between {1 / MAX_OPTION:g} and {MAX_OPTION:g}), or "
+            "host=other-machine.json written by perfcast calibrate there",
         )
     return speed, f"host={speed:g}"
+
+
+def _sane_speed(speed: float) -> bool:
+    # Bounded both ways: a ratio of 1e-300 or 1e300 would overflow every host duration.
+    return math.isfinite(speed) and 1 / MAX_OPTION <= speed <= MAX_OPTION
+
+
+def _host_op_ns(cal: object) -> float | None:
+    """A calibration's host speed figure, when it is a usable one."""
+    profiler = getattr(cal, "profiler", None)
+    value = getattr(profiler, "host_op_ns", None)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) and value > 0 else None
 
 
 def _host_ratio_from_calibration(path: Path, graph: Graph) -> tuple[float, str]:
     from perfcast import calibration
 
-    if not path.is_file():
+    try:
+        is_file = path.is_file()
+    except (OSError, ValueError):  # a name too long for the OS, a NUL byte
+        is_file = False
+    if not is_file:
         raise PerfcastError(
-            f"device: host={path} is neither a number nor a file",
+            f"device: host={str(path)[:200]} is neither a number nor a file",
             hint="host=1.3, or the file `perfcast calibrate -o FILE` wrote on the new machine",
         )
-    new = calibration.load(path)
-    new_ns = new.profiler.host_op_ns if new.profiler else None
-    if not new_ns:
+    try:
+        new = calibration.load(path)
+    except PerfcastError as exc:
         raise PerfcastError(
-            "device: this calibration has no host speed (written by an older perfcast); "
-            "run 'perfcast calibrate' on the new machine again",
+            f"device: host={path.name} is not a perfcast calibration file",
+            path=str(path),
+            hint="run 'perfcast calibrate -o FILE' on the new machine and pass that FILE",
+        ) from exc
+    new_ns = _host_op_ns(new)
+    if new_ns is None:
+        raise PerfcastError(
+            "device: this calibration has no usable host speed (written by an older "
+            "perfcast, or edited); run 'perfcast calibrate' on the new machine again",
             path=str(path),
         )
     here, fits, sentence = (
         calibration.matches_trace(graph.table) if graph.table is not None else (None, False, "")
     )
-    old_ns = here.profiler.host_op_ns if here is not None and here.profiler else None
-    if not fits or not old_ns:
+    old_ns = _host_op_ns(here) if here is not None else None
+    if not fits or old_ns is None:
         raise PerfcastError(
             "device: host=FILE compares the new machine with the traced one, and no "
             "calibration with a host speed is known for the traced machine"
@@ -148,6 +174,12 @@ def _host_ratio_from_calibration(path: Path, graph: Graph) -> tuple[float, str]:
             "PERFCAST_CALIBRATION), or give the ratio as host=SPEED",
         )
     speed = old_ns / new_ns
+    if not _sane_speed(speed):
+        raise PerfcastError(
+            f"device: the host speed from {path.name} ({old_ns:g} / {new_ns:g} ns per op = "
+            f"{speed:g}) is out of range",
+            path=str(path),
+        )
     return speed, (
         f"host={path.name}: {new_ns:g} ns per small op there against {old_ns:g} ns on the "
         "traced machine, per perfcast calibrate"
