@@ -356,6 +356,8 @@ def _sim_window(tl: Timeline, span_pos: int) -> tuple[int, int]:
     span = g.iterations[span_pos]
     if span.start_node == NONE:
         on_rank = (c["rank"] == span.rank) & alive
+        if not on_rank.any():  # a rank whose every event a damaged trace lost
+            return 0, 0
         return int(tl.start[on_rank].min()), int(tl.end[on_rank].max())
 
     def done(s: Any) -> int:
