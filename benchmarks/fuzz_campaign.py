@@ -1,6 +1,6 @@
 """Fuzz campaign: thousands of mutated real traces through every perfcast stage.
 
-    python benchmarks/fuzz_campaign.py [--count 10000] [--workers 1] [--out .bench/fuzz]
+    python benchmarks/fuzz_campaign.py [--count 10000] [--start 0] [--out .bench/fuzz]
                                        [--traces DIR ...] [--mode inprocess|subprocess]
 
 Each input is a real trace (every file under --traces, default the project's shared traces
@@ -477,7 +477,13 @@ def minimize(
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--count", type=int, default=10_000, help="mutated inputs to run")
-    ap.add_argument("--start", type=int, default=0, help="first input index (resume)")
+    ap.add_argument(
+        "--start",
+        type=int,
+        default=0,
+        help="first input index: resume a run, or shard one over cores (same --seed, "
+        "--start 0 and --start N with --count N, each with its own --out)",
+    )
     ap.add_argument("--seed", type=int, default=15, help="base random seed")
     ap.add_argument("--traces", type=Path, nargs="*", default=DEFAULT_TRACES)
     ap.add_argument("--out", type=Path, default=REPO / ".bench" / "fuzz")
