@@ -256,15 +256,28 @@ def _outermost_aten(table: EventTable, rows: np.ndarray) -> np.ndarray:
     return top
 
 
-def _nearest(table: EventTable, rows: np.ndarray, name_id: int, depth: int = 8) -> np.ndarray:
-    """Each row's nearest ancestor (itself included) named `name_id`, or -1."""
+def _autograd_node_names(table: EventTable) -> np.ndarray:
+    """A mask over name ids: autograd's node ranges (`evaluate_function: ...`)."""
+    return np.fromiter((n.startswith(_AUTOGRAD_NODE) for n in table.names), dtype=np.bool_)
+
+
+def _nearest(
+    table: EventTable, rows: np.ndarray, named: int | np.ndarray, depth: int = 8
+) -> np.ndarray:
+    """Each row's nearest ancestor (itself included) with the name id `named` (or, given a
+    boolean mask over name ids, any name it marks), or -1."""
+    if isinstance(named, np.ndarray):
+        mask = named
+    else:
+        mask = np.zeros(len(table.names), dtype=bool)
+        mask[named] = True
     out = np.full(rows.size, -1, dtype=np.int64)
-    cur = rows.copy()
+    cur = rows.astype(np.int64).copy()
     for _ in range(depth):
         live = (cur >= 0) & (out < 0)
         if not live.any():
             break
-        hit = live & (table.name[np.maximum(cur, 0)] == name_id)
+        hit = live & mask[table.name[np.maximum(cur, 0)]]
         out[hit] = cur[hit]
         cur = np.where(live & ~hit, table.parent[np.maximum(cur, 0)], -1)
     return out
@@ -319,12 +332,10 @@ def _host_costs(graph: Graph) -> _HostCosts:
     )
     n_rows = len(table.dur)
     node_ns = 0
-    node_names = [i for i, n in enumerate(table.names) if n.startswith(_AUTOGRAD_NODE)]
-    if node_names:
+    is_node = _autograd_node_names(table)[table.name] & (table.kind == Kind.CPU_OP)
+    if is_node.any():
         own = np.bincount(c["op"][host], weights=c["dur"][host], minlength=n_rows)
-        is_node = np.isin(table.name, node_names) & (table.kind == Kind.CPU_OP)
-        if is_node.any():
-            node_ns = int(np.median(own[is_node]))
+        node_ns = int(np.median(own[is_node]))
     launch_ns = P.median_launch_ns(graph)
     # The trace's own casts first: `aten::to` rows (at any depth: autocast's sit inside the
     # conv or matmul that asked for them) whose subtree launched exactly one kernel.
@@ -639,7 +650,7 @@ def _insert_casts(
     new_launch = np.full(first.size, -1, dtype=np.int64)
     if has_launch.any():
         anchors = launch[has_launch]
-        slots = _slots_before(graph, anchors, 2)
+        slots = _slots(graph, anchors, 2, after=False)
         if cpu_ns > 0:
             graph.append(
                 kind=int(NodeKind.CPU),
@@ -661,7 +672,7 @@ def _insert_casts(
             **_like(graph, anchors),
         )
     c = graph.cols
-    slots = _slots_before(graph, first, 1)[:, 0]
+    slots = _slots(graph, first, 1, after=False)[:, 0]
     like = _like(graph, first)
     like["gpu_kind"] = np.full(first.size, int(GpuKind.KERNEL))
     like["klass"] = np.full(first.size, int(KernelClass.ELEMENTWISE))
@@ -712,23 +723,12 @@ def _insert_grad_casts(
     bwd = comp[c["phase"][comp] == Phase.BACKWARD]
     if table is None or bwd.size == 0 or not forward:
         return []
-    node_names = {i for i, n in enumerate(table.names) if n.startswith(_AUTOGRAD_NODE)}
-    if not node_names:
+    is_node = _autograd_node_names(table)
+    if not is_node.any():
         return []
-    is_node = np.zeros(len(table.names), dtype=bool)
-    is_node[list(node_names)] = True
 
     def node_of(rows: np.ndarray) -> np.ndarray:
-        out = np.full(rows.size, -1, dtype=np.int64)
-        cur = rows.astype(np.int64).copy()
-        for _ in range(24):
-            live = (cur >= 0) & (out < 0)
-            if not live.any():
-                break
-            hit = live & is_node[table.name[np.maximum(cur, 0)]]
-            out[hit] = cur[hit]
-            cur = np.where(live & ~hit, table.parent[np.maximum(cur, 0)], -1)
-        return out
+        return _nearest(table, rows, is_node, depth=24)
 
     bwd = bwd[c["op"][bwd] >= 0]
     nodes = node_of(c["op"][bwd])
@@ -759,7 +759,7 @@ def _insert_grad_casts(
     g = np.array(layer_kernel, dtype=np.int64)
     durs, nbytes = _grad_cast_sizes(c, h, forward)
     launch_ns = P.median_launch_ns(graph)
-    slots = _slots_after(graph, h, 2)
+    slots = _slots(graph, h, 2, after=True)
     graph.append(
         kind=int(NodeKind.CPU),
         lane=c["lane"][h],
@@ -784,7 +784,7 @@ def _insert_grad_casts(
     # On a stream, what was launched earlier runs earlier: the cast goes after the last task
     # of the layer's stream launched before it (a bias gradient, a layout helper, ...).
     anchors = _last_launched_before(graph, c["lane"][g], launch_order, fallback=g)
-    gpu_slots = _slots_after(graph, anchors, 1)[:, 0]
+    gpu_slots = _slots(graph, anchors, 1, after=True)[:, 0]
     like = _like(graph, g)
     like["gpu_kind"] = np.full(g.size, int(GpuKind.KERNEL))
     like["klass"] = np.full(g.size, int(KernelClass.ELEMENTWISE))
@@ -869,8 +869,10 @@ def _like(graph: Graph, nodes: np.ndarray) -> dict[str, np.ndarray]:
     return {k: graph.cols[k][nodes].copy() for k in _LIKE_KEYS}
 
 
-def _slots_after(graph: Graph, anchors: np.ndarray, k: int) -> np.ndarray:
-    """k evenly spaced order keys between each anchor and its live lane successor."""
+def _slots(graph: Graph, anchors: np.ndarray, k: int, *, after: bool) -> np.ndarray:
+    """k evenly spaced order keys between each anchor and its live lane neighbour: its
+    successor when `after`, else its predecessor (one order unit beyond the anchor where
+    the lane has none)."""
     c = graph.cols
     alive = graph.alive
     out = np.empty((anchors.size, k), dtype=np.float64)
@@ -879,25 +881,14 @@ def _slots_after(graph: Graph, anchors: np.ndarray, k: int) -> np.ndarray:
     for lane in np.unique(lanes).tolist():
         orders = np.sort(c["order"][np.flatnonzero((c["lane"] == lane) & alive)])
         sel = np.flatnonzero(lanes == lane)
-        lo = c["order"][anchors[sel]]
-        i = np.searchsorted(orders, lo, side="right")
-        hi = np.where(i < orders.size, orders[np.minimum(i, orders.size - 1)], lo + 1.0)
-        out[sel] = lo[:, None] + (hi - lo)[:, None] * frac[None, :]
-    return out
-
-
-def _slots_before(graph: Graph, anchors: np.ndarray, k: int) -> np.ndarray:
-    """k evenly spaced order keys between each anchor and its live lane predecessor."""
-    c = graph.cols
-    alive = graph.alive
-    out = np.empty((anchors.size, k), dtype=np.float64)
-    lanes = c["lane"][anchors]
-    frac = np.arange(1, k + 1) / (k + 1)
-    for lane in np.unique(lanes).tolist():
-        orders = np.sort(c["order"][np.flatnonzero((c["lane"] == lane) & alive)])
-        sel = np.flatnonzero(lanes == lane)
-        hi = c["order"][anchors[sel]]
-        i = np.searchsorted(orders, hi, side="left") - 1
-        lo = np.where(i >= 0, orders[np.maximum(i, 0)], hi - 1.0)
+        at = c["order"][anchors[sel]]
+        if after:
+            i = np.searchsorted(orders, at, side="right")
+            lo = at
+            hi = np.where(i < orders.size, orders[np.minimum(i, orders.size - 1)], at + 1.0)
+        else:
+            i = np.searchsorted(orders, at, side="left") - 1
+            lo = np.where(i >= 0, orders[np.maximum(i, 0)], at - 1.0)
+            hi = at
         out[sel] = lo[:, None] + (hi - lo)[:, None] * frac[None, :]
     return out
