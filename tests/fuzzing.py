@@ -32,6 +32,7 @@ WHATIF_SPECS = (
     "fused-optimizer",
     "cuda-graphs",
     "fuse-elementwise",
+    "torch-compile",
     "dataloader-overlap",
     "remove-host-sync",
     "device:target=h100",

@@ -54,6 +54,9 @@ def import_gpu_truth(root: Path) -> list[RecordedRow]:
         tag = "h200" if is_device else "h100"
         notes = []
         spec = p["perfcast_whatif"]
+        if p["change"].startswith("torch.compile") and spec == "fuse-elementwise":
+            # The set predates the torch-compile model (fuse-elementwise is its GPU half).
+            spec = "torch-compile"
         if "workers" in base:
             notes.append(f"DataLoader num_workers={base['workers']} on {base['cpus']} CPUs")
             if spec.startswith("dataloader-overlap"):

@@ -42,7 +42,7 @@ PREDICT_SPECS: dict[str, str | None] = {
     "amp": "amp",
     "cuda-graphs": "cuda-graphs",
     "fused-adam": "fused-optimizer:kind=fused",
-    "torch-compile": "fuse-elementwise",
+    "torch-compile": "torch-compile",
     # perfcast has no model of memory formats: a guessed conv speedup would only restate
     # the guess, so this row is measured and left unpredicted.
     "channels-last": None,

@@ -97,7 +97,7 @@ CANDIDATES = [
     "fused-optimizer:kind=foreach",
     "fused-optimizer:kind=fused",
     "amp:dtype=bf16",
-    "fuse-elementwise",
+    "torch-compile",
     "dataloader-overlap:workers=4",
 ]
 
@@ -112,7 +112,8 @@ CODE = {
     "amp:dtype=bf16": 'with torch.autocast("cuda", dtype=torch.bfloat16): loss = model(x)',
     "amp:dtype=fp16": 'with torch.autocast("cuda", dtype=torch.float16): ...; '
     "scaler = torch.amp.GradScaler()",
-    "fuse-elementwise": "model = torch.compile(model)",
+    "torch-compile": "model = torch.compile(model)",
+    "fuse-elementwise": "model = torch.compile(model)  # the kernel fusion part of it",
     "dataloader-overlap": "DataLoader(..., num_workers=4, pin_memory=True, "
     "persistent_workers=True)",
     "device": "run on the other GPU",
@@ -205,6 +206,8 @@ def _facts(graph: Graph, tl: Timeline) -> dict[str, float]:
     )
     facts["dataloader_ms"] = float(c["dur"][host[c["phase"][host] == 0]].sum()) / 1e6 / n_steps
     facts["optimizer_host_ms"] = float(c["dur"][host[c["phase"][host] == 3]].sum()) / 1e6 / n_steps
+    model_host = host[np.isin(c["phase"][host], [1, 2])]
+    facts["model_host_ms"] = float(c["dur"][model_host].sum()) / 1e6 / n_steps
     facts["copies_per_step"] = (
         float(np.isin(c["gpu_kind"][gpu], [GpuKind.MEMCPY, GpuKind.MEMSET]).sum()) / n_steps
     )
@@ -259,6 +262,12 @@ def _explain(spec: str, f: dict[str, float]) -> str:
         )
     if name == "fuse-elementwise":
         return f"{f.get('elementwise_pct', 0.0):.0f}% of GPU time is elementwise kernels"
+    if name == "torch-compile":
+        return (
+            f"forward and backward take {f.get('model_host_ms', 0.0):.2f} ms of eager host "
+            f"work per step; {f.get('elementwise_pct', 0.0):.0f}% of GPU time is elementwise "
+            "kernels"
+        )
     if name == "dataloader-overlap":
         return f"data loading takes {f['dataloader_ms']:.2f} ms per step on the main thread"
     if name == "device":
@@ -368,6 +377,7 @@ def _why_uncertain(s: Suggestion) -> str:
 _PLAN_ORDER = [
     "fused-optimizer",
     "amp",
+    "torch-compile",
     "fuse-elementwise",
     "remove-host-sync",
     "dataloader-overlap",

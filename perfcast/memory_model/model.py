@@ -419,6 +419,7 @@ _NEUTRAL = {
     "faster-op",
     "cuda-graphs",
     "fuse-elementwise",
+    "torch-compile",
     "dataloader-overlap",
     "remove-host-sync",
 }

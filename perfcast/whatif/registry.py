@@ -17,6 +17,7 @@ MODEL_MODULES: dict[str, str] = {
     "fused-optimizer": "fused_optimizer",
     "cuda-graphs": "cuda_graphs",
     "fuse-elementwise": "fuse_elementwise",
+    "torch-compile": "torch_compile",
     "dataloader-overlap": "dataloader_overlap",
     "remove-host-sync": "remove_host_sync",
     "device": "device",

@@ -1,0 +1,309 @@
+"""torch-compile: `model = torch.compile(model)` (default mode) on an eager trace.
+
+What changes, in the phases compiled (forward and backward; the optimizer and data loading
+stay eager, as with `torch.compile(model)`):
+
+GPU. Library calls (GEMMs, convolutions, attention, copies, collectives) stay as they are:
+Inductor calls them as extern kernels. The kernels it generates itself replace every other
+kernel: adjacent pointwise kernels on one stream, with the reductions and row-wise
+normalizations they feed, become one Triton kernel (TorchInductor's pointwise / reduction
+fusion, Ansel et al., "PyTorch 2", ASPLOS '24). Grouping, in stream order: a group ends at
+anything it cannot absorb (a library kernel, a kernel another stream waits for, another
+phase or step), after a full reduction, and before a second norm/softmax (one persistent
+reduction per kernel). A group's duration follows its passes over memory as in
+`fuse-elementwise` (fixed cost paid once, the variable part scaled by fused/unfused passes).
+Inductor's kernels are assumed to move bytes as fast as ATen's.
+
+Host. The eager ops of the compiled phases (Python, dispatcher, autograd bookkeeping, the
+launches they make) are replaced by what the compiled code runs:
+- each library call keeps the host time its own ATen op took in the trace (the innermost op
+  that launched it, profiler cost taken out): Inductor calls the same op;
+- so does an op whose own host time exceeds 200 µs (`WORK_NS`): that is work (lazy CUDA
+  initialization, CPU compute, allocation), not dispatch;
+- each generated kernel costs `launch_us` of host time (default 8 µs: Inductor's
+  CachingAutotuner.run per kernel was measured at 6.8 µs with no arguments and 9.1 µs with 19
+  on a GB200 host, cuLaunchKernel included; tritonbench pull request #1017, April 2026);
+- each compiled graph call costs `graph_call_us` more (default 26.5 µs: the same
+  measurement's end-to-end 33 µs for a one-kernel graph, Dynamo's guards and the AOTAutograd
+  and wrapper layers, less the one kernel's 6.5 µs). One graph per phase and step unless
+  `graphs` says the model breaks into more.
+Host synchronizations and waits for other threads stay where they were (a sync in compiled
+code is a graph break; the user states those with `graphs`).
+
+Not modelled, said in the assumptions: compile time and recompilations, Inductor's choice of
+layouts (it may convert convolutions to channels-last), its replacing of cuDNN batch-norm
+kernels by generated ones that may be slower; `mode="reduce-overhead"` adds CUDA graphs
+(see the cuda-graphs model) and `max-autotune` its own GEMM choices.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from perfcast.errors import NotApplicableError
+from perfcast.graph.model import GpuKind, Graph, NodeKind, Source
+from perfcast.graph.phases import Phase
+from perfcast.hardware import KernelClass
+from perfcast.whatif import primitives as P
+from perfcast.whatif.kernels import is_library_helper, kernel_fixed_cost_ns
+from perfcast.whatif.models.fuse_elementwise import passes
+
+SUMMARY = "torch.compile(model), default mode: Inductor's fused kernels and a compiled host path"
+
+TRITON_LAUNCH_NS = 8_000
+GRAPH_CALL_NS = 26_500
+# Eager ops' own host time (profiler cost out) on the recorded H100 traces: 99th percentile
+# 54 µs (MLP) and 82 µs (ResNet-50). Beyond WORK_NS an op is doing work, not dispatching.
+WORK_NS = 200_000
+
+_GENERATED = frozenset(
+    {
+        KernelClass.ELEMENTWISE,
+        KernelClass.REDUCTION,
+        KernelClass.NORM,
+        KernelClass.SOFTMAX,
+        KernelClass.MEMSET,
+    }
+)
+_ROW_REDUCTION = frozenset({KernelClass.NORM, KernelClass.SOFTMAX})
+# Kernels Inductor generated, or ops of a compiled region: the trace is compiled already.
+_COMPILED = re.compile(r"^triton_|CompiledFunction|Torch-Compiled Region|^CompiledFxGraph")
+_PHASES = {"forward": Phase.FORWARD, "backward": Phase.BACKWARD}
+
+
+@dataclass
+class Options:
+    phases: str = "forward,backward"
+    graphs: int = 1  # compiled graphs per phase and step (1 + graph breaks)
+    launch_us: float = TRITON_LAUNCH_NS / 1000
+    graph_call_us: float = GRAPH_CALL_NS / 1000
+
+
+def _phases(options: Options) -> list[int]:
+    names = [p.strip() for p in options.phases.split(",") if p.strip()]
+    bad = [p for p in names if p not in _PHASES]
+    if bad or not names:
+        raise NotApplicableError(
+            f"torch-compile: phases must be forward and/or backward (got {options.phases!r})"
+        )
+    return [int(_PHASES[p]) for p in names]
+
+
+def _generated(graph: Graph, gpu: np.ndarray) -> np.ndarray:
+    """Which of these GPU nodes Inductor would generate (True) rather than call (False)."""
+    c = graph.cols
+    ok = (c["gpu_kind"][gpu] == GpuKind.KERNEL) & np.isin(c["klass"][gpu], list(_GENERATED))
+    helper = np.array([is_library_helper(graph.name_of(int(n))) for n in gpu], dtype=bool)
+    return ok & ~helper
+
+
+def _groups(graph: Graph, region_gpu: np.ndarray, generated: np.ndarray) -> list[list[int]]:
+    """Generated kernels grouped into the kernels Inductor would emit (module docstring)."""
+    c = graph.cols
+    alive = graph.alive
+    in_region = dict(zip(region_gpu.tolist(), generated.tolist(), strict=True))
+    all_gpu = np.flatnonzero((c["kind"] == NodeKind.GPU) & alive)
+    waited = set(graph.edge_dst[np.isin(graph.edge_dst, all_gpu)].tolist())
+    groups: list[list[int]] = []
+    for lane in np.unique(c["lane"][region_gpu]).tolist():
+        nodes = all_gpu[c["lane"][all_gpu] == lane]
+        nodes = nodes[np.argsort(c["order"][nodes], kind="stable")].tolist()
+        group: list[int] = []
+        for n in nodes:
+            if not in_region.get(n, False):
+                if group:
+                    groups.append(group)
+                group = []
+                continue
+            k = int(c["klass"][n])
+            joins = (
+                bool(group)
+                and c["phase"][n] == c["phase"][group[0]]
+                and c["iteration"][n] == c["iteration"][group[0]]
+                and n not in waited
+                and not (
+                    k in _ROW_REDUCTION and any(int(c["klass"][m]) in _ROW_REDUCTION for m in group)
+                )
+            )
+            if not joins and group:
+                groups.append(group)
+                group = []
+            group.append(n)
+            if k == KernelClass.REDUCTION:  # a full reduction ends its kernel
+                groups.append(group)
+                group = []
+        if group:
+            groups.append(group)
+    return groups
+
+
+def _region_host(graph: Graph, host: np.ndarray, phases: list[int]) -> np.ndarray:
+    """The host work the compiled code replaces: the ops of the compiled phases and the Python
+    between them (time attributed to no op or to the step marker, inside the span of a
+    phase's ops on its thread), not what comes before a phase's first op or after its last
+    (a step's tail, logging, the training loop itself)."""
+    c = graph.cols
+    markers = np.array([s.start_node for s in graph.iterations if s.start_node >= 0])
+    marker_ops = np.unique(c["op"][markers]) if markers.size else np.zeros(0, np.int32)
+    in_phase = np.isin(c["phase"][host], phases)
+    anchor = in_phase & (c["op"][host] >= 0) & ~np.isin(c["op"][host], marker_ops)
+    filler = ~anchor & (in_phase | (c["phase"][host] == Phase.NONE))
+    keys = np.stack([c["rank"][host], c["iteration"][host], c["lane"][host]], axis=1)
+    order = c["order"][host]
+    inside = np.zeros(host.size, dtype=bool)
+    for phase in phases:
+        is_phase = anchor & (c["phase"][host] == phase)
+        for rank, it, lane in np.unique(keys[is_phase], axis=0).tolist():
+            on = (keys[:, 0] == rank) & (keys[:, 1] == it) & (keys[:, 2] == lane)
+            span = order[on & is_phase]
+            inside |= on & filler & (order > span.min()) & (order < span.max())
+    return host[anchor | inside]
+
+
+def _refuse_compiled(graph: Graph) -> None:
+    c = graph.cols
+    used = np.unique(np.concatenate([c["name"], c["op_name"]]))
+    used = used[used >= 0]
+    for i in used.tolist():
+        if _COMPILED.search(graph.names[i]):
+            raise NotApplicableError(
+                f"torch-compile: the trace is compiled already ({graph.names[i][:60]!r} runs in it)"
+            )
+
+
+def apply(graph: Graph, options: Options) -> Graph:
+    phases = _phases(options)
+    if options.graphs < 1:
+        raise NotApplicableError("torch-compile: graphs must be at least 1")
+    c = graph.cols
+    alive = graph.alive
+    if not ((c["kind"] == NodeKind.GPU) & alive).any():
+        raise NotApplicableError(
+            "torch-compile: the trace has no GPU work (Inductor's CPU code generation is not "
+            "modelled)"
+        )
+    _refuse_compiled(graph)
+    host_kinds = np.isin(c["kind"], [NodeKind.CPU, NodeKind.LAUNCH, NodeKind.RUNTIME])
+    region_host = _region_host(
+        graph, np.flatnonzero(host_kinds & alive & (c["iteration"] >= 0)), phases
+    )
+    region_launch = region_host[c["kind"][region_host] == NodeKind.LAUNCH]
+    region_gpu = np.flatnonzero(
+        (c["kind"] == NodeKind.GPU) & alive & np.isin(c["launch"], region_launch)
+    )
+    if region_gpu.size == 0:
+        raise NotApplicableError(
+            "torch-compile: no GPU work is launched in the compiled phases "
+            f"({options.phases}) of any step"
+        )
+    generated = _generated(graph, region_gpu)
+    # Ops that make library calls keep their own host time (Inductor calls the same op).
+    extern_launch = np.unique(c["launch"][region_gpu[~generated]])
+    extern_ops = np.unique(c["op"][extern_launch])
+    extern_ops = extern_ops[extern_ops >= 0]
+    # Ops whose own host time is far beyond dispatch are doing work (lazy CUDA
+    # initialization, CPU compute, allocation) that compiled code does too: kept whole.
+    attributed = region_host[np.isin(c["phase"][region_host], phases) & (c["op"][region_host] >= 0)]
+    ops, where = np.unique(c["op"][attributed], return_inverse=True)
+    own_ns = np.bincount(where, weights=c["dur"][attributed].astype(np.float64))
+    working_ops = ops[own_ns > WORK_NS]
+
+    fixed = kernel_fixed_cost_ns(graph)
+    groups = _groups(graph, region_gpu, generated)
+    gpu_before = int(c["dur"][region_gpu[generated]].sum())
+    gpu_after = 0
+    kept_launches: list[int] = []
+    rest: list[int] = []
+    for group in groups:
+        first = group[0]
+        if len(group) > 1:
+            d = c["dur"][group].astype(np.float64)
+            f = np.minimum(d, fixed)
+            unfused, fused = passes(graph, group)
+            new = round(float(f.max()) + float((d - f).sum()) * fused / max(unfused, 1))
+            P.set_duration(graph, np.array([first]), new, Source.MODELLED)
+            c["name"][first] = graph.intern(f"triton kernel: {len(group)} kernels fused")
+            rest.extend(group[1:])
+        gpu_after += int(c["dur"][first])
+        kept_launches.append(int(c["launch"][first]))
+
+    # Host: what is neither a library call's own op nor a generated kernel's launch goes.
+    kept_ops = np.concatenate([extern_ops, working_ops])
+    keep = np.isin(c["op"][region_host], kept_ops) & (c["op"][region_host] >= 0)
+    keep |= np.isin(region_host, kept_launches)
+    removed_host = int(c["dur"][region_host[~keep]].sum())
+    launches = np.unique(np.array(kept_launches, dtype=np.int64))
+    launches = launches[launches >= 0]
+    # A launch that itself took longer than any dispatch (first-use module loading) stays.
+    launches = launches[c["dur"][launches] <= WORK_NS]
+    P.set_duration(graph, launches, int(options.launch_us * 1000), Source.MODELLED)
+    c["name"][launches] = graph.intern("Inductor kernel launch (CachingAutotuner.run)")
+    kept_ns = int(c["dur"][region_host[keep]].sum())
+
+    # One graph call per phase and step, before the first host work kept there.
+    kept_host = region_host[keep]
+    n_calls = 0
+    call_ns = int(options.graph_call_us * 1000) * options.graphs
+    for phase in phases:
+        in_phase = kept_host[c["phase"][kept_host] == phase]
+        keys = np.stack([c["rank"][in_phase], c["iteration"][in_phase]], axis=1)
+        for rank, it in np.unique(keys, axis=0).tolist():
+            nodes = in_phase[(c["rank"][in_phase] == rank) & (c["iteration"][in_phase] == it)]
+            first = int(nodes[np.argmin(c["order"][nodes])])
+            P.insert(
+                graph,
+                lane=int(c["lane"][first]),
+                before=first,
+                dur=call_ns,
+                kind=NodeKind.CPU,
+                name="torch.compile graph call (guards, AOTAutograd, wrapper)",
+                like=first,
+                near=True,
+            )
+            c = graph.cols
+            n_calls += 1
+
+    P.remove(graph, region_host[~keep])
+    P.remove_gpu_work(graph, np.array(rest, dtype=np.int64))
+    n_steps = len(set(zip(c["rank"][region_gpu].tolist(), c["iteration"][region_gpu].tolist())))
+    graph.assumptions.append(
+        f"torch-compile ({options.phases}): {int(generated.sum()):,} kernels become "
+        f"{len(groups):,} generated kernels ({gpu_before / 1e6:.2f} -> {gpu_after / 1e6:.2f} ms "
+        f"of GPU time); {int((~generated).sum()):,} library kernels kept; "
+        f"{removed_host / 1e6:.2f} ms of eager host work removed, {kept_ns / 1e6:.2f} ms "
+        "left (generated kernels' launches, library calls' own ops, "
+        f"{working_ops.size:,} ops doing work: over {WORK_NS / 1000:.0f} µs of own host time), "
+        f"over {n_steps} steps"
+    )
+    graph.assumptions.append(
+        f"torch-compile host path: {options.launch_us:g} µs per generated kernel and "
+        f"{options.graph_call_us:g} µs per graph call ({n_calls} calls x {options.graphs} "
+        "graph(s)), measured by tritonbench on a GB200 host (pull request #1017); compile "
+        "time, recompilation and Inductor's layout changes not modelled"
+    )
+    n_bn = _batch_norm_kernels(graph, region_gpu[generated])
+    if n_bn:
+        graph.assumptions.append(
+            f"torch-compile: {n_bn:,} batch-norm kernels (cuDNN / ATen) become Inductor's "
+            "generated reductions, assumed as fast per byte; measured outcomes of compiling "
+            "conv nets with training-mode batch norm range from 0.7x to 1.4x (pytorch/pytorch "
+            "issue 111180; this project's H100 ResNet-50, fp32: 0.83x), so the GPU part of "
+            "this prediction is uncertain"
+        )
+    return graph
+
+
+_BATCH_NORM = re.compile(r"batch_?norm|bn_fw|bn_bw|bnfwd|bnbwd", re.IGNORECASE)
+
+
+def _batch_norm_kernels(graph: Graph, gpu: np.ndarray) -> int:
+    c = graph.cols
+    n = 0
+    for node in gpu.tolist():
+        op = int(c["op_name"][node])
+        names = graph.name_of(node) + (" " + graph.names[op] if op >= 0 else "")
+        n += bool(_BATCH_NORM.search(names))
+    return n
