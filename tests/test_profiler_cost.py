@@ -199,6 +199,19 @@ def test_measured_unprofiled_steps_are_fitted(tmp_path: Path) -> None:
     assert all(it.measured_real_ms == pytest.approx(15.5) for it in r.iterations)
 
 
+def test_the_fit_can_be_held_out(tmp_path: Path) -> None:
+    # fit=False chooses the cost as if the trace carried no unprofiled steps (the held-out
+    # check in benchmarks.accuracy), and still reports the measured step beside the estimate.
+    path = _with_measured(H100 / "mlp_base.json.gz", tmp_path, [15.0, 15.5, 16.0])
+    graph = build_graph(perfcast.load(path))
+    fitted, held_out = real_world(graph), real_world(graph, fit=False)
+    assert fitted.cost.source == "fit"
+    assert held_out.cost.source == "default"
+    assert all(s.measured_real_ms == pytest.approx(15.5) for s in held_out.steps)
+    assert np.mean([s.real_ms for s in fitted.steps]) == pytest.approx(15.5, rel=0.01)
+    assert np.mean([s.real_ms for s in held_out.steps]) != pytest.approx(15.5, rel=0.01)
+
+
 def test_a_gpu_bound_step_keeps_its_base_cost_when_fitted(tmp_path: Path) -> None:
     # Any cost fits a GPU-bound step: the fit does not move the documented default.
     path = _with_measured(H100 / "r50_bs128.json.gz", tmp_path, [73.8])

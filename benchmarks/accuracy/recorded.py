@@ -240,6 +240,53 @@ def _stats(errors: list[float]) -> dict[str, Any]:
     }
 
 
+def held_out_baselines(rows: Sequence[RecordedRow], tables: _Tables) -> dict[str, Any]:
+    """The baseline estimate without the fit, against the unprofiled steps measured beside
+    the trace (the ones the fit would use): a check of the calibration (or the default, where
+    the row names none) that the fit cannot pass by construction."""
+    from perfcast import calibration
+    from perfcast.analysis.real_step import real_world
+    from perfcast.graph import build_graph
+    from perfcast.real import measured_real_steps
+
+    out: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    for row in rows:
+        if row.baseline_trace in seen:
+            continue
+        seen.add(row.baseline_trace)
+        table = tables[row.baseline_trace]
+        measured = measured_real_steps(table)
+        if not measured:
+            continue
+        saved = os.environ.get(calibration.ENV)
+        cal = str(RECORDED_DIR / row.calibration) if row.calibration else "off"
+        os.environ[calibration.ENV] = cal
+        try:
+            world = real_world(build_graph(table), fit=False)
+        finally:
+            if saved is None:
+                os.environ.pop(calibration.ENV, None)
+            else:
+                os.environ[calibration.ENV] = saved
+        by_rank: dict[int, list[float]] = {}
+        for est in world.steps:
+            by_rank.setdefault(est.rank, []).append(est.real_ms)
+        errors = [
+            (statistics.fmean(by_rank[r]) - m) / m for r, m in measured.items() if r in by_rank
+        ]
+        if errors:
+            out.append(
+                {
+                    "trace": row.baseline_trace,
+                    "source": world.cost.source,
+                    "error": statistics.fmean(errors),
+                }
+            )
+    stats = _stats([abs(x["error"]) for x in out])
+    return {**stats, "traces": out, "sources": sorted({x["source"] for x in out})}
+
+
 def summarize(rows: Sequence[RecordedRow], results: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Median and max speedup error: overall, per device, per change; unpredicted rows."""
     pairs = list(zip(rows, results))
@@ -290,6 +337,7 @@ def markdown(
     rows: Sequence[RecordedRow],
     results: Sequence[dict[str, Any]],
     host_stated: dict[str, Any] | None = None,
+    held_out: dict[str, Any] | None = None,
 ) -> str:
     """The README table: every row (none dropped), then medians and maxima per processor,
     device and change, the device rows with the host speed stated (when given), and the
@@ -340,6 +388,13 @@ def markdown(
         lines.append(
             f"| baseline step without the profiler, estimated vs measured ({b['rows']} "
             f"baselines) | {b['rows']} | {_pct(b['median'])} | {_pct(b['max'])} |"
+        )
+    h = held_out
+    if h and h["rows"]:
+        lines.append(
+            f"| the same without the fit ({' / '.join(h['sources'])} only), vs the unprofiled "
+            f"steps measured beside the trace ({h['rows']} traces that carry them) | "
+            f"{h['rows']} | {_pct(h['median'])} | {_pct(h['max'])} |"
         )
     if s["unpredicted"]:
         lines.append(f"\n{s['unpredicted']} rows have no prediction (see their notes).")
@@ -463,13 +518,15 @@ def run(argv: Sequence[str] | None = None) -> int:
     results = score(rows, tables)
     summary = summarize(rows, results)
     host_stated = host_stated_device(rows, results, tables)
+    held_out = held_out_baselines(rows, tables)
     rankings = advisor_rankings(rows)
-    table = markdown(rows, results, host_stated) + "\n\n" + ranking_markdown(rankings)
+    table = markdown(rows, results, host_stated, held_out) + "\n\n" + ranking_markdown(rankings)
     print(table)
     doc = {
         "wall_s": round(time.perf_counter() - started, 1),
         "summary": summary,
         "device_host_stated": host_stated,
+        "baseline_without_fit": held_out,
         "advisor_rankings": rankings,
         "rows": [
             {**p, "measured_speedup": r.speedup, "measured": r.measured}

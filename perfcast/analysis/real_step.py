@@ -48,8 +48,12 @@ def real_world(
     correct: bool = True,
     calibration: ProfilerCost | None = None,
     traced: Timeline | None = None,
+    fit: bool = True,
 ) -> RealWorld:
-    """The traced and the corrected graph of a trace, replayed (see module docstring)."""
+    """The traced and the corrected graph of a trace, replayed (see module docstring).
+
+    `fit=False` ignores the unprofiled steps the trace carries when choosing the cost (they
+    are still reported): a held-out check of the calibration or default against them."""
     table = graph.table
     settings = (
         ProfilerSettings.of(table)
@@ -64,7 +68,7 @@ def real_world(
         if calibration is None and table is not None:
             calibration = calibrated_cost(table, settings)
         cost = calibration if calibration is not None else default_cost(settings)
-        if measured:
+        if measured and fit:
             cost = _fit(graph, cost, measured) or cost
     if cost.is_off:
         corrected, removed, real = graph, Removed(0), traced
