@@ -81,10 +81,14 @@ def test_readme_table_is_generated_from_the_rows(
     rows: list[RecordedRow],
     scored: list[dict],
     host_stated: dict | None,
+    tables: dict,
     pytestconfig: pytest.Config,
 ) -> None:
+    held_out = recorded.held_out_baselines(rows, tables)
+    # Every trace that carries unprofiled steps is checked without its fit.
+    assert held_out["rows"] == 4 and held_out["sources"] == ["calibration"]
     table = (
-        recorded.markdown(rows, scored, host_stated)
+        recorded.markdown(rows, scored, host_stated, held_out)
         + "\n\n"
         + recorded.ranking_markdown(recorded.advisor_rankings(rows))
     )
