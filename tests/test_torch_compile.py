@@ -130,6 +130,20 @@ def test_compile_only_the_phases_asked(write_trace):
     assert pred_us == pytest.approx(10 + fwd + 10 + 170 + 10 + 50 + 10, abs=1e-3)
 
 
+def test_reduce_overhead_replays_the_compiled_phases_from_cuda_graphs(write_trace):
+    table = perfcast.load(write_trace(host_bound_step(STEP), "t.json"))
+    _, pred_us, g = predict(table, "torch-compile:mode=reduce-overhead")
+    c = g.cols
+    launches = np.flatnonzero((c["kind"] == NodeKind.LAUNCH) & g.alive)
+    # One graph launch for forward and backward, the optimizer's own launch.
+    assert sorted(g.name_of(n) for n in launches) == ["cudaGraphLaunch", "cudaLaunchKernel"]
+    # Host: the four 10 µs gaps outside the compiled phases, the optimizer's 50 µs, two graph
+    # calls (forward, backward) and the 2.5 µs graph launch.
+    assert pred_us == pytest.approx(4 * 10 + 50 + 2 * GRAPH_CALL_NS / 1000 + 2.5, abs=1e-3)
+    with pytest.raises(NotApplicableError, match="max-autotune"):
+        predict(table, "torch-compile:mode=max-autotune")
+
+
 def test_an_op_doing_work_keeps_its_host_time(write_trace):
     # The first op takes 600 µs of host time (lazy initialization, say), far beyond dispatch.
     step = [("aten::rand", GELU, 2.0), *STEP[1:3]]

@@ -98,6 +98,7 @@ CANDIDATES = [
     "fused-optimizer:kind=fused",
     "amp:dtype=bf16",
     "torch-compile",
+    "torch-compile:mode=reduce-overhead",
     "dataloader-overlap:workers=4",
 ]
 
@@ -105,14 +106,15 @@ CANDIDATES = [
 # The change each suggestion asks for, in one line of PyTorch.
 CODE = {
     "remove-host-sync": "drop .item() / .cpu() / print(loss) from the step; log every N steps",
-    "cuda-graphs": 'torch.compile(model, mode="reduce-overhead")  # or torch.cuda.CUDAGraph '
-    "capture of the step, with Adam(..., capturable=True)",
+    "cuda-graphs": "capture the whole step (forward, backward, optimizer) once with "
+    "torch.cuda.graph(g) and call g.replay() each step, with Adam(..., capturable=True)",
     "fused-optimizer:kind=foreach": "torch.optim.AdamW(params, ..., foreach=True)",
     "fused-optimizer:kind=fused": "torch.optim.AdamW(params, ..., fused=True)",
     "amp:dtype=bf16": 'with torch.autocast("cuda", dtype=torch.bfloat16): loss = model(x)',
     "amp:dtype=fp16": 'with torch.autocast("cuda", dtype=torch.float16): ...; '
     "scaler = torch.amp.GradScaler()",
     "torch-compile": "model = torch.compile(model)",
+    "torch-compile:mode=reduce-overhead": 'model = torch.compile(model, mode="reduce-overhead")',
     "fuse-elementwise": "model = torch.compile(model)  # the kernel fusion part of it",
     "dataloader-overlap": "DataLoader(..., num_workers=4, pin_memory=True, "
     "persistent_workers=True)",

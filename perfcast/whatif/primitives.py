@@ -19,6 +19,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
+from perfcast.errors import NotApplicableError
 from perfcast.graph.model import NONE, Graph, Lane, NodeKind, Source
 from perfcast.graph.phases import Phase
 
@@ -40,6 +41,12 @@ _PHASE_NAMES = {
     "optimizer": Phase.OPTIMIZER,
     "communication": Phase.COMMUNICATION,
 }
+
+
+def split_list(value: str) -> list[str]:
+    """An option's list value: items joined with '+' (the spec syntax keeps ',' between
+    options), ',' also accepted from the Python API."""
+    return [p.strip() for p in re.split(r"[+,]", value) if p.strip()]
 
 
 def _name_mask(names: list[str], pattern: str | None) -> np.ndarray:
@@ -91,6 +98,12 @@ def select(
         mask &= np.isin(c["klass"], [int(k) for k in klass])
     if phase is not None:
         phases = [phase] if isinstance(phase, str) else list(phase)
+        unknown = [p for p in phases if p not in _PHASE_NAMES]
+        if unknown:
+            raise NotApplicableError(
+                f"unknown phase {unknown[0]!r}: phases are {', '.join(_PHASE_NAMES)} "
+                "(several joined with '+', e.g. phases=forward+backward)"
+            )
         mask &= np.isin(c["phase"], [int(_PHASE_NAMES[p]) for p in phases])
     if lane is not None:
         lanes_wanted = [lane] if isinstance(lane, int) else list(lane)

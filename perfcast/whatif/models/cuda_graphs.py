@@ -32,7 +32,7 @@ from perfcast.graph.model import Graph, NodeKind, Source
 from perfcast.graph.phases import Phase
 from perfcast.whatif import primitives as P
 
-SUMMARY = "replay each step's GPU work from a captured CUDA graph (phases=forward,backward,...)"
+SUMMARY = "replay each step's GPU work from a captured CUDA graph (phases=forward+backward+...)"
 
 GRAPH_LAUNCH_NS = 2_500
 IN_GRAPH_GAP_NS = 380
@@ -41,13 +41,13 @@ CAPTURABLE_EXTRA_KERNELS_PER_PARAM = 14
 
 @dataclass
 class Options:
-    phases: str = "forward,backward,optimizer"
+    phases: str = "forward+backward+optimizer"
     graph_launch_us: float = GRAPH_LAUNCH_NS / 1000
 
 
 def apply(graph: Graph, options: Options) -> Graph:
     c = graph.cols
-    phases = [p.strip() for p in options.phases.split(",") if p.strip()]
+    phases = P.split_list(options.phases)
     if not (c["kind"] == NodeKind.GPU).any():
         raise NotApplicableError("cuda-graphs: the trace has no GPU work")
     host = P.select(graph, kind="host", phase=phases)

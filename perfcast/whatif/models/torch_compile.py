@@ -30,10 +30,12 @@ launches they make) are replaced by what the compiled code runs:
 Host synchronizations and waits for other threads stay where they were (a sync in compiled
 code is a graph break; the user states those with `graphs`).
 
+`mode=reduce-overhead` then replays each compiled phase from a CUDA graph (the cuda-graphs
+model on those phases), still paying the graph call before each replay.
+
 Not modelled, said in the assumptions: compile time and recompilations, Inductor's choice of
 layouts (it may convert convolutions to channels-last), its replacing of cuDNN batch-norm
-kernels by generated ones that may be slower; `mode="reduce-overhead"` adds CUDA graphs
-(see the cuda-graphs model) and `max-autotune` its own GEMM choices.
+kernels by generated ones that may be slower; `max-autotune`'s own GEMM choices.
 """
 
 from __future__ import annotations
@@ -76,14 +78,15 @@ _PHASES = {"forward": Phase.FORWARD, "backward": Phase.BACKWARD}
 
 @dataclass
 class Options:
-    phases: str = "forward,backward"
+    mode: str = "default"  # or "reduce-overhead": the compiled graphs replayed as CUDA graphs
+    phases: str = "forward+backward"
     graphs: int = 1  # compiled graphs per phase and step (1 + graph breaks)
     launch_us: float = TRITON_LAUNCH_NS / 1000
     graph_call_us: float = GRAPH_CALL_NS / 1000
 
 
 def _phases(options: Options) -> list[int]:
-    names = [p.strip() for p in options.phases.split(",") if p.strip()]
+    names = P.split_list(options.phases)
     bad = [p for p in names if p not in _PHASES]
     if bad or not names:
         raise NotApplicableError(
@@ -175,6 +178,51 @@ def _refuse_compiled(graph: Graph) -> None:
 
 
 def apply(graph: Graph, options: Options) -> Graph:
+    if options.mode not in ("default", "reduce-overhead"):
+        raise NotApplicableError(
+            f"torch-compile: mode must be default or reduce-overhead (got {options.mode!r}); "
+            "max-autotune's own GEMM choices are not modelled"
+        )
+    graph = _compile(graph, options)
+    if options.mode == "reduce-overhead":
+        graph = _replay_as_cuda_graphs(graph, options)
+    return graph
+
+
+def _replay_as_cuda_graphs(graph: Graph, options: Options) -> Graph:
+    """mode="reduce-overhead": each compiled graph is captured once and replayed (CUDA graph
+    trees): the cuda-graphs model over the compiled phases, the optimizer left eager, and
+    the graph call's guards and bookkeeping still paid per phase before the replay."""
+    from perfcast.whatif.models import cuda_graphs
+
+    graph = cuda_graphs.apply(graph, cuda_graphs.Options(phases=options.phases))
+    c = graph.cols
+    launches = np.flatnonzero(
+        (c["name"] == graph.intern("cudaGraphLaunch")) & graph.alive & (c["iteration"] >= 0)
+    )
+    calls = len(_phases(options)) * options.graphs
+    for node in launches.tolist():
+        P.insert(
+            graph,
+            lane=int(c["lane"][node]),
+            before=node,
+            dur=int(options.graph_call_us * 1000) * calls,
+            kind=NodeKind.CPU,
+            name="torch.compile graph calls (guards, CUDA graph tree bookkeeping)",
+            like=node,
+            near=True,
+        )
+        c = graph.cols
+    graph.assumptions.append(
+        f"torch-compile mode=reduce-overhead: the compiled {options.phases} replayed from CUDA "
+        f"graphs, {calls} graph call(s) of {options.graph_call_us:g} µs per step kept before "
+        "each replay; the optimizer stays eager (compile it too, or capture the whole step: "
+        "see cuda-graphs)"
+    )
+    return graph
+
+
+def _compile(graph: Graph, options: Options) -> Graph:
     phases = _phases(options)
     if options.graphs < 1:
         raise NotApplicableError("torch-compile: graphs must be at least 1")
