@@ -66,6 +66,8 @@ def apply(graph: Graph, options: Options) -> Graph:
         raise NotApplicableError("zero: stage must be 1, 2 or 3")
     if o.units < 1 or o.prefetch < 0:
         raise NotApplicableError("zero: units must be >= 1 and prefetch >= 0")
+    if o.param_bytes not in (1, 2, 4) or o.grad_bytes not in (1, 2, 4):
+        raise NotApplicableError("zero: param_bytes and grad_bytes must be 1, 2 or 4")
     C.require_gpu_steps(graph, "zero")
     params = _param_count(graph, o)
     from perfcast.whatif.models.ddp import drop_measured_allreduces
