@@ -134,6 +134,42 @@ def test_identity_reproduces_the_trace(write_trace):
     assert (pred.start == base.start).all()
 
 
+BN_FWD = (
+    "void cudnn::bn_fw_tr_1C11_kernel_NCHW<float, float, int, 512, true, 1>(cudnnTensorStruct, "
+    "float const*, cudnnTensorStruct, float*, float const*, float const*, float, float, "
+    "float*, float*, float*, float*, float, float)"
+)
+
+
+def test_amp_bf16_batch_norm_runs_three_native_kernels(write_trace):
+    # fixed = 5th percentile of [4, 4, 4, 100, 60] µs = 4 µs; batch norm's variable 56 µs is
+    # split 28 + 28 between the statistics and the transform.
+    kernels = [
+        *[kernel(ADD, 4.0, "aten::add")] * 3,
+        kernel(SGEMM, 100.0, "aten::mm"),
+        kernel(BN_FWD, 60.0, "aten::cudnn_batch_norm"),
+    ]
+    table = load(write_trace, gpu_trace(kernels))
+    _, _, g = predict(table, "amp")
+    durs = gpu_durs(g)
+    assert [n for n, _ in durs][-3:] == [
+        BN_FWD,
+        "batch_norm_update_stats (native bf16, modelled)",
+        "batch_norm_transform (native bf16, modelled)",
+    ]
+    # Statistics and transform share the cuDNN kernel's variable time; each pays the fixed
+    # cost, as does the update kernel.
+    assert [d for _, d in durs][-3:] == [4_000 + 28_000, 4_000, 4_000 + 28_000]
+    c = g.cols
+    launches = np.flatnonzero((c["kind"] == NodeKind.LAUNCH) & g.alive)
+    # The three adds, the matmul, its weight cast, and three for the batch norm.
+    assert launches.size == 8
+    assert g.check_invariants() == []
+    # fp16 keeps cuDNN's batch norm (one kernel, half the bytes).
+    _, _, g16 = predict(table, "amp:dtype=fp16")
+    assert [n for n, _ in gpu_durs(g16)][-1] == BN_FWD
+
+
 def test_amp_gpu_bound(write_trace):
     table = load(write_trace, gpu_trace(MIXED))
     base_us, pred_us, g = predict(table, "amp")
