@@ -74,8 +74,11 @@ def test_a_trace_with_casts_lends_them_its_cost() -> None:
     costs = amp._host_costs(graph)
     assert costs.cast_from == "the trace's 339 casts that launched a kernel"
     proxy = amp._host_costs(build_graph(load(R50)))
-    # What the fp32 trace's stand-ins say is of the casts' order, and below them.
-    assert 0.3 * costs.cast_ns < proxy.cast_ns < costs.cast_ns
+    # What the fp32 trace's stand-ins say, with the three nested records a cast makes beyond
+    # a one-kernel elementwise op, is what the bf16 trace's own casts cost (24.3 vs 25.5 µs;
+    # the stand-ins alone said 14.1).
+    assert "plus 3 nested ops" in proxy.cast_from
+    assert abs(proxy.cast_ns - costs.cast_ns) < 0.15 * costs.cast_ns
 
 
 def test_refused_on_a_trace_already_under_autocast() -> None:
