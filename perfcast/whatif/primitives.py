@@ -289,3 +289,36 @@ def median_launch_ns(graph: Graph, default: int = 5_000) -> int:
     if launches.size == 0:
         return default
     return int(np.median(c["dur_measured"][launches]))
+
+
+LIKE_KEYS = ("op", "op_name", "scope", "phase", "iteration", "rank", "klass", "gpu_kind")
+
+
+def like_columns(graph: Graph, nodes: np.ndarray) -> dict[str, np.ndarray]:
+    """Attribution columns copied from existing nodes (as `primitives.insert(like=...)`)."""
+    return {k: graph.cols[k][nodes].copy() for k in LIKE_KEYS}
+
+
+def order_slots(graph: Graph, anchors: np.ndarray, k: int, *, after: bool) -> np.ndarray:
+    """k evenly spaced order keys between each anchor and its live lane neighbour: its
+    successor when `after`, else its predecessor (one order unit beyond the anchor where
+    the lane has none)."""
+    c = graph.cols
+    alive = graph.alive
+    out = np.empty((anchors.size, k), dtype=np.float64)
+    lanes = c["lane"][anchors]
+    frac = np.arange(1, k + 1) / (k + 1)
+    for lane in np.unique(lanes).tolist():
+        orders = np.sort(c["order"][np.flatnonzero((c["lane"] == lane) & alive)])
+        sel = np.flatnonzero(lanes == lane)
+        at = c["order"][anchors[sel]]
+        if after:
+            i = np.searchsorted(orders, at, side="right")
+            lo = at
+            hi = np.where(i < orders.size, orders[np.minimum(i, orders.size - 1)], at + 1.0)
+        else:
+            i = np.searchsorted(orders, at, side="left") - 1
+            lo = np.where(i >= 0, orders[np.maximum(i, 0)], at - 1.0)
+            hi = at
+        out[sel] = lo[:, None] + (hi - lo)[:, None] * frac[None, :]
+    return out

@@ -671,7 +671,7 @@ def _native_batch_norm(graph: Graph, kept: np.ndarray, fixed: int) -> int:
         return 0
     launches = c["launch"][anchors].astype(np.int64)
     launch_ns = P.median_launch_ns(graph)
-    host_slots = _slots(graph, launches, 2, after=True)
+    host_slots = P.order_slots(graph, launches, 2, after=True)
     new_launches = [
         graph.append(
             kind=int(NodeKind.LAUNCH),
@@ -681,7 +681,7 @@ def _native_batch_norm(graph: Graph, kept: np.ndarray, fixed: int) -> int:
             dur_measured=launch_ns,
             source=int(Source.MODELLED),
             name=graph.intern("cudaLaunchKernel"),
-            **_like(graph, launches),
+            **P.like_columns(graph, launches),
         )
         for j in range(2)
     ]
@@ -690,14 +690,14 @@ def _native_batch_norm(graph: Graph, kept: np.ndarray, fixed: int) -> int:
     f = np.minimum(d, fixed)
     half = (d - f) // 2
     P.set_duration(graph, anchors, f + half, Source.SCALED)
-    gpu_slots = _slots(graph, anchors, 2, after=True)
+    gpu_slots = P.order_slots(graph, anchors, 2, after=True)
     for j, (dur, label) in enumerate(
         (
             (np.full(anchors.size, fixed), "batch_norm_update_stats (native bf16, modelled)"),
             (f + (d - f - half), "batch_norm_transform (native bf16, modelled)"),
         )
     ):
-        like = _like(graph, anchors)
+        like = P.like_columns(graph, anchors)
         graph.append(
             kind=int(NodeKind.GPU),
             lane=c["lane"][anchors],
@@ -768,7 +768,7 @@ def _insert_casts(
     new_launch = np.full(first.size, -1, dtype=np.int64)
     if has_launch.any():
         anchors = launch[has_launch]
-        slots = _slots(graph, anchors, 2, after=False)
+        slots = P.order_slots(graph, anchors, 2, after=False)
         if cpu_ns > 0:
             graph.append(
                 kind=int(NodeKind.CPU),
@@ -777,7 +777,7 @@ def _insert_casts(
                 dur=cpu_ns,
                 source=int(Source.MODELLED),
                 name=graph.intern("aten::_to_copy (autocast, modelled)"),
-                **_like(graph, anchors),
+                **P.like_columns(graph, anchors),
             )
         new_launch[has_launch] = graph.append(
             kind=int(NodeKind.LAUNCH),
@@ -787,11 +787,11 @@ def _insert_casts(
             dur_measured=launch_ns,
             source=int(Source.MODELLED),
             name=graph.intern("cudaLaunchKernel"),
-            **_like(graph, anchors),
+            **P.like_columns(graph, anchors),
         )
     c = graph.cols
-    slots = _slots(graph, first, 1, after=False)[:, 0]
-    like = _like(graph, first)
+    slots = P.order_slots(graph, first, 1, after=False)[:, 0]
+    like = P.like_columns(graph, first)
     like["gpu_kind"] = np.full(first.size, int(GpuKind.KERNEL))
     like["klass"] = np.full(first.size, int(KernelClass.ELEMENTWISE))
     graph.append(
@@ -877,7 +877,7 @@ def _insert_grad_casts(
     g = np.array(layer_kernel, dtype=np.int64)
     durs, nbytes = _grad_cast_sizes(c, h, forward)
     launch_ns = P.median_launch_ns(graph)
-    slots = _slots(graph, h, 2, after=True)
+    slots = P.order_slots(graph, h, 2, after=True)
     graph.append(
         kind=int(NodeKind.CPU),
         lane=c["lane"][h],
@@ -885,7 +885,7 @@ def _insert_grad_casts(
         dur=costs.node_ns + costs.cast_ns,
         source=int(Source.MODELLED),
         name=graph.intern("ToCopyBackward0 (autocast, modelled)"),
-        **_like(graph, h),
+        **P.like_columns(graph, h),
     )
     launches = graph.append(
         kind=int(NodeKind.LAUNCH),
@@ -895,15 +895,15 @@ def _insert_grad_casts(
         dur_measured=launch_ns,
         source=int(Source.MODELLED),
         name=graph.intern("cudaLaunchKernel"),
-        **_like(graph, h),
+        **P.like_columns(graph, h),
     )
     c = graph.cols
     launch_order = c["order"][launches]
     # On a stream, what was launched earlier runs earlier: the cast goes after the last task
     # of the layer's stream launched before it (a bias gradient, a layout helper, ...).
     anchors = _last_launched_before(graph, c["lane"][g], launch_order, fallback=g)
-    gpu_slots = _slots(graph, anchors, 1, after=True)[:, 0]
-    like = _like(graph, g)
+    gpu_slots = P.order_slots(graph, anchors, 1, after=True)[:, 0]
+    like = P.like_columns(graph, g)
     like["gpu_kind"] = np.full(g.size, int(GpuKind.KERNEL))
     like["klass"] = np.full(g.size, int(KernelClass.ELEMENTWISE))
     graph.append(
@@ -977,36 +977,3 @@ def _argmax_prefix(values: np.ndarray) -> np.ndarray:
     idx = np.arange(values.size)
     is_new_max = np.r_[True, values[1:] > np.maximum.accumulate(values)[:-1]]
     return np.maximum.accumulate(np.where(is_new_max, idx, 0))
-
-
-_LIKE_KEYS = ("op", "op_name", "scope", "phase", "iteration", "rank", "klass", "gpu_kind")
-
-
-def _like(graph: Graph, nodes: np.ndarray) -> dict[str, np.ndarray]:
-    """Attribution columns copied from existing nodes (as `primitives.insert(like=...)`)."""
-    return {k: graph.cols[k][nodes].copy() for k in _LIKE_KEYS}
-
-
-def _slots(graph: Graph, anchors: np.ndarray, k: int, *, after: bool) -> np.ndarray:
-    """k evenly spaced order keys between each anchor and its live lane neighbour: its
-    successor when `after`, else its predecessor (one order unit beyond the anchor where
-    the lane has none)."""
-    c = graph.cols
-    alive = graph.alive
-    out = np.empty((anchors.size, k), dtype=np.float64)
-    lanes = c["lane"][anchors]
-    frac = np.arange(1, k + 1) / (k + 1)
-    for lane in np.unique(lanes).tolist():
-        orders = np.sort(c["order"][np.flatnonzero((c["lane"] == lane) & alive)])
-        sel = np.flatnonzero(lanes == lane)
-        at = c["order"][anchors[sel]]
-        if after:
-            i = np.searchsorted(orders, at, side="right")
-            lo = at
-            hi = np.where(i < orders.size, orders[np.minimum(i, orders.size - 1)], at + 1.0)
-        else:
-            i = np.searchsorted(orders, at, side="left") - 1
-            lo = np.where(i >= 0, orders[np.maximum(i, 0)], at - 1.0)
-            hi = at
-        out[sel] = lo[:, None] + (hi - lo)[:, None] * frac[None, :]
-    return out

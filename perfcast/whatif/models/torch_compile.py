@@ -99,8 +99,9 @@ def _generated(graph: Graph, gpu: np.ndarray) -> np.ndarray:
     """Which of these GPU nodes Inductor would generate (True) rather than call (False)."""
     c = graph.cols
     ok = (c["gpu_kind"][gpu] == GpuKind.KERNEL) & np.isin(c["klass"][gpu], list(_GENERATED))
-    helper = np.array([is_library_helper(graph.name_of(int(n))) for n in gpu], dtype=bool)
-    return ok & ~helper
+    ids, where = np.unique(c["name"][gpu], return_inverse=True)
+    helper = np.array([i >= 0 and is_library_helper(graph.names[i]) for i in ids.tolist()])
+    return ok & ~helper[where.reshape(-1)] if ids.size else ok
 
 
 def _groups(graph: Graph, region_gpu: np.ndarray, generated: np.ndarray) -> list[list[int]]:
@@ -154,15 +155,23 @@ def _region_host(graph: Graph, host: np.ndarray, phases: list[int]) -> np.ndarra
     in_phase = np.isin(c["phase"][host], phases)
     anchor = in_phase & (c["op"][host] >= 0) & ~np.isin(c["op"][host], marker_ops)
     filler = ~anchor & (in_phase | (c["phase"][host] == Phase.NONE))
-    keys = np.stack([c["rank"][host], c["iteration"][host], c["lane"][host]], axis=1)
+    key = (
+        (c["rank"][host].astype(np.int64) << 40)
+        | ((c["iteration"][host].astype(np.int64) + 1) << 20)
+        | c["lane"][host].astype(np.int64)
+    )
+    _, group = np.unique(key, return_inverse=True)
+    group = group.reshape(-1)
+    n_groups = int(group.max()) + 1 if group.size else 0
     order = c["order"][host]
     inside = np.zeros(host.size, dtype=bool)
     for phase in phases:
         is_phase = anchor & (c["phase"][host] == phase)
-        for rank, it, lane in np.unique(keys[is_phase], axis=0).tolist():
-            on = (keys[:, 0] == rank) & (keys[:, 1] == it) & (keys[:, 2] == lane)
-            span = order[on & is_phase]
-            inside |= on & filler & (order > span.min()) & (order < span.max())
+        lo = np.full(n_groups, np.inf)
+        hi = np.full(n_groups, -np.inf)
+        np.minimum.at(lo, group[is_phase], order[is_phase])
+        np.maximum.at(hi, group[is_phase], order[is_phase])
+        inside |= filler & (order > lo[group]) & (order < hi[group])
     return host[anchor | inside]
 
 
@@ -201,18 +210,12 @@ def _replay_as_cuda_graphs(graph: Graph, options: Options) -> Graph:
         (c["name"] == graph.intern("cudaGraphLaunch")) & graph.alive & (c["iteration"] >= 0)
     )
     calls = len(_phases(options)) * options.graphs
-    for node in launches.tolist():
-        P.insert(
-            graph,
-            lane=int(c["lane"][node]),
-            before=node,
-            dur=int(options.graph_call_us * 1000) * calls,
-            kind=NodeKind.CPU,
-            name="torch.compile graph calls (guards, CUDA graph tree bookkeeping)",
-            like=node,
-            near=True,
-        )
-        c = graph.cols
+    _insert_before(
+        graph,
+        launches,
+        int(options.graph_call_us * 1000) * calls,
+        "torch.compile graph calls (guards, CUDA graph tree bookkeeping)",
+    )
     graph.assumptions.append(
         f"torch-compile mode=reduce-overhead: the compiled {options.phases} replayed from CUDA "
         f"graphs, {calls} graph call(s) of {options.graph_call_us:g} µs per step kept before "
@@ -220,6 +223,40 @@ def _replay_as_cuda_graphs(graph: Graph, options: Options) -> Graph:
         "see cuda-graphs)"
     )
     return graph
+
+
+def _first_per_step(graph: Graph, nodes: np.ndarray, by_phase: bool) -> np.ndarray:
+    """The earliest of `nodes` per rank and step (and phase)."""
+    c = graph.cols
+    if nodes.size == 0:
+        return nodes
+    phase = c["phase"][nodes].astype(np.int64) + 1 if by_phase else np.zeros(nodes.size, np.int64)
+    key = (
+        (c["rank"][nodes].astype(np.int64) << 40)
+        | ((c["iteration"][nodes].astype(np.int64) + 1) << 8)
+        | phase
+    )
+    ranked = np.lexsort((c["order"][nodes], key))
+    first = np.ones(nodes.size, dtype=bool)
+    first[1:] = key[ranked][1:] != key[ranked][:-1]
+    return nodes[ranked[first]]
+
+
+def _insert_before(graph: Graph, anchors: np.ndarray, dur_ns: int, name: str) -> None:
+    """One CPU node of `dur_ns` right before each anchor on its lane (a single append)."""
+    if anchors.size == 0:
+        return
+    slots = P.order_slots(graph, anchors, 1, after=False)[:, 0]
+    graph.append(
+        kind=int(NodeKind.CPU),
+        lane=graph.cols["lane"][anchors],
+        order=slots,
+        launch_order=slots,
+        dur=dur_ns,
+        source=int(Source.MODELLED),
+        name=graph.intern(name),
+        **P.like_columns(graph, anchors),
+    )
 
 
 def _compile(graph: Graph, options: Options) -> Graph:
@@ -293,26 +330,15 @@ def _compile(graph: Graph, options: Options) -> Graph:
 
     # One graph call per phase and step, before the first host work kept there.
     kept_host = region_host[keep]
-    n_calls = 0
+    firsts = _first_per_step(
+        graph, kept_host[np.isin(c["phase"][kept_host], phases)], by_phase=True
+    )
     call_ns = int(options.graph_call_us * 1000) * options.graphs
-    for phase in phases:
-        in_phase = kept_host[c["phase"][kept_host] == phase]
-        keys = np.stack([c["rank"][in_phase], c["iteration"][in_phase]], axis=1)
-        for rank, it in np.unique(keys, axis=0).tolist():
-            nodes = in_phase[(c["rank"][in_phase] == rank) & (c["iteration"][in_phase] == it)]
-            first = int(nodes[np.argmin(c["order"][nodes])])
-            P.insert(
-                graph,
-                lane=int(c["lane"][first]),
-                before=first,
-                dur=call_ns,
-                kind=NodeKind.CPU,
-                name="torch.compile graph call (guards, AOTAutograd, wrapper)",
-                like=first,
-                near=True,
-            )
-            c = graph.cols
-            n_calls += 1
+    _insert_before(
+        graph, firsts, call_ns, "torch.compile graph call (guards, AOTAutograd, wrapper)"
+    )
+    n_calls = int(firsts.size)
+    c = graph.cols
 
     P.remove(graph, region_host[~keep])
     P.remove_gpu_work(graph, np.array(rest, dtype=np.int64))
