@@ -16,13 +16,14 @@ step - the variant's measured step| / the variant's measured step.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
 import statistics
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,10 +39,25 @@ RATCHET_SLACK = 0.01  # a change may make the median or max worse by at most 1 p
 BANDS = REPO_ROOT / "perfcast" / "advisor" / "error_bands.json"
 
 
+@contextlib.contextmanager
+def _calibration_of(row: RecordedRow) -> Iterator[None]:
+    """The calibration of the machine that ran the pair, or none: never this machine's."""
+    from perfcast import calibration
+
+    saved = os.environ.get(calibration.ENV)
+    os.environ[calibration.ENV] = str(RECORDED_DIR / row.calibration) if row.calibration else "off"
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(calibration.ENV, None)
+        else:
+            os.environ[calibration.ENV] = saved
+
+
 def predict_row(row: RecordedRow, table: Any) -> dict[str, Any]:
     """perfcast's prediction for one row, as a user would ask for it."""
     import perfcast
-    from perfcast import calibration
     from perfcast.errors import NotApplicableError, PerfcastError
 
     out: dict[str, Any] = {"id": row.id, "spec": row.spec}
@@ -49,23 +65,17 @@ def predict_row(row: RecordedRow, table: Any) -> dict[str, Any]:
         out["note"] = "perfcast has no model for this change"
         return out
     # The calibration of the machine that ran the pair, or none: never this machine's.
-    saved = os.environ.get(calibration.ENV)
-    os.environ[calibration.ENV] = str(RECORDED_DIR / row.calibration) if row.calibration else "off"
-    try:
-        result = perfcast.predict(table, [row.spec])
-        out["note"] = ""
-    except NotApplicableError as exc:
-        # perfcast's verdict that nothing would change: a prediction of no change.
-        result = perfcast.predict(table, [])
-        out["note"] = f"not applicable, so no change predicted: {exc}"
-    except PerfcastError as exc:
-        out["note"] = f"prediction failed: {exc}"
-        return out
-    finally:
-        if saved is None:
-            os.environ.pop(calibration.ENV, None)
-        else:
-            os.environ[calibration.ENV] = saved
+    with _calibration_of(row):
+        try:
+            result = perfcast.predict(table, [row.spec])
+            out["note"] = ""
+        except NotApplicableError as exc:
+            # perfcast's verdict that nothing would change: a prediction of no change.
+            result = perfcast.predict(table, [])
+            out["note"] = f"not applicable, so no change predicted: {exc}"
+        except PerfcastError as exc:
+            out["note"] = f"prediction failed: {exc}"
+            return out
     # A row measured between profiled runs is compared with the profiled prediction.
     traced = row.measured == "traced"
     speedup = result.speedup_traced if traced else result.speedup
@@ -244,7 +254,6 @@ def held_out_baselines(rows: Sequence[RecordedRow], tables: _Tables) -> dict[str
     """The baseline estimate without the fit, against the unprofiled steps measured beside
     the trace (the ones the fit would use): a check of the calibration (or the default, where
     the row names none) that the fit cannot pass by construction."""
-    from perfcast import calibration
     from perfcast.analysis.real_step import real_world
     from perfcast.graph import build_graph
     from perfcast.real import measured_real_steps
@@ -259,16 +268,8 @@ def held_out_baselines(rows: Sequence[RecordedRow], tables: _Tables) -> dict[str
         measured = measured_real_steps(table)
         if not measured:
             continue
-        saved = os.environ.get(calibration.ENV)
-        cal = str(RECORDED_DIR / row.calibration) if row.calibration else "off"
-        os.environ[calibration.ENV] = cal
-        try:
+        with _calibration_of(row):
             world = real_world(build_graph(table), fit=False)
-        finally:
-            if saved is None:
-                os.environ.pop(calibration.ENV, None)
-            else:
-                os.environ[calibration.ENV] = saved
         by_rank: dict[int, list[float]] = {}
         for est in world.steps:
             by_rank.setdefault(est.rank, []).append(est.real_ms)
