@@ -155,6 +155,22 @@ def test_an_op_doing_work_keeps_its_host_time(write_trace):
     assert pred_us > 600
 
 
+def test_a_library_kernel_launched_outside_any_op_keeps_its_launch(write_trace):
+    trace = host_bound_step(STEP)
+    # The addmm's launch sits outside its op (as a C++ extension's raw launch would).
+    for e in trace["traceEvents"]:
+        if e.get("name") == "aten::addmm":
+            e["dur"] = 20.0
+    table = perfcast.load(write_trace(trace, "t.json"))
+    _, _, g = predict(table, "torch-compile")
+    c = g.cols
+    gpu = np.flatnonzero((c["kind"] == NodeKind.GPU) & g.alive)
+    # Every live kernel has a live launch.
+    assert (c["launch"][gpu] >= 0).all()
+    assert g.alive[c["launch"][gpu]].all()
+    assert g.check_invariants() == []
+
+
 def test_compile_refusals(write_trace):
     compiled = host_bound_step(
         [("aten::addmm", SGEMM, 5.0), ("aten::add", "triton_poi_fused_add_0", 2.0)]

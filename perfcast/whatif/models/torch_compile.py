@@ -144,14 +144,20 @@ def _groups(graph: Graph, region_gpu: np.ndarray, generated: np.ndarray) -> list
     return groups
 
 
+def _marker_ops(graph: Graph) -> np.ndarray:
+    """The op rows of the step markers (ProfilerStep#N): work attributed to them is in no op."""
+    c = graph.cols
+    markers = np.array([s.start_node for s in graph.iterations if s.start_node >= 0])
+    return np.unique(c["op"][markers]) if markers.size else np.zeros(0, np.int32)
+
+
 def _region_host(graph: Graph, host: np.ndarray, phases: list[int]) -> np.ndarray:
     """The host work the compiled code replaces: the ops of the compiled phases and the Python
     between them (time attributed to no op or to the step marker, inside the span of a
     phase's ops on its thread), not what comes before a phase's first op or after its last
     (a step's tail, logging, the training loop itself)."""
     c = graph.cols
-    markers = np.array([s.start_node for s in graph.iterations if s.start_node >= 0])
-    marker_ops = np.unique(c["op"][markers]) if markers.size else np.zeros(0, np.int32)
+    marker_ops = _marker_ops(graph)
     in_phase = np.isin(c["phase"][host], phases)
     anchor = in_phase & (c["op"][host] >= 0) & ~np.isin(c["op"][host], marker_ops)
     filler = ~anchor & (in_phase | (c["phase"][host] == Phase.NONE))
@@ -288,7 +294,7 @@ def _compile(graph: Graph, options: Options) -> Graph:
     # Ops that make library calls keep their own host time (Inductor calls the same op).
     extern_launch = np.unique(c["launch"][region_gpu[~generated]])
     extern_ops = np.unique(c["op"][extern_launch])
-    extern_ops = extern_ops[extern_ops >= 0]
+    extern_ops = extern_ops[(extern_ops >= 0) & ~np.isin(extern_ops, _marker_ops(graph))]
     # Ops whose own host time is far beyond dispatch are doing work (lazy CUDA
     # initialization, CPU compute, allocation) that compiled code does too: kept whole.
     attributed = region_host[np.isin(c["phase"][region_host], phases) & (c["op"][region_host] >= 0)]
@@ -319,6 +325,8 @@ def _compile(graph: Graph, options: Options) -> Graph:
     kept_ops = np.concatenate([extern_ops, working_ops])
     keep = np.isin(c["op"][region_host], kept_ops) & (c["op"][region_host] >= 0)
     keep |= np.isin(region_host, kept_launches)
+    # A library kernel launched outside any op keeps its launch call (it still runs).
+    keep |= np.isin(region_host, extern_launch)
     removed_host = int(c["dur"][region_host[~keep]].sum())
     launches = np.unique(np.array(kept_launches, dtype=np.int64))
     launches = launches[launches >= 0]
