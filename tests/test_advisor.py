@@ -70,6 +70,16 @@ def test_every_plan_member_earns_its_place(mlp_advice) -> None:
     assert set(plan.left_out) <= set(ranked) - set(plan.specs)
 
 
+def test_whole_step_capture_and_reduce_overhead_are_never_planned_together() -> None:
+    # On the shipped DDP example both are ranked (a host-bound step), but CUDA graph trees
+    # cannot run inside a capture of the whole step.
+    advice = perfcast.advise(EXAMPLE)
+    ranked = {s.name for s in advice.suggestions}
+    assert {"cuda-graphs", "torch-compile:mode=reduce-overhead"} <= ranked
+    if advice.plan is not None:
+        assert not {"cuda-graphs", "torch-compile:mode=reduce-overhead"} <= set(advice.plan.specs)
+
+
 def test_bands_come_from_the_packaged_file() -> None:
     bands = adv._bands()
     assert bands["by_model"]["fused-optimizer"]["rows"] >= 3

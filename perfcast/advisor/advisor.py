@@ -399,6 +399,8 @@ def _plan(ranked: list[Suggestion], world: RealWorld, baseline_ms: float) -> Pla
         model = s.name.split(":")[0]
         if model == "device" or any(c.name.split(":")[0] == model for c in chosen):
             continue  # one variant per model; a GPU change is a purchase, not a code change
+        if any({s.name, c.name} in _EXCLUSIVE for c in chosen):
+            continue
         chosen.append(s)
     if len(chosen) < 2:
         return None
@@ -420,6 +422,11 @@ def _plan(ranked: list[Suggestion], world: RealWorld, baseline_ms: float) -> Pla
         code=[c for c in (_code(n) for n in names) if c],
         left_out=left_out,
     )
+
+
+# Changes that cannot be made together: reduce-overhead's CUDA graph trees cannot run inside
+# a capture of the whole step.
+_EXCLUSIVE = [{"cuda-graphs", "torch-compile:mode=reduce-overhead"}]
 
 
 def _in_plan_order(suggestions: list[Suggestion]) -> list[Suggestion]:
