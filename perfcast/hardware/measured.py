@@ -40,3 +40,33 @@ def measured_ratio(old: str, new: str) -> MeasuredRatio | None:
     if back is not None:
         return MeasuredRatio(1 / back.memory, 1 / back.compute, back.source + " (inverse)")
     return None
+
+
+@dataclass(frozen=True)
+class AchievedGemm:
+    efficiency: float  # share of the part's dtype peak that large dense GEMMs reached
+    source: str
+
+
+# What large dense GEMMs (aten::mm / addmm of 50+ GFLOP per call) reached of the part's bf16
+# peak in the shared traces, by the roofline analysis (`perfcast analyze --only roofline`;
+# tests/test_device_efficiency.py recomputes them). Where both parts of a move have an entry
+# and the project measured no pair ratio, compute-bound kernels scale by achieved rather than
+# datasheet FLOPS: datasheets say an MI300X runs bf16 GEMMs 1.32x as fast as an H100, the
+# traces say it reaches 41.5% of its peak where the H100 reaches 73.2%.
+_GEMM_EFFICIENCY: dict[str, AchievedGemm] = {
+    "H100-SXM5-80GB": AchievedGemm(
+        efficiency=0.732,
+        source="H100: median of 4 bf16 GEMMs of 89-118 GFLOP, tracelens_h100_timesformer",
+    ),
+    "MI300X": AchievedGemm(
+        efficiency=0.415,
+        source="MI300X: median of 7 bf16 GEMMs of 275-3092 GFLOP, "
+        "tracelens_mi300x_sglang_qwen3_8b and tracelens_mi300x_torch_compile_triton",
+    ),
+}
+
+
+def achieved_gemm(part: str) -> AchievedGemm | None:
+    """The measured large-GEMM efficiency of a part (canonical device name), if any."""
+    return _GEMM_EFFICIENCY.get(part)

@@ -27,7 +27,10 @@ bounds that kind of kernel. Here, from `perfcast.hardware` datasheet figures:
   peer copies unchanged (same PCIe host link and topology assumed);
 - where the project measured both parts (`perfcast.hardware.measured`, e.g. H100 -> H200),
   the measured class ratios replace the datasheet ones: achieved bandwidth does not grow
-  as fast as the peak;
+  as fast as the peak. Where it has no pair but knows what large GEMMs reach of each
+  part's peak in real traces (H100 73.2%, MI300X 41.5%, `achieved_gemm`), compute-bound
+  kernels scale by achieved FLOPS: H100 -> MI300X then makes them 1.33x slower, not 1.32x
+  faster as the datasheets say;
 - CPU work: the same host is assumed unless `host=SPEED` says the new machine's CPU is
   SPEED times as fast (every CPU node and runtime call then takes 1/SPEED as long; launch
   latencies and gaps on the GPU side are unchanged), or `host=FILE` names the new
@@ -67,7 +70,7 @@ from perfcast.hardware import (
     KernelClass,
     default_intra_node_link,
 )
-from perfcast.hardware.measured import measured_ratio
+from perfcast.hardware.measured import achieved_gemm, measured_ratio
 from perfcast.whatif import primitives as P
 from perfcast.whatif.kernels import (
     is_compute_kernel,
@@ -199,6 +202,7 @@ def apply(graph: Graph, options: Options) -> Graph:
     counts = {"compute": 0, "memory": 0, "comm": 0, "copy": 0}
     comm_scaled = False
     measured_used: set[str] = set()
+    achieved_used: set[str] = set()
     for i, n in enumerate(gpu.tolist()):
         src = sources[int(c["rank"][n])]
         table = measured_ratio(src.name, target.name)
@@ -225,7 +229,14 @@ def apply(graph: Graph, options: Options) -> Graph:
             counts["comm"] += 1
         elif is_compute_kernel(graph, n):
             d = kernel_dtype(name, k)
-            ratio[i] = 1 / table.compute if table else src.peak(d) / target.peak(d)
+            if table:
+                ratio[i] = 1 / table.compute
+            else:
+                ratio[i] = src.peak(d) / target.peak(d)
+                e_src, e_tgt = achieved_gemm(src.name), achieved_gemm(target.name)
+                if e_src and e_tgt:
+                    ratio[i] *= e_src.efficiency / e_tgt.efficiency
+                    achieved_used.update((e_src.source, e_tgt.source))
             counts["compute"] += 1
         else:
             ratio[i] = mem_ratio
@@ -256,6 +267,11 @@ def apply(graph: Graph, options: Options) -> Graph:
         else f"by datasheet peak FLOPS and DRAM bandwidth ({src_names} {_bw(sources)} -> "
         f"{target.mem_bw_gbs:g} GB/s)"
     )
+    if achieved_used:
+        how += (
+            "; compute-bound kernels by achieved, not peak, FLOPS (large bf16 GEMMs in the "
+            f"shared traces: {'; '.join(sorted(achieved_used))})"
+        )
     graph.assumptions.append(
         f"device {src_names} -> {target.name}: {counts['compute']:,} compute-bound kernels, "
         f"{counts['memory']:,} memory-bound kernels and {counts['copy']:,} device copies "
