@@ -40,7 +40,10 @@ from perfcast.hardware import KernelClass
 from perfcast.whatif import primitives as P
 from perfcast.whatif.kernels import kernel_fixed_cost_ns, op_input_dims
 
-SUMMARY = "fuse chains of adjacent elementwise kernels, as torch.compile does (min_chain=2)"
+SUMMARY = (
+    "fuse chains of adjacent elementwise kernels, host untouched: the GPU half of "
+    "torch-compile (min_chain=2)"
+)
 
 _DEFAULT_INPUTS = 2  # a binary op
 

@@ -53,7 +53,10 @@ from perfcast.whatif import primitives as P
 from perfcast.whatif.kernels import is_library_helper, kernel_fixed_cost_ns
 from perfcast.whatif.models.fuse_elementwise import passes
 
-SUMMARY = "torch.compile(model), default mode: Inductor's fused kernels and a compiled host path"
+SUMMARY = (
+    "torch.compile(model): Inductor's fused kernels and a compiled host path "
+    "(mode=default|reduce-overhead, phases=forward+backward, graphs=N)"
+)
 
 TRITON_LAUNCH_NS = 8_000
 GRAPH_CALL_NS = 26_500
