@@ -33,6 +33,7 @@ WHATIF_SPECS = (
     "cuda-graphs",
     "fuse-elementwise",
     "torch-compile",
+    "torch-compile:mode=reduce-overhead",
     "dataloader-overlap",
     "remove-host-sync",
     "device:target=h100",
