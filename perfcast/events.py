@@ -81,8 +81,9 @@ class RankInfo:
     n_events: int = 0
     warnings: list[str] = field(default_factory=list)
     # From the `perfcast` object perfcast's capture writes into the trace: steps timed without
-    # the profiler around the traced window (ms), and the machine that ran them.
+    # the profiler before the traced window and after it (ms), and the machine that ran them.
     unprofiled_step_ms: list[float] = field(default_factory=list)
+    unprofiled_after_step_ms: list[float] = field(default_factory=list)
     # What the trace says about the machine it was taken on (None: nothing): "host_id"
     # (calibration.machine_id of its host name), "from" (which field said so), and what
     # `perfcast profile` records besides (cpu_model, cores, torch).

@@ -182,14 +182,14 @@ def test_run_profile_stops_the_script_once_the_capture_is_written(tmp_path: Path
     script = tmp_path / "train.py"
     script.write_text(_SCRIPT)
     done = tmp_path / "done"
-    # Default schedule: 1 warm-up + 6 unprofiled steps, then wait 1 + warmup 1 + active 3:
-    # 12 steps of the script's 50.
+    # Default schedule: 1 warm-up + 6 unprofiled steps, then wait 1 + warmup 1 + active 3,
+    # then 1 step absorbing the export + 3 unprofiled: 16 steps of the script's 50.
     assert (
         run_profile(["-o", str(tmp_path / "a"), "--", "python", str(script), "50", str(done)]) == 0
     )
     err = capsys.readouterr().err
     assert not done.exists()
-    assert "stopped the script after step 12" in err
+    assert "stopped the script after step 16" in err
     argv = ["-o", str(tmp_path / "b"), "--run-to-end", "--", "python", str(script), "50", str(done)]
     assert run_profile(argv) == 0
     assert done.read_text() == "the script ran to its end"
@@ -216,13 +216,39 @@ def test_steps_are_timed_without_the_profiler_and_written_into_the_trace(tmp_pat
     import perfcast
 
     with capture(tmp_path, wait=1, warmup=1, active=2, unprofiled=4) as cap:
-        _train(11)  # 1 warm-up + 4 timed + 4 profiled, and two more
+        assert cap.schedule_steps == 5 + 4 + 3
+        _train(14)  # 1 warm-up + 4 timed + 4 profiled + 1 absorbing the export + 2 timed
+        # The trace waits for the window after it, then is written at once, mid-loop.
     assert len(cap.unprofiled_step_ms) == 2 and all(x > 0 for x in cap.unprofiled_step_ms)
+    assert len(cap.unprofiled_after_step_ms) == 1 and cap.unprofiled_after_step_ms[0] > 0
+    assert len(cap.trace_paths) == 1 and not list(tmp_path.glob(".*"))  # no leftovers
+    raw = _load(cap.trace_paths[0])
+    assert raw["perfcast_unprofiled_after_step_ms"] == cap.unprofiled_after_step_ms
     table = perfcast.load(cap.trace_paths[0])
     assert table.ranks[0].unprofiled_step_ms == pytest.approx(cap.unprofiled_step_ms)
-    # The profiled steps are the ones after the timed ones: two of them, as scheduled.
+    assert table.ranks[0].unprofiled_after_step_ms == pytest.approx(cap.unprofiled_after_step_ms)
+    # The profiled steps are the ones between the timed ones: two of them, as scheduled.
     assert len(table.iterations) == 2
-    # Predictions fit the profiler's cost to those steps.
+    # Predictions fit the profiler's cost to the steps on both sides.
     r = perfcast.predict(table, [])
-    assert r.measured_real_ms == pytest.approx(float(np.median(cap.unprofiled_step_ms)))
+    both = cap.unprofiled_step_ms + cap.unprofiled_after_step_ms
+    assert r.measured_real_ms == pytest.approx(float(np.median(both)))
     assert r.correction.source in ("fit", "default", "calibration")
+
+
+def test_a_loop_that_ends_before_the_window_after_the_trace_still_writes_it(
+    tmp_path: Path,
+) -> None:
+    import perfcast
+
+    with capture(tmp_path, wait=0, warmup=1, active=2, unprofiled=2, unprofiled_after=3) as cap:
+        _train(3 + 3 + 2)  # the window after the trace needs 1 + 3 steps; only 2 run
+    assert cap.finished and len(cap.trace_paths) == 1 and not cap.unprofiled_after_step_ms
+    assert "perfcast_unprofiled_after_step_ms" not in _load(cap.trace_paths[0])
+    assert len(perfcast.load(cap.trace_paths[0]).iterations) == 2
+    assert not list(tmp_path.glob(".*"))
+    # With several cycles nothing is timed after them (the next cycle follows at once).
+    with capture(tmp_path / "r", wait=0, warmup=1, active=1, repeat=2, unprofiled=2) as cap:
+        assert cap.unprofiled_after == 0 and cap.schedule_steps == 3 + 4
+        _train(7)
+    assert len(cap.trace_paths) == 2

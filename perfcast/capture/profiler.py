@@ -146,11 +146,12 @@ class Capture:
         max_steps: int | None = None,
         show_profiler_output: bool = False,
         unprofiled: int = 6,
+        unprofiled_after: int | None = None,
     ) -> None:
         if wait < 0 or warmup < 0 or active < 1 or repeat < 0:
             raise ValueError("need wait >= 0, warmup >= 0, active >= 1 and repeat >= 0")
-        if unprofiled < 0:
-            raise ValueError("unprofiled must be >= 0")
+        if unprofiled < 0 or (unprofiled_after is not None and unprofiled_after < 0):
+            raise ValueError("unprofiled and unprofiled_after must be >= 0")
         if max_steps is not None and max_steps < 1:
             raise ValueError("max_steps must be >= 1")
         self.out_dir = Path(out_dir)
@@ -167,9 +168,21 @@ class Capture:
         # Steps timed without the profiler before it starts (after one warm-up step), in two
         # windows with a device synchronize at their edges; written into every trace.
         self.unprofiled = unprofiled
+        # And after the traced window (one cycle only: with more, the next cycle's wait
+        # phase follows at once), after one step that absorbs the trace's export: the two
+        # sides bracket the profiled steps, so a machine drifting while they ran moves both.
+        if unprofiled_after is None:
+            unprofiled_after = unprofiled // 2
+        self.unprofiled_after = unprofiled_after if repeat == 1 else 0
         #: per-step times (ms) of the unprofiled windows, once measured
         self.unprofiled_step_ms: list[float] = []
+        #: the same for the window after the traced one
+        self.unprofiled_after_step_ms: list[float] = []
         self._timing: list[float] = []  # window edge times (perf_counter)
+        self._after_edges: list[float] = []
+        # Traces exported but held back (uncompressed) until the window after them is timed,
+        # so that its times can go into them: (exported JSON, final path).
+        self._held: list[tuple[Path, Path]] = []
         self.trace_paths: list[Path] = []
         #: training steps seen so far (explicit or from the optimizer hook)
         self.steps = 0
@@ -189,11 +202,19 @@ class Capture:
         return self.unprofiled + 1 if self.unprofiled else 0
 
     @property
+    def post_steps(self) -> int:
+        """Steps run after the traced window: one that absorbs the export, then the timed
+        unprofiled ones."""
+        return self.unprofiled_after + 1 if self.unprofiled_after else 0
+
+    @property
     def schedule_steps(self) -> int | None:
-        """Steps the schedule needs to finish all cycles; None when it repeats forever."""
+        """Steps the schedule needs to finish all cycles and the timing after them; None
+        when it repeats forever."""
         if self.repeat == 0:
             return None
-        return self.pre_steps + (self.wait + self.warmup + self.active) * self.repeat
+        cycles = (self.wait + self.warmup + self.active) * self.repeat
+        return self.pre_steps + cycles + self.post_steps
 
     @property
     def finished(self) -> bool:
@@ -251,14 +272,19 @@ class Capture:
         _ACTIVE = None
         self._remove_hook()
         prof, self._prof = self._prof, None
-        if prof is not None:
-            # Stopping mid-cycle still flushes a partial trace through _on_trace_ready.
-            self._stopping = True
-            try:
-                with _profiler_output(self):
-                    prof.__exit__(exc_type, exc, tb)
-            finally:
-                self._stopping = False
+        try:
+            if prof is not None:
+                # Stopping mid-cycle still flushes a partial trace through _on_trace_ready.
+                self._stopping = True
+                try:
+                    with _profiler_output(self):
+                        prof.__exit__(exc_type, exc, tb)
+                finally:
+                    self._stopping = False
+        finally:
+            # The script ended before the window after the trace was timed: the trace goes
+            # out without it.
+            self._release_held()
 
     def step(self) -> None:
         """Mark the end of one training step (explicit mode)."""
@@ -299,12 +325,16 @@ class Capture:
                 self._time_unprofiled()
             return
         self.steps += 1
+        after_trace = bool(self._held)  # the trace was exported at an earlier boundary
         with _profiler_output(self):
             self._prof.step()
+        if after_trace:
+            self._time_after()
         if (
             self.max_steps is not None
             and self.steps >= self.max_steps
             and (self.finished or self.repeat == 0)
+            and not self._held
         ):
             raise MaxStepsReached(0)
 
@@ -330,6 +360,29 @@ class Capture:
         self.unprofiled_step_ms = [round(x, 4) for x in per_step]
         self._start_profiler()
 
+    def _time_after(self) -> None:
+        """At each step boundary after the traced window: the first closes the step that
+        absorbed the export; one window of `unprofiled_after` steps follows, between two
+        device synchronizations. Then the held traces are written with its times."""
+        import time
+
+        _synchronize()
+        self._after_edges.append(time.perf_counter())
+        edges = self._after_edges
+        if len(edges) - 1 < self.unprofiled_after:
+            return
+        ms = (edges[-1] - edges[0]) * 1e3 / self.unprofiled_after
+        self.unprofiled_after_step_ms = [round(ms, 4)]
+        self._release_held()
+
+    def _release_held(self) -> None:
+        held, self._held = self._held, []
+        extra = {}
+        if self.unprofiled_after_step_ms:
+            extra["perfcast_unprofiled_after_step_ms"] = self.unprofiled_after_step_ms
+        for exported, final in held:
+            self._write_trace(exported, final, extra)
+
     def _trace_name(self, step_num: int) -> str:
         rank = _current_rank()
         if self.repeat == 1:
@@ -340,19 +393,39 @@ class Capture:
     def _on_trace_ready(self, prof: Any) -> None:
         final = self.out_dir / self._trace_name(int(prof.step_num))
         tmp_json = final.with_name(f".{final.name}.{os.getpid()}.json")
-        tmp_gz = final.with_name(f".{final.name}.{os.getpid()}.tmp")
         try:
             prof.export_chrome_trace(str(tmp_json))
-            with open(tmp_json, "rb") as src, gzip.open(tmp_gz, "wb", compresslevel=6) as dst:
+        except BaseException:
+            tmp_json.unlink(missing_ok=True)
+            raise
+        if self._stopping or not self.unprofiled_after:
+            self._write_trace(tmp_json, final, {})
+        else:
+            self._held.append((tmp_json, final))
+        if not self._stopping:
+            self.cycles_completed += 1
+
+    def _write_trace(self, exported: Path, final: Path, extra: dict[str, Any]) -> None:
+        """Gzip an exported trace to `final`, with `extra` as top-level keys put first."""
+        import json
+
+        tmp_gz = final.with_name(f".{final.name}.{os.getpid()}.tmp")
+        try:
+            with open(exported, "rb") as src, gzip.open(tmp_gz, "wb", compresslevel=6) as dst:
+                head = src.read(1 << 16)
+                brace = head.find(b"{")
+                if extra and brace >= 0:
+                    # The export is one JSON object: open it with the extra keys.
+                    items = ", ".join(f"{json.dumps(k)}: {json.dumps(v)}" for k, v in extra.items())
+                    head = head[: brace + 1] + items.encode() + b", " + head[brace + 1 :]
+                dst.write(head)
                 shutil.copyfileobj(src, dst, 1 << 20)
             # Atomic rename: readers never see a half-written trace.
             os.replace(tmp_gz, final)
         finally:
-            for leftover in (tmp_json, tmp_gz):
+            for leftover in (exported, tmp_gz):
                 leftover.unlink(missing_ok=True)
         self.trace_paths.append(final)
-        if not self._stopping:
-            self.cycles_completed += 1
 
 
 def capture(
@@ -370,6 +443,7 @@ def capture(
     max_steps: int | None = None,
     show_profiler_output: bool = False,
     unprofiled: int = 6,
+    unprofiled_after: int | None = None,
 ) -> Capture:
     """Profile the enclosed training loop into ``out_dir/rank{R}.json.gz``.
 
@@ -382,6 +456,9 @@ def capture(
     warm-up step runs, then ``unprofiled`` steps are timed without the profiler (two windows,
     each between device synchronizations); the times go into every trace
     (``perfcast_unprofiled_step_ms``), and perfcast fits its profiler-cost correction to them.
+    With one cycle (``repeat=1``), ``unprofiled_after`` more steps (default: half as many)
+    are timed after the traced window, following one step that absorbs the export
+    (``perfcast_unprofiled_after_step_ms``); the trace file is written once they are.
     """
     return Capture(
         out_dir,
@@ -397,6 +474,7 @@ def capture(
         max_steps=max_steps,
         show_profiler_output=show_profiler_output,
         unprofiled=unprofiled,
+        unprofiled_after=unprofiled_after,
     )
 
 
@@ -478,6 +556,14 @@ def _build_parser() -> argparse.ArgumentParser:
         "written into the trace so predictions fit the profiler's cost to them (0: none)",
     )
     parser.add_argument(
+        "--unprofiled-after-steps",
+        type=int,
+        default=None,
+        metavar="N",
+        help="steps timed without the profiler after the traced window (after one step that "
+        "absorbs the export; with --repeat 1 only); default: half of --unprofiled-steps",
+    )
+    parser.add_argument(
         "--json", action="store_true", help="print the trace paths as JSON on stdout at the end"
     )
     parser.add_argument(
@@ -532,12 +618,6 @@ def run_profile(argv: list[str]) -> int:
     problem = _prepare_out(Path(ns.out), ns.overwrite)
     if problem:
         return _fail(problem)
-    max_steps = ns.max_steps
-    if max_steps is None and not ns.run_to_end and ns.repeat > 0:
-        # Stop at the first step boundary once every trace is written (documented).
-        max_steps = (ns.unprofiled_steps + 1 if ns.unprofiled_steps else 0) + (
-            ns.wait + ns.warmup + ns.active
-        ) * ns.repeat
     try:
         # Validate the schedule before running anything.
         cap = Capture(
@@ -549,12 +629,16 @@ def run_profile(argv: list[str]) -> int:
             with_stack=ns.with_stack,
             with_modules=ns.with_modules,
             profile_memory=ns.memory,
-            max_steps=max_steps,
+            max_steps=ns.max_steps,
             show_profiler_output=ns.show_profiler_output,
             unprofiled=ns.unprofiled_steps,
+            unprofiled_after=ns.unprofiled_after_steps,
         )
     except ValueError as exc:
         return _fail(str(exc))
+    if ns.max_steps is None and not ns.run_to_end and ns.repeat > 0:
+        # Stop at the first step boundary once every trace is written (documented).
+        cap.max_steps = cap.schedule_steps
 
     if kind == "path":
         script = Path(target)
@@ -618,6 +702,7 @@ def run_profile(argv: list[str]) -> int:
             "steps": cap.steps,
             "traces": [str(p) for p in cap.trace_paths],
             "unprofiled_step_ms": cap.unprofiled_step_ms,
+            "unprofiled_after_step_ms": cap.unprofiled_after_step_ms,
         }
         print(json.dumps(doc))
     else:

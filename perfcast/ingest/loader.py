@@ -125,7 +125,10 @@ def _load_one(path: str, names: Interner, rank_hint: int | None) -> tuple[RankIn
     ok = _int_or_none(schema) is not None or isinstance(schema, str)
     info.schema_version = schema if ok else None
     info.machine = _machine_of(raw, path)
-    _read_unprofiled_steps(raw.perfcast_unprofiled_step_ms, info)
+    info.unprofiled_step_ms = _read_unprofiled_steps(raw.perfcast_unprofiled_step_ms, info)
+    info.unprofiled_after_step_ms = _read_unprofiled_steps(
+        raw.perfcast_unprofiled_after_step_ms, info
+    )
     info.truncated = decoded.truncated
     info.salvage_note = decoded.note
     info.warnings.extend(decoded.warnings)
@@ -292,7 +295,7 @@ def _derive(
 _MAX_UNPROFILED_STEPS = 10_000
 
 
-def _read_unprofiled_steps(value: object, info: RankInfo) -> None:
+def _read_unprofiled_steps(value: object, info: RankInfo) -> list[float]:
     """Steps perfcast's capture timed without the profiler (a JSON list of ms, or its text);
     kept only when every value is a plausible step time."""
     if isinstance(value, str) and len(value) < 1_000_000:
@@ -303,7 +306,7 @@ def _read_unprofiled_steps(value: object, info: RankInfo) -> None:
         except ValueError:
             value = None
     if value is None:
-        return
+        return []
     if isinstance(value, list) and 0 < len(value) <= _MAX_UNPROFILED_STEPS:
         good = [
             float(x)
@@ -311,9 +314,9 @@ def _read_unprofiled_steps(value: object, info: RankInfo) -> None:
             if isinstance(x, (int, float)) and not isinstance(x, bool) and 0 < x < 1e9
         ]
         if len(good) == len(value):
-            info.unprofiled_step_ms = good
-            return
+            return good
     info.warnings.append("the trace's unprofiled step times (perfcast metadata) are unreadable")
+    return []
 
 
 def _backlog(c: dict[str, np.ndarray], is_gpu: np.ndarray, launch: np.ndarray) -> np.ndarray:

@@ -105,8 +105,10 @@ class RawTrace(msgspec.Struct, gc=False):
     host_name: Any = None
     hostname: Any = None
     perfcast_machine: Any = None
-    # Steps timed without the profiler before the traced window (perfcast's capture).
+    # Steps timed without the profiler before the traced window (perfcast's capture), and
+    # after it.
     perfcast_unprofiled_step_ms: Any = None
+    perfcast_unprofiled_after_step_ms: Any = None
 
 
 # Category -> Kind for every generation. Lookup is lower-cased.

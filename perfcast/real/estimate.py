@@ -108,10 +108,11 @@ class Correction:
 
 
 def measured_real_steps(table: EventTable) -> dict[int, float]:
-    """Per rank: the median unprofiled step the trace carries (ms), where it carries one."""
+    """Per rank: the median unprofiled step the trace carries (ms), where it carries one:
+    the windows before and after the traced one together."""
     out = {}
     for info in table.ranks:
-        steps = getattr(info, "unprofiled_step_ms", None)
+        steps = [*info.unprofiled_step_ms, *info.unprofiled_after_step_ms]
         if steps:
             out[info.rank] = float(statistics.median(steps))
     return out
