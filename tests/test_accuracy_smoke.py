@@ -58,7 +58,13 @@ def test_one_row_end_to_end(tmp_path: Path) -> None:
         assert row["note"]  # why there is no prediction
     else:
         assert row["predicted_speedup"] > 0 and row["error"] is not None
-    assert list(traces.glob("cpu/mlp/rank0.json.gz"))
+    # The row's own baseline trace, taken between its middle rounds, bracketed by steps
+    # timed without the profiler.
+    [trace] = traces.glob("cpu/mlp/foreach-adam/rank0.json.gz")
+    import perfcast
+
+    info = perfcast.load(trace).ranks[0]
+    assert len(info.unprofiled_step_ms) == 2 and len(info.unprofiled_after_step_ms) == 1
     assert "| mlp | foreach-adam | cpu |" in proc.stdout
     # The same row in the recorded format, with its trace, scorable later without a rerun.
     from benchmarks.accuracy.recorded_rows import load_rows
@@ -67,6 +73,7 @@ def test_one_row_end_to_end(tmp_path: Path) -> None:
     assert rec.id == "smoke/mlp/foreach-adam" and rec.measured == "unprofiled"
     assert rec.baseline_ms == row["baseline_measured_ms"] and rec.spec == row["spec"]
     assert len(rec.baseline_windows_ms) >= 4 and rec.baseline_traced_ms > 0
+    assert rec.baseline_trace == "traces/smoke/mlp.foreach-adam.json.gz"
 
 
 @pytest.mark.parametrize("workload", ["cnn", "transformer", "dlrm", "mlp"])

@@ -17,7 +17,7 @@ import random
 import statistics
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -196,12 +196,18 @@ def _rel_iqr(values: list[float]) -> float:
     return (q3 - q1) / statistics.median(values)
 
 
-def measure_pair(baseline: Any, variant: Any, timing: Timing) -> PairTiming:
-    """Median per-step wall time in ms of ``baseline`` and ``variant``, measured interleaved."""
+def measure_pair(
+    baseline: Any, variant: Any, timing: Timing, midway: Callable[[], None] | None = None
+) -> PairTiming:
+    """Median per-step wall time in ms of ``baseline`` and ``variant``, measured interleaved;
+    ``midway`` runs between the middle two rounds (the baseline's trace is taken there, so
+    that the rounds it is compared with are its neighbours)."""
     for _ in range(timing.warmup):
         variant.step()
     samples: tuple[list[float], list[float]] = ([], [])
     for r in range(timing.rounds):
+        if midway is not None and r == timing.rounds // 2:
+            midway()
         # Alternate who goes first so neither side always follows the other.
         order = ((0, baseline), (1, variant)) if r % 2 == 0 else ((1, variant), (0, baseline))
         for side, trainer in order:
@@ -217,7 +223,7 @@ def measure_pair(baseline: Any, variant: Any, timing: Timing) -> PairTiming:
 
 def profile_baseline(trainer: Any, trace_dir: Path, timing: Timing) -> list[Path]:
     """Warm up, then capture into ``trace_dir``: one warm-up and 4 steps timed without the
-    profiler, then wait=1/warmup=1/active=3 profiled steps."""
+    profiler, wait=1/warmup=1/active=3 profiled steps, one step and 2 more timed."""
     from perfcast.capture import capture, step
 
     trace_dir.mkdir(parents=True, exist_ok=True)
@@ -226,9 +232,10 @@ def profile_baseline(trainer: Any, trace_dir: Path, timing: Timing) -> list[Path
     for _ in range(timing.profile_warmup):
         trainer.step()
     trainer.synchronize()
-    # As `perfcast profile` does by default: a few steps timed without the profiler first,
-    # written into the trace (predictions fit the profiler's cost to them).
-    with capture(trace_dir, wait=1, warmup=1, active=3, unprofiled=4) as cap:
+    # As `perfcast profile` does by default: a few steps timed without the profiler before
+    # and after the traced ones, written into the trace (predictions fit the profiler's cost
+    # to them).
+    with capture(trace_dir, wait=1, warmup=1, active=3, unprofiled=4, unprofiled_after=2) as cap:
         for _ in range(cap.schedule_steps or 0):
             trainer.step()
             step()  # explicit boundaries: they include the data fetch and the item() sync
@@ -392,24 +399,17 @@ def run(
             opts = todo[workload]
             if not opts or _past(deadline):
                 continue
-            trace_dir = traces_dir / device / workload
             baseline = Trainer(workload, base_cfg)
             try:
-                traces = profile_baseline(baseline, trace_dir, timing)
-                print(
-                    f"[{workload}] baseline profiled: {', '.join(p.name for p in traces)}", file=log
-                )
-                traced_ms = _median_traced_ms(traces)
                 for name in opts:
                     if _past(deadline):
                         print(f"[{workload}] time is up: {name} and later rows left", file=log)
                         break
+                    trace_dir = traces_dir / device / workload / name
                     row = _run_row(workload, name, baseline, base_cfg, trace_dir, timing, log)
                     rows.append(row)
                     if recorder:
-                        recorder.add(
-                            row, traces, traced_ms, baseline.batch_size, name in CALIBRATED
-                        )
+                        recorder.add(row, baseline.batch_size, name in CALIBRATED)
             finally:
                 baseline.close()
     finally:
@@ -475,14 +475,7 @@ class Recorder:
         shutil.copyfile(path, self.root / rel)
         self.calibration = rel
 
-    def add(
-        self,
-        row: dict[str, Any],
-        traces: Sequence[Path],
-        traced_ms: float | None,
-        batch: int,
-        calibrated: bool,
-    ) -> None:
+    def add(self, row: dict[str, Any], batch: int, calibrated: bool) -> None:
         import msgspec
 
         from benchmarks.accuracy.recorded_rows import RecordedRow
@@ -490,11 +483,12 @@ class Recorder:
         if row["baseline_measured_ms"] is None or row["optimized_measured_ms"] is None:
             return  # the variant failed: nothing measured to record
         workload, name = row["workload"], row["optimization"]
-        trace = f"traces/{self.source}/{workload}.json.gz"
+        traced_ms = row["baseline_traced_ms"]
+        # Each row's own baseline trace, taken between its middle rounds.
+        trace = f"traces/{self.source}/{workload}.{name}.json.gz"
         dst = self.root / trace
-        if not dst.exists():
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            dst.write_bytes(traces[0].read_bytes())
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        dst.write_bytes(Path(row["trace_paths"][0]).read_bytes())
         rec = RecordedRow(
             id=self.row_id(workload, name),
             source=self.source,
@@ -532,19 +526,27 @@ def _run_row(
     timing: Timing,
     log: Any,
 ) -> dict[str, Any]:
+    """Measure one pair. The baseline is re-measured for every row, interleaved with the
+    variant, and traced between the middle rounds (``trace_dir``): the measured baseline the
+    prediction is scored against brackets the trace, as `perfcast profile` brackets it with
+    unprofiled steps, so drift between a trace and rows taken minutes later stays out."""
     from benchmarks.accuracy.workloads import OPTIMIZATIONS, Trainer
 
     device = base_cfg.device
-    # The baseline is re-measured for every row, interleaved with the variant.
     base_ms: float | None = None
     opt_ms: float | None = None
     noise: float | None = None
     windows: tuple[list[float], list[float]] = ([], [])
     notes = []
     variant = None
+    traces: list[Path] = []
+
+    def take_trace() -> None:
+        traces.extend(profile_baseline(baseline, trace_dir, timing))
+
     try:
         variant = Trainer(workload, OPTIMIZATIONS[name].apply(base_cfg))
-        pair = measure_pair(baseline, variant, timing)
+        pair = measure_pair(baseline, variant, timing, midway=take_trace)
         base_ms, opt_ms, noise = pair.baseline_ms, pair.optimized_ms, pair.noise
         windows = (list(pair.baseline_windows_ms), list(pair.optimized_windows_ms))
         if noise > NOISY:
@@ -554,6 +556,9 @@ def _run_row(
     finally:
         if variant is not None:
             variant.close()
+    if not traces:  # the variant failed before the middle rounds
+        take_trace()
+    print(f"[{workload}] {name}: baseline traced: {traces[0].name}", file=log)
     spec = predict_spec(name, workload, base_cfg.preset, base_cfg.worker_cpus)
     pred_ms, pred_base_ms, pred_note = predict(trace_dir, spec)
     if pred_note:
@@ -573,6 +578,8 @@ def _run_row(
         spec,
     )
     row["baseline_windows_ms"], row["optimized_windows_ms"] = windows
+    row["trace_paths"] = [str(p) for p in traces]
+    row["baseline_traced_ms"] = _median_traced_ms(traces)
     print(
         f"[{workload}] {name}: baseline {_fmt(base_ms, '.2f')} ms, optimized "
         f"{_fmt(opt_ms, '.2f')} ms, measured speedup {_fmt(row['measured_speedup'], '.3f')}, "
