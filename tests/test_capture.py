@@ -183,13 +183,13 @@ def test_run_profile_stops_the_script_once_the_capture_is_written(tmp_path: Path
     script.write_text(_SCRIPT)
     done = tmp_path / "done"
     # Default schedule: 1 warm-up + 6 unprofiled steps, then wait 1 + warmup 1 + active 3,
-    # then 1 step absorbing the export + 3 unprofiled: 16 steps of the script's 50.
+    # then 3 steps absorbing the export + 3 unprofiled: 18 steps of the script's 50.
     assert (
         run_profile(["-o", str(tmp_path / "a"), "--", "python", str(script), "50", str(done)]) == 0
     )
     err = capsys.readouterr().err
     assert not done.exists()
-    assert "stopped the script after step 16" in err
+    assert "stopped the script after step 18" in err
     argv = ["-o", str(tmp_path / "b"), "--run-to-end", "--", "python", str(script), "50", str(done)]
     assert run_profile(argv) == 0
     assert done.read_text() == "the script ran to its end"
@@ -216,8 +216,8 @@ def test_steps_are_timed_without_the_profiler_and_written_into_the_trace(tmp_pat
     import perfcast
 
     with capture(tmp_path, wait=1, warmup=1, active=2, unprofiled=4) as cap:
-        assert cap.schedule_steps == 5 + 4 + 3
-        _train(14)  # 1 warm-up + 4 timed + 4 profiled + 1 absorbing the export + 2 timed
+        assert cap.schedule_steps == 5 + 4 + 5
+        _train(16)  # 1 warm-up + 4 timed + 4 profiled + 3 absorbing the export + 2 timed
         # The trace waits for the window after it, then is written at once, mid-loop.
     assert len(cap.unprofiled_step_ms) == 2 and all(x > 0 for x in cap.unprofiled_step_ms)
     assert len(cap.unprofiled_after_step_ms) == 1 and cap.unprofiled_after_step_ms[0] > 0
@@ -242,7 +242,7 @@ def test_a_loop_that_ends_before_the_window_after_the_trace_still_writes_it(
     import perfcast
 
     with capture(tmp_path, wait=0, warmup=1, active=2, unprofiled=2, unprofiled_after=3) as cap:
-        _train(3 + 3 + 2)  # the window after the trace needs 1 + 3 steps; only 2 run
+        _train(3 + 3 + 4)  # the window after the trace needs 3 + 3 steps; only 4 run
     assert cap.finished and len(cap.trace_paths) == 1 and not cap.unprofiled_after_step_ms
     assert "perfcast_unprofiled_after_step_ms" not in _load(cap.trace_paths[0])
     assert len(perfcast.load(cap.trace_paths[0]).iterations) == 2

@@ -40,12 +40,14 @@ BANDS = REPO_ROOT / "perfcast" / "advisor" / "error_bands.json"
 
 
 @contextlib.contextmanager
-def _calibration_of(row: RecordedRow) -> Iterator[None]:
-    """The calibration of the machine that ran the pair, or none: never this machine's."""
+def _calibration_of(row: RecordedRow, use: str | None = None) -> Iterator[None]:
+    """The calibration of the machine that ran the pair (or `use`, a recorded calibration of
+    that machine), or none: never this machine's."""
     from perfcast import calibration
 
     saved = os.environ.get(calibration.ENV)
-    os.environ[calibration.ENV] = str(RECORDED_DIR / row.calibration) if row.calibration else "off"
+    rel = use or row.calibration
+    os.environ[calibration.ENV] = str(RECORDED_DIR / rel) if rel else "off"
     try:
         yield
     finally:
@@ -260,6 +262,9 @@ def held_out_baselines(rows: Sequence[RecordedRow], tables: _Tables) -> dict[str
 
     out: list[dict[str, Any]] = []
     seen: set[str] = set()
+    # A source's traces all come from the machine its calibration describes, including the
+    # rows whose predictions do not use it.
+    calibrations = {r.source: r.calibration for r in rows if r.calibration}
     for row in rows:
         if row.baseline_trace in seen:
             continue
@@ -268,7 +273,7 @@ def held_out_baselines(rows: Sequence[RecordedRow], tables: _Tables) -> dict[str
         measured = measured_real_steps(table)
         if not measured:
             continue
-        with _calibration_of(row):
+        with _calibration_of(row, calibrations.get(row.source)):
             world = real_world(build_graph(table), fit=False)
         by_rank: dict[int, list[float]] = {}
         for est in world.steps:
@@ -303,13 +308,16 @@ def summarize(rows: Sequence[RecordedRow], results: Sequence[dict[str, Any]]) ->
     for r, p in pairs:
         if p.get("speedup_error") is None:
             unpredicted[r.processor] = unpredicted.get(r.processor, 0) + 1
-    baselines: dict[str, float] = {}
+    # One estimate per baseline trace (rows sharing a trace share its estimate), by source:
+    # the sources measured their baselines differently (see recorded/README.md).
+    baselines: dict[str, dict[str, float]] = {}
     for r, p in pairs:
         if p.get("baseline_error") is not None:
-            baselines[f"{r.device} {r.baseline}"] = abs(p["baseline_error"])
+            by_trace = baselines.setdefault(r.source, {})
+            by_trace[f"{r.device} {r.baseline_trace}"] = abs(p["baseline_error"])
     return {
         "all": _stats([p["speedup_error"] for _, p in scored]),
-        "baseline_estimate": _stats(list(baselines.values())),
+        "baseline_estimate": {k: _stats(list(v.values())) for k, v in sorted(baselines.items())},
         "unpredicted": len(pairs) - len(scored),
         "unpredicted_by_processor": unpredicted,
         "by_processor": group(lambda r: r.processor),
@@ -384,11 +392,11 @@ def markdown(
             f"| change: device, host speed stated (host={hosts}, each row's from the other "
             f"host-only rows) | {h['rows']} | {_pct(h['median'])} | {_pct(h['max'])} |"
         )
-    b = s["baseline_estimate"]
-    if b["rows"]:
+    for source, b in s["baseline_estimate"].items():
         lines.append(
-            f"| baseline step without the profiler, estimated vs measured ({b['rows']} "
-            f"baselines) | {b['rows']} | {_pct(b['median'])} | {_pct(b['max'])} |"
+            f"| baseline step without the profiler, estimated vs measured ({source}, "
+            f"{b['rows']} baseline traces) | {b['rows']} | {_pct(b['median'])} "
+            f"| {_pct(b['max'])} |"
         )
     h = held_out
     if h and h["rows"]:

@@ -120,6 +120,11 @@ def _record_machine(prof: Any) -> None:
 
 
 PROFILER_LOG = "profiler.log"
+# Steps run, untimed, after a trace is exported before the unprofiled window after it starts.
+# Measured on the benchmark's CPU workloads (6-30 ms steps, median of 4 captures): the first
+# step after the export ran 10-20% slower than the steps before the trace, the second 5-8%,
+# the third 2%, later ones as before (caches and allocator refilled after the export).
+AFTER_SETTLE_STEPS = 3
 # The files perfcast profile writes (see Capture._trace_name): --overwrite may replace them.
 _OWN_TRACE = re.compile(r"rank\d+(\.step\d+)?\.json\.gz")
 
@@ -169,7 +174,7 @@ class Capture:
         # windows with a device synchronize at their edges; written into every trace.
         self.unprofiled = unprofiled
         # And after the traced window (one cycle only: with more, the next cycle's wait
-        # phase follows at once), after one step that absorbs the trace's export: the two
+        # phase follows at once), after steps that absorb the trace's export: the two
         # sides bracket the profiled steps, so a machine drifting while they ran moves both.
         if unprofiled_after is None:
             unprofiled_after = unprofiled // 2
@@ -180,6 +185,7 @@ class Capture:
         self.unprofiled_after_step_ms: list[float] = []
         self._timing: list[float] = []  # window edge times (perf_counter)
         self._after_edges: list[float] = []
+        self._after_seen = 0  # step boundaries since the trace was exported
         # Traces exported but held back (uncompressed) until the window after them is timed,
         # so that its times can go into them: (exported JSON, final path).
         self._held: list[tuple[Path, Path]] = []
@@ -203,9 +209,9 @@ class Capture:
 
     @property
     def post_steps(self) -> int:
-        """Steps run after the traced window: one that absorbs the export, then the timed
+        """Steps run after the traced window: those that absorb the export, then the timed
         unprofiled ones."""
-        return self.unprofiled_after + 1 if self.unprofiled_after else 0
+        return self.unprofiled_after + AFTER_SETTLE_STEPS if self.unprofiled_after else 0
 
     @property
     def schedule_steps(self) -> int | None:
@@ -361,11 +367,14 @@ class Capture:
         self._start_profiler()
 
     def _time_after(self) -> None:
-        """At each step boundary after the traced window: the first closes the step that
-        absorbed the export; one window of `unprofiled_after` steps follows, between two
+        """At each step boundary after the traced window: the first `AFTER_SETTLE_STEPS`
+        steps absorb the export; one window of `unprofiled_after` steps follows, between two
         device synchronizations. Then the held traces are written with its times."""
         import time
 
+        self._after_seen += 1
+        if self._after_seen < AFTER_SETTLE_STEPS:
+            return
         _synchronize()
         self._after_edges.append(time.perf_counter())
         edges = self._after_edges
@@ -457,7 +466,7 @@ def capture(
     each between device synchronizations); the times go into every trace
     (``perfcast_unprofiled_step_ms``), and perfcast fits its profiler-cost correction to them.
     With one cycle (``repeat=1``), ``unprofiled_after`` more steps (default: half as many)
-    are timed after the traced window, following one step that absorbs the export
+    are timed after the traced window, following ``AFTER_SETTLE_STEPS`` that absorb the export
     (``perfcast_unprofiled_after_step_ms``); the trace file is written once they are.
     """
     return Capture(
@@ -560,8 +569,8 @@ def _build_parser() -> argparse.ArgumentParser:
         type=int,
         default=None,
         metavar="N",
-        help="steps timed without the profiler after the traced window (after one step that "
-        "absorbs the export; with --repeat 1 only); default: half of --unprofiled-steps",
+        help="steps timed without the profiler after the traced window (after 3 steps that "
+        "absorb the export; with --repeat 1 only); default: half of --unprofiled-steps",
     )
     parser.add_argument(
         "--json", action="store_true", help="print the trace paths as JSON on stdout at the end"
