@@ -34,6 +34,16 @@ class ModelDesc:
     tied_embeddings: bool = True
     norm: str = "layernorm"  # layernorm | rmsnorm
     position_embeddings: bool = True  # learned (GPT); False for rotary (Llama)
+    # How the memory-bound work of a layer runs (perfcast.plan.analytic counts both):
+    # "fused": one kernel per norm, activation and rotary embedding (Megatron-LM's fused
+    # layernorm, bias-GeLU, scale-mask-softmax; a fused SwiGLU / RoPE kernel), one fused QKV
+    # and one fused first-MLP GEMM.
+    # "eager": the ATen kernel chains an eager PyTorch model launches, as torchtitan's Llama
+    # (Dec 2024, torchtitan/models/llama/model.py, torchtitan/models/norms.py) does: RMSNorm
+    # as upcast, pow, mean, add, rsqrt, mul, downcast, mul; SwiGLU as silu then mul; RoPE as
+    # upcast, complex mul, downcast on q and on k; K and V heads copied by repeat_kv for
+    # grouped-query attention; separate wq / wk / wv and w1 / w3 GEMMs.
+    kernels: str = "fused"
 
     def __post_init__(self) -> None:
         for f in ("layers", "hidden", "heads", "seq", "vocab"):
@@ -41,6 +51,11 @@ class ModelDesc:
                 raise PerfcastError(f"model description {self.name!r}: {f} must be positive")
         if self.hidden % self.heads:
             raise PerfcastError(f"model description {self.name!r}: hidden % heads != 0")
+        if self.kernels not in ("fused", "eager"):
+            raise PerfcastError(
+                f"model description {self.name!r}: kernels must be 'fused' or 'eager', "
+                f"not {self.kernels!r}"
+            )
 
     @property
     def ffn_dim(self) -> int:
@@ -78,9 +93,11 @@ def megatron_gpt(name: str, layers: int, hidden: int, heads: int) -> ModelDesc:
     return ModelDesc(name, layers, hidden, heads, seq=2048, vocab=51200)
 
 
-def llama3_8b(seq: int = 8192) -> ModelDesc:
+def llama3_8b(seq: int = 8192, kernels: str = "eager") -> ModelDesc:
     """Llama 3.1 8B (Meta's model card): 32 layers, 4096 hidden, 32 heads / 8 KV heads,
-    SwiGLU 14336, vocabulary 128,256, untied embeddings, RMSNorm."""
+    SwiGLU 14336, vocabulary 128,256, untied embeddings, RMSNorm. Eager by default, as
+    torchtitan runs it without torch.compile (its default norm_type is "rmsnorm", the
+    unfused module: train_configs/llama3_8b.toml at the Dec 2024 benchmark's commit)."""
     return ModelDesc(
         "llama3-8b",
         layers=32,
@@ -97,6 +114,7 @@ def llama3_8b(seq: int = 8192) -> ModelDesc:
         tied_embeddings=False,
         norm="rmsnorm",
         position_embeddings=False,
+        kernels=kernels,
     )
 
 
