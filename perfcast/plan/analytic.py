@@ -23,7 +23,18 @@ that GQA, SwiGLU, RMSNorm and FlashAttention models get theirs.
 
 Recomputation: "full" keeps each layer's input only and reruns the layer's forward (with its
 all-reduces) in backward; "selective" keeps all but the attention core (scores, softmax,
-dropout) and reruns that.
+dropout) and reruns that. With FlashAttention there are no scores to drop, and "selective" is
+torchtitan's op-level policy (torchtitan/parallelisms/parallelize_llama.py, Dec 2024): it
+keeps the outputs of the attention kernel and of every other matmul (the 1st, 3rd, ...) and
+reruns everything else of the layer's forward, up to the last tensor backward needs (torch's
+non-reentrant checkpoint stops early: the layer's final residual add is not rerun).
+
+Fused and eager memory-bound work (`ModelDesc.kernels`, the table in `chains`): "fused"
+counts one kernel per norm, activation and rotary embedding, backward twice the forward's
+traffic and kernels; "eager" counts the ATen kernels an eager PyTorch model launches for the
+ops that are chains of kernels there (RMSNorm, SwiGLU, RoPE, repeat_kv), forward and backward
+each from its own count. Ops that are one kernel either way (residual adds, LayerNorm, GeLU,
+dropout) are counted the same in both.
 """
 
 from __future__ import annotations
@@ -40,6 +51,97 @@ from perfcast.plan.plans import Plans
 K_OVER_S = 2e-6  # fixed cost per kernel (launch gap, ramp-up, tail) when the GPU is busy
 E_MEM = 0.85  # share of peak HBM bandwidth streaming kernels reach
 TILE = 128
+F32 = 4  # bytes of the fp32 upcasts inside eager RMSNorm and RoPE
+
+
+@dataclass(frozen=True)
+class Chain:
+    """One op of a layer as the kernels that run it: bytes moved per element of the tensor it
+    is counted over, and kernels, in forward and in backward."""
+
+    fwd_bytes: float
+    fwd_kernels: int
+    bwd_bytes: float
+    bwd_kernels: int
+
+
+def _fused(nbytes: float) -> Chain:
+    # One kernel forward; backward twice the forward's traffic in two kernels (the model's
+    # rule for fused kernels since the Megatron tables were first checked).
+    return Chain(nbytes, 1, 2 * nbytes, 2)
+
+
+def chains(kernels: str, e: int) -> dict[str, Chain]:
+    """The memory-bound ops whose cost differs between fused and eager kernels, at `e` bytes
+    per activation element (2: bf16 under FSDP's mixed precision, fp16 under Megatron's).
+
+    "norm" (RMSNorm) and "accum" per element of the tokens x hidden input, "swiglu" per
+    element of one of its two tokens x ffn inputs, "rope" per element of q or of k. Small
+    (tokens-sized) tensors count as kernels without bytes; the broadcast operand of a
+    pointwise op (norm weight, rotary table) is read once per kernel, a negligible share.
+
+    Eager, counted from torchtitan's Llama at its Dec 2024 benchmark commit (9dec370;
+    torchtitan/models/norms.py RMSNorm, torchtitan/models/llama/model.py apply_rotary_emb,
+    FeedForward, repeat_kv) and the ATen ops eager PyTorch dispatches for them. Backward
+    counting rule: each op's autograd formula (derivatives.yaml) launched as written: a
+    pointwise op's backward reads the incoming gradient and the saved inputs it multiplies by
+    and writes one gradient per differentiable input; a broadcast input's gradient is a
+    further sum over the broadcast dimensions; a dtype cast's backward is the reverse cast; a
+    tensor used twice has its two gradients added (one more kernel).
+
+    RMSNorm forward, x in e-byte activations (8 kernels, 4e + 28 bytes):
+        x.float()            read e, write 4          (_to_copy)
+        pow(2)               read 4, write 4
+        mean(-1)             read 4                   (writes tokens-sized)
+        + eps, rsqrt         tokens-sized, 2 kernels
+        x * rsqrt            read 4, write 4
+        .type_as(x)          read 4, write e          (_to_copy)
+        * weight             read e, write e
+    RMSNorm backward (16 kernels, 8e + 76 bytes):
+        * weight             grad*weight: read e, write e; grad*normed: read 2e, write e;
+                             sum over tokens for the weight gradient: read e (3 kernels)
+        .type_as             reverse cast: read e, write 4
+        x * rsqrt            grad*rsqrt: read 4, write 4; grad*x: read 8, write 4; sum over
+                             hidden to the rsqrt's shape: read 4 (3 kernels)
+        rsqrt                -0.5 * grad * result.pow(3): 3 tokens-sized kernels
+        + eps                gradient passes through (no kernel)
+        mean                 expand, then divide by hidden: write 4
+        pow(2)               grad * (2 * x.pow(1)): x.pow(1) is a copy (read 4, write 4),
+                             times 2 (read 4, write 4), times grad (read 8, write 4)
+        x used twice         add the two gradients: read 8, write 4
+        x.float()            reverse cast: read 4, write e
+    SwiGLU, silu(w1 x) * (w3 x) (forward 2 kernels, 5e bytes; backward 3 kernels, 9e):
+        silu                 read e, write e
+        mul                  read 2e, write e
+        backward             mul: grad*b and grad*a, each read 2e, write e; silu_backward:
+                             read 2e (grad, input), write e
+    RoPE on q and on k separately (forward 3 kernels, 2e + 16 bytes; backward 4, 2e + 16):
+        x.float()            read e, write 4; view_as_complex is a view
+        * freqs_cis          complex64: read 4, write 4 per real element; view_as_real and
+                             flatten are views
+        .type_as(x)          read 4, write e
+        backward             reverse casts (e + 4 each) and grad * freqs_cis.conj() (read 4,
+                             write 4), plus one kernel materializing the conjugated table
+    Gradient accumulation ("accum", backward only): the normed input feeding the separate
+    wq / wk / wv (and w1 / w3) GEMMs receives one gradient from each, added pairwise: read
+    2e, write e per addition.
+
+    Fused: one kernel reading and writing each tensor once: norm 2e, SwiGLU read two and
+    write one (3e), RoPE 2e; no accumulation (one fused QKV / fc1 GEMM gives one gradient).
+    """
+    if kernels == "eager":
+        return {
+            "norm": Chain(4 * e + 7 * F32, 8, 8 * e + 19 * F32, 16),
+            "swiglu": Chain(5 * e, 2, 9 * e, 3),
+            "rope": Chain(2 * e + 4 * F32, 3, 2 * e + 4 * F32, 4),
+            "accum": Chain(0, 0, 3 * e, 1),
+        }
+    return {
+        "norm": _fused(2 * e),
+        "swiglu": _fused(3 * e),
+        "rope": _fused(2 * e),
+        "accum": Chain(0, 0, 0, 0),
+    }
 
 
 def gemm_efficiency(device_name: str) -> tuple[float, float, str]:
@@ -108,6 +210,12 @@ class AnalyticWorkload:
                 f"memory-bound kernels at {E_MEM:.0%} of {dev.mem_bw_gbs:g} GB/s, "
                 f"{K_OVER_S * 1e6:g} us fixed cost per kernel",
                 "tensor-parallel collectives are not overlapped with compute (Megatron-LM)",
+                (
+                    "norms, activations and rotary embeddings as eager PyTorch's kernel chains "
+                    "(unfused)"
+                    if self.desc.kernels == "eager"
+                    else "norms, activations and rotary embeddings as fused kernels"
+                ),
             ]
         )
 
@@ -140,22 +248,37 @@ class AnalyticWorkload:
         return np.maximum(flops / (self.peak * self.e_mm * util), nbytes / (self.bw * E_MEM))
 
     def _layer(self, p: Plans) -> dict[str, np.ndarray]:
-        """Forward costs of one layer for one micro-batch, split by kind (seconds)."""
+        """Costs of one layer for one micro-batch, split by kind (seconds): forward, and the
+        backward (`*_b`) and op-level-selective recompute (`*_rec`) of the memory-bound work."""
         d = self.desc
         b, t = p.mb.astype(np.float64), p.tp.astype(np.float64)
         s, h, f, a = d.seq, d.hidden, d.ffn_dim, d.heads
         e = self.act_bytes
+        eager = d.kernels == "eager"
+        ch = chains(d.kernels, e)
         tokens = b * s
         n_th = tokens * h  # token x hidden elements
         hd = h // a
         kv = d.kv_dim
-        mm = (
-            self._gemm(tokens, (h + 2 * kv) / t, h)
-            + self._gemm(tokens, h, h / t)
-            + self._gemm(tokens, (2 if d.gated_mlp else 1) * f / t, h)
-            + self._gemm(tokens, h, f / t)
-        )
-        n_mm = 4.0
+        # The GEMMs (N, K) in forward order: fused QKV and fc1 (Megatron), or torchtitan's
+        # separate wq, wk, wv, wo, w1, [w3,] w2 nn.Linear layers (eager).
+        if eager:
+            up = [(f / t, h)] * (2 if d.gated_mlp else 1)
+            shapes = [(h / t, h), (kv / t, h), (kv / t, h), (h, h / t), *up, (h, f / t)]
+        else:
+            fc1 = (2 if d.gated_mlp else 1) * f / t
+            shapes = [((h + 2 * kv) / t, h), (h, h / t), (fc1, h), (h, f / t)]
+        mms = [self._gemm(tokens, n, k) for n, k in shapes]
+        mm = mms[0]
+        for x in mms[1:]:
+            mm = mm + x
+        n_mm = float(len(mms))
+        # torchtitan's op-level selective checkpointing keeps every other mm's output (the
+        # 1st, 3rd, ...) and reruns the others.
+        mm_sac = np.zeros_like(b)
+        for x in mms[1::2]:
+            mm_sac = mm_sac + x
+        n_mm_sac = float(len(mms[1::2]))
         heads = b * a / t
         if d.flash_attention:
             frac = 0.5 if d.causal_skip else 1.0
@@ -169,16 +292,61 @@ class AnalyticWorkload:
             # Fused scale-mask-softmax (read, write) and dropout (read, write, 1-byte mask).
             attn_mem = n_sc * (2 * e + ((2 * e + 1) if d.dropout else 0)) / (self.bw * E_MEM)
             n_attn = 4.0
-        # Memory-bound work outside the TP pairs: two norms (read, write), two residual adds
-        # with dropout (read two, write one, 1-byte mask).
+        bw = self.bw * E_MEM
+        # Memory-bound work outside the TP pairs (split by the sequence with SP): two norms,
+        # two residual adds with dropout (read two, write one, 1-byte mask; one kernel fused
+        # or eager). RMSNorm counts by `chains`; LayerNorm is one kernel eager too
+        # (native_layer_norm), so counted as fused.
+        norm = chains(d.kernels if d.norm == "rmsnorm" else "fused", e)["norm"]
         add = (3 * e + (1 if d.dropout else 0)) * n_th
-        rep = (2 * 2 * e * n_th + 2 * add) / (self.bw * E_MEM)
-        # Inside the pairs: the MLP activation (GeLU: read, write; SwiGLU: read two, write one)
-        # and the attention context transpose (read, write).
-        act = (3 if d.gated_mlp else 2) * e * tokens * f / t
-        split = (act + 2 * e * n_th / t) / (self.bw * E_MEM)
-        rep = np.where(p.sp > 0, rep / t, rep)
-        kernels = n_mm + n_attn + 6.0
+        rep = 2 * norm.fwd_bytes * n_th + 2 * add
+        rep_b = 2 * norm.bwd_bytes * n_th + 2 * (2 * add)
+        k_rep = 2 * norm.fwd_kernels + 2.0
+        kb_rep = 2 * norm.bwd_kernels + 4.0
+        # Inside the pairs (split by TP): the MLP activation (GeLU, one kernel either way:
+        # read, write; SwiGLU by `chains`) and the attention context transpose (read, write).
+        # The eager model's SDPA flash kernel writes its output token-major already, so
+        # torchtitan's transpose(1, 2).contiguous() is a view there: no copy.
+        act = ch["swiglu"] if d.gated_mlp else _fused(2 * e)
+        n_tf = tokens * f / t
+        transpose = 0.0 if (eager and d.flash_attention) else 2 * e
+        split = act.fwd_bytes * n_tf + transpose * n_th / t
+        split_b = act.bwd_bytes * n_tf + 2 * transpose * n_th / t
+        k_split = act.fwd_kernels + (1.0 if transpose else 0.0)
+        kb_split = act.bwd_kernels + (2.0 if transpose else 0.0)
+        if not d.position_embeddings:
+            # Rotary embedding of q and of k.
+            rope = ch["rope"]
+            n_qk = tokens * (h + kv) / t
+            split = split + rope.fwd_bytes * n_qk
+            split_b = split_b + rope.bwd_bytes * n_qk
+            k_split += 2 * rope.fwd_kernels
+            kb_split += 2 * rope.bwd_kernels
+        if eager and kv < h:
+            # repeat_kv: K and V each copied to all query heads (read kv, write h per token);
+            # backward sums the copies back (read h, write kv). A GQA-aware kernel does not.
+            rkv = 2 * e * tokens * (kv + h) / t
+            split = split + rkv
+            split_b = split_b + rkv
+            k_split += 2.0
+            kb_split += 2.0
+        # Gradients of the normed inputs summed across the separate projections (eager: the
+        # attention input feeds 3 GEMMs, the gated MLP input 2), on the full sequence.
+        acc, n_sums = ch["accum"], 2 + (1 if d.gated_mlp else 0)
+        n_acc = float(n_sums * acc.bwd_kernels)
+        full_b = n_sums * acc.bwd_bytes * n_th
+        sp = p.sp > 0
+        rep_s = np.where(sp, rep / t, rep)
+        rep_b_s = np.where(sp, rep_b / t, rep_b)
+        add_s = np.where(sp, add / t, add)
+        mem = (rep_s + split) / bw
+        mem_b = (rep_b_s + split_b + full_b) / bw
+        kernels = n_mm + n_attn + k_rep + k_split
+        kernels_b = 2 * (n_mm + n_attn) + kb_rep + kb_split + n_acc
+        # Op-level selective recompute: every memory-bound kernel of the forward but the
+        # final residual add, and the unsaved GEMMs.
+        mem_rec = (rep_s - add_s + split) / bw
+        kernels_rec = n_mm_sac + k_rep - 1 + k_split
         # TP collectives: 2 all-reduces of the activations forward (or AG + RS with SP).
         nbytes = n_th * e
         ar = collective_time_s(self.cluster, "allreduce", nbytes, t, np.minimum(t, 8))
@@ -187,27 +355,37 @@ class AnalyticWorkload:
         comm_f = np.where(p.sp > 0, 2 * (ag + rs), 2 * ar)
         return {
             "mm": mm,
+            "mm_sac": mm_sac,
             "attn_core": attn_core,
             "attn_mem": attn_mem,
-            "mem": rep + split,
+            "mem": mem,
+            "mem_b": mem_b,
+            "mem_rec": mem_rec,
             "over": kernels * K_OVER_S,
+            "over_b": kernels_b * K_OVER_S,
+            "over_rec": kernels_rec * K_OVER_S,
             "comm_f": comm_f,
             "ag": ag,
         }
 
-    def _ends(self, p: Plans) -> tuple[np.ndarray, np.ndarray]:
+    def _ends(self, p: Plans) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Forward seconds of the first stage's extra work (embedding) and the last stage's
-        (final norm, LM head, cross-entropy) per micro-batch."""
+        (final norm, LM head, cross-entropy) per micro-batch, then their backward seconds."""
         d = self.desc
         b, t = p.mb.astype(np.float64), p.tp.astype(np.float64)
         tokens = b * d.seq
         n_th = tokens * d.hidden
-        pre = 3 * self.act_bytes * n_th / (self.bw * E_MEM) + 3 * K_OVER_S
+        bw = self.bw * E_MEM
+        pre = 3 * self.act_bytes * n_th / bw + 3 * K_OVER_S
         head = self._gemm(tokens, d.vocab / t, d.hidden)
         # Vocabulary-parallel cross-entropy in fp32: about four passes over the logits.
-        ce = 4 * 4 * tokens * d.vocab / t / (self.bw * E_MEM)
-        post = head + ce + 2 * self.act_bytes * n_th / (self.bw * E_MEM) + 6 * K_OVER_S
-        return pre, post
+        ce = 4 * 4 * tokens * d.vocab / t / bw
+        # The final norm as the layers' norms; the rest: LM head, cross-entropy (5 kernels).
+        norm = chains(d.kernels if d.norm == "rmsnorm" else "fused", self.act_bytes)["norm"]
+        rest = head + ce + 5 * K_OVER_S
+        post = rest + norm.fwd_bytes * n_th / bw + norm.fwd_kernels * K_OVER_S
+        post_b = 2 * rest + norm.bwd_bytes * n_th / bw + norm.bwd_kernels * K_OVER_S
+        return pre, post, 2 * pre, post_b
 
     def stage_times(self, p: Plans) -> StageTimes:
         lay = self._layer(p)
@@ -216,8 +394,9 @@ class AnalyticWorkload:
         bwd_layer = (
             2 * lay["mm"]
             + flash_bwd * lay["attn_core"]
-            + 2 * (lay["attn_mem"] + lay["mem"])
-            + 2 * lay["over"]
+            + 2 * lay["attn_mem"]
+            + lay["mem_b"]
+            + lay["over_b"]
         )
         comm_b = lay["comm_f"] + np.where(p.sp > 0, 2 * lay["ag"], 0.0)
         full = p.ckpt == 2
@@ -229,14 +408,16 @@ class AnalyticWorkload:
         )
         if self.desc.flash_attention:
             # With FlashAttention the scores are never kept: "selective" is torchtitan's
-            # op-level policy, which reruns the non-matmul work and every other matmul.
-            recompute_layer = np.where(sel, lay["mem"] + 0.5 * lay["mm"], recompute_layer)
+            # op-level policy (see the module docstring).
+            op_sac = lay["mm_sac"] + lay["mem_rec"] + lay["over_rec"]
+            recompute_layer = np.where(sel, op_sac, recompute_layer)
         per_stage = np.ceil(self.desc.layers / p.pp)
-        pre, post = self._ends(p)
+        pre, post, pre_b, post_b = self._ends(p)
         # The slowest stage: the last one carries the LM head (first the embedding).
         ends_f = np.where(p.pp > 1, np.maximum(pre, post), pre + post)
+        ends_b = np.where(p.pp > 1, np.where(pre >= post, pre_b, post_b), pre_b + post_b)
         fwd = per_stage * (fwd_layer + lay["comm_f"]) + ends_f
-        bwd = per_stage * (bwd_layer + comm_b) + 2 * ends_f
+        bwd = per_stage * (bwd_layer + comm_b) + ends_b
         rec = per_stage * recompute_layer
         tp_comm = per_stage * (lay["comm_f"] + comm_b + np.where(full, lay["comm_f"], 0.0))
         return StageTimes(fwd, bwd, rec, tp_comm, np.zeros_like(fwd))
