@@ -304,16 +304,15 @@ class AnalyticWorkload:
         k_rep = 2 * norm.fwd_kernels + 2.0
         kb_rep = 2 * norm.bwd_kernels + 4.0
         # Inside the pairs (split by TP): the MLP activation (GeLU, one kernel either way:
-        # read, write; SwiGLU by `chains`) and the attention context transpose (read, write).
-        # The eager model's SDPA flash kernel writes its output token-major already, so
-        # torchtitan's transpose(1, 2).contiguous() is a view there: no copy.
+        # read, write; SwiGLU by `chains`) and the attention context transpose (read, write;
+        # counted for every model, though with torch's SDPA flash kernel, which writes its
+        # output token-major, torchtitan's transpose(1, 2).contiguous() is a view).
         act = ch["swiglu"] if d.gated_mlp else _fused(2 * e)
         n_tf = tokens * f / t
-        transpose = 0.0 if (eager and d.flash_attention) else 2 * e
-        split = act.fwd_bytes * n_tf + transpose * n_th / t
-        split_b = act.bwd_bytes * n_tf + 2 * transpose * n_th / t
-        k_split = act.fwd_kernels + (1.0 if transpose else 0.0)
-        kb_split = act.bwd_kernels + (2.0 if transpose else 0.0)
+        split = act.fwd_bytes * n_tf + 2 * e * n_th / t
+        split_b = act.bwd_bytes * n_tf + 2 * (2 * e * n_th / t)
+        k_split = act.fwd_kernels + 1.0
+        kb_split = act.bwd_kernels + 2.0
         if not d.position_embeddings:
             # Rotary embedding of q and of k.
             rope = ch["rope"]
