@@ -360,9 +360,9 @@ class AnalyticWorkload:
             "mem": mem,
             "mem_b": mem_b,
             "mem_rec": mem_rec,
-            "over": kernels * K_OVER_S,
-            "over_b": kernels_b * K_OVER_S,
-            "over_rec": kernels_rec * K_OVER_S,
+            "over": np.full_like(b, kernels * K_OVER_S),
+            "over_b": np.full_like(b, kernels_b * K_OVER_S),
+            "over_rec": np.full_like(b, kernels_rec * K_OVER_S),
             "comm_f": comm_f,
             "ag": ag,
         }
