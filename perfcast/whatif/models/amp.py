@@ -94,6 +94,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
@@ -102,6 +103,7 @@ from perfcast.errors import NotApplicableError
 from perfcast.events import EventTable, Kind
 from perfcast.graph.model import GpuKind, Graph, NodeKind, Source, SyncKind
 from perfcast.graph.phases import Phase
+from perfcast.graph.syncs import SYNC_MIN_NS
 from perfcast.hardware import (
     KernelClass,
     dtype_from_kernel_name,
@@ -495,9 +497,11 @@ def apply(graph: Graph, options: Options) -> Graph:
     comp = np.array(compute, dtype=np.int64)
     ratio = np.empty(comp.size, dtype=np.float64)
     n_roofline = 0
+    from_dtypes: Counter[str] = Counter()
     for i, n in enumerate(comp.tolist()):
         dev = devices[int(c["rank"][n])]
         cur = kernel_dtype(graph.name_of(n), int(c["klass"][n]))
+        from_dtypes[cur] += 1
         opn = names[int(c["op_name"][n])] if c["op_name"][n] >= 0 else ""
         shape = gemm_shape(opn, op_input_dims(graph, n)) if opn else None
         if shape is not None and min(shape) > 0:
@@ -542,15 +546,39 @@ def apply(graph: Graph, options: Options) -> Graph:
         "losses, optimizer and all-reduce stay fp32"
         + (
             f"; {len(kept_batch_norm):,} batch-norm kernels run PyTorch's native bf16 kernels "
-            f"instead of cuDNN's, in the same GPU time; {n_native:,} forward ones launch three "
-            "kernels (statistics, running-stats update, transform: Normalization.cu) where "
-            "cuDNN launched one"
+            f"instead of cuDNN's, in the same GPU time (uncertain: in the one measured pair, "
+            "ResNet-50 on an H100, they took 1.53x forward and 1.11x backward the fp32 cuDNN "
+            f"time); {n_native:,} forward ones launch three kernels (statistics, running-stats "
+            "update, transform: Normalization.cu) where cuDNN launched one"
             if kept_batch_norm
             else ""
         )
         + scaler
+        + "; "
+        + _peaks_text(devices, from_dtypes, dtype)
     )
     return graph
+
+
+def _peaks_text(devices: dict, from_dtypes: Counter[str], dtype: str) -> str:
+    """Which device figures the peak ratios and rooflines used, and how dtypes were read."""
+    specs = {d.name: d for d in devices.values()}.values()
+    parts = []
+    for dev in specs:
+        peaks = ", ".join(
+            f"{d} {dev.peak(d):g}" for d in sorted(set(from_dtypes) | {dtype}, key=str)
+        )
+        parts.append(
+            f"{dev.name}: peak TFLOPS {peaks}, memory {dev.mem_bw_gbs:g} GB/s (datasheet: "
+            f"{dev.source})"
+        )
+    read = ", ".join(f"{k:,} {d}" for d, k in from_dtypes.most_common())
+    return (
+        "; ".join(parts)
+        + f"; kernels' current dtype from their names ({read}): a convolution naming none is "
+        "tf32 (cuDNN's default), a matmul naming none fp32 (matmul TF32 is off by default "
+        "since PyTorch 1.12)"
+    )
 
 
 def _grad_scaler(graph: Graph, fixed: int) -> str:
@@ -620,7 +648,7 @@ def _grad_scaler(graph: Graph, fixed: int) -> str:
             graph,
             lane=int(c["lane"][first]),
             after=int(launches[-1]),
-            dur=2_000,
+            dur=SYNC_MIN_NS,
             kind=NodeKind.SYNC,
             name="cudaStreamSynchronize (GradScaler inf check, modelled)",
             like=first,
