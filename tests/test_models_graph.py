@@ -18,7 +18,7 @@ from perfcast.calibration import Calibration, CheckpointCosts, DataLoaderCosts
 from perfcast.errors import NotApplicableError, PerfcastError
 from perfcast.graph.build import build_graph
 from perfcast.graph.model import NodeKind, Source
-from perfcast.hardware import allreduce_time_us, lookup_link
+from perfcast.hardware import lookup_link
 from perfcast.sim.timeline import simulate
 from perfcast.whatif.registry import parse_spec
 from perfcast.whatif.runner import run_whatif
@@ -116,9 +116,13 @@ def predict(path: Path, *specs: str):
 
 
 def ar_us(mib: float, gpus: int = 8, link: str = "nvlink3") -> float:
+    """Ring all-reduce inside one node as the cluster model prices it: 10 µs per collective,
+    alpha per ring step, 2(p-1)/p N at 80% of the link's peak (nccl-tests bus bandwidth)."""
     spec = lookup_link(link)
     assert spec is not None
-    return allreduce_time_us(mib * MIB, gpus, spec, "ring")
+    steps = 2 * (gpus - 1)
+    busbw = 0.80 * spec.bw_gbs_per_direction * 1e3  # bytes per µs
+    return 10.0 + steps * spec.latency_us + steps / gpus * mib * MIB / busbw
 
 
 @pytest.fixture
@@ -142,8 +146,9 @@ def test_ddp_buckets_from_shapes_overlap_backward(step_trace: Path) -> None:
     # Two 4 MiB gradients. The first fills the 1 MiB first bucket; the second is the last
     # bucket. Bucket 1 reduces during mm' (470-502.9, hidden); bucket 2 starts when the last
     # grad add ends (680) and Adam waits for it: 680 + T + 50.
-    # Ring on 8 GPUs over NVLink 3 (300 GB/s, 0.6 µs): 2*7 steps of 0.6 µs + (4 MiB / 8) / B.
-    assert ar_us(4) == pytest.approx(14 * (0.6 + 4 * MIB / 8 / 300e3))  # 32.87 µs
+    # Ring on 8 GPUs over NVLink 3 (300 GB/s peak, 240 reached, 0.6 µs): 10 µs, 2*7 steps of
+    # 0.6 µs, and 2*7/8 of 4 MiB at 240 GB/s.
+    assert ar_us(4) == pytest.approx(10 + 14 * 0.6 + 1.75 * 4 * MIB / 240e3)  # 48.98 µs
     result, predicted = predict(step_trace, "ddp:gpus=8")
     expected = 680 + ar_us(4) + 50
     assert result.baseline_ms == pytest.approx(0.730)
@@ -153,7 +158,19 @@ def test_ddp_buckets_from_shapes_overlap_backward(step_trace: Path) -> None:
     assert len(ar) == 2
     assert all(g.cols["source"][i] == Source.MODELLED for i in ar)
     assert predicted.start[ar[0]] == 470_000  # after the first grad add, not before
-    assert "nvlink3" in result.applied[0].assumptions[0]
+    text = result.applied[0].assumptions[0]
+    assert "nvlink3" in text and "240 GB/s" in text and "10 µs per collective" in text
+
+
+def test_ddp_beyond_one_node_is_bound_by_the_network(step_trace: Path) -> None:
+    inside, _ = predict(step_trace, "ddp:gpus=8")
+    across, _ = predict(step_trace, "ddp:gpus=16")
+    # 16 A100s are two nodes of 8: the ring leaves each node on 8 HDR NICs (8 x 25 GB/s x 0.9
+    # = 180 GB/s), below NVLink's 240, and the inter-node hop latency is higher.
+    assert across.predicted_ms > inside.predicted_ms
+    assert any("span nodes of 8" in a for a in across.applied[0].assumptions)
+    wide, _ = predict(step_trace, "ddp:gpus=16,gpus_per_node=16")
+    assert wide.predicted_ms < across.predicted_ms
 
 
 def test_ddp_one_big_bucket_waits_for_the_last_gradient(step_trace: Path) -> None:

@@ -33,6 +33,11 @@ Size conventions follow nccl-tests: N is the full buffer of the collective, i.e.
 buffer, the all-gather *output*, the reduce-scatter *input*, and the per-rank all-to-all send
 buffer. Bandwidth is GB/s = 1e9 bytes/s, so 1 GB/s moves 1e3 bytes per microsecond.
 
+These formulas run at the link's *peak*. The what-if models and `perfcast plan` price
+collectives with `perfcast.hardware.network` instead, which adds what a real collective gets:
+a bus bandwidth below the peak (80% of NVLink/PCIe, 90% of a network port, or what the trace's
+own collectives reached) and a fixed cost per collective.
+
 `bus_bandwidth_factor` is the algbw -> busbw correction from nccl-tests' doc/PERFORMANCE.md:
 busbw = algbw * factor, which makes measured numbers comparable to the link peak.
 """

@@ -3,22 +3,35 @@ the step's GPU work, a communication stream, modelled collectives and their wait
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from perfcast.errors import NotApplicableError
 from perfcast.graph.model import NONE, EdgeType, GpuKind, Graph, NodeKind, Source
 from perfcast.graph.phases import Phase
 from perfcast.hardware.classify import KernelClass
-from perfcast.hardware.devices import lookup_device
+from perfcast.hardware.devices import DeviceSpec, lookup_device
 from perfcast.hardware.interconnects import (
     LinkSpec,
     default_intra_node_link,
     list_links,
     lookup_link,
 )
+from perfcast.hardware.network import Cluster, collective_time_s, make_cluster, p2p_time_s
 from perfcast.whatif import primitives as P
 
 FALLBACK_LINK = "pcie4"
+# Stands in for a device the table does not know: only its links are used.
+_UNKNOWN_DEVICE = DeviceSpec(
+    name="unknown GPU",
+    vendor="unknown",
+    peak_tflops={"fp32": 1.0},
+    mem_bw_gbs=1.0,
+    mem_gb=1.0,
+    sm_count=None,
+    source="placeholder for an unrecognized device; only its links are used",
+)
 
 
 def link_for(graph: Graph, rank: int, name: str | None, model: str) -> tuple[LinkSpec, str]:
@@ -38,6 +51,81 @@ def link_for(graph: Graph, rank: int, name: str | None, model: str) -> tuple[Lin
         assert link is not None
         return link, f"device {dev or 'unknown'} not recognized: {link.name} assumed"
     return default_intra_node_link(spec), f"the usual intra-node link of {spec.name}"
+
+
+@dataclass(frozen=True)
+class CommModel:
+    """What a modelled collective costs: the cluster `perfcast plan` uses (bus bandwidth a
+    fraction of the link peak, a fixed cost per collective, nodes over the network beyond
+    `gpus_per_node`), with the link chosen for the trace's device, and where each figure
+    came from, for the assumptions."""
+
+    cluster: Cluster
+    why: str  # where the link came from
+    calibration: str  # "" or the trace's collective the bandwidth was measured on
+
+    def time_us(self, collective: str, nbytes: float, n: int, algorithm: str = "ring") -> float:
+        """One collective of `nbytes` (nccl-tests size convention) over `n` ranks."""
+        seconds = collective_time_s(self.cluster, collective, nbytes, n, algorithm=algorithm)
+        return float(seconds) * 1e6
+
+    def p2p_us(self, nbytes: float, cross_node: bool = False) -> float:
+        return float(p2p_time_s(self.cluster, nbytes, cross_node)) * 1e6
+
+    def describe(self, n: int) -> str:
+        """The figures behind a group of `n` ranks, for the assumptions."""
+        cl = self.cluster
+        intra = cl.intra.bw_gbs_per_direction
+        text = (
+            f"{cl.intra.name} ({intra:g} GB/s per direction peak, bus bandwidth "
+            f"{cl.intra_eff:.0%} of it = {intra * cl.intra_eff:.0f} GB/s"
+            + (f", {self.calibration}" if self.calibration else ", NVIDIA's nccl-tests figures")
+            + f"; alpha {cl.intra.latency_us:g} µs per ring step, {cl.base_us:g} µs per "
+            f"collective; {self.why})"
+        )
+        if n > cl.gpus_per_node:
+            text += (
+                f"; {n} GPUs span nodes of {cl.gpus_per_node}: between nodes {cl.inter.name} "
+                f"({cl.nic_gbs_per_gpu:g} GB/s per GPU, {cl.inter_eff:.0%} reached)"
+            )
+        return text
+
+
+def comm_model(
+    graph: Graph,
+    rank: int,
+    name: str | None,
+    model: str,
+    gpus_per_node: int = 8,
+    cache: dict[int, CommModel] | None = None,
+) -> CommModel:
+    """The communication model for `rank`: its device's cluster over link `name` (default: the
+    device's usual intra-node link), with the bandwidth measured on the trace's own large
+    collectives where it has them (as `perfcast plan` does). `cache` keeps one per rank
+    across a model's steps (the calibration reads the whole trace)."""
+    if cache is not None and rank in cache:
+        return cache[rank]
+    link, why = link_for(graph, rank, name, model)
+    dev = graph.device_names.get(rank)
+    spec = (lookup_device(dev) if dev else None) or _UNKNOWN_DEVICE
+    if gpus_per_node < 1:
+        raise NotApplicableError(f"{model}: gpus_per_node must be at least 1")
+    cluster = make_cluster(spec, intra=link.name, gpus_per_node=gpus_per_node)
+    calibration = ""
+    same = [
+        m for m in (cache or {}).values() if m.cluster.intra == link and m.cluster.device == spec
+    ]
+    if same:  # another rank of the same kind: its calibration read the same trace
+        cluster, calibration = same[0].cluster, same[0].calibration
+    elif graph.table is not None:
+        from perfcast.plan import calibrate_cluster
+
+        cluster, measured = calibrate_cluster(graph.table, cluster)
+        calibration = measured or ""
+    found = CommModel(cluster, why, calibration)
+    if cache is not None:
+        cache[rank] = found
+    return found
 
 
 def require_gpu_steps(graph: Graph, model: str) -> None:

@@ -22,11 +22,15 @@ pytorch.org/docs/stable/notes/ddp.html):
   AccumulateGrad (plus the trace's measured launch latency) and after the GPU
   work launched before that point (the reducer's stream wait on the gradient's
   ready event), and after the previous bucket's all-reduce (one NCCL stream);
-- duration: the alpha-beta all-reduce model of
-  `perfcast.hardware.collectives.allreduce_time_us` (ring: 2(p-1)(alpha + N/(pB));
-  Thakur, Rabenseifner & Gropp 2005) over `link`, by default the device's
+- duration: the cluster model `perfcast plan` uses (`perfcast.hardware.network`):
+  a fixed 10 µs per collective, alpha per ring step, and the bucket at the bus
+  bandwidth a collective reaches (nccl-tests convention: ring 2(p-1)/p N / busbw;
+  Thakur, Rabenseifner & Gropp 2005), 80% of the peak of `link` (NVIDIA's
+  published nccl-tests busbw), or the bus bandwidth the trace's own large
+  all-reduces reached when it has them. `link` is by default the device's
   intra-node link (`interconnects.default_intra_node_link`: NVLink on SXM
-  A100/H100, PCIe on PCIe parts; PCIe 4.0 when the device is unknown);
+  A100/H100, PCIe on PCIe parts; PCIe 4.0 when the device is unknown); beyond
+  `gpus_per_node` GPUs the ring crosses nodes and the NICs bound it;
 - the end of backward: DDP's finalize makes the compute stream wait for every
   bucket (WorkNCCL::synchronizeStream blocks the current stream on the NCCL
   stream; the host only blocks with TORCH_NCCL_BLOCKING_WAIT=1, option
@@ -58,17 +62,14 @@ from perfcast.events import Kind
 from perfcast.graph.model import NONE, EdgeType, GpuKind, Graph, NodeKind, Source
 from perfcast.graph.phases import Phase, collective_kernel_mask
 from perfcast.hardware.classify import KernelClass
-from perfcast.hardware.collectives import allreduce_time_us, collective_from_kernel_name
-from perfcast.hardware.interconnects import (
-    LinkSpec,
-)
+from perfcast.hardware.collectives import collective_from_kernel_name
 from perfcast.ingest.input_dims import is_shape, parse_input_dims
 from perfcast.whatif import primitives as P
-from perfcast.whatif.models._parallel_common import link_for
+from perfcast.whatif.models._parallel_common import CommModel, comm_model
 
 SUMMARY = (
     "data parallel on N GPUs: bucketed gradient all-reduce overlapping backward "
-    "(gpus=N, link=NAME, bucket_mb=25, params_mb=, algorithm=ring|tree)"
+    "(gpus=N, link=NAME, gpus_per_node=8, bucket_mb=25, params_mb=, algorithm=ring|tree)"
 )
 
 MIB = 1 << 20
@@ -82,7 +83,10 @@ _DEFAULT_GAP_NS = 1_000
 # Collectives a DDP trace contains: all-reduces (replaced) and broadcasts (kept).
 _REPLACED = "allreduce"
 _KEPT = ("broadcast",)
-_FORMULA = {"ring": "2(p-1)(alpha + N/(pB))", "tree": "2 ceil(log2 p) alpha + N/B"}
+_FORMULA = {
+    "ring": "base + 2(p-1) alpha + 2(p-1)/p N/busbw",
+    "tree": "base + 2 ceil(log2 p) alpha + 2(p-1)/p N/busbw",
+}
 _HOST_KINDS = (NodeKind.CPU, NodeKind.LAUNCH, NodeKind.SYNC, NodeKind.RUNTIME)
 
 
@@ -90,6 +94,7 @@ _HOST_KINDS = (NodeKind.CPU, NodeKind.LAUNCH, NodeKind.SYNC, NodeKind.RUNTIME)
 class Options:
     gpus: int = 8
     link: str | None = None  # default: the device's intra-node link
+    gpus_per_node: int = 8  # beyond it, rings cross nodes over the network
     bucket_mb: float = DEFAULT_BUCKET_MB
     first_bucket_mb: float = DEFAULT_FIRST_BUCKET_MB
     params_mb: float | None = None  # total gradient size, when the trace has no shapes
@@ -135,12 +140,15 @@ def apply(graph: Graph, options: Options) -> Graph:
     for i, p in enumerate(points):
         by_group.setdefault((p.rank, p.iteration), []).append(i)
     ranks = sorted({p.rank for p in points})
-    links = {r: _link_for(graph, r, options) for r in ranks}
+    cache: dict[int, CommModel] = {}
+    comms = {
+        r: comm_model(graph, r, options.link, "ddp", options.gpus_per_node, cache) for r in ranks
+    }
     total_ns = 0
     n_buckets = 0
     total_bytes = 0.0
     for rank in ranks:
-        link = links[rank][0]
+        comm = comms[rank]
         compute_lanes = [i for i, ln in enumerate(graph.lanes) if ln.is_gpu and ln.rank == rank]
         comm_lane = _add_comm_lane(graph, rank, compute_lanes)
         launched = _launch_index(graph, compute_lanes)
@@ -164,7 +172,7 @@ def apply(graph: Graph, options: Options) -> Graph:
             continue
         dur = np.array(
             [
-                round(allreduce_time_us(b, options.gpus, link, options.algorithm) * 1000)
+                round(comm.time_us("allreduce", b, options.gpus, options.algorithm) * 1000)
                 for b in b_bytes
             ],
             dtype=np.int64,
@@ -177,7 +185,7 @@ def apply(graph: Graph, options: Options) -> Graph:
             lane=comm_lane,
             dur=dur,
             kind=NodeKind.GPU,
-            name=f"ncclKernel_AllReduce (modelled, {options.gpus} GPUs, {link.name})",
+            name=f"ncclKernel_AllReduce (modelled, {options.gpus} GPUs, {comm.cluster.intra.name})",
             count=k,
             source=Source.MODELLED,
             order=order,
@@ -215,14 +223,14 @@ def apply(graph: Graph, options: Options) -> Graph:
         total_bytes += float(sum(b_bytes))
 
     n_steps = max(len(by_group), 1)
-    link, link_note = links[ranks[0]]
+    comm = comms[ranks[0]]
     graph.assumptions.append(
         f"ddp on {options.gpus} GPUs: {n_buckets / n_steps:.1f} buckets per step "
         f"({total_bytes / n_steps / MIB:.1f} MiB of gradients, {size_note}; buckets "
         f"{options.first_bucket_mb:g} then {options.bucket_mb:g} MiB in gradient-ready order), "
-        f"{options.algorithm} all-reduce {_FORMULA[options.algorithm]} over {link.name} "
-        f"({link.bw_gbs_per_direction:g} GB/s per direction, alpha {link.latency_us:g} µs"
-        f"{link_note}): {total_ns / n_steps / 1e6:.2f} ms of all-reduce per step, modelled; "
+        f"{options.algorithm} all-reduce {_FORMULA[options.algorithm]} over "
+        f"{comm.describe(options.gpus)}: {total_ns / n_steps / 1e6:.2f} ms of all-reduce per "
+        "step, modelled; "
         "same per-GPU batch (weak scaling); NCCL assumed not to slow the compute it "
         "overlaps (real NCCL kernels take SMs)"
     )
@@ -245,12 +253,6 @@ def _check_options(options: Options) -> None:
         raise NotApplicableError("ddp: grad_bytes must be positive")
     if options.algorithm not in ("ring", "tree"):
         raise NotApplicableError("ddp: algorithm must be ring or tree")
-
-
-def _link_for(graph: Graph, rank: int, options: Options) -> tuple[LinkSpec, str]:
-    """The link and, when it was not given, where the choice came from ("; ..." to append)."""
-    link, why = link_for(graph, rank, options.link, "ddp")
-    return link, "" if options.link else f"; {why}"
 
 
 def drop_measured_allreduces(graph: Graph) -> float:

@@ -15,8 +15,10 @@ GPU Clusters Using Megatron-LM", section 2.2):
   at the start of the step;
 - point-to-point: every micro-batch sends its boundary activations forward and their gradient
   back (v times each with interleaving): `act_mb` MiB per micro-batch (default: the
-  activation that enters the middle layer, from the recorded shapes), send/recv over `link`,
-  on the compute stream (blocking, as Megatron's p2p is).
+  activation that enters the middle layer, from the recorded shapes), send/recv over `link`
+  in the cluster model `perfcast plan` uses (10 µs + alpha + N / (80% of the link peak), or
+  the bus bandwidth the trace's own collectives reached), on the compute stream (blocking,
+  as Megatron's p2p is); neighbouring stages are assumed inside one node.
 
 The optimizer and the trace's other work keep their measured times (the optimizer updates
 1/pp of the parameters: its GPU kernels are scaled by 1/pp). Assumes m >= pp, stages of equal
@@ -33,7 +35,6 @@ import numpy as np
 from perfcast.errors import NotApplicableError
 from perfcast.graph.model import Graph
 from perfcast.graph.phases import Phase
-from perfcast.hardware.collectives import sendrecv_time_us
 from perfcast.whatif import kernels as K
 from perfcast.whatif import primitives as P
 from perfcast.whatif.models import _parallel_common as C
@@ -68,13 +69,15 @@ def apply(graph: Graph, options: Options) -> Graph:
     bubble_ns = p2p_ns = 0
     share = 1.0
     note = ""
+    cache: dict[int, C.CommModel] = {}
     for rank, it in C.groups(graph):
         fwd = C.step_gpu_nodes(graph, rank, it, Phase.FORWARD)
         bwd = C.step_gpu_nodes(graph, rank, it, Phase.BACKWARD)
         if fwd.size == 0 or bwd.size == 0:
             continue
         n_steps += 1
-        link, note = C.link_for(graph, rank, o.link, "pipeline-parallel")
+        comm = C.comm_model(graph, rank, o.link, "pipeline-parallel", cache=cache)
+        note = comm.describe(2)
         c = graph.cols
         share = _stage_share(c["dur"][fwd].astype(np.float64), o.pp)
         # Each kernel: m fixed costs, and the stage's share of the variable work.
@@ -94,7 +97,7 @@ def apply(graph: Graph, options: Options) -> Graph:
         K.scale_variable(graph, opt, 1.0 / o.pp, fixed)
         per_mb = (int(c["dur"][fwd].sum()) + int(c["dur"][bwd].sum())) / m
         bubble = round((o.pp - 1) / o.virtual * per_mb)
-        p2p_us = sendrecv_time_us(act_bytes, link) if act_bytes > 0 else 0.0
+        p2p_us = comm.p2p_us(act_bytes) if act_bytes > 0 else 0.0
         p2p = round(2 * m * o.virtual * p2p_us * 1000)
         lane = int(c["lane"][fwd[0]])
         nodes = C.insert_collective(
@@ -121,7 +124,7 @@ def apply(graph: Graph, options: Options) -> Graph:
         f"{f', interleaved x{o.virtual}' if o.virtual > 1 else ' (1F1B)'}: slowest stage "
         f"{share:.0%} of the forward work; bubble {bubble_ns / n_steps / 1e6:.2f} ms per step "
         f"({frac:.0%}: (pp-1)/v of m + (pp-1)/v slots); p2p {p2p_ns / n_steps / 1e6:.2f} ms "
-        f"({act_bytes / MIB:.2f} MiB per micro-batch, {note}); host work repeated per "
+        f"({act_bytes / MIB:.2f} MiB per micro-batch, over {note}); host work repeated per "
         "micro-batch; kernels pay their fixed cost once per micro-batch"
     )
     return graph

@@ -12,7 +12,10 @@ What is modelled (Shoeybi et al., "Megatron-LM", 2019):
   and the elementwise work between pairs (norms, dropout, residual adds) is split too;
 - size: the row-parallel layer's output (its input's leading dimensions x its weight's first
   dimension, from the recorded shapes), at the layer's dtype (bf16/fp16 kernels 2 bytes, else
-  4); time: ring all-reduce over `link` (default: the device's intra-node link).
+  4); time: ring all-reduce in the cluster model `perfcast plan` uses (10 µs + 2(t-1) alpha +
+  2(t-1)/t N / busbw, busbw 80% of the peak of `link`, NVIDIA's nccl-tests figures, or what
+  the trace's own large collectives reached), `link` by default the device's intra-node link;
+  the group is assumed inside one node.
 
 Everything else (convolutions, elementwise work outside pairs, the optimizer on the linear
 layers' shards aside) runs replicated: a convolutional network gains little. Assumes the
@@ -31,11 +34,6 @@ from perfcast.errors import NotApplicableError
 from perfcast.graph.model import Graph
 from perfcast.graph.phases import Phase
 from perfcast.hardware.classify import KernelClass, dtype_from_kernel_name
-from perfcast.hardware.collectives import (
-    allgather_time_us,
-    allreduce_time_us,
-    reduce_scatter_time_us,
-)
 from perfcast.whatif import kernels as K
 from perfcast.whatif import primitives as P
 from perfcast.whatif.models import _parallel_common as C
@@ -66,8 +64,11 @@ def apply(graph: Graph, options: Options) -> Graph:
     split_ns = 0
     n_steps = 0
     note = ""
+    cache: dict[int, C.CommModel] = {}
     for rank, it in C.groups(graph):
-        link, note = C.link_for(graph, rank, options.link, "tensor-parallel")
+        comm = C.comm_model(graph, rank, options.link, "tensor-parallel", t, cache)
+        link = comm.cluster.intra
+        note = comm.describe(t)
         for phase, pattern in ((Phase.FORWARD, _LINEAR_FWD), (Phase.BACKWARD, _LINEAR_BWD)):
             layers = _linear_layers(graph, rank, it, phase, pattern)
             if not layers:
@@ -81,11 +82,11 @@ def apply(graph: Graph, options: Options) -> Graph:
             sizes = _pair_sizes(graph, layers, phase)
             for last, nbytes in sizes:
                 if options.sequence_parallel:
-                    us = allgather_time_us(nbytes, t, link) + reduce_scatter_time_us(
-                        nbytes, t, link
+                    us = comm.time_us("allgather", nbytes, t) + comm.time_us(
+                        "reducescatter", nbytes, t
                     )
                 else:
-                    us = allreduce_time_us(nbytes, t, link)
+                    us = comm.time_us("allreduce", nbytes, t)
                 c = graph.cols
                 new = C.insert_collective(
                     graph,
@@ -117,7 +118,7 @@ def apply(graph: Graph, options: Options) -> Graph:
         f"({split_ns / steps / 1e6:.2f} ms of GEMM time saved), "
         f"{'all-gather + reduce-scatter' if options.sequence_parallel else 'all-reduce'} of "
         f"each pair's activations forward and backward on the compute stream "
-        f"({comm_ns / steps / 1e6:.2f} ms per step, {note}); everything else replicated"
+        f"({comm_ns / steps / 1e6:.2f} ms per step, over {note}); everything else replicated"
     )
     return graph
 

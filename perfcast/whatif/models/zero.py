@@ -18,10 +18,13 @@ place their collectives):
   earlier than the end of the unit `prefetch + 1` before it (FSDP2's default: one unit
   prefetched, two units' parameters live at once).
 
-Collective times: `perfcast.hardware.collectives` (ring: (p-1)(alpha + N/(pB))) over `link`,
-by default the device's intra-node link. Assumptions: weak scaling (every GPU keeps the
-trace's batch), ranks in lock step, NCCL kernels do not slow the compute they overlap. A
-trace that already ran data parallel has its measured all-reduces replaced. Memory (what the
+Collective times: the cluster model `perfcast plan` uses (`perfcast.hardware.network`; ring:
+10 µs + (p-1) alpha + (p-1)/p N / busbw, busbw 80% of the peak of `link` as in NVIDIA's
+nccl-tests, or what the trace's own large collectives reached), `link` by default the
+device's intra-node link; beyond `gpus_per_node` GPUs the rings cross nodes. Assumptions: weak
+scaling (every GPU keeps the trace's batch), ranks in lock step, NCCL kernels do not slow the
+compute they overlap. A trace that already ran data parallel has its measured all-reduces
+replaced. Memory (what the
 sharding saves) is reported by the memory model (`perfcast.memory_model`).
 """
 
@@ -34,14 +37,13 @@ import numpy as np
 from perfcast.errors import NotApplicableError
 from perfcast.graph.model import Graph
 from perfcast.graph.phases import Phase
-from perfcast.hardware.collectives import allgather_time_us, reduce_scatter_time_us
 from perfcast.whatif import kernels as K
 from perfcast.whatif.models import _parallel_common as C
 
 SUMMARY = (
     "ZeRO-1/2/3 / FSDP over N GPUs: sharded optimizer state, gradients and parameters; "
     "reduce-scatter and all-gather per unit with prefetch (gpus=N, stage=1|2|3, units=, "
-    "link=, param_bytes=4, grad_bytes=4)"
+    "link=, gpus_per_node=8, param_bytes=4, grad_bytes=4)"
 )
 MIB = 1 << 20
 
@@ -53,6 +55,7 @@ class Options:
     units: int = 16
     prefetch: int = 1
     link: str | None = None
+    gpus_per_node: int = 8
     param_bytes: int = 4  # bytes per element all-gathered (2: FSDP mixed precision, bf16)
     grad_bytes: int = 4  # bytes per element reduce-scattered
     params_mb: float | None = None  # total parameter MiB (fp32), when the trace has no shapes
@@ -76,7 +79,8 @@ def apply(graph: Graph, options: Options) -> Graph:
     fixed = K.kernel_fixed_cost_ns(graph)
     total_rs = total_ag = 0.0
     n_steps = 0
-    link_note = ""
+    comm: C.CommModel | None = None
+    cache: dict[int, C.CommModel] = {}
     for rank, it in C.groups(graph):
         fwd = C.step_gpu_nodes(graph, rank, it, Phase.FORWARD)
         bwd = C.step_gpu_nodes(graph, rank, it, Phase.BACKWARD)
@@ -84,15 +88,16 @@ def apply(graph: Graph, options: Options) -> Graph:
         if bwd.size == 0:
             continue
         n_steps += 1
-        link, link_note = C.link_for(graph, rank, o.link, "zero")
+        comm = C.comm_model(graph, rank, o.link, "zero", o.gpus_per_node, cache)
+        link = comm.cluster.intra
         lane = C.comm_lane(graph, rank, f"modelled ZeRO-{o.stage} collectives")
         c = graph.cols
         f_units = C.chunks(fwd, o.units)
         b_units = C.chunks(bwd, o.units)
         k = len(b_units)
         per_unit = params / k
-        rs_us = reduce_scatter_time_us(per_unit * o.grad_bytes, o.gpus, link)
-        ag_us = allgather_time_us(per_unit * o.param_bytes, o.gpus, link)
+        rs_us = comm.time_us("reducescatter", per_unit * o.grad_bytes, o.gpus)
+        ag_us = comm.time_us("allgather", per_unit * o.param_bytes, o.gpus)
         if o.stage == 3:
             for units in (f_units, b_units):
                 _gathers(graph, lane, units, ag_us, per_unit * o.param_bytes, it, o.prefetch)
@@ -115,7 +120,7 @@ def apply(graph: Graph, options: Options) -> Graph:
             C.wait(graph, rs[-1:], opt[:1])
             K.scale_variable(graph, opt, 1.0 / o.gpus, fixed)
             if o.stage < 3:
-                whole_us = allgather_time_us(params * o.param_bytes, o.gpus, link)
+                whole_us = comm.time_us("allgather", params * o.param_bytes, o.gpus)
                 ag = C.insert_collective(
                     graph,
                     int(c["lane"][opt[-1]]),
@@ -127,13 +132,13 @@ def apply(graph: Graph, options: Options) -> Graph:
                 )
                 C.wait(graph, opt[-1:], ag)
                 total_ag += whole_us
-    if n_steps == 0:
+    if n_steps == 0 or comm is None:
         raise NotApplicableError("zero: no backward GPU work in the trace's steps (inference?)")
     graph.assumptions.append(
         f"ZeRO-{o.stage} over {o.gpus} GPUs: {params / 1e6:.1f} M parameters in "
         f"{o.units} units; per step {total_rs / n_steps / 1e3:.2f} ms of reduce-scatter "
         f"({o.grad_bytes} B/element) and {total_ag / n_steps / 1e3:.2f} ms of all-gather "
-        f"({o.param_bytes} B/element), modelled over {link_note or 'the given link'}; "
+        f"({o.param_bytes} B/element), ring, modelled over {comm.describe(o.gpus)}; "
         f"optimizer GPU kernels at 1/{o.gpus} of their work"
         + (
             "; parameters gathered before each unit's forward and backward, "
