@@ -17,8 +17,10 @@ from perfcast.graph.model import EdgeType, Graph, NodeKind
 from perfcast.graph.phases import Phase
 
 # Used only when a trace shows fewer than 5 kernels bound by their launch (or by their stream
-# predecessor) to measure a median from; assumptions of the order of the launch-to-start and
-# back-to-back gaps the project's traces show (median launch latency 2-10 µs, gap 1-3 µs).
+# predecessor) to measure a median from: assumptions. Measured on the 36 project traces that
+# show them (shared/traces and gpu-truth, 2026-11-24): launch latency 1.0-7.0 µs, median
+# 2.0 µs; gap 0-4 µs, median 1.0 µs (one trace 20 µs). 5 µs errs long: a GPU-bound trace
+# (where the launch is never binding, so it cannot be measured) keeps its GPU bound.
 DEFAULT_LAUNCH_LATENCY_NS = 5_000
 DEFAULT_STREAM_GAP_NS = 1_000
 _MIN_SAMPLES = 5
