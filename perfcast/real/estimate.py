@@ -12,7 +12,14 @@ import statistics
 from dataclasses import dataclass
 
 from perfcast.events import EventTable
-from perfcast.real.profiler_cost import OFF, ProfilerCost, ProfilerSettings, Removed
+from perfcast.real.profiler_cost import (
+    ENTER_SHARE,
+    MIN_RUNTIME_NS,
+    OFF,
+    ProfilerCost,
+    ProfilerSettings,
+    Removed,
+)
 
 # Fitted to the project's measured GPU set (benchmarks/accuracy/recorded: 13 configurations on
 # an H100 80GB HBM3 with a 16-core host, PyTorch 2.11, CUDA 13, record_shapes=True; each
@@ -99,11 +106,23 @@ class Correction:
     def assumption(self) -> str:
         if self.source == "off":
             return "the profiler's own cost is left in: predictions are for the profiled run"
+        extra = "".join(
+            f", {us:.2f} µs {what}"
+            for us, what in (
+                (self.task_us, "per GPU task a runtime call launches beyond its first"),
+                (self.python_us, "per Python frame"),
+                (self.memory_us, "per [memory] event"),
+            )
+            if us > 0
+        )
         return (
             f"the profiler's own host cost is taken out ({self.source}: {self.op_us:.2f} µs per "
             f"op + {self.input_us:.2f} per recorded input, {self.runtime_us:.2f} µs per runtime "
-            f"call, ±{self.uncertainty_pct:.0f}%; {self.removed_ms_per_step:.2f} ms of host "
-            "time per step): predictions are for the run without the profiler"
+            f"call{extra}, ±{self.uncertainty_pct:.0f}%; {self.note}; an op's cost taken "
+            f"{ENTER_SHARE:.0%} from the CPU time before it and the rest after, never more than "
+            f"that time, a runtime call keeping at least {MIN_RUNTIME_NS / 1e3:g} µs; "
+            f"{self.removed_ms_per_step:.2f} ms of host time per step): predictions are for the "
+            "run without the profiler"
         )
 
 

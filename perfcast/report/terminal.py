@@ -213,6 +213,8 @@ def render_whatif(result: WhatIfResult, console: Console) -> None:
     for a in result.applied:
         for line in a.assumptions:
             console.print(Text(f"  assumes ({a.name}): {line}"))
+    if result.correction.source != "off":
+        console.print(Text(f"  assumes (profiler cost): {result.correction.assumption()}"))
 
 
 def _real_line(real_ms: float, measured_real_ms: float | None, correction: Correction) -> str:

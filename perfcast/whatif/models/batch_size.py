@@ -153,9 +153,25 @@ def _apply_gpu(graph: Graph, gpu: np.ndarray, factor: float) -> str:
     scale_variable(graph, kern, scale, fixed)
     scale_variable(graph, copies, factor, fixed)
     after = int(c["dur"][kern].sum()) + int(c["dur"][copies].sum())
+    sm_text = ", ".join(
+        f"{name} {sms} SMs"
+        for name, sms in sorted(
+            {
+                graph.device_names.get(int(r), "?"): _sm_count(graph, int(r))
+                for r in set(c["rank"][kern].tolist())
+            }.items()
+        )
+        if sms
+    )
+    wave_rule = (
+        f"; a wave is one resident block per SM ({sm_text}, device table), which underestimates "
+        "what a wave holds for small blocks that fit several per SM"
+        if sm_text
+        else "; device SM count unknown: every kernel scaled by the factor"
+    )
     return (
         f"{kern.size:,} forward/backward kernels x{factor:g} ({n_waves:,} smaller than one "
-        f"wave scaled by their waves) and {copies.size:,} copies/memsets: GPU time "
+        f"wave scaled by their waves{wave_rule}) and {copies.size:,} copies/memsets: GPU time "
         f"{before / 1e6:.2f} -> {after / 1e6:.2f} ms; fixed {fixed / 1000:.1f} µs per kernel "
         "kept; host dispatch and launches unchanged"
     )
