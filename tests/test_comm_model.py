@@ -1,0 +1,62 @@
+"""The scale-out what-ifs price collectives with the cluster model `perfcast plan` uses: the
+bus bandwidth a trace's own large collectives reached replaces the 80%-of-peak default."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from perfcast.hardware import lookup_link
+from tests.test_models_graph import GPU_PID, MIB, PID, TID, _x, predict, training_step
+
+NBYTES = 64 * MIB  # a 64 MiB fp32 all-reduce over 2 GPUs in 300 µs
+
+
+def _with_measured_allreduce(path: Path) -> Path:
+    t = training_step()
+    t.op("record_param_comms", 64, 5)
+    t.corr += 1
+    t.events.append(
+        _x("cuda_runtime", "cudaLaunchKernel", PID, TID, 66, 2, {"correlation": t.corr})
+    )
+    args = {
+        "correlation": t.corr,
+        "stream": 20,
+        "device": 0,
+        "Collective name": "allreduce",
+        "In msg nelems": NBYTES // 4,
+        "Out msg nelems": NBYTES // 4,
+        "Group size": 2,
+        "dtype": "Float",
+    }
+    t.events.append(
+        _x("kernel", "ncclKernel_AllReduce_RING_LL_Sum_float", GPU_PID, 20, 690, 300, args)
+    )
+    return t.write(path)
+
+
+def test_the_traces_own_collective_sets_the_bus_bandwidth(tmp_path: Path) -> None:
+    path = _with_measured_allreduce(tmp_path / "measured.json")
+    result, _ = predict(path, "ddp:gpus=8")
+    text = result.applied[0].assumptions[0]
+    # algbw = 64 MiB / 300 µs = 223.7 GB/s; busbw = algbw x 2(n-1)/n = algbw for n = 2.
+    busbw = NBYTES / 300e-6 / 1e9
+    assert "measured on the trace's allreduce of 64 MiB over 2 GPUs" in text
+    assert f"{busbw:.0f} GB/s" in text
+    # The two modelled buckets (4 MiB each) are priced at the measured bus bandwidth.
+    link = lookup_link("nvlink3")
+    assert link is not None
+    one = 10.0 + 14 * link.latency_us + 1.75 * 4 * MIB / (busbw * 1e3)
+    per_step = float(re.search(r"([\d.]+) ms of all-reduce per step", text).group(1))
+    assert per_step == pytest.approx(2 * one / 1e3, abs=0.006)
+
+
+def test_without_measured_collectives_the_default_share_of_peak_is_said(tmp_path: Path) -> None:
+    result, _ = predict(
+        training_step().write(tmp_path / "plain.json"), "zero:gpus=4,stage=2,params_mb=8"
+    )
+    text = " ".join(result.applied[0].assumptions)
+    assert "80% of it = 240 GB/s, NVIDIA's nccl-tests figures" in text
+    assert "10 µs per collective" in text
