@@ -40,6 +40,9 @@ WHATIF_SPECS = (
     "ddp:gpus=4",
     "activation-checkpointing",
     "batch-size:factor=2",
+    "zero:gpus=16,stage=3,params_mb=8",
+    "tensor-parallel:tp=2",
+    "pipeline-parallel:pp=2",
 )
 
 # Every field the ingest layer reads, events and args (see perfcast.ingest.schema).

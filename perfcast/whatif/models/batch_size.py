@@ -157,7 +157,7 @@ def _apply_gpu(graph: Graph, gpu: np.ndarray, factor: float) -> str:
         f"{name} {sms} SMs"
         for name, sms in sorted(
             {
-                graph.device_names.get(int(r), "?"): _sm_count(graph, int(r))
+                graph.device_names.get(int(r)) or "?": _sm_count(graph, int(r))
                 for r in set(c["rank"][kern].tolist())
             }.items()
         )
