@@ -10,6 +10,7 @@ never makes a step longer.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +22,7 @@ from perfcast.analysis.real_step import real_world
 from perfcast.graph import build_graph
 from perfcast.graph.model import NodeKind, Source
 from perfcast.real import ProfilerCost, ProfilerSettings, default_cost, remove_profiler_cost
+from perfcast.real.estimate import CALIBRATION_WORK_SHARE
 from perfcast.real.profiler_cost import ENTER_SHARE, MIN_RUNTIME_NS, input_counts
 from perfcast.sim import simulate
 from tests.tracegen import TraceBuilder
@@ -78,6 +80,40 @@ def test_cost_lands_around_ops_and_inside_runtime_calls(tmp_path: Path) -> None:
     assert removed.total_ns == int((c0["dur"] - c1["dur"]).sum())
     # The original graph is left as it was.
     assert (g.cols["dur"] == c0["dur"]).all()
+
+
+def test_work_share_takes_from_the_ops_own_time_only(tmp_path: Path) -> None:
+    g = build_graph(perfcast.load(_nested(tmp_path)))
+    share = 0.25
+    h, removed = remove_profiler_cost(g, replace(_cost(), work_share=share))
+    c0, c1 = g.cols, h.cols
+    # Inside ATen ops (linear's and addmm's self time) a fifth of the time goes: traced = 1.25 x.
+    for start in (10, 14, 20):
+        n = _node_at(g, start)
+        assert c1["dur"][n] == pytest.approx(c0["dur"][n] / (1 + share), abs=1)
+    # Python time between ops, directly inside the step marker, and the launch keep theirs.
+    for start in (0, 60, 25):
+        n = _node_at(g, start)
+        assert c1["dur"][n] == c0["dur"][n]
+    assert removed.per_kind_ns["op work"] > 0
+    # Per-event costs come first; the share applies to what they leave.
+    both, _ = remove_profiler_cost(g, replace(_cost(op=1000), work_share=share))
+    events, _ = remove_profiler_cost(g, _cost(op=1000))
+    n = _node_at(g, 14)
+    assert both.cols["dur"][n] == pytest.approx(events.cols["dur"][n] / (1 + share), abs=1)
+
+
+def test_work_share_is_monotone_and_scaled_by_a_fit(recorded) -> None:
+    g = recorded["mlp_base"]
+    prev = None
+    for share in (0.0, 0.05, 0.1, 0.2):
+        steps = _steps(simulate(remove_profiler_cost(g, replace(_cost(), work_share=share))[0]))
+        if prev is not None:
+            assert np.all(steps <= prev)
+        prev = steps
+    assert replace(_cost(), work_share=0.06).scaled(2.0).work_share == pytest.approx(0.12)
+    # The default (fitted on whole steps) holds it in its per-op cost.
+    assert default_cost(ProfilerSettings.of(g.table)).work_share == 0.0
 
 
 def test_cost_never_takes_more_than_a_segment_holds(tmp_path: Path) -> None:
@@ -260,6 +296,9 @@ def test_a_calibration_applies_only_to_its_own_machine(tmp_path: Path, monkeypat
 
     ours = perfcast.predict(mine, "remove-host-sync").correction
     assert ours.source == "calibration" and ours.op_us == pytest.approx(0.7)
+    # The ops' own work share, measured on the project's CPU machine, comes with it.
+    assert ours.work_pct == pytest.approx(100 * CALIBRATION_WORK_SHARE)
+    assert "the ops' own CPU work taken as 6.2% longer traced" in ours.assumption()
     assert ours.runtime_us == pytest.approx(4.5)  # no GPU when calibrating: the default
     theirs = perfcast.predict(other, "remove-host-sync").correction
     assert theirs.source == "default"

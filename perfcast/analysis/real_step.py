@@ -21,6 +21,7 @@ from perfcast.real import (
     Removed,
     StepEstimate,
     default_cost,
+    estimate,
     measured_real_steps,
     remove_profiler_cost,
 )
@@ -109,10 +110,13 @@ def calibrated_cost(table: object, settings: ProfilerSettings) -> ProfilerCost |
         python_ns=p.python_ns if (settings.with_stack or settings.with_modules) else 0.0,
         memory_ns=p.memory_ns if settings.profile_memory else 0.0,
         task_ns=base.task_ns,
+        work_share=estimate.CALIBRATION_WORK_SHARE,
         source="calibration",
         uncertainty=0.2,
         note=sentence
-        + ("" if p.runtime_ns is not None else "; runtime calls at the default (no GPU then)"),
+        + ("" if p.runtime_ns is not None else "; runtime calls at the default (no GPU then)")
+        + f"; the ops' own work {100 * estimate.CALIBRATION_WORK_SHARE:.1f}% slower traced, "
+        "measured on the project's CPU machine, not on this one",
     )
 
 

@@ -93,6 +93,10 @@ class ProfilerCost:
     # kernel of a CUDA graph at launch (measured: cudaGraphLaunch of a 1,575-kernel graph took
     # 2.14 ms traced, ~1.36 µs per kernel, against a few µs unprofiled).
     task_ns: float = 0.0
+    # Share by which the profiler lengthens the CPU work inside ops beyond its per-event
+    # bookkeeping: traced time inside an op = (1 + work_share) x unprofiled (see
+    # perfcast.real.estimate.CALIBRATION_WORK_SHARE for the measurement).
+    work_share: float = 0.0
 
     def scaled(self, factor: float, **changes: object) -> ProfilerCost:
         return replace(
@@ -103,6 +107,7 @@ class ProfilerCost:
             python_ns=self.python_ns * factor,
             memory_ns=self.memory_ns * factor,
             task_ns=self.task_ns * factor,
+            work_share=self.work_share * factor,
             **changes,  # type: ignore[arg-type]
         )
 
@@ -200,6 +205,21 @@ def remove_profiler_cost(graph: Graph, cost: ProfilerCost) -> tuple[Graph, Remov
     # Only CPU segments give time back; runtime calls are corrected on their own below.
     is_segment = c["kind"] == NodeKind.CPU
     cut[~is_segment] = 0.0
+    if cost.work_share > 0:
+        # The ops' own work ran slower under the profiler: CPU segments whose innermost
+        # enclosing event is an ATen op (not Python between ops, not a user annotation or a
+        # step marker, where the CPU may be waiting) give back that share of what is left.
+        op = c["op"]
+        row = np.maximum(op, 0)
+        marker = np.fromiter(
+            (n.startswith("ProfilerStep#") for n in table.names), dtype=bool, count=len(table.names)
+        )
+        inside = is_segment & g.alive & (op >= 0) & (table.kind[row] == Kind.CPU_OP)
+        inside &= ~marker[table.name[row]]
+        rest = np.maximum(c["dur"][inside] - cut[inside], 0.0)
+        extra = rest * cost.work_share / (1.0 + cost.work_share)
+        cut[inside] += extra
+        per_kind["op work"] = float(extra.sum())
 
     rt = np.flatnonzero(
         np.isin(c["kind"], [NodeKind.LAUNCH, NodeKind.RUNTIME, NodeKind.SYNC]) & g.alive
