@@ -363,9 +363,7 @@ def test_batch_size_waves(write_trace):
 def test_batch_size_names_the_sm_count_and_survives_an_unknown_device(write_trace):
     kernels = [kernel(SGEMM, 100.0, "aten::mm", grid=[1000, 1, 1], block=[256, 1, 1])]
     _, _, g = predict(load(write_trace, gpu_trace(kernels)), "batch-size:factor=2")
-    assert any(
-        "one resident block per SM (A100-SXM4-80GB 108 SMs" in a for a in g.assumptions
-    )
+    assert any("one resident block per SM (A100-SXM4-80GB 108 SMs" in a for a in g.assumptions)
     # No device name at all (the fuzz campaign's case): no wave rule, and no crash sorting
     # device names.
     _, pred_us, g = predict(
