@@ -215,7 +215,7 @@ def test_regression_corpus(path: Path, tmp_path: Path):
     """Minimized inputs that once ended in a traceback or a hang (README says which)."""
     case = tmp_path / path.name
     case.write_bytes(path.read_bytes())
-    for model in ("amp", "ddp:gpus=4", "fuse-elementwise", "remove-host-sync"):
+    for model in ("amp", "ddp:gpus=4", "fuse-elementwise", "remove-host-sync", "pipeline-parallel"):
         check_all_stages(case, model)
 
 

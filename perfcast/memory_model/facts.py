@@ -29,7 +29,7 @@ import numpy as np
 
 from perfcast.events import NONE, EventTable, Kind
 from perfcast.graph.phases import Phase, event_phases
-from perfcast.ingest.input_dims import numel, row_input_dims
+from perfcast.ingest.input_dims import is_shape, numel, row_input_dims
 
 _AG = "AccumulateGrad"
 _WEIGHT_OPS = re.compile(
@@ -250,7 +250,9 @@ def _saved(table: EventTable, ops: np.ndarray, phases: np.ndarray, facts: TraceF
     for r in rows:
         d = row_input_dims(table, r)
         dims_of.append(d)
-        firsts.append(tuple(d[0]) if d and isinstance(d[0], list) and d[0] else None)
+        # Only a plain shape keys the walk: hostile or nested dims (a list of lists) are no
+        # tensor to follow.
+        firsts.append(tuple(d[0]) if d and is_shape(d[0]) and d[0] else None)
     for i, r in enumerate(rows):
         name = table.names[int(table.name[r])]
         d, key = dims_of[i], firsts[i]
