@@ -172,6 +172,7 @@ def gpu_weights(
     if has_x.any():
         edges.append((x_src[has_x], g[has_x], x_w[has_x], int(EdgeType.CROSS_STREAM), False))
     graph.nominal.update(launch_latency_ns=lat, stream_gap_ns=gap)
+
     def where(measured: bool) -> str:
         return "median measured on this trace" if measured else "assumed: too few kernels show it"
 
