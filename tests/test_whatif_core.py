@@ -41,8 +41,37 @@ def test_faster_op_on_a_gpu_bound_step(tmp_path):
 
 
 def test_faster_op_refuses_when_nothing_matches(tmp_path):
-    with pytest.raises(NotApplicableError):
+    # What was searched, how much of it there is, and how to pick a pattern.
+    with pytest.raises(NotApplicableError) as info:
         _predict_us(_gpu_bound(tmp_path), "faster-op:pattern=no_such_kernel")
+    text = str(info.value)
+    assert "pattern 'no_such_kernel' matches none of the trace's 3 GPU kernels/copies" in text
+    assert "(by name or launching op)" in text and "CPU ops (by op name)" in text
+    assert "regular expression" in text and "perfcast analyze --only kernels,ops" in text
+    with pytest.raises(NotApplicableError, match="none of the trace's 2 CPU ops"):
+        _predict_us(_gpu_bound(tmp_path), "faster-op:pattern=no_such_op,where=cpu")
+    with pytest.raises(NotApplicableError, match="where=gpus is not gpu, cpu or all"):
+        _predict_us(_gpu_bound(tmp_path), "faster-op:where=gpus")
+
+
+def test_faster_op_on_a_trace_without_kernels_or_ops(tmp_path):
+    # Only a runtime call, outside any op: even '.' has nothing to match.
+    b = TraceBuilder()
+    b.runtime("cudaDeviceSynchronize", 10, 50)
+    path = b.write(tmp_path / "runtime_only.json")
+    with pytest.raises(NotApplicableError) as info:
+        _predict_us(path, "faster-op:pattern=.")
+    text = str(info.value)
+    assert "the trace has no GPU kernels/copies and no CPU ops for pattern '.' to match" in text
+    assert "no kernels or ops were profiled" in text and "CPU and CUDA activities" in text
+    # where=gpu on a trace with CPU ops but no kernels: say where=cpu would find some (the
+    # step's own ProfilerStep range is an op too).
+    b = TraceBuilder(device=None)
+    b.step(1, 0, 100)
+    b.op("aten::mm", 10, 50)
+    with pytest.raises(NotApplicableError, match=r"no GPU kernels/copies .*\(where=gpu\)") as info:
+        _predict_us(b.write(tmp_path / "cpu.json"), "faster-op:pattern=.,where=gpu")
+    assert info.value.hint == "where=cpu or where=all searches the trace's 2 CPU ops"
 
 
 def test_remove_host_sync(tmp_path):
