@@ -112,6 +112,47 @@ def test_cuda_graphs_on_a_launch_bound_step(tmp_path):
     assert pred == pytest.approx(28.26)
 
 
+def _forward_backward(tmp_path: Path) -> Path:
+    """A step that loads data, then launches one kernel in forward and one in backward."""
+    b = TraceBuilder()
+    b.step(1, 0, 200)
+    b.op("enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", 2, 20)
+    b.op("aten::mm", 30, 20)
+    b.launch("volta_sgemm_128x64_nn", 35, 5, 40, 50)
+    b.op("autograd::engine::evaluate_function: MmBackward0", 100, 30)
+    b.launch("volta_sgemm_128x64_nn", 105, 5, 110, 50)
+    return b.write(tmp_path / "fwd_bwd.json")
+
+
+def test_cuda_graphs_names_the_phases_that_have_work(tmp_path):
+    path = _forward_backward(tmp_path)
+    # No CPU work at all in the chosen phase: list the phases the steps' CPU work is in.
+    with pytest.raises(NotApplicableError) as info:
+        _predict_us(path, "cuda-graphs:phases=optimizer")
+    assert "no CPU work in phases optimizer" in str(info.value)
+    assert "the steps' CPU work is in dataloader, forward, backward" in str(info.value)
+    assert info.value.hint and "phases=" in info.value.hint
+    # CPU work, but no launches: name the phases that do launch kernels.
+    with pytest.raises(NotApplicableError) as info:
+        _predict_us(path, "cuda-graphs:phases=dataloader")
+    assert "no kernels are launched in phases dataloader" in str(info.value)
+    assert "the steps launch kernels in forward, backward" in str(info.value)
+    assert info.value.hint == "pass phases= with some of those, e.g. phases=forward+backward"
+
+
+def test_cuda_graphs_without_launch_links(tmp_path):
+    b = TraceBuilder()
+    b.step(1, 0, 200)
+    b.op("aten::mm", 30, 20)
+    kernel = {"ph": "X", "cat": "kernel", "name": "volta_sgemm_128x64_nn", "pid": 0, "tid": 7,
+              "ts": 40, "dur": 50, "args": {"stream": 7, "device": 0}}  # fmt: skip
+    b.events.append(kernel)  # no correlation id: nothing says which launch issued it
+    with pytest.raises(NotApplicableError, match="nor in any other") as info:
+        _predict_us(b.write(tmp_path / "unlinked.json"), "cuda-graphs")
+    assert "no GPU task in the steps (1) is linked to the CPU launch" in str(info.value)
+    assert info.value.hint and "correlation ids" in info.value.hint
+
+
 def _for_loop_adam(
     tmp_path: Path, kernel: str = "void at::native::vectorized_elementwise_kernel<4>"
 ) -> Path:

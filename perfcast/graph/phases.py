@@ -34,6 +34,13 @@ PHASE_LABELS = {
     Phase.COMMUNICATION: "communication",
 }
 
+
+def phase_names(phase: np.ndarray) -> list[str]:
+    """The phases among `phase` values, in step order, as the what-ifs' `phases=` names them."""
+    found = set(np.unique(phase).tolist())
+    return [p.name.lower() for p in Phase if p != Phase.NONE and int(p) in found]
+
+
 _PATTERNS: list[tuple[Phase, re.Pattern[str]]] = [
     (Phase.DATALOADER, re.compile(r"DataLoader|dataloader|_DataLoaderIter|data_load")),
     (
