@@ -224,6 +224,34 @@ def test_ddp_refuses_other_collectives(tmp_path: Path) -> None:
         predict(path, "ddp")
 
 
+def test_ddp_refuses_collectives_that_do_not_say_which(tmp_path: Path) -> None:
+    # RCCL's generic kernel names no collective, and this one carries no 'Collective name'.
+    name = "ncclDevKernel_Generic_with_a_very_long_template_argument_list(ncclDevKernelArgs<4096>)"
+    path = training_step(extra_kernel=name).write(tmp_path / "generic.json")
+    with pytest.raises(NotApplicableError) as info:
+        predict(path, "ddp")
+    text = str(info.value)
+    assert "1 of its 1 collective kernels" in text
+    # Cut at an underscore, not mid-token, with an ellipsis.
+    assert "(e.g. 'ncclDevKernel_Generic_with_a_very_long_template_argument…')" in text
+    assert "'Collective name' arg" in text and "all-reduces from other traffic" in text
+    hint = info.value.hint or ""
+    assert "profile the model on one GPU without DDP" in hint and "0 of these do" in hint
+
+
+def test_shorten_cuts_kernel_names_at_a_boundary() -> None:
+    from perfcast.whatif.models.ddp import shorten
+
+    assert (
+        shorten("ncclKernel_AllReduce_RING_LL_Sum_float")
+        == "ncclKernel_AllReduce_RING_LL_Sum_float"
+    )
+    long = "ncclKernel_AllReduce_RING_LL_Sum_float(ncclWorkElem, unsigned long long, ncclDevComm*)"
+    assert shorten(long) == "ncclKernel_AllReduce_RING_LL_Sum_float(ncclWorkElem…"
+    assert shorten("x" * 100) == "x" * 59 + "…"  # one long token: cut where it must be
+    assert all(len(shorten(n)) <= 60 for n in (long, "x" * 100, "a_" * 50))
+
+
 def test_ddp_refuses_cpu_only_and_inference(tmp_path: Path) -> None:
     with pytest.raises(NotApplicableError, match="CPU-only"):
         predict(dataloader_steps().write(tmp_path / "cpu.json"), "ddp")
