@@ -285,8 +285,29 @@ def test_checkpointing_everything_recomputes_the_forward(step_trace: Path) -> No
 def test_checkpointing_one_module(step_trace: Path) -> None:
     result, _ = predict(step_trace, "activation-checkpointing:module=relu")
     assert result.predicted_ms * 1000 == pytest.approx(780, abs=0.002)
-    with pytest.raises(NotApplicableError, match="no forward work"):
+    with pytest.raises(NotApplicableError) as info:
         predict(step_trace, "activation-checkpointing:module=nonexistent_layer")
+    # What module= was searched in, and how to find names it could match.
+    text = str(info.value)
+    assert "module 'nonexistent_layer' matches none of the steps' forward work" in text
+    assert "its 2 op names and 0 module/record_function scopes" in text
+    hint = info.value.hint or ""
+    assert "regular expression" in hint and "perfcast analyze --only scopes" in hint
+    assert "with_stack=True" in hint
+
+
+def test_checkpointing_without_forward_work_says_how_phases_are_found(tmp_path: Path) -> None:
+    t = Trace()
+    t.op("ProfilerStep#1", 0, 200, cat="user_annotation")
+    t.op("autograd::engine::evaluate_function: MmBackward0", 10, 100)
+    t.launch(15, 5, "ampere_sgemm_128x64_nn", 20, 50)
+    with pytest.raises(NotApplicableError) as info:
+        predict(t.write(tmp_path / "backward_only.json"), "activation-checkpointing")
+    text = str(info.value)
+    assert "the steps have a backward pass but no forward work to recompute" in text
+    assert "the steps' CPU work is all in the backward phase" in text
+    assert "ProfilerStep#N range" in text and "autograd backward" in text
+    assert info.value.hint and "forward included" in info.value.hint
 
 
 def test_checkpointing_cpu_only_copies_host_work(tmp_path: Path) -> None:
