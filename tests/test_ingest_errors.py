@@ -80,6 +80,38 @@ def test_gzip_header_only(tmp_path: Path, n: int):
     assert_format_error(path, "no data could be decompressed")
 
 
+def test_gzip_header_only_says_to_copy_it_again(tmp_path: Path):
+    path = tmp_path / "cut.json.gz"
+    path.write_bytes(gzip.compress(b'{"traceEvents": []}', mtime=0)[:5])
+    err = assert_format_error(path, "no data could be decompressed: .*cut off")
+    assert err.hint and "copy the .gz again" in err.hint and "finished writing" in err.hint
+
+
+def test_corrupt_gzip_says_to_check_and_copy_it_again(tmp_path: Path, capsys):
+    from perfcast.cli.main import main
+
+    path = tmp_path / "bad.json.gz"
+    path.write_bytes(b"\x1f\x8b\x08\x00" + b"garbage" * 20)  # a gzip header, then no deflate data
+    err = assert_format_error(path, "no data could be decompressed: the gzip stream is corrupt")
+    assert err.hint and "damaged or not gzip data" in err.hint and "gunzip -t" in err.hint
+    assert main(["summary", str(path)]) == 2
+    line = capsys.readouterr().err.strip()
+    assert line.count("\n") == 0 and "gunzip -t" in line and "Traceback" not in line
+
+
+def test_json_nested_too_deep_says_what_to_pass(tmp_path: Path, capsys):
+    from perfcast.cli.main import main
+
+    path = tmp_path / "deep.json"
+    path.write_text('{"a": ' * 5000 + "1" + "}" * 5000)
+    err = assert_format_error(path, "nested deeper than 200 levels with no 'traceEvents' list")
+    assert "not a Kineto trace, or a damaged one" in str(err)
+    assert err.hint and "the file torch.profiler wrote" in err.hint
+    assert main(["summary", str(path)]) == 2
+    line = capsys.readouterr().err.strip()
+    assert line.count("\n") == 0 and "torch.profiler wrote" in line and "Traceback" not in line
+
+
 def test_gzip_cut_before_the_first_event(tmp_path: Path):
     path = tmp_path / "cut.json.gz"
     data = gzip.compress(b'{"schemaVersion": 1, "traceEvents": [{"ph": "X"}]}', mtime=0)

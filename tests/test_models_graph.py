@@ -224,6 +224,34 @@ def test_ddp_refuses_other_collectives(tmp_path: Path) -> None:
         predict(path, "ddp")
 
 
+def test_ddp_refuses_collectives_that_do_not_say_which(tmp_path: Path) -> None:
+    # RCCL's generic kernel names no collective, and this one carries no 'Collective name'.
+    name = "ncclDevKernel_Generic_with_a_very_long_template_argument_list(ncclDevKernelArgs<4096>)"
+    path = training_step(extra_kernel=name).write(tmp_path / "generic.json")
+    with pytest.raises(NotApplicableError) as info:
+        predict(path, "ddp")
+    text = str(info.value)
+    assert "1 of its 1 collective kernels" in text
+    # Cut at an underscore, not mid-token, with an ellipsis.
+    assert "(e.g. 'ncclDevKernel_Generic_with_a_very_long_template_argument…')" in text
+    assert "'Collective name' arg" in text and "all-reduces from other traffic" in text
+    hint = info.value.hint or ""
+    assert "profile the model on one GPU without DDP" in hint and "0 of these do" in hint
+
+
+def test_shorten_cuts_kernel_names_at_a_boundary() -> None:
+    from perfcast.whatif.models.ddp import shorten
+
+    assert (
+        shorten("ncclKernel_AllReduce_RING_LL_Sum_float")
+        == "ncclKernel_AllReduce_RING_LL_Sum_float"
+    )
+    long = "ncclKernel_AllReduce_RING_LL_Sum_float(ncclWorkElem, unsigned long long, ncclDevComm*)"
+    assert shorten(long) == "ncclKernel_AllReduce_RING_LL_Sum_float(ncclWorkElem…"
+    assert shorten("x" * 100) == "x" * 59 + "…"  # one long token: cut where it must be
+    assert all(len(shorten(n)) <= 60 for n in (long, "x" * 100, "a_" * 50))
+
+
 def test_ddp_refuses_cpu_only_and_inference(tmp_path: Path) -> None:
     with pytest.raises(NotApplicableError, match="CPU-only"):
         predict(dataloader_steps().write(tmp_path / "cpu.json"), "ddp")
@@ -257,8 +285,29 @@ def test_checkpointing_everything_recomputes_the_forward(step_trace: Path) -> No
 def test_checkpointing_one_module(step_trace: Path) -> None:
     result, _ = predict(step_trace, "activation-checkpointing:module=relu")
     assert result.predicted_ms * 1000 == pytest.approx(780, abs=0.002)
-    with pytest.raises(NotApplicableError, match="no forward work"):
+    with pytest.raises(NotApplicableError) as info:
         predict(step_trace, "activation-checkpointing:module=nonexistent_layer")
+    # What module= was searched in, and how to find names it could match.
+    text = str(info.value)
+    assert "module 'nonexistent_layer' matches none of the steps' forward work" in text
+    assert "its 2 op names and 0 module/record_function scopes" in text
+    hint = info.value.hint or ""
+    assert "regular expression" in hint and "perfcast analyze --only scopes" in hint
+    assert "with_stack=True" in hint
+
+
+def test_checkpointing_without_forward_work_says_how_phases_are_found(tmp_path: Path) -> None:
+    t = Trace()
+    t.op("ProfilerStep#1", 0, 200, cat="user_annotation")
+    t.op("autograd::engine::evaluate_function: MmBackward0", 10, 100)
+    t.launch(15, 5, "ampere_sgemm_128x64_nn", 20, 50)
+    with pytest.raises(NotApplicableError) as info:
+        predict(t.write(tmp_path / "backward_only.json"), "activation-checkpointing")
+    text = str(info.value)
+    assert "the steps have a backward pass but no forward work to recompute" in text
+    assert "the steps' CPU work is all in the backward phase" in text
+    assert "ProfilerStep#N range" in text and "autograd backward" in text
+    assert info.value.hint and "forward included" in info.value.hint
 
 
 def test_checkpointing_cpu_only_copies_host_work(tmp_path: Path) -> None:

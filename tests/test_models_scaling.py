@@ -390,6 +390,43 @@ def test_batch_size_cpu_only(write_trace):
     assert pred_us == pytest.approx(646, abs=1e-3)
 
 
+def test_batch_size_refusals_say_how_phases_are_found(write_trace):
+    # GPU work only in the optimizer: nothing the batch scales.
+    events = [
+        ev("user_annotation", "ProfilerStep#1", 0, 100),
+        ev("user_annotation", "Optimizer.step#Adam.step", 10, 50),
+        ev("cpu_op", "aten::add_", 12, 20),
+        ev("cuda_runtime", "cudaLaunchKernel", 14, 4, correlation=100),
+    ]
+    k = ev("kernel", ADD, 30, 10, device=0, stream=7, correlation=100)
+    k.update(pid=0, tid=7)
+    table = load(write_trace, {"traceEvents": [*events, k]}, "optimizer_only.json")
+    with pytest.raises(NotApplicableError) as info:
+        predict(table, "batch-size")
+    text = str(info.value)
+    assert "no forward/backward GPU work to scale" in text
+    assert "GPU work (1 task) is all in the optimizer phase" in text
+    assert "ProfilerStep#N range" in text and "Optimizer.step" in text and "Backward" in text
+    assert "phase of the op that launched it" in text
+    assert info.value.hint and "prof.step() once per iteration" in info.value.hint
+    # CPU-only, every op loads data or steps the optimizer.
+    loader = "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"
+    events = [
+        ev("user_annotation", "ProfilerStep#1", 0, 200),
+        ev("user_annotation", loader, 2, 20),
+        ev("user_annotation", "Optimizer.step#Adam.step", 30, 100),
+        ev("cpu_op", "aten::add_", 40, 20),
+    ]
+    table = load(write_trace, {"traceEvents": events}, "cpu_no_forward.json")
+    with pytest.raises(NotApplicableError) as info:
+        predict(table, "batch-size")
+    text = str(info.value)
+    assert "no forward/backward work to scale in this CPU-only trace" in text
+    assert "CPU ops are all in the dataloader and optimizer phases" in text
+    assert "forward is the CPU work inside a step" in text
+    assert info.value.hint and "whole training or inference steps" in info.value.hint
+
+
 def test_fuse_elementwise(write_trace):
     kernels = [
         kernel(ADD, 4.0, "aten::add", SQUARE),

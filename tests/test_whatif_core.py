@@ -41,8 +41,37 @@ def test_faster_op_on_a_gpu_bound_step(tmp_path):
 
 
 def test_faster_op_refuses_when_nothing_matches(tmp_path):
-    with pytest.raises(NotApplicableError):
+    # What was searched, how much of it there is, and how to pick a pattern.
+    with pytest.raises(NotApplicableError) as info:
         _predict_us(_gpu_bound(tmp_path), "faster-op:pattern=no_such_kernel")
+    text = str(info.value)
+    assert "pattern 'no_such_kernel' matches none of the trace's 3 GPU kernels/copies" in text
+    assert "(by name or launching op)" in text and "CPU ops (by op name)" in text
+    assert "regular expression" in text and "perfcast analyze --only kernels,ops" in text
+    with pytest.raises(NotApplicableError, match="none of the trace's 2 CPU ops"):
+        _predict_us(_gpu_bound(tmp_path), "faster-op:pattern=no_such_op,where=cpu")
+    with pytest.raises(NotApplicableError, match="where=gpus is not gpu, cpu or all"):
+        _predict_us(_gpu_bound(tmp_path), "faster-op:where=gpus")
+
+
+def test_faster_op_on_a_trace_without_kernels_or_ops(tmp_path):
+    # Only a runtime call, outside any op: even '.' has nothing to match.
+    b = TraceBuilder()
+    b.runtime("cudaDeviceSynchronize", 10, 50)
+    path = b.write(tmp_path / "runtime_only.json")
+    with pytest.raises(NotApplicableError) as info:
+        _predict_us(path, "faster-op:pattern=.")
+    text = str(info.value)
+    assert "the trace has no GPU kernels/copies and no CPU ops for pattern '.' to match" in text
+    assert "no kernels or ops were profiled" in text and "CPU and CUDA activities" in text
+    # where=gpu on a trace with CPU ops but no kernels: say where=cpu would find some (the
+    # step's own ProfilerStep range is an op too).
+    b = TraceBuilder(device=None)
+    b.step(1, 0, 100)
+    b.op("aten::mm", 10, 50)
+    with pytest.raises(NotApplicableError, match=r"no GPU kernels/copies .*\(where=gpu\)") as info:
+        _predict_us(b.write(tmp_path / "cpu.json"), "faster-op:pattern=.,where=gpu")
+    assert info.value.hint == "where=cpu or where=all searches the trace's 2 CPU ops"
 
 
 def test_remove_host_sync(tmp_path):
@@ -81,6 +110,47 @@ def test_cuda_graphs_on_a_launch_bound_step(tmp_path):
     base, pred = _predict_us(path, "cuda-graphs")
     assert base == pytest.approx(100)
     assert pred == pytest.approx(28.26)
+
+
+def _forward_backward(tmp_path: Path) -> Path:
+    """A step that loads data, then launches one kernel in forward and one in backward."""
+    b = TraceBuilder()
+    b.step(1, 0, 200)
+    b.op("enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", 2, 20)
+    b.op("aten::mm", 30, 20)
+    b.launch("volta_sgemm_128x64_nn", 35, 5, 40, 50)
+    b.op("autograd::engine::evaluate_function: MmBackward0", 100, 30)
+    b.launch("volta_sgemm_128x64_nn", 105, 5, 110, 50)
+    return b.write(tmp_path / "fwd_bwd.json")
+
+
+def test_cuda_graphs_names_the_phases_that_have_work(tmp_path):
+    path = _forward_backward(tmp_path)
+    # No CPU work at all in the chosen phase: list the phases the steps' CPU work is in.
+    with pytest.raises(NotApplicableError) as info:
+        _predict_us(path, "cuda-graphs:phases=optimizer")
+    assert "no CPU work in phases optimizer" in str(info.value)
+    assert "the steps' CPU work is in dataloader, forward, backward" in str(info.value)
+    assert info.value.hint and "phases=" in info.value.hint
+    # CPU work, but no launches: name the phases that do launch kernels.
+    with pytest.raises(NotApplicableError) as info:
+        _predict_us(path, "cuda-graphs:phases=dataloader")
+    assert "no kernels are launched in phases dataloader" in str(info.value)
+    assert "the steps launch kernels in forward, backward" in str(info.value)
+    assert info.value.hint == "pass phases= with some of those, e.g. phases=forward+backward"
+
+
+def test_cuda_graphs_without_launch_links(tmp_path):
+    b = TraceBuilder()
+    b.step(1, 0, 200)
+    b.op("aten::mm", 30, 20)
+    kernel = {"ph": "X", "cat": "kernel", "name": "volta_sgemm_128x64_nn", "pid": 0, "tid": 7,
+              "ts": 40, "dur": 50, "args": {"stream": 7, "device": 0}}  # fmt: skip
+    b.events.append(kernel)  # no correlation id: nothing says which launch issued it
+    with pytest.raises(NotApplicableError, match="nor in any other") as info:
+        _predict_us(b.write(tmp_path / "unlinked.json"), "cuda-graphs")
+    assert "no GPU task in the steps (1) is linked to the CPU launch" in str(info.value)
+    assert info.value.hint and "correlation ids" in info.value.hint
 
 
 def _for_loop_adam(

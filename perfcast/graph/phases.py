@@ -34,6 +34,28 @@ PHASE_LABELS = {
     Phase.COMMUNICATION: "communication",
 }
 
+# How phases are recognised (the rules below), for messages that find one missing.
+PHASE_RULES = (
+    "forward is the CPU work inside a step (a ProfilerStep#N range, or the whole trace without "
+    "one) in no DataLoader, optimizer (Optimizer.step, zero_grad), autograd backward "
+    "(evaluate_function, ...Backward) or collective op"
+)
+GPU_PHASE_RULE = "GPU work has the phase of the op that launched it"
+
+
+def phase_names(phase: np.ndarray) -> list[str]:
+    """The phases among `phase` values, in step order, as the what-ifs' `phases=` names them."""
+    found = set(np.unique(phase).tolist())
+    return [p.name.lower() for p in Phase if p != Phase.NONE and int(p) in found]
+
+
+def in_phases(names: list[str]) -> str:
+    """'in the optimizer phase', 'in the forward and backward phases'."""
+    if len(names) == 1:
+        return f"in the {names[0]} phase"
+    return f"in the {', '.join(names[:-1])} and {names[-1]} phases"
+
+
 _PATTERNS: list[tuple[Phase, re.Pattern[str]]] = [
     (Phase.DATALOADER, re.compile(r"DataLoader|dataloader|_DataLoaderIter|data_load")),
     (

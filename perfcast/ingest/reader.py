@@ -990,7 +990,16 @@ class TraceReader:
     def _empty(self) -> TraceFormatError:
         problem = self._src.problem
         if problem and self._src.produced == 0:
-            return TraceFormatError(f"no data could be decompressed: {problem}", path=self.path)
+            return TraceFormatError(
+                f"no data could be decompressed: {problem}",
+                path=self.path,
+                hint=(
+                    "copy the .gz again, once torch.profiler has finished writing it"
+                    if self._src.cut
+                    else "the .gz file is damaged or not gzip data: `gunzip -t` checks it; "
+                    "copy it again from where torch.profiler wrote it"
+                ),
+            )
         return TraceFormatError(
             "is empty" if not problem else f"is empty after decompression ({problem})",
             path=self.path,
@@ -1015,8 +1024,11 @@ class TraceReader:
             return self._nothing(str(exc))
         except RecursionError:
             return TraceFormatError(
-                f"is JSON nested deeper than {MAX_DEPTH} levels, with no 'traceEvents' list",
+                f"is JSON nested deeper than {MAX_DEPTH} levels with no 'traceEvents' list: "
+                "not a Kineto trace, or a damaged one",
                 path=self.path,
+                hint="pass the file torch.profiler wrote, a JSON object with a 'traceEvents' "
+                "list; if this was one, copy it again",
             )
         return TraceFormatError(
             "is JSON but has no 'traceEvents' list",

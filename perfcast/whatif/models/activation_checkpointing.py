@@ -50,7 +50,7 @@ from perfcast import calibration
 from perfcast.errors import NotApplicableError
 from perfcast.events import Kind
 from perfcast.graph.model import NONE, GpuKind, Graph, NodeKind, Source
-from perfcast.graph.phases import Phase
+from perfcast.graph.phases import PHASE_RULES, Phase, in_phases, phase_names
 from perfcast.whatif import primitives as P
 
 SUMMARY = (
@@ -98,8 +98,7 @@ def apply(graph: Graph, options: Options) -> Graph:
     costs, fit = calibration.for_trace(graph.table)
     ck = costs.checkpoint if costs is not None else None
     if fwd.size == 0:
-        what = f"matching '{options.module}'" if options.module else ""
-        raise NotApplicableError(f"activation-checkpointing: no forward work {what} in the steps")
+        raise _no_forward(graph, options.module)
     lat = int(graph.nominal.get("launch_latency_ns", _DEFAULT_LAUNCH_NS))
     gap = int(graph.nominal.get("stream_gap_ns", _DEFAULT_GAP_NS))
     launch_cap = P.median_launch_ns(graph)
@@ -171,6 +170,32 @@ def _already_checkpointed(graph: Graph) -> str | None:
     names = table.names if table is not None else graph.names
     pat = re.compile(_CHECKPOINT)
     return next((n for n in names if pat.search(n)), None)
+
+
+def _no_forward(graph: Graph, module: str | None) -> NotApplicableError:
+    """Nothing to recompute: no forward work in the steps, or none that `module` matches."""
+    c = graph.cols
+    every = _selected(graph, None) if module is not None else np.zeros(0, np.int64)
+    ops = np.unique(c["op_name"][every][c["op_name"][every] >= 0])
+    scopes = np.unique(c["scope"][every][c["scope"][every] >= 0])
+    if ops.size or scopes.size:
+        return NotApplicableError(
+            f"activation-checkpointing: module '{module}' matches none of the steps' forward "
+            f"work: its {ops.size:,} op name{'s' if ops.size != 1 else ''} and "
+            f"{scopes.size:,} module/record_function scope{'s' if scopes.size != 1 else ''}",
+            hint="module= is a regular expression searched within those names, e.g. "
+            "module=layer3 or module=aten::conv; `perfcast analyze --only scopes` lists the "
+            "scopes, and module scopes need a trace recorded with with_stack=True or "
+            "with_modules=True",
+        )
+    host = P.select(graph, kind=("cpu", "launch"))
+    present = phase_names(c["phase"][host[c["iteration"][host] >= 0]])
+    found = f"the steps' CPU work is all {in_phases(present)}" if present else "no CPU work"
+    return NotApplicableError(
+        f"activation-checkpointing: the steps have a backward pass but no forward work to "
+        f"recompute ({found}); {PHASE_RULES}",
+        hint="profile whole training steps, forward included, with prof.step() once per iteration",
+    )
 
 
 def _selected(graph: Graph, module: str | None) -> np.ndarray:

@@ -45,7 +45,7 @@ import numpy as np
 
 from perfcast.errors import NotApplicableError
 from perfcast.graph.model import GpuKind, Graph
-from perfcast.graph.phases import Phase
+from perfcast.graph.phases import GPU_PHASE_RULE, PHASE_RULES, Phase, in_phases, phase_names
 from perfcast.hardware import KernelClass, lookup_device
 from perfcast.whatif import primitives as P
 from perfcast.whatif.kernels import (
@@ -58,6 +58,10 @@ from perfcast.whatif.kernels import (
 SUMMARY = "batch size x factor: kernels scale with their waves, data loading with the batch"
 
 _STEP_PHASES = (int(Phase.FORWARD), int(Phase.BACKWARD))
+_WHOLE_STEPS = (
+    "profile whole training or inference steps, forward included, with torch.profiler's CPU "
+    "and CUDA activities and prof.step() once per iteration"
+)
 _PARAM_SIZED_OPS = ("AccumulateGrad",)
 
 
@@ -132,7 +136,20 @@ def _apply_gpu(graph: Graph, gpu: np.ndarray, factor: float) -> str:
         | (in_step & (((gk == GpuKind.MEMCPY) & is_dtod) | (gk == GpuKind.MEMSET)))
     ]
     if kern.size == 0 and copies.size == 0:
-        raise NotApplicableError("batch-size: no forward/backward GPU work to scale")
+        present = phase_names(phase)
+        where = in_phases(present) if present else "outside every step"
+        sized = (
+            " (the forward/backward ones are parameter-sized: AccumulateGrad, optimizer or "
+            "collective kernels)"
+            if in_step.any()
+            else ""
+        )
+        raise NotApplicableError(
+            f"batch-size: no forward/backward GPU work to scale: the trace's GPU work "
+            f"({gpu.size:,} task{'s' if gpu.size != 1 else ''}) is all {where}{sized}; "
+            f"{PHASE_RULES}; {GPU_PHASE_RULE}",
+            hint=_WHOLE_STEPS,
+        )
 
     # Wave ratio per kernel where grid, block and SM count are known.
     scale = np.full(kern.size, factor, dtype=np.float64)
@@ -188,7 +205,18 @@ def _apply_cpu(graph: Graph, factor: float) -> str:
     cpu = P.select(graph, kind="cpu", phase=["forward", "backward"])
     cpu = cpu[c["op"][cpu] >= 0]
     if cpu.size == 0:
-        raise NotApplicableError("batch-size: no forward/backward work in the trace")
+        host = P.select(graph, kind="cpu")
+        present = phase_names(c["phase"][host[(c["op"][host] >= 0) & (c["iteration"][host] >= 0)]])
+        where = (
+            f"the steps' CPU ops are all {in_phases(present)}"
+            if present
+            else ("the steps hold no CPU ops")
+        )
+        raise NotApplicableError(
+            f"batch-size: no forward/backward work to scale in this CPU-only trace: {where}; "
+            f"{PHASE_RULES}",
+            hint=_WHOLE_STEPS,
+        )
     ops, inv = np.unique(c["op"][cpu], return_inverse=True)
     per_op = np.bincount(inv, weights=c["dur"][cpu].astype(np.float64))
     fixed = fixed_cost_ns(per_op)

@@ -29,7 +29,7 @@ import numpy as np
 
 from perfcast.errors import NotApplicableError
 from perfcast.graph.model import Graph, NodeKind, Source
-from perfcast.graph.phases import Phase
+from perfcast.graph.phases import Phase, phase_names
 from perfcast.whatif import primitives as P
 
 SUMMARY = "replay each step's GPU work from a captured CUDA graph (phases=forward+backward+...)"
@@ -53,7 +53,7 @@ def apply(graph: Graph, options: Options) -> Graph:
     host = P.select(graph, kind="host", phase=phases)
     host = host[c["iteration"][host] >= 0]
     if host.size == 0:
-        raise NotApplicableError(f"cuda-graphs: no CPU work in phases {options.phases}")
+        raise _no_cpu_work(graph, phases)
     lat = graph.nominal.get("launch_latency_ns", 5_000)
     capture_optimizer = "optimizer" in phases
     n_sync = 0
@@ -85,7 +85,7 @@ def apply(graph: Graph, options: Options) -> Graph:
         removed_cpu += int(c["dur"][rest].sum())
         P.remove(graph, rest)
     if n_kernels == 0:
-        raise NotApplicableError("cuda-graphs: no kernels are launched in the selected phases")
+        raise _no_kernels(graph, phases)
     graph.assumptions.append(
         f"{n_kernels:,} GPU tasks replayed from CUDA graphs, {IN_GRAPH_GAP_NS / 1000:.2f} µs "
         f"apart (measured on an H100); {removed_cpu / 1e6:.2f} ms of CPU work and launches "
@@ -103,6 +103,51 @@ def apply(graph: Graph, options: Options) -> Graph:
             "(capture cannot contain them)"
         )
     return graph
+
+
+def _no_cpu_work(graph: Graph, phases: list[str]) -> NotApplicableError:
+    """No CPU work of the steps in the selected phases: which phases does it have?"""
+    c = graph.cols
+    host = P.select(graph, kind="host")
+    present = ", ".join(phase_names(c["phase"][host[c["iteration"][host] >= 0]]))
+    selected = "+".join(phases)
+    if not present:
+        return NotApplicableError(
+            f"cuda-graphs: no CPU work in phases {selected}: the trace's steps hold no CPU work",
+            hint="record a training step with torch.profiler's CPU and CUDA activities",
+        )
+    return NotApplicableError(
+        f"cuda-graphs: no CPU work in phases {selected}; the steps' CPU work is in {present}",
+        hint="pass phases= with some of those, joined with '+'",
+    )
+
+
+def _no_kernels(graph: Graph, phases: list[str]) -> NotApplicableError:
+    """No kernel launched in the selected phases: which phases do launch them?"""
+    c = graph.cols
+    gpu = P.select(graph, kind="gpu")
+    in_steps = gpu[c["iteration"][gpu] >= 0]
+    present = ", ".join(phase_names(c["phase"][in_steps[c["launch"][in_steps] >= 0]]))
+    selected = "+".join(phases)
+    if present:
+        return NotApplicableError(
+            f"cuda-graphs: no kernels are launched in phases {selected}; the steps launch "
+            f"kernels in {present}",
+            hint=f"pass phases= with some of those, e.g. phases={present.replace(', ', '+')}",
+        )
+    if in_steps.size:
+        return NotApplicableError(
+            f"cuda-graphs: no kernels are launched in phases {selected}, nor in any other: "
+            f"no GPU task in the steps ({in_steps.size:,}) is linked to the CPU launch that "
+            "issued it",
+            hint="the trace needs the CUDA runtime's launch calls and their correlation ids, "
+            "as torch.profiler records them with the CPU and CUDA activities",
+        )
+    return NotApplicableError(
+        f"cuda-graphs: no kernels are launched in phases {selected}: the trace's steps run "
+        "no GPU work",
+        hint="profile steps that run on the GPU (the ProfilerStep ranges of the trace)",
+    )
 
 
 def _capturable_optimizer(graph: Graph, gpu: np.ndarray, launch: int, lat: int) -> int:

@@ -276,11 +276,17 @@ def drop_measured_allreduces(graph: Graph) -> float:
         if coll is None:
             coll = collective_from_kernel_name(graph.name_of(node))
         kinds[node] = coll
-    if None in kinds.values():
-        unknown = next(graph.name_of(n) for n, k in kinds.items() if k is None)
+    unknown = [n for n, k in kinds.items() if k is None]
+    if unknown:
+        named = len(kinds) - len(unknown)
         raise NotApplicableError(
-            f"ddp: the trace already runs collectives, and '{unknown[:60]}' does not say which "
-            "(no collective args): cannot tell data-parallel all-reduces from other traffic"
+            f"ddp: the trace already runs collectives, and {len(unknown):,} of its "
+            f"{len(kinds):,} collective kernels (e.g. '{shorten(graph.name_of(unknown[0]))}') "
+            "say neither by name nor by a 'Collective name' arg which collective they run: "
+            "cannot tell data-parallel all-reduces from other traffic",
+            hint="profile the model on one GPU without DDP, as ddp adds the all-reduces itself; "
+            "or pass a trace whose collective kernels all carry a 'Collective name' arg, which "
+            f"recent PyTorch profilers write on NCCL/RCCL kernels: {named:,} of these do",
         )
     other = sorted({str(k) for k in kinds.values() if k != _REPLACED and k not in _KEPT})
     if other:
@@ -297,6 +303,18 @@ def drop_measured_allreduces(graph: Graph) -> float:
     # Their cross-stream waits go with them: the modelled all-reduces bring their own.
     graph.drop_edges(np.isin(graph.edge_src, drop) | np.isin(graph.edge_dst, drop))
     return ms
+
+
+def shorten(name: str, width: int = 60) -> str:
+    """`name` cut to at most `width` characters at a word or underscore boundary, with '…'
+    (a kernel name in a message: 'ncclDevKernel_Generic(ncclDevKernelArgsStorage<4096ul>)')."""
+    if len(name) <= width:
+        return name
+    head = name[: width - 1]
+    cut = max(head.rfind(ch) for ch in " _(<,:")
+    if cut < width // 2:  # no boundary in the second half: cut the long token
+        cut = width - 1
+    return head[:cut].rstrip(" _(<,:") + "…"
 
 
 def _gradient_points(graph: Graph) -> list[_Point]:
