@@ -14,7 +14,7 @@ from tests.test_models_graph import GPU_PID, MIB, PID, TID, _x, predict, trainin
 NBYTES = 64 * MIB  # a 64 MiB fp32 all-reduce over 2 GPUs in 300 µs
 
 
-def _with_measured_allreduce(path: Path) -> Path:
+def _with_measured_allreduce(path: Path, dur_us: float = 300) -> Path:
     t = training_step()
     t.op("record_param_comms", 64, 5)
     t.corr += 1
@@ -32,7 +32,7 @@ def _with_measured_allreduce(path: Path) -> Path:
         "dtype": "Float",
     }
     t.events.append(
-        _x("kernel", "ncclKernel_AllReduce_RING_LL_Sum_float", GPU_PID, 20, 690, 300, args)
+        _x("kernel", "ncclKernel_AllReduce_RING_LL_Sum_float", GPU_PID, 20, 690, dur_us, args)
     )
     return t.write(path)
 
@@ -60,3 +60,13 @@ def test_without_measured_collectives_the_default_share_of_peak_is_said(tmp_path
     text = " ".join(result.applied[0].assumptions)
     assert "80% of it = 240 GB/s, NVIDIA's nccl-tests figures" in text
     assert "10 µs per collective" in text
+
+
+def test_a_measured_bandwidth_far_below_the_link_is_not_used_and_said(tmp_path: Path) -> None:
+    # 64 MiB in 10 ms: 6.7 GB/s, 2% of NVLink 3 -- waits for another rank, or a slower link.
+    path = _with_measured_allreduce(tmp_path / "slow.json", dur_us=10_000)
+    result, _ = predict(path, "ddp:gpus=8")
+    text = result.applied[0].assumptions[0]
+    assert "80% of it = 240 GB/s" in text
+    assert "reached less (7 GB/s measured on the trace's allreduce of 64 MiB" in text
+    assert "not used" in text and "pass link=" in text

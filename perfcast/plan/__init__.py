@@ -64,29 +64,41 @@ def _cluster_for(
     return make_cluster(device, intra=link, inter=inter, gpus_per_node=gpus_per_node)
 
 
-def calibrate_cluster(table: EventTable, cluster: Cluster) -> tuple[Cluster, str | None]:
-    """Set the intra-node bus bandwidth from the trace's own large collectives, if any."""
+def measured_busbw(table: EventTable, link: str) -> tuple[float, str] | None:
+    """The best bus bandwidth (GB/s) the trace's largest multi-GPU collective of 4 MiB or more
+    reached, and a phrase saying which it was; None when the trace has none."""
     from perfcast.analysis.comms import collectives
 
     try:
-        coll = collectives(table, link=cluster.intra.name)
+        coll = collectives(table, link=link)
     except PerfcastError:
-        return cluster, None
+        return None
     rows = [
         r for r in coll.by_op if r.best_busbw_gbs and r.size_bytes >= (4 << 20) and r.group_size > 1
     ]
     if not rows:
-        return cluster, None
+        return None
     best = max(rows, key=lambda r: r.size_bytes)
     busbw = float(best.best_busbw_gbs or 0.0)
-    if busbw < 0.25 * cluster.intra.bw_gbs_per_direction:
-        # Far below the link: the kernel time holds waits for other ranks (or the link is not
-        # what the device table says); not a bandwidth to plan with.
-        return cluster, None
-    what = (
+    return busbw, (
         f"{busbw:.0f} GB/s measured on the trace's {best.op} of "
         f"{best.size_bytes / 2**20:.0f} MiB over {best.group_size} GPUs"
     )
+
+
+# Below this share of the link's peak a measured collective is taken to hold waits for other
+# ranks (or a slower link than the device table says), not a bandwidth to plan with.
+MIN_CALIBRATION_SHARE = 0.25
+
+
+def calibrate_cluster(table: EventTable, cluster: Cluster) -> tuple[Cluster, str | None]:
+    """Set the intra-node bus bandwidth from the trace's own large collectives, if any."""
+    measured = measured_busbw(table, cluster.intra.name)
+    if measured is None:
+        return cluster, None
+    busbw, what = measured
+    if busbw < MIN_CALIBRATION_SHARE * cluster.intra.bw_gbs_per_direction:
+        return cluster, None
     return calibrated_from(cluster, busbw, what), what
 
 

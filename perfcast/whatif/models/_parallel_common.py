@@ -63,6 +63,7 @@ class CommModel:
     cluster: Cluster
     why: str  # where the link came from
     calibration: str  # "" or the trace's collective the bandwidth was measured on
+    ignored: str = ""  # a measured bandwidth too far below the link to use, and why
 
     def time_us(self, collective: str, nbytes: float, n: int, algorithm: str = "ring") -> float:
         """One collective of `nbytes` (nccl-tests size convention) over `n` ranks."""
@@ -81,7 +82,7 @@ class CommModel:
             f"{cl.intra_eff:.0%} of it = {intra * cl.intra_eff:.0f} GB/s"
             + (f", {self.calibration}" if self.calibration else ", NVIDIA's nccl-tests figures")
             + f"; alpha {cl.intra.latency_us:g} µs per ring step, {cl.base_us:g} µs per "
-            f"collective; {self.why})"
+            f"collective; {self.why}" + (f"; {self.ignored}" if self.ignored else "") + ")"
         )
         if n > cl.gpus_per_node:
             text += (
@@ -111,18 +112,27 @@ def comm_model(
     if gpus_per_node < 1:
         raise NotApplicableError(f"{model}: gpus_per_node must be at least 1")
     cluster = make_cluster(spec, intra=link.name, gpus_per_node=gpus_per_node)
-    calibration = ""
+    calibration = ignored = ""
     same = [
         m for m in (cache or {}).values() if m.cluster.intra == link and m.cluster.device == spec
     ]
     if same:  # another rank of the same kind: its calibration read the same trace
         cluster, calibration = same[0].cluster, same[0].calibration
+        ignored = same[0].ignored
     elif graph.table is not None:
-        from perfcast.plan import calibrate_cluster
+        from perfcast.plan import MIN_CALIBRATION_SHARE, calibrate_cluster, measured_busbw
 
         cluster, measured = calibrate_cluster(graph.table, cluster)
         calibration = measured or ""
-    found = CommModel(cluster, why, calibration)
+        low = None if measured else measured_busbw(graph.table, link.name)
+        if low is not None:
+            ignored = (
+                f"the trace's own collectives reached less ({low[1]}, "
+                f"{low[0] / link.bw_gbs_per_direction:.0%} of the peak, under "
+                f"{MIN_CALIBRATION_SHARE:.0%}): not used, taken as waits for other ranks; if "
+                "these GPUs are joined by a slower link, pass link="
+            )
+    found = CommModel(cluster, why, calibration, ignored)
     if cache is not None:
         cache[rank] = found
     return found
