@@ -199,8 +199,11 @@ def spearman(a: Sequence[float], b: Sequence[float]) -> float:
 def advisor_rankings(rows: Sequence[RecordedRow]) -> list[dict[str, Any]]:
     """Per baseline with 3+ measured changes on the same device: the advisor's order (ranked
     suggestions by predicted speedup, then the ones it does not rank, tied last) against the
-    measured speedups, as Spearman's rho. Batch-size rows are left out: a larger batch is
-    judged per sample, not by step time, and is not one of the advisor's suggestions."""
+    measured speedups, as Spearman's rho; and, beside it, the order of every change by its
+    predicted speedup, ranked or not (what the advisor prints for the unranked ones too), so
+    that a good prediction the advisor declines to rank still shows. Batch-size rows are
+    left out: a larger batch is judged per sample, not by step time, and is not one of the
+    advisor's suggestions."""
     import perfcast
 
     groups: dict[str, list[RecordedRow]] = {}
@@ -223,6 +226,9 @@ def advisor_rankings(rows: Sequence[RecordedRow]) -> list[dict[str, Any]]:
         advised = [score.get(r.spec or "", floor - 1.0) for r in group]  # unranked: tied last
         measured = [r.speedup for r in group]
         rho = spearman(advised, measured)
+        predicted = {s.name: s.speedup for s in [*advice.suggestions, *advice.uncertain]}
+        low = min(predicted.values(), default=1.0) - 1.0  # not applicable: tied last
+        rho_all = spearman([predicted.get(r.spec or "", low) for r in group], measured)
         out.append(
             {
                 "baseline": trace,
@@ -231,6 +237,7 @@ def advisor_rankings(rows: Sequence[RecordedRow]) -> list[dict[str, Any]]:
                 "advisor_ranked": [s.name for s in advice.suggestions],
                 # undefined when either side is all ties (the advisor ranks nothing)
                 "spearman": None if rho != rho else round(rho, 3),
+                "spearman_predicted": None if rho_all != rho_all else round(rho_all, 3),
             }
         )
     return out
@@ -412,15 +419,18 @@ def markdown(
 
 def ranking_markdown(rankings: Sequence[dict[str, Any]]) -> str:
     lines = [
-        "| baseline | changes (measured speedup) | advisor's ranking | Spearman ρ |",
-        "|---|---|---|---|",
+        "| baseline | changes (measured speedup) | advisor's ranking | Spearman ρ (unranked "
+        "tied last) | ρ of every change by predicted speedup |",
+        "|---|---|---|---|---|",
     ]
     for g in rankings:
         changes = ", ".join(f"{c} ({m:.2f}×)" for c, m in zip(g["changes"], g["measured"]))
         ranked = " > ".join(g["advisor_ranked"]) or "(nothing ranked)"
+        rho, rho_all = g["spearman"], g.get("spearman_predicted")
         lines.append(
             f"| {Path(g['baseline']).name.split('.')[0]} | {changes} | {ranked} "
-            f"| {'n/a (all tied)' if g['spearman'] is None else format(g['spearman'], '.2f')} |"
+            f"| {'n/a (all tied)' if rho is None else format(rho, '.2f')} "
+            f"| {'n/a' if rho_all is None else format(rho_all, '.2f')} |"
         )
     return "\n".join(lines)
 
