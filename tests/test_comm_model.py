@@ -8,9 +8,13 @@ from pathlib import Path
 
 import pytest
 
+import perfcast
 from perfcast.hardware import lookup_link
+from perfcast.whatif.registry import parse_spec
+from perfcast.whatif.runner import run_whatif
 from tests.test_models_graph import GPU_PID, MIB, PID, TID, _x, predict, training_step
 
+RECORDED = Path(__file__).parents[1] / "benchmarks" / "accuracy" / "recorded" / "traces" / "h100"
 NBYTES = 64 * MIB  # a 64 MiB fp32 all-reduce over 2 GPUs in 300 µs
 
 
@@ -68,5 +72,28 @@ def test_a_measured_bandwidth_far_below_the_link_is_not_used_and_said(tmp_path: 
     result, _ = predict(path, "ddp:gpus=8")
     text = result.applied[0].assumptions[0]
     assert "80% of it = 240 GB/s" in text
-    assert "reached less (7 GB/s measured on the trace's allreduce of 64 MiB" in text
-    assert "not used" in text and "pass link=" in text
+    assert "own collectives: 7 GB/s measured on the trace's allreduce of 64 MiB" in text
+    assert "2% of nvlink3's peak, under 25%: not used" in text and "name it" in text
+
+
+def test_a_named_link_is_not_overridden_by_the_traces_own(tmp_path: Path) -> None:
+    # Measured over the A100's NVLink 3 (224 GB/s): asking for NVLink 4 or PCIe must price
+    # that link, not the measurement.
+    path = _with_measured_allreduce(tmp_path / "measured.json")
+    for link, busbw in (("nvlink4", 0.8 * 450), ("pcie4", 0.8 * 31.5)):
+        result, _ = predict(path, f"ddp:gpus=8,link={link}")
+        text = result.applied[0].assumptions[0]
+        assert f"80% of it = {busbw:.0f} GB/s, NVIDIA's nccl-tests figures" in text
+        assert f"over nvlink3: not used for {link}" in text
+    faster, _ = predict(path, "ddp:gpus=8,link=nvlink4")
+    measured, _ = predict(path, "ddp:gpus=8")
+    slower, _ = predict(path, "ddp:gpus=8,link=pcie4")
+    assert faster.predicted_ms <= measured.predicted_ms < slower.predicted_ms
+
+
+def test_tensor_parallel_beyond_a_node_crosses_the_network() -> None:
+    table = perfcast.load(RECORDED / "mlp_base.json.gz")  # an H100 MLP with linear layers
+    eight, _, _ = run_whatif(table, [parse_spec("tensor-parallel:tp=8")], correct=False)
+    sixteen, _, _ = run_whatif(table, [parse_spec("tensor-parallel:tp=16")], correct=False)
+    assert "16 GPUs span nodes of 8" in " ".join(sixteen.applied[0].assumptions)
+    assert "span nodes" not in " ".join(eight.applied[0].assumptions)

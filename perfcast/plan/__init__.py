@@ -12,6 +12,7 @@ vectorized pass, `search` prunes what does not fit and ranks the rest.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from perfcast.errors import PerfcastError
@@ -64,9 +65,12 @@ def _cluster_for(
     return make_cluster(device, intra=link, inter=inter, gpus_per_node=gpus_per_node)
 
 
-def measured_busbw(table: EventTable, link: str) -> tuple[float, str] | None:
+def measured_busbw(
+    table: EventTable, link: str, max_group: int | None = None
+) -> tuple[float, str] | None:
     """The best bus bandwidth (GB/s) the trace's largest multi-GPU collective of 4 MiB or more
-    reached, and a phrase saying which it was; None when the trace has none."""
+    reached (groups of at most `max_group` GPUs: inside one node), and a phrase saying which
+    it was; None when the trace has none."""
     from perfcast.analysis.comms import collectives
 
     try:
@@ -74,7 +78,11 @@ def measured_busbw(table: EventTable, link: str) -> tuple[float, str] | None:
     except PerfcastError:
         return None
     rows = [
-        r for r in coll.by_op if r.best_busbw_gbs and r.size_bytes >= (4 << 20) and r.group_size > 1
+        r
+        for r in coll.by_op
+        if r.best_busbw_gbs
+        and r.size_bytes >= (4 << 20)
+        and 1 < r.group_size <= (max_group or r.group_size)
     ]
     if not rows:
         return None
@@ -91,15 +99,42 @@ def measured_busbw(table: EventTable, link: str) -> tuple[float, str] | None:
 MIN_CALIBRATION_SHARE = 0.25
 
 
-def calibrate_cluster(table: EventTable, cluster: Cluster) -> tuple[Cluster, str | None]:
-    """Set the intra-node bus bandwidth from the trace's own large collectives, if any."""
-    measured = measured_busbw(table, cluster.intra.name)
+def calibrate_cluster(
+    table: EventTable, cluster: Cluster
+) -> tuple[Cluster, str | None, str | None]:
+    """The cluster with its intra-node bus bandwidth set from the trace's own large
+    collectives inside one node, when they ran on this cluster's GPU and link; and a phrase
+    for what was measured (or None), and one for why a measurement was not used (or None)."""
+    from perfcast.hardware.devices import lookup_device
+    from perfcast.hardware.interconnects import default_intra_node_link
+
+    measured = measured_busbw(table, cluster.intra.name, cluster.gpus_per_node)
     if measured is None:
-        return cluster, None
+        return cluster, None, None
     busbw, what = measured
-    if busbw < MIN_CALIBRATION_SHARE * cluster.intra.bw_gbs_per_direction:
-        return cluster, None
-    return calibrated_from(cluster, busbw, what), what
+    names = [i.device_name for i in table.ranks if i.device_name]
+    traced = lookup_device(names[0]) if names else None
+    if traced is None or traced.name != cluster.device.name:
+        why = f"{what}, on {traced.name if traced else 'an unnamed GPU'}: not used for another GPU"
+        return cluster, None, why
+    if default_intra_node_link(traced) != cluster.intra:
+        why = (
+            f"{what}, over {default_intra_node_link(traced).name}: not used for "
+            f"{cluster.intra.name}"
+        )
+        return cluster, None, why
+    peak = cluster.intra.bw_gbs_per_direction
+    if busbw > peak:
+        return cluster, None, f"{what}, above {cluster.intra.name}'s peak: not used"
+    if busbw < MIN_CALIBRATION_SHARE * peak:
+        share = math.floor(100 * busbw / peak)
+        why = (
+            f"{what}, {share}% of {cluster.intra.name}'s peak, under "
+            f"{MIN_CALIBRATION_SHARE:.0%}: not used, taken as waits for other ranks (if these "
+            "GPUs are joined by a slower link, name it)"
+        )
+        return cluster, None, why
+    return calibrated_from(cluster, busbw, what), what, None
 
 
 def plan_trace(
@@ -119,10 +154,12 @@ def plan_trace(
     """Best plans for running the traced step on `gpus` GPUs (default: weak scaling, the
     trace's per-GPU batch on every GPU)."""
     cluster = _cluster_for(table, gpu, link, inter, gpus_per_node)
-    cluster, cal = calibrate_cluster(table, cluster)
+    cluster, cal, unused = calibrate_cluster(table, cluster)
     w = trace_workload(table, cluster, rank=rank, batch=batch)
     if cal:
         w.assumptions.append(f"intra-node bus bandwidth calibrated: {cal}")
+    if unused:
+        w.assumptions.append(f"the trace's own collectives: {unused}")
     gb = global_batch or w.batch * gpus
     amp = (0, 1) if w.facts.act_bytes_per_elem == 4 else (0,)
     world = max((i.world_size or 1) for i in table.ranks)

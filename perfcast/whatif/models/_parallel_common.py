@@ -81,7 +81,7 @@ class CommModel:
             f"{cl.intra.name} ({intra:g} GB/s per direction peak, bus bandwidth "
             f"{cl.intra_eff:.0%} of it = {intra * cl.intra_eff:.0f} GB/s"
             + (f", {self.calibration}" if self.calibration else ", NVIDIA's nccl-tests figures")
-            + f"; alpha {cl.intra.latency_us:g} µs per ring step, {cl.base_us:g} µs per "
+            + f"; alpha {cl.intra.latency_us:g} µs per algorithm step, {cl.base_us:g} µs per "
             f"collective; {self.why}" + (f"; {self.ignored}" if self.ignored else "") + ")"
         )
         if n > cl.gpus_per_node:
@@ -120,18 +120,11 @@ def comm_model(
         cluster, calibration = same[0].cluster, same[0].calibration
         ignored = same[0].ignored
     elif graph.table is not None:
-        from perfcast.plan import MIN_CALIBRATION_SHARE, calibrate_cluster, measured_busbw
+        from perfcast.plan import calibrate_cluster
 
-        cluster, measured = calibrate_cluster(graph.table, cluster)
+        cluster, measured, unused = calibrate_cluster(graph.table, cluster)
         calibration = measured or ""
-        low = None if measured else measured_busbw(graph.table, link.name)
-        if low is not None:
-            ignored = (
-                f"the trace's own collectives reached less ({low[1]}, "
-                f"{low[0] / link.bw_gbs_per_direction:.0%} of the peak, under "
-                f"{MIN_CALIBRATION_SHARE:.0%}): not used, taken as waits for other ranks; if "
-                "these GPUs are joined by a slower link, pass link="
-            )
+        ignored = f"the trace's own collectives: {unused}" if unused else ""
     found = CommModel(cluster, why, calibration, ignored)
     if cache is not None:
         cache[rank] = found

@@ -124,7 +124,8 @@ def apply(graph: Graph, options: Options) -> Graph:
         f"{f', interleaved x{o.virtual}' if o.virtual > 1 else ' (1F1B)'}: slowest stage "
         f"{share:.0%} of the forward work; bubble {bubble_ns / n_steps / 1e6:.2f} ms per step "
         f"({frac:.0%}: (pp-1)/v of m + (pp-1)/v slots); p2p {p2p_ns / n_steps / 1e6:.2f} ms "
-        f"({act_bytes / MIB:.2f} MiB per micro-batch, over {note}); host work repeated per "
+        f"({act_bytes / MIB:.2f} MiB per micro-batch, over {note}; neighbouring stages "
+        "assumed in one node); host work repeated per "
         "micro-batch; kernels pay their fixed cost once per micro-batch"
     )
     return graph

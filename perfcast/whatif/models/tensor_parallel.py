@@ -15,7 +15,7 @@ What is modelled (Shoeybi et al., "Megatron-LM", 2019):
   4); time: ring all-reduce in the cluster model `perfcast plan` uses (10 µs + 2(t-1) alpha +
   2(t-1)/t N / busbw, busbw 80% of the peak of `link`, NVIDIA's nccl-tests figures, or what
   the trace's own large collectives reached), `link` by default the device's intra-node link;
-  the group is assumed inside one node.
+  a group of more than `gpus_per_node` GPUs crosses nodes, bound by their NICs.
 
 Everything else (convolutions, elementwise work outside pairs, the optimizer on the linear
 layers' shards aside) runs replicated: a convolutional network gains little. Assumes the
@@ -40,7 +40,7 @@ from perfcast.whatif.models import _parallel_common as C
 
 SUMMARY = (
     "tensor parallel over tp GPUs: linear layers split in column/row pairs with their "
-    "all-reduces (tp=N, link=NAME, sequence_parallel=false)"
+    "all-reduces (tp=N, link=NAME, gpus_per_node=8, sequence_parallel=false)"
 )
 _LINEAR_FWD = r"^aten::(linear|addmm|matmul|mm)$"
 _LINEAR_BWD = r"^(Addmm|Mm|Linear|Matmul)Backward\d*$"
@@ -51,6 +51,7 @@ class Options:
     tp: int = 2
     link: str | None = None
     sequence_parallel: bool = False
+    gpus_per_node: int = 8  # a group larger than a node crosses the network
 
 
 def apply(graph: Graph, options: Options) -> Graph:
@@ -66,7 +67,9 @@ def apply(graph: Graph, options: Options) -> Graph:
     note = ""
     cache: dict[int, C.CommModel] = {}
     for rank, it in C.groups(graph):
-        comm = C.comm_model(graph, rank, options.link, "tensor-parallel", t, cache)
+        comm = C.comm_model(
+            graph, rank, options.link, "tensor-parallel", options.gpus_per_node, cache
+        )
         link = comm.cluster.intra
         note = comm.describe(t)
         for phase, pattern in ((Phase.FORWARD, _LINEAR_FWD), (Phase.BACKWARD, _LINEAR_BWD)):
