@@ -207,13 +207,15 @@ def remove_profiler_cost(graph: Graph, cost: ProfilerCost) -> tuple[Graph, Remov
     cut[~is_segment] = 0.0
     if cost.work_share > 0:
         # The ops' own work ran slower under the profiler: CPU segments whose innermost
-        # enclosing event is an ATen op (not Python between ops, not a user annotation or a
-        # step marker, where the CPU may be waiting) give back that share of what is left.
+        # enclosing event is an op (not Python between ops, not a user annotation or a
+        # record_function range, where the CPU may be waiting) give back that share of what
+        # is left.
         op = c["op"]
         row = np.maximum(op, 0)
-        marker = np.fromiter(
-            (n.startswith("ProfilerStep#") for n in table.names), dtype=bool, count=len(table.names)
-        )
+        # record_function ranges ("ProfilerStep#3", "Optimizer.step#Adam.step",
+        # "enumerate(DataLoader)#...") are CPU ops in 2021-era traces; their self time is
+        # Python or waiting, not an op's work. ATen and custom op names hold no '#'.
+        marker = np.fromiter(("#" in n for n in table.names), dtype=bool, count=len(table.names))
         inside = is_segment & g.alive & (op >= 0) & (table.kind[row] == Kind.CPU_OP)
         inside &= ~marker[table.name[row]]
         rest = np.maximum(c["dur"][inside] - cut[inside], 0.0)
