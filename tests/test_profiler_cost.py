@@ -103,6 +103,19 @@ def test_work_share_takes_from_the_ops_own_time_only(tmp_path: Path) -> None:
     assert both.cols["dur"][n] == pytest.approx(events.cols["dur"][n] / (1 + share), abs=1)
 
 
+def test_work_share_spares_record_function_ranges_that_are_ops(tmp_path: Path) -> None:
+    # In 2021-era traces record_function ranges are CPU ops: their self time is Python or a
+    # wait, not an op's work. An ATen op inside keeps its share.
+    b = TraceBuilder()
+    b.step(1, 0, 100)
+    b.op("Optimizer.step#Adam.step", 10, 80)  # cat cpu_op, as old traces wrote it
+    b.op("aten::add_", 40, 20)
+    g = build_graph(perfcast.load(b.write(tmp_path / "old.json")))
+    h, _ = remove_profiler_cost(g, replace(_cost(), work_share=0.25))
+    assert h.cols["dur"][_node_at(g, 10)] == g.cols["dur"][_node_at(g, 10)]
+    assert h.cols["dur"][_node_at(g, 40)] == pytest.approx(20_000 / 1.25, abs=1)
+
+
 def test_work_share_is_monotone_and_scaled_by_a_fit(recorded) -> None:
     g = recorded["mlp_base"]
     prev = None
