@@ -138,6 +138,8 @@ def test_cuda_graphs_names_the_phases_that_have_work(tmp_path):
     assert "no kernels are launched in phases dataloader" in str(info.value)
     assert "the steps launch kernels in forward, backward" in str(info.value)
     assert info.value.hint == "pass phases= with some of those, e.g. phases=forward+backward"
+    with pytest.raises(NotApplicableError, match="phases= names no phase"):
+        _predict_us(path, "cuda-graphs:phases=")
 
 
 def test_cuda_graphs_without_launch_links(tmp_path):

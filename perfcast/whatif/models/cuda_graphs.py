@@ -48,6 +48,11 @@ class Options:
 def apply(graph: Graph, options: Options) -> Graph:
     c = graph.cols
     phases = P.split_list(options.phases)
+    if not phases:
+        raise NotApplicableError(
+            "cuda-graphs: phases= names no phase",
+            hint="name the phases to capture, e.g. phases=forward+backward+optimizer",
+        )
     if not (c["kind"] == NodeKind.GPU).any():
         raise NotApplicableError("cuda-graphs: the trace has no GPU work")
     host = P.select(graph, kind="host", phase=phases)

@@ -268,17 +268,18 @@ def drop_measured_allreduces(graph: Graph) -> float:
     if comm.size == 0:
         return 0.0
     kinds: dict[int, str | None] = {}
+    with_arg = 0  # kernels that carry a 'Collective name' arg
     for node in comm.tolist():
         ev = int(c["event"][node])
         coll = None
         if ev >= 0 and table.coll_name[ev] >= 0:
+            with_arg += 1
             coll = collective_from_kernel_name(table.names[int(table.coll_name[ev])])
         if coll is None:
             coll = collective_from_kernel_name(graph.name_of(node))
         kinds[node] = coll
     unknown = [n for n, k in kinds.items() if k is None]
     if unknown:
-        named = len(kinds) - len(unknown)
         raise NotApplicableError(
             f"ddp: the trace already runs collectives, and {len(unknown):,} of its "
             f"{len(kinds):,} collective kernels (e.g. '{shorten(graph.name_of(unknown[0]))}') "
@@ -286,7 +287,7 @@ def drop_measured_allreduces(graph: Graph) -> float:
             "cannot tell data-parallel all-reduces from other traffic",
             hint="profile the model on one GPU without DDP, as ddp adds the all-reduces itself; "
             "or pass a trace whose collective kernels all carry a 'Collective name' arg, which "
-            f"recent PyTorch profilers write on NCCL/RCCL kernels: {named:,} of these do",
+            f"recent PyTorch profilers write on NCCL/RCCL kernels: {with_arg:,} of these do",
         )
     other = sorted({str(k) for k in kinds.values() if k != _REPLACED and k not in _KEPT})
     if other:

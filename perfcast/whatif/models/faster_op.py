@@ -87,5 +87,6 @@ def _nothing_matches(graph: Graph, options: Options) -> NotApplicableError:
     return NotApplicableError(
         f"faster-op: pattern '{options.pattern}' matches none of the trace's {what}{inside}",
         hint="the pattern is a regular expression searched within each name, e.g. "
-        "pattern=gemm or pattern=aten::mm; `perfcast analyze --only kernels,ops` lists the names",
+        "pattern=gemm or pattern=aten::mm; `perfcast summary --top 50` lists the top kernels and "
+        "ops by name",
     )
