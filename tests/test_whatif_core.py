@@ -47,7 +47,7 @@ def test_faster_op_refuses_when_nothing_matches(tmp_path):
     text = str(info.value)
     assert "pattern 'no_such_kernel' matches none of the trace's 3 GPU kernels/copies" in text
     assert "(by name or launching op)" in text and "CPU ops (by op name)" in text
-    assert "regular expression" in text and "perfcast analyze --only kernels,ops" in text
+    assert "regular expression" in text and "perfcast summary --top 50" in text
     with pytest.raises(NotApplicableError, match="none of the trace's 2 CPU ops"):
         _predict_us(_gpu_bound(tmp_path), "faster-op:pattern=no_such_op,where=cpu")
     with pytest.raises(NotApplicableError, match="where=gpus is not gpu, cpu or all"):
