@@ -116,6 +116,10 @@ class ProfilerCosts:
     # tensor) without the profiler, to compare hosts (`device:host=FILE`). None in files
     # written before it was measured.
     host_op_ns: float | None = None
+    # How much longer the ops' own work runs in a profiled training step, beyond the
+    # per-event costs, measured on a reference CNN step (perfcast.real.measure); None in files
+    # written before it was measured (the project's constant is used then).
+    work_share: float | None = None
 
 
 @dataclass(frozen=True)
@@ -433,9 +437,17 @@ def measure(
 
 def measure_profiler(quick: bool = False) -> ProfilerCosts:
     """The profiler's own cost per event here (perfcast.real.measure)."""
-    from perfcast.real.measure import measure_profiler_cost
+    from perfcast.real.measure import measure_profiler_cost, measure_work_share
 
     m = measure_profiler_cost(quick=quick)
+    w = measure_work_share(m["op_ns"], m["input_ns"], quick=quick)
+    if w["work_share"] is not None:
+        rounds = w["work_share_rounds"]
+        m["note"] += (
+            f"; the ops' own work {100 * w['work_share']:.1f}% longer traced in a reference CNN "
+            f"training step (median of {len(rounds)} profiled windows, "
+            f"{100 * min(rounds):.1f}-{100 * max(rounds):.1f}%)"
+        )
     return ProfilerCosts(
         op_ns=m["op_ns"],
         input_ns=m["input_ns"],
@@ -445,6 +457,7 @@ def measure_profiler(quick: bool = False) -> ProfilerCosts:
         runtime_ns=m["runtime_ns"],
         note=m["note"],
         host_op_ns=m.get("host_op_ns"),
+        work_share=w["work_share"],
     )
 
 

@@ -269,7 +269,7 @@ def test_a_gpu_bound_step_keeps_its_base_cost_when_fitted(tmp_path: Path) -> Non
     assert r.measured_real_ms == pytest.approx(73.8)
 
 
-def _calibration_file(tmp_path: Path, machine: dict) -> Path:
+def _calibration_file(tmp_path: Path, machine: dict, **profiler: object) -> Path:
     doc = {
         "format": 2,
         "machine": machine,
@@ -284,6 +284,7 @@ def _calibration_file(tmp_path: Path, machine: dict) -> Path:
             "memory_ns": 100.0,
             "runtime_ns": None,
             "note": "test",
+            **profiler,
         },
     }
     path = tmp_path / "cal.json"
@@ -321,11 +322,33 @@ def test_a_calibration_applies_only_to_its_own_machine(tmp_path: Path, monkeypat
 
 def test_the_profiler_cost_is_measured_here() -> None:
     pytest.importorskip("torch")
-    from perfcast.real.measure import measure_profiler_cost
+    from perfcast.real.measure import measure_profiler_cost, measure_work_share
 
     m = measure_profiler_cost(quick=True)
+    w = measure_work_share(m["op_ns"], m["input_ns"], quick=True)
+    # A share per profiled window of the reference step, their median the result.
+    assert len(w["work_share_rounds"]) == 5
+    assert 0.0 <= w["work_share"] <= 1.0
+    assert min(w["work_share_rounds"]) <= w["work_share"] <= max(w["work_share_rounds"])
     # Recording an op with its shapes costs something; nothing is negative.
     assert m["op_ns"] + m["input_ns"] > 0
     for key in ("op_ns", "input_ns", "op_no_shapes_ns", "python_ns", "memory_ns"):
         assert m[key] >= 0, key
     assert m["runtime_ns"] is None or m["runtime_ns"] >= 0
+
+
+def test_a_calibration_brings_its_own_work_share(tmp_path: Path, monkeypatch) -> None:
+    import gzip
+
+    from perfcast import calibration
+
+    here = calibration.machine_identity()
+    monkeypatch.setenv(calibration.ENV, "")
+    path = _calibration_file(tmp_path, here, work_share=0.2)
+    monkeypatch.setattr(calibration, "default_path", lambda: path)
+    doc = json.loads(gzip.decompress((H100 / "mlp_base.json.gz").read_bytes()))
+    mine = tmp_path / "mine.json.gz"
+    mine.write_bytes(gzip.compress(json.dumps({**doc, "perfcast_machine": here}).encode()))
+    correction = perfcast.predict(mine, "remove-host-sync").correction
+    assert correction.source == "calibration" and correction.work_pct == pytest.approx(20.0)
+    assert "measured by calibrate on a reference training step" in correction.note

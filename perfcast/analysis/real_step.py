@@ -103,6 +103,7 @@ def calibrated_cost(table: object, settings: ProfilerSettings) -> ProfilerCost |
         return None
     p = cal.profiler
     base = default_cost(settings)
+    share = p.work_share if p.work_share is not None else estimate.CALIBRATION_WORK_SHARE
     return ProfilerCost(
         op_ns=p.op_ns if settings.record_shapes else p.op_no_shapes_ns,
         input_ns=p.input_ns if settings.record_shapes else 0.0,
@@ -110,13 +111,18 @@ def calibrated_cost(table: object, settings: ProfilerSettings) -> ProfilerCost |
         python_ns=p.python_ns if (settings.with_stack or settings.with_modules) else 0.0,
         memory_ns=p.memory_ns if settings.profile_memory else 0.0,
         task_ns=base.task_ns,
-        work_share=estimate.CALIBRATION_WORK_SHARE,
+        work_share=share,
         source="calibration",
         uncertainty=0.2,
         note=sentence
         + ("" if p.runtime_ns is not None else "; runtime calls at the default (no GPU then)")
-        + f"; the ops' own work {100 * estimate.CALIBRATION_WORK_SHARE:.1f}% slower traced, "
-        "measured on the project's CPU machine, not on this one",
+        + (
+            f"; the ops' own work {100 * share:.1f}% slower traced, measured by calibrate on a "
+            "reference training step"
+            if p.work_share is not None
+            else f"; the ops' own work {100 * share:.1f}% slower traced, measured on the "
+            "project's CPU machine (this calibration predates that measurement)"
+        ),
     )
 
 

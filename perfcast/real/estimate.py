@@ -52,9 +52,10 @@ DEFAULT_UNCERTAINTY = 0.5
 # the unprofiled step is within a median 1.7%, max 5.5% of the measured one (6.4% / 9.2%
 # without it); 16.6% at most with the DataLoader-worker baselines (21% without)
 # (`python -m benchmarks.accuracy.work_share`). Microbenchmarks of single ops cannot see it
-# (a lone large op runs 2-3.5% slower), so calibrated costs get it as this measured
-# constant; it is not known for other machines. The default's per-op cost, fitted on whole
-# steps, holds it already.
+# (a lone large op runs 2-3.5% slower); `perfcast calibrate` measures it on a reference
+# training step (perfcast.real.measure.measure_work_share: 4.7-6.7% on that machine), and
+# this constant stands in for calibrations written before it did. The default's per-op
+# cost, fitted on whole steps, holds it already.
 CALIBRATION_WORK_SHARE = 0.104
 
 

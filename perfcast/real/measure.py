@@ -8,6 +8,10 @@ frames, is a frame's cost; profile_memory's, divided by the allocations, a [memo
 With a GPU, small kernel launches give a runtime call's cost (CUPTI); without one the runtime
 cost is left to the default and the result says so.
 
+`measure_work_share` then measures what per-event costs miss: how much longer the ops' own
+work runs in a profiled training step (a reference CNN step, profiled and unprofiled windows
+alternating, the share fitted through the correction on each window's trace).
+
 The costs are what the profiler makes a step longer by, per event: bookkeeping plus what it
 costs the CPU around it (caches), which is what the correction must take out.
 """
@@ -17,6 +21,7 @@ from __future__ import annotations
 import os
 import statistics
 import time
+from dataclasses import replace
 from typing import Any
 
 from perfcast.paths import native_stderr_to
@@ -152,3 +157,100 @@ def _runtime_cost(n: int, rounds: int) -> dict[str, Any]:
     )["cpu"]
     both = statistics.median([(timed(n, True) - timed(n, False)) / n for _ in range(rounds)])
     return {"runtime_ns": round(max(both - cpu_only, 0.0) * 1e9, 1), "task_ns": None}
+
+
+def measure_work_share(op_ns: float, input_ns: float, quick: bool = False) -> dict[str, Any]:
+    """How much longer the ops' own work runs inside a profiled training step, beyond the
+    per-event costs (perfcast.real.estimate.CALIBRATION_WORK_SHARE): a small CNN training step
+    is timed without the profiler and traced with it in alternating windows; each trace is
+    corrected with the per-event costs just measured and the share that makes its replayed
+    step match the unprofiled steps around it is found by bisection. The median over the
+    rounds is the result (a fresh profiler session's cost varies: the rounds' range is kept)."""
+    import tempfile
+    from pathlib import Path
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    import perfcast
+    from perfcast.graph import build_graph
+    from perfcast.real.profiler_cost import ProfilerCost, remove_profiler_cost
+    from perfcast.sim import simulate
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 16, 3, padding=1),
+        torch.nn.ReLU(),
+        torch.nn.Conv2d(16, 16, 3, padding=1),
+        torch.nn.ReLU(),
+        torch.nn.AdaptiveAvgPool2d(4),
+        torch.nn.Flatten(),
+        *[m for _ in range(4) for m in (torch.nn.Linear(256, 256), torch.nn.ReLU())],
+        torch.nn.Linear(256, 10),
+    )
+    opt = torch.optim.Adam(model.parameters(), foreach=False)
+    x, y = torch.randn(16, 3, 32, 32), torch.randint(0, 10, (16,))
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+
+    def unprofiled(k: int) -> list[float]:
+        out = []
+        for _ in range(k):
+            t = time.perf_counter()
+            step()
+            out.append((time.perf_counter() - t) * 1e3)
+        return out
+
+    def share_for(path: Path, real_ms: float) -> float | None:
+        graph = build_graph(perfcast.load(path))
+
+        def step_ms(share: float) -> float:
+            cost = ProfilerCost(op_ns, input_ns, 0.0, 0.0, 0.0, "calibration", 0.0)
+            g, _ = remove_profiler_cost(graph, replace(cost, work_share=share))
+            steps = [sim for *_, sim in simulate(g).iteration_ns()]
+            return statistics.fmean(steps) / 1e6 if steps else float("nan")
+
+        if not step_ms(0.0) > real_ms:  # per-event costs alone explain it (or no steps)
+            return 0.0 if step_ms(0.0) == step_ms(0.0) else None
+        lo, hi = 0.0, 1.0
+        if step_ms(hi) > real_ms:
+            return hi
+        for _ in range(12):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if step_ms(mid) > real_ms else (lo, mid)
+        return (lo + hi) / 2
+
+    k, rounds = (10, 5) if quick else (15, 9)
+    unprofiled(20)  # warm up
+    shares: list[float] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(rounds):
+            before = unprofiled(k)
+            path = Path(tmp) / f"round{r}.json"
+            # A schedule, so that the trace marks its steps (ProfilerStep#N); one warm-up step.
+            with (
+                native_stderr_to(os.devnull),
+                profile(
+                    activities=[ProfilerActivity.CPU],
+                    record_shapes=True,
+                    schedule=schedule(wait=0, warmup=1, active=k, repeat=1),
+                    on_trace_ready=lambda p, path=path: p.export_chrome_trace(str(path)),
+                ) as prof,
+            ):
+                for _ in range(k + 1):
+                    step()
+                    prof.step()
+            after = unprofiled(k)
+            share = share_for(path, statistics.median(before + after))
+            if share is not None:
+                shares.append(share)
+    if not shares:
+        return {"work_share": None, "work_share_rounds": []}
+    return {
+        "work_share": round(statistics.median(shares), 4),
+        "work_share_rounds": [round(s, 4) for s in shares],
+    }

@@ -355,6 +355,11 @@ def calibration(cal: Calibration, console: Console) -> None:
             f"{pr.python_ns:g} per Python frame, {pr.memory_ns:g} per memory event, "
             f"runtime call {rt}"
         )
+        if pr.work_share is not None:
+            console.print(
+                f"and the ops' own work runs {100 * pr.work_share:.1f}% longer in a profiled "
+                "training step (a reference CNN step, median of its profiled windows)"
+            )
         if pr.host_op_ns is not None:
             console.print(
                 f"host speed: {pr.host_op_ns:g} ns per small op without the profiler "
