@@ -116,12 +116,11 @@ def calibrated_cost(table: object, settings: ProfilerSettings) -> ProfilerCost |
         uncertainty=0.2,
         note=sentence
         + ("" if p.runtime_ns is not None else "; runtime calls at the default (no GPU then)")
+        + f"; the ops' own work {100 * share:.1f}% slower traced, measured "
         + (
-            f"; the ops' own work {100 * share:.1f}% slower traced, measured by calibrate on a "
-            "reference training step"
+            "by calibrate on a reference training step"
             if p.work_share is not None
-            else f"; the ops' own work {100 * share:.1f}% slower traced, measured on the "
-            "project's CPU machine (this calibration predates that measurement)"
+            else "on the project's CPU machine (this calibration predates that measurement)"
         ),
     )
 

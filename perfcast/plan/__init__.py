@@ -117,12 +117,9 @@ def calibrate_cluster(
     if traced is None or traced.name != cluster.device.name:
         why = f"{what}, on {traced.name if traced else 'an unnamed GPU'}: not used for another GPU"
         return cluster, None, why
-    if default_intra_node_link(traced) != cluster.intra:
-        why = (
-            f"{what}, over {default_intra_node_link(traced).name}: not used for "
-            f"{cluster.intra.name}"
-        )
-        return cluster, None, why
+    traced_link = default_intra_node_link(traced)
+    if traced_link != cluster.intra:
+        return cluster, None, f"{what}, over {traced_link.name}: not used for {cluster.intra.name}"
     peak = cluster.intra.bw_gbs_per_direction
     if busbw > peak:
         return cluster, None, f"{what}, above {cluster.intra.name}'s peak: not used"

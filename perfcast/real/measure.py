@@ -214,8 +214,11 @@ def measure_work_share(op_ns: float, input_ns: float, quick: bool = False) -> di
             steps = [sim for *_, sim in simulate(g).iteration_ns()]
             return statistics.fmean(steps) / 1e6 if steps else float("nan")
 
-        if not step_ms(0.0) > real_ms:  # per-event costs alone explain it (or no steps)
-            return 0.0 if step_ms(0.0) == step_ms(0.0) else None
+        events_only = step_ms(0.0)
+        if events_only != events_only:  # no steps in the trace
+            return None
+        if events_only <= real_ms:  # per-event costs alone explain it
+            return 0.0
         lo, hi = 0.0, 1.0
         if step_ms(hi) > real_ms:
             return hi

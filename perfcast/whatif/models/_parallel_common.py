@@ -98,28 +98,23 @@ def comm_model(
     name: str | None,
     model: str,
     gpus_per_node: int = 8,
-    cache: dict[int, CommModel] | None = None,
+    cache: dict[str | None, CommModel] | None = None,
 ) -> CommModel:
     """The communication model for `rank`: its device's cluster over link `name` (default: the
     device's usual intra-node link), with the bandwidth measured on the trace's own large
-    collectives where it has them (as `perfcast plan` does). `cache` keeps one per rank
-    across a model's steps (the calibration reads the whole trace)."""
-    if cache is not None and rank in cache:
-        return cache[rank]
-    link, why = link_for(graph, rank, name, model)
+    collectives where it has them (as `perfcast plan` does). Within one model's call the
+    result depends only on the rank's device: `cache`, keyed by device name, keeps it for the
+    other ranks and steps (the calibration reads the whole trace)."""
     dev = graph.device_names.get(rank)
+    if cache is not None and dev in cache:
+        return cache[dev]
+    link, why = link_for(graph, rank, name, model)
     spec = (lookup_device(dev) if dev else None) or _UNKNOWN_DEVICE
     if gpus_per_node < 1:
         raise NotApplicableError(f"{model}: gpus_per_node must be at least 1")
     cluster = make_cluster(spec, intra=link.name, gpus_per_node=gpus_per_node)
     calibration = ignored = ""
-    same = [
-        m for m in (cache or {}).values() if m.cluster.intra == link and m.cluster.device == spec
-    ]
-    if same:  # another rank of the same kind: its calibration read the same trace
-        cluster, calibration = same[0].cluster, same[0].calibration
-        ignored = same[0].ignored
-    elif graph.table is not None:
+    if graph.table is not None:
         from perfcast.plan import calibrate_cluster
 
         cluster, measured, unused = calibrate_cluster(graph.table, cluster)
@@ -127,7 +122,7 @@ def comm_model(
         ignored = f"the trace's own collectives: {unused}" if unused else ""
     found = CommModel(cluster, why, calibration, ignored)
     if cache is not None:
-        cache[rank] = found
+        cache[dev] = found
     return found
 
 

@@ -140,7 +140,7 @@ def apply(graph: Graph, options: Options) -> Graph:
     for i, p in enumerate(points):
         by_group.setdefault((p.rank, p.iteration), []).append(i)
     ranks = sorted({p.rank for p in points})
-    cache: dict[int, CommModel] = {}
+    cache: dict[str | None, CommModel] = {}
     comms = {
         r: comm_model(graph, r, options.link, "ddp", options.gpus_per_node, cache) for r in ranks
     }

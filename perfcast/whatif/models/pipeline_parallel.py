@@ -69,7 +69,7 @@ def apply(graph: Graph, options: Options) -> Graph:
     bubble_ns = p2p_ns = 0
     share = 1.0
     note = ""
-    cache: dict[int, C.CommModel] = {}
+    cache: dict[str | None, C.CommModel] = {}
     for rank, it in C.groups(graph):
         fwd = C.step_gpu_nodes(graph, rank, it, Phase.FORWARD)
         bwd = C.step_gpu_nodes(graph, rank, it, Phase.BACKWARD)

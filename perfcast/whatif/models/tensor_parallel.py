@@ -65,7 +65,7 @@ def apply(graph: Graph, options: Options) -> Graph:
     split_ns = 0
     n_steps = 0
     note = ""
-    cache: dict[int, C.CommModel] = {}
+    cache: dict[str | None, C.CommModel] = {}
     for rank, it in C.groups(graph):
         comm = C.comm_model(
             graph, rank, options.link, "tensor-parallel", options.gpus_per_node, cache

@@ -80,7 +80,7 @@ def apply(graph: Graph, options: Options) -> Graph:
     total_rs = total_ag = 0.0
     n_steps = 0
     comm: C.CommModel | None = None
-    cache: dict[int, C.CommModel] = {}
+    cache: dict[str | None, C.CommModel] = {}
     for rank, it in C.groups(graph):
         fwd = C.step_gpu_nodes(graph, rank, it, Phase.FORWARD)
         bwd = C.step_gpu_nodes(graph, rank, it, Phase.BACKWARD)
