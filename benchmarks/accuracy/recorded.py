@@ -259,28 +259,37 @@ def _stats(errors: list[float]) -> dict[str, Any]:
     }
 
 
-def held_out_baselines(rows: Sequence[RecordedRow], tables: _Tables) -> dict[str, Any]:
-    """The baseline estimate without the fit, against the unprofiled steps measured beside
-    the trace (the ones the fit would use): a check of the calibration (or the default, where
-    the row names none) that the fit cannot pass by construction."""
-    from perfcast.analysis.real_step import real_world
-    from perfcast.graph import build_graph
+def measured_baselines(
+    rows: Sequence[RecordedRow], tables: _Tables
+) -> Iterator[tuple[RecordedRow, Any, dict[int, float], str | None]]:
+    """Each baseline trace once, with the unprofiled steps it carries (traces that carry none
+    are passed over) and the calibration of the machine its source ran on, if any: a
+    source's traces all come from that machine, including rows whose predictions do not
+    use it."""
     from perfcast.real import measured_real_steps
 
-    out: list[dict[str, Any]] = []
-    seen: set[str] = set()
-    # A source's traces all come from the machine its calibration describes, including the
-    # rows whose predictions do not use it.
     calibrations = {r.source: r.calibration for r in rows if r.calibration}
+    seen: set[str] = set()
     for row in rows:
         if row.baseline_trace in seen:
             continue
         seen.add(row.baseline_trace)
         table = tables[row.baseline_trace]
         measured = measured_real_steps(table)
-        if not measured:
-            continue
-        with _calibration_of(row, calibrations.get(row.source)):
+        if measured:
+            yield row, table, measured, calibrations.get(row.source)
+
+
+def held_out_baselines(rows: Sequence[RecordedRow], tables: _Tables) -> dict[str, Any]:
+    """The baseline estimate without the fit, against the unprofiled steps measured beside
+    the trace (the ones the fit would use): a check of the calibration (or the default, where
+    the row names none) that the fit cannot pass by construction."""
+    from perfcast.analysis.real_step import real_world
+    from perfcast.graph import build_graph
+
+    out: list[dict[str, Any]] = []
+    for row, table, measured, calibration in measured_baselines(rows, tables):
+        with _calibration_of(row, calibration):
             world = real_world(build_graph(table), fit=False)
         by_rank: dict[int, list[float]] = {}
         for est in world.steps:

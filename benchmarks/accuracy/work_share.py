@@ -28,7 +28,12 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.accuracy.recorded import RECORDED_DIR, _calibration_of, _Tables
+from benchmarks.accuracy.recorded import (
+    RECORDED_DIR,
+    _calibration_of,
+    _Tables,
+    measured_baselines,
+)
 from benchmarks.accuracy.recorded_rows import RecordedRow, load_rows
 
 
@@ -41,27 +46,19 @@ class Baseline:
     per_event_ms: float  # what the calibration's per-event costs account for, per step
     inside_ops_ms: float  # time inside top-level ATen ops, per step
     real_ms: float
+    calibration: str  # the recorded calibration of the machine that took it
 
 
-def baselines() -> tuple[list[Baseline], _Tables, dict[str, str]]:
+def baselines() -> tuple[list[Baseline], _Tables]:
     from perfcast.events import Kind
-    from perfcast.real import measured_real_steps
     from perfcast.real.profiler_cost import input_counts
 
-    rows = load_rows()
     tables = _Tables()
-    calibrations = {r.source: r.calibration for r in rows if r.calibration}
     out: list[Baseline] = []
-    seen: set[str] = set()
-    for row in rows:
-        if row.baseline_trace in seen or row.source not in calibrations:
+    for row, table, measured, calibration in measured_baselines(load_rows(), tables):
+        if calibration is None:
             continue
-        seen.add(row.baseline_trace)
-        table = tables[row.baseline_trace]
-        measured = measured_real_steps(table)
-        if not measured:
-            continue
-        prof = json.loads((RECORDED_DIR / calibrations[row.source]).read_text())["profiler"]
+        prof = json.loads((RECORDED_DIR / calibration).read_text())["profiler"]
         steps = len(np.unique(table.iteration[table.iteration >= 0]))
         ops = np.isin(table.kind, [int(Kind.CPU_OP), int(Kind.USER_ANNOTATION)])
         rows_in = np.flatnonzero(ops & (table.iteration >= 0))
@@ -85,9 +82,10 @@ def baselines() -> tuple[list[Baseline], _Tables, dict[str, str]]:
                 per_event_ms=per_event,
                 inside_ops_ms=float(table.dur[top].sum()) / steps / 1e6,
                 real_ms=real,
+                calibration=calibration,
             )
         )
-    return out, tables, calibrations
+    return out, tables
 
 
 def slope(points: list[Baseline]) -> float:
@@ -100,8 +98,8 @@ class _Replays:
     """Calibration-only estimates of the unprofiled step for a given work share, with each
     baseline's graph and traced replay built once."""
 
-    def __init__(self, tables: _Tables, calibrations: dict[str, str]) -> None:
-        self.tables, self.calibrations = tables, calibrations
+    def __init__(self, tables: _Tables) -> None:
+        self.tables = tables
         self._graphs: dict[str, Any] = {}
         self._traced: dict[str, Any] = {}
 
@@ -118,7 +116,7 @@ class _Replays:
         saved = estimate.CALIBRATION_WORK_SHARE
         estimate.CALIBRATION_WORK_SHARE = share
         try:
-            with _calibration_of(b.row, self.calibrations[b.row.source]):
+            with _calibration_of(b.row, b.calibration):
                 world = real_world(self._graphs[key], traced=self._traced[key], fit=False)
         finally:
             estimate.CALIBRATION_WORK_SHARE = saved
@@ -146,7 +144,7 @@ def _stats(errs: list[float]) -> str:
 def main() -> int:
     from perfcast.real import estimate
 
-    data, tables, calibrations = baselines()
+    data, tables = baselines()
     fit = [b for b in data if not b.dataloader]
     share = slope(fit)
     residual = [b.excess_ms - b.per_event_ms - share * b.inside_ops_ms for b in fit]
@@ -156,7 +154,7 @@ def main() -> int:
         f"{float(np.sqrt(np.mean(np.square(residual)))):.2f} ms on excesses of "
         f"{min(b.excess_ms for b in fit):.2f}-{max(b.excess_ms for b in fit):.2f} ms)"
     )
-    replays = _Replays(tables, calibrations)
+    replays = _Replays(tables)
     full = replays.fit(fit)
     print(
         f"fitted through the correction itself (median signed error 0 on the same baselines): "
