@@ -101,6 +101,7 @@ import numpy as np
 
 from perfcast.errors import NotApplicableError
 from perfcast.events import EventTable, Kind
+from perfcast.graph.launches import DEFAULT_LAUNCH_LATENCY_NS, DEFAULT_STREAM_GAP_NS
 from perfcast.graph.model import GpuKind, Graph, NodeKind, Source, SyncKind
 from perfcast.graph.phases import Phase
 from perfcast.graph.syncs import SYNC_MIN_NS
@@ -638,8 +639,8 @@ def _grad_scaler(graph: Graph, fixed: int) -> str:
             near=True,
             launch=launches,
             launch_order=c["order"][launches],
-            launch_w=int(graph.nominal.get("launch_latency_ns", 5_000)),
-            stream_w=int(graph.nominal.get("stream_gap_ns", 1_000)),
+            launch_w=int(graph.nominal.get("launch_latency_ns", DEFAULT_LAUNCH_LATENCY_NS)),
+            stream_w=int(graph.nominal.get("stream_gap_ns", DEFAULT_STREAM_GAP_NS)),
             gpu_kind=int(GpuKind.KERNEL),
         )
         c = graph.cols
@@ -735,8 +736,8 @@ def _native_batch_norm(graph: Graph, kept: np.ndarray, fixed: int) -> int:
             source=int(Source.MODELLED),
             name=graph.intern(label),
             launch=new_launches[j],
-            launch_w=int(graph.nominal.get("launch_latency_ns", 5_000)),
-            stream_w=int(graph.nominal.get("stream_gap_ns", 1_000)),
+            launch_w=int(graph.nominal.get("launch_latency_ns", DEFAULT_LAUNCH_LATENCY_NS)),
+            stream_w=int(graph.nominal.get("stream_gap_ns", DEFAULT_STREAM_GAP_NS)),
             **like,
         )
         c = graph.cols
@@ -831,8 +832,8 @@ def _insert_casts(
         source=int(Source.MODELLED),
         name=graph.intern(_CAST_NAME.format(dtype=dtype)),
         launch=new_launch,
-        launch_w=int(graph.nominal.get("launch_latency_ns", 5_000)),
-        stream_w=int(graph.nominal.get("stream_gap_ns", 1_000)),
+        launch_w=int(graph.nominal.get("launch_latency_ns", DEFAULT_LAUNCH_LATENCY_NS)),
+        stream_w=int(graph.nominal.get("stream_gap_ns", DEFAULT_STREAM_GAP_NS)),
         nbytes=np.array(nbytes, dtype=np.int64),
         **like,
     )
@@ -943,8 +944,8 @@ def _insert_grad_casts(
         source=int(Source.MODELLED),
         name=graph.intern(f"autocast cast {dtype} -> fp32 gradient (modelled)"),
         launch=launches,
-        launch_w=int(graph.nominal.get("launch_latency_ns", 5_000)),
-        stream_w=int(graph.nominal.get("stream_gap_ns", 1_000)),
+        launch_w=int(graph.nominal.get("launch_latency_ns", DEFAULT_LAUNCH_LATENCY_NS)),
+        stream_w=int(graph.nominal.get("stream_gap_ns", DEFAULT_STREAM_GAP_NS)),
         nbytes=nbytes,
         **like,
     )

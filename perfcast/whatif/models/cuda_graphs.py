@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from perfcast.errors import NotApplicableError
+from perfcast.graph.launches import DEFAULT_LAUNCH_LATENCY_NS
 from perfcast.graph.model import Graph, NodeKind, Source
 from perfcast.graph.phases import Phase, phase_names
 from perfcast.whatif import primitives as P
@@ -59,7 +60,7 @@ def apply(graph: Graph, options: Options) -> Graph:
     host = host[c["iteration"][host] >= 0]
     if host.size == 0:
         raise _no_cpu_work(graph, phases)
-    lat = graph.nominal.get("launch_latency_ns", 5_000)
+    lat = graph.nominal.get("launch_latency_ns", DEFAULT_LAUNCH_LATENCY_NS)
     capture_optimizer = "optimizer" in phases
     n_sync = 0
     n_kernels = 0

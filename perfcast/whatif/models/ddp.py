@@ -59,6 +59,7 @@ import numpy as np
 
 from perfcast.errors import NotApplicableError
 from perfcast.events import Kind
+from perfcast.graph.launches import DEFAULT_LAUNCH_LATENCY_NS, DEFAULT_STREAM_GAP_NS
 from perfcast.graph.model import NONE, EdgeType, GpuKind, Graph, NodeKind, Source
 from perfcast.graph.phases import Phase, collective_kernel_mask
 from perfcast.hardware.classify import KernelClass
@@ -76,10 +77,6 @@ MIB = 1 << 20
 # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES (1 MiB) and DDP's bucket_cap_mb default (25).
 DEFAULT_FIRST_BUCKET_MB = 1.0
 DEFAULT_BUCKET_MB = 25.0
-# Used when the trace's device is unknown: what default_intra_node_link gives unknown parts.
-# Build defaults (perfcast.graph.build) when the trace measured no launch latency / stream gap.
-_DEFAULT_LAUNCH_NS = 5_000
-_DEFAULT_GAP_NS = 1_000
 # Collectives a DDP trace contains: all-reduces (replaced) and broadcasts (kept).
 _REPLACED = "allreduce"
 _KEPT = ("broadcast",)
@@ -133,8 +130,8 @@ def apply(graph: Graph, options: Options) -> Graph:
             "inference): there are no gradients to all-reduce"
         )
     sizes, size_note = _gradient_bytes(points, options)
-    lat = int(graph.nominal.get("launch_latency_ns", _DEFAULT_LAUNCH_NS))
-    gap = int(graph.nominal.get("stream_gap_ns", _DEFAULT_GAP_NS))
+    lat = int(graph.nominal.get("launch_latency_ns", DEFAULT_LAUNCH_LATENCY_NS))
+    gap = int(graph.nominal.get("stream_gap_ns", DEFAULT_STREAM_GAP_NS))
 
     by_group: dict[tuple[int, int], list[int]] = {}
     for i, p in enumerate(points):
