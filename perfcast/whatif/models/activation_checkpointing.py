@@ -49,6 +49,7 @@ import numpy as np
 from perfcast import calibration
 from perfcast.errors import NotApplicableError
 from perfcast.events import Kind
+from perfcast.graph.launches import DEFAULT_LAUNCH_LATENCY_NS, DEFAULT_STREAM_GAP_NS
 from perfcast.graph.model import NONE, GpuKind, Graph, NodeKind, Source
 from perfcast.graph.phases import PHASE_RULES, Phase, in_phases, phase_names
 from perfcast.whatif import primitives as P
@@ -58,9 +59,6 @@ SUMMARY = (
     "(module=REGEX, regions=checkpoint calls per step)"
 )
 
-# Build defaults (perfcast.graph.build) when the trace measured no launch latency / stream gap.
-_DEFAULT_LAUNCH_NS = 5_000
-_DEFAULT_GAP_NS = 1_000
 _COPIED_HOST = (NodeKind.CPU, NodeKind.LAUNCH)
 # Kineto ("Memcpy HtoD (Pageable -> Device)") and ROCm ("CopyHostToDevice") copy names.
 _HOST_COPY = r"HtoD|DtoH|HtoH|HostToDevice|DeviceToHost|HostToHost"
@@ -99,8 +97,8 @@ def apply(graph: Graph, options: Options) -> Graph:
     ck = costs.checkpoint if costs is not None else None
     if fwd.size == 0:
         raise _no_forward(graph, options.module)
-    lat = int(graph.nominal.get("launch_latency_ns", _DEFAULT_LAUNCH_NS))
-    gap = int(graph.nominal.get("stream_gap_ns", _DEFAULT_GAP_NS))
+    lat = int(graph.nominal.get("launch_latency_ns", DEFAULT_LAUNCH_LATENCY_NS))
+    gap = int(graph.nominal.get("stream_gap_ns", DEFAULT_STREAM_GAP_NS))
     launch_cap = P.median_launch_ns(graph)
     n_host = n_gpu = 0
     host_ns = gpu_ns = book_ns = 0
