@@ -201,6 +201,35 @@ def test_amp_gpu_bound(write_trace):
     assert g.check_invariants() == []
 
 
+def test_amp_gemm_no_faster_than_the_parts_measured_16_bit_gemms(write_trace):
+    """An fp32 GEMM near its FMA peak does not keep that efficiency on tensor cores: it is
+    held at what the H100's large bf16 GEMMs reach in real traces (73.2%); a slow one keeps
+    its own, lower efficiency."""
+    from perfcast.hardware import gemm_flops_bytes
+    from perfcast.hardware.measured import achieved_gemm
+
+    big = [[4096, 4096], [4096, 4096]]
+    kernels = [
+        kernel(ADD, 4.0, "aten::add"),
+        kernel(SGEMM, 2_300.0, "aten::mm", big),  # 89% of the H100's 67 fp32 TFLOPS
+        kernel(SGEMM, 20_000.0, "aten::mm", big),  # 10%
+        kernel(ADD, 4.0, "aten::add"),
+    ]
+    table = load(write_trace, gpu_trace(kernels, device="NVIDIA H100 80GB HBM3"))
+    _, _, g = predict(table, "amp")
+    flops, nbytes = gemm_flops_bytes(4096, 4096, 4096, 2, 1)
+    new_us = max(flops / 989.5e6, nbytes / 3350e3)
+    old_us = flops / 67e6
+    best = achieved_gemm("H100-SXM5-80GB")
+    assert best is not None and best.efficiency == pytest.approx(0.732)
+    durs = [d for name, d in gpu_durs(g) if name.startswith("autocast[bf16]")]
+    assert durs[0] == pytest.approx(4_000 + new_us * 1000 / best.efficiency, abs=2)
+    assert durs[1] == pytest.approx(4_000 + 19_996_000 * new_us / old_us, abs=2)
+    said = " ".join(g.assumptions)
+    assert "1 of them no faster than the part's large 16-bit GEMMs reach" in said
+    assert "H100-SXM5-80GB 73.2% of its bf16 peak" in said
+
+
 def test_amp_refusals(write_trace):
     with pytest.raises(NotApplicableError, match="no GPU work"):
         predict(load(write_trace, CPU_ONLY, "cpu.json"), "amp")

@@ -20,8 +20,12 @@ Where each duration comes from:
   records its input shapes (mm, addmm, bmm, baddbmm, linear, matmul), by the
   roofline: the kernel keeps its achieved efficiency (old roofline time /
   measured time) at the new roofline time, whose FLOPs run at the target
-  dtype's peak and whose bytes halve; otherwise by the ratio of the device's
-  peaks, current dtype vs target (`perfcast.hardware` datasheet figures);
+  dtype's peak and whose bytes halve, but no more than the part's large
+  16-bit GEMMs reach where the project measured it (`achieved_gemm`: H100
+  73.2% of its bf16 peak): fp32 GEMMs run on the FMA pipes near their small
+  peak, which tensor cores do not match (about 15% of an H100's fp32 GEMMs'
+  14.8x otherwise); otherwise by the ratio of the device's peaks, current
+  dtype vs target (`perfcast.hardware` datasheet figures);
 - memory-bound kernels (elementwise, reductions, copies, batch norm, the
   helper kernels of GEMM/conv libraries) of forward and backward whose name
   says fp32 or no dtype: activations are 16-bit, so they move half the bytes
@@ -111,6 +115,7 @@ from perfcast.hardware import (
     gemm_flops_bytes,
     roofline_time_us,
 )
+from perfcast.hardware.measured import AchievedGemm, achieved_gemm
 from perfcast.whatif import primitives as P
 from perfcast.whatif.kernels import (
     is_compute_kernel,
@@ -498,6 +503,8 @@ def apply(graph: Graph, options: Options) -> Graph:
     comp = np.array(compute, dtype=np.int64)
     ratio = np.empty(comp.size, dtype=np.float64)
     n_roofline = 0
+    n_capped = 0
+    capped: dict[str, AchievedGemm] = {}
     from_dtypes: Counter[str] = Counter()
     for i, n in enumerate(comp.tolist()):
         dev = devices[int(c["rank"][n])]
@@ -513,6 +520,14 @@ def apply(graph: Graph, options: Options) -> Graph:
             new = roofline_time_us(flops, bytes_new, dev, dtype)
             ratio[i] = new / old
             n_roofline += 1
+            best = achieved_gemm(dev.name)
+            variable_ns = float(c["dur"][n]) - min(float(c["dur"][n]), float(fixed))
+            if best is not None and variable_ns > 0:
+                floor = new * 1000 / best.efficiency / variable_ns
+                if floor > ratio[i]:
+                    ratio[i] = floor
+                    capped[dev.name] = best
+                    n_capped += 1
         else:
             ratio[i] = dev.peak(cur) / dev.peak(dtype)
     comp_before = int(c["dur"][comp].sum())
@@ -538,7 +553,8 @@ def apply(graph: Graph, options: Options) -> Graph:
     graph.assumptions.append(
         f"amp ({dtype}): {comp.size:,} fp32/tf32 matmul/conv/attention kernels "
         f"{comp_before / 1e6:.2f} -> {comp_after / 1e6:.2f} ms ({n_roofline:,} by roofline "
-        f"from op shapes, the rest by peak ratio); {mem.size:,} memory-bound kernels move half "
+        f"from op shapes, the rest by peak ratio{_capped_text(n_capped, capped, dtype)}); "
+        f"{mem.size:,} memory-bound kernels move half "
         f"the bytes ({mem_before / 1e6:.2f} -> {mem_after / 1e6:.2f} ms); {n_casts:,} weight "
         f"casts in forward and {n_grad:,} gradient casts back to fp32 in backward added "
         f"({cast_ns / 1e6:.2f} ms of GPU time; {costs.cast_ns / 1000:.1f} µs of CPU per cast "
@@ -559,6 +575,17 @@ def apply(graph: Graph, options: Options) -> Graph:
         + _peaks_text(devices, from_dtypes, dtype)
     )
     return graph
+
+
+def _capped_text(n: int, capped: dict[str, AchievedGemm], dtype: str) -> str:
+    """The roofline kernels held at the part's measured large-GEMM efficiency, if any."""
+    if not n:
+        return ""
+    where = "; ".join(
+        f"{name} {best.efficiency:.1%} of its {dtype} peak ({best.source})"
+        for name, best in capped.items()
+    )
+    return f"; {n:,} of them no faster than the part's large 16-bit GEMMs reach, measured: {where}"
 
 
 def _peaks_text(devices: dict, from_dtypes: Counter[str], dtype: str) -> str:
