@@ -85,7 +85,8 @@ def register(sub: Any, add_common: Callable[[Any], None], table: dict[str, Any])
 
     p = sub.add_parser(
         "calibrate",
-        help="measure this machine's DataLoader hand-off and checkpoint costs for the models",
+        help="measure this machine's profiler cost per event, host speed, DataLoader hand-off "
+        "and checkpoint costs for the models",
     )
     p.add_argument(
         "-o",
@@ -280,9 +281,12 @@ def cmd_calibrate(args: argparse.Namespace, ui: Any) -> int:
     if out is not None and out.lower() in ("off", "none", "0"):
         out = None
     target = out or str(calibration.default_path())
-    # ~11 s on an idle 2-core VM, 4 s of it the workers' deliberate idle gaps; a busy machine
+    # ~20 s on an idle 2-core VM, 4 s of it the workers' deliberate idle gaps; a busy machine
     # takes longer (the timing loops share the cores), and says so below.
-    ui.note("measuring DataLoader hand-off and checkpoint costs (10-30 s) ...")
+    ui.note(
+        "measuring the profiler's cost, host speed, DataLoader hand-off and checkpoint "
+        "costs (20-60 s) ..."
+    )
     started = time.monotonic()
     with warnings.catch_warnings():
         # torch warns about "excessive" workers when the process is pinned to fewer CPUs.
