@@ -118,6 +118,11 @@ def _setup(device: str, threads: int | None, seed: int) -> int:
     torch.manual_seed(seed)
     if device == "cuda":
         torch.backends.cudnn.benchmark = True
+        # Every row profiles its baseline, and cuda-graphs rows capture graphs in between.
+        # Kineto builds that tear CUPTI down after each trace crash on a later re-init once
+        # a graph was captured (torch.compile sets the same for its own CUDA graphs); newer
+        # builds never tear down unless this is "1". Set before the first profiler starts.
+        os.environ.setdefault("TEARDOWN_CUPTI", "0")
     return threads
 
 
