@@ -385,6 +385,8 @@ def run(
     rows: list[dict[str, Any]] = []
     started = time.perf_counter()
     cal: dict[str, Any] | None = None
+    longest_row_s = 0.0  # no row starts that the longest so far would carry past `deadline`
+    todo: dict[str, list[str]] = {}
     try:
         if split:
             os.sched_setaffinity(0, split[0])
@@ -402,16 +404,20 @@ def run(
                 recorder.save_calibration(traces_dir / "calibration.json")
         for workload in workloads:
             opts = todo[workload]
-            if not opts or _past(deadline):
+            if not opts or _past(deadline, longest_row_s):
                 continue
             baseline = Trainer(workload, base_cfg)
             try:
                 for name in opts:
-                    if _past(deadline):
+                    if _past(deadline, longest_row_s):
                         print(f"[{workload}] time is up: {name} and later rows left", file=log)
                         break
                     trace_dir = traces_dir / device / workload / name
+                    row_start = time.monotonic()
                     row = _run_row(workload, name, baseline, base_cfg, trace_dir, timing, log)
+                    row_s = time.monotonic() - row_start
+                    longest_row_s = max(longest_row_s, row_s)
+                    print(f"[{workload}] {name}: row took {row_s:.0f} s", file=log)
                     rows.append(row)
                     if recorder:
                         recorder.add(row, baseline.batch_size, name in CALIBRATED)
@@ -434,14 +440,18 @@ def run(
             "main_cpus": sorted(split[0]) if split else None,
             "worker_cpus": list(split[1]) if split else None,
             "wall_s": round(time.perf_counter() - started, 1),
+            # Applicable rows not started (time was up) and not already recorded; rows whose
+            # variant failed are in `rows`, unmeasured, and a rerun tries them again.
+            "rows_left": sum(len(opts) for opts in todo.values()) - len(rows),
+            "rows_failed": sum(r["optimized_measured_ms"] is None for r in rows),
         },
         "calibration": cal,
         "rows": rows,
     }
 
 
-def _past(deadline: float | None) -> bool:
-    return deadline is not None and time.monotonic() >= deadline
+def _past(deadline: float | None, margin_s: float = 0.0) -> bool:
+    return deadline is not None and time.monotonic() + margin_s >= deadline
 
 
 def _median_traced_ms(traces: Sequence[Path]) -> float | None:
@@ -462,8 +472,15 @@ class Recorder:
         self.device_name = device_name
         self.root = root
         self.path = root / "rows" / f"{source}.jsonl"
-        exists = self.path.exists()
-        self.done = {r.id for r in load_rows([self.path], root)} if exists else set()
+        rows = load_rows([self.path], root) if self.path.exists() else []
+        others = sorted({r.device for r in rows} - {device_name})
+        if others:
+            # One source is one machine: its rows share a calibration and a device name.
+            raise ValueError(
+                f"{self.path} holds rows measured on {', '.join(others)}, not on this "
+                f"{device_name}: resume it there, or record under another source name"
+            )
+        self.done = {r.id for r in rows}
         self.calibration: str | None = None
 
     def row_id(self, workload: str, optimization: str) -> str:
@@ -659,7 +676,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--max-minutes",
         type=float,
         default=None,
-        help="start no new row after this many minutes (use with --record, then run again)",
+        help="start no new row after this many minutes, nor one that the longest row so far "
+        "would carry past them (use with --record, then run again)",
     )
     parser.add_argument(
         "--no-pin",
@@ -685,7 +703,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     recorder = None
     if args.record:
         name = torch.cuda.get_device_name() if device == "cuda" else cpu_label()
-        recorder = Recorder(args.record, name, args.recorded_dir)
+        try:
+            recorder = Recorder(args.record, name, args.recorded_dir)
+        except ValueError as exc:
+            print(f"benchmarks.accuracy: {exc}", file=sys.stderr)
+            return 2
     deadline = None if args.max_minutes is None else time.monotonic() + 60 * args.max_minutes
     doc = run(
         args.workloads,
@@ -713,4 +735,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.out.write_text(json.dumps(doc, indent=2) + "\n")
     print(markdown_table(doc["rows"]))
     print(f"\nwrote {args.out} ({len(doc['rows'])} rows, {doc['config']['wall_s']} s)")
-    return 0 if doc["rows"] else 2
+    left, failed = doc["config"]["rows_left"], doc["config"]["rows_failed"]
+    if failed:
+        print(f"{failed} rows failed (their notes say why); a rerun with --record tries them again")
+    if recorder:
+        print(f"{left} rows left" + (": run the same command again to resume" if left else ""))
+    # Nothing measured is a failure, unless a resumed run found every row already recorded.
+    return 0 if doc["rows"] or (recorder and not left) else 2
