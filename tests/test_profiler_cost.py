@@ -60,6 +60,28 @@ def _node_at(g, start_us: float) -> int:
     return int(hits[0])
 
 
+def test_corrected_graph_shares_what_it_does_not_change(tmp_path: Path) -> None:
+    """The correction copies durations and sources only: the other columns and the edges
+    are read-only views of the trace's graph, so neither graph can change the other's."""
+    g = build_graph(perfcast.load(_nested(tmp_path)))
+    before = {k: v.copy() for k, v in g.cols.items()}
+    h, _ = remove_profiler_cost(g, _cost(op=1000, rt=3000))
+    assert np.shares_memory(h.cols["start_measured"], g.cols["start_measured"])
+    assert not np.shares_memory(h.cols["dur"], g.cols["dur"])
+    with pytest.raises(ValueError):
+        h.cols["lane"][0] = 7  # shared: writing through it would corrupt the traced graph
+    with pytest.raises(ValueError):
+        h.edge_w[:] = 0
+    h.cols["source"][:] = Source.MODELLED  # its own
+    for k, v in before.items():
+        assert (g.cols[k] == v).all(), k
+    # What-ifs deep-copy the corrected graph before changing it: everything writable again.
+    deep = h.copy()
+    deep.cols["lane"][0] = 7
+    assert all(a.flags.writeable for a in deep.cols.values())
+    assert g.cols["lane"][0] == before["lane"][0]
+
+
 def test_cost_lands_around_ops_and_inside_runtime_calls(tmp_path: Path) -> None:
     g = build_graph(perfcast.load(_nested(tmp_path)))
     cost = _cost(op=1000, inp=100, rt=3000)

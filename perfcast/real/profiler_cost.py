@@ -146,7 +146,8 @@ def input_counts(table: EventTable) -> np.ndarray:
 
 def remove_profiler_cost(graph: Graph, cost: ProfilerCost) -> tuple[Graph, Removed]:
     """A copy of the graph with the profiler's host cost taken out (see module docstring)."""
-    g = graph.copy()
+    # Only durations and sources change: the rest is shared (read-only) with the trace's graph.
+    g = graph.copy(writable=("dur", "source"))
     if cost.is_off or graph.table is None:
         return g, Removed(0)
     table: EventTable = graph.table
