@@ -1,0 +1,183 @@
+"""The accuracy benchmark's variants, built and stepped on the CPU where PyTorch allows it.
+
+`live --device cuda` has its own code paths (bf16 autocast, fused Adam, channels-last, CUDA
+graphs, torch.compile) that a CPU run never takes, because those optimizations need CUDA
+there. Most of them also run on the CPU, so a mistake in how a variant is built shows here
+first and not on a borrowed GPU. Not run: torch.compile (compiling takes minutes here; the
+wrapper is only built) and CUDA graph capture (CUDA only; its static-input path is checked
+with the capture itself stubbed).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from benchmarks.accuracy.workloads import (  # noqa: E402
+    OPTIMIZATIONS,
+    WORKLOADS,
+    TrainConfig,
+    Trainer,
+)
+
+BASE = TrainConfig(device="cpu", preset="quick")
+# The CUDA-only optimizations whose variant steps on the CPU too.
+STEPPED_ON_CPU = ("amp", "fused-adam", "channels-last")
+
+
+def _pairs(names: tuple[str, ...]) -> list[tuple[str, str]]:
+    return [(w, o) for o in names for w in WORKLOADS if OPTIMIZATIONS[o].applies_to(w, "cuda")]
+
+
+def _params(trainer: Trainer) -> list[Any]:
+    return [p.detach().clone() for p in trainer.model.parameters()]
+
+
+@pytest.fixture(autouse=True)
+def _one_thread() -> Any:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_cuda_only_optimizations_are_marked_so() -> None:
+    cuda_only = {n for n, o in OPTIMIZATIONS.items() if o.needs_cuda}
+    assert cuda_only == {"amp", "cuda-graphs", "fused-adam", "torch-compile", "channels-last"}
+    for name in cuda_only:
+        assert not OPTIMIZATIONS[name].applies_to("cnn", "cpu")
+    assert [w for w in WORKLOADS if OPTIMIZATIONS["channels-last"].applies_to(w, "cuda")] == ["cnn"]
+
+
+@pytest.mark.parametrize(("workload", "optimization"), _pairs(STEPPED_ON_CPU))
+def test_variant_trains_on_cpu(workload: str, optimization: str) -> None:
+    cfg = OPTIMIZATIONS[optimization].apply(BASE)
+    trainer = Trainer(workload, cfg)
+    try:
+        before = _params(trainer)
+        trainer.step()
+        trainer.step()
+        trainer.synchronize()
+        loss = trainer.last_loss
+        assert loss is not None and math.isfinite(loss)
+        after = _params(trainer)
+        assert any(not torch.equal(a, b) for a, b in zip(before, after, strict=True))
+        if optimization == "fused-adam":
+            assert trainer.optimizer.defaults["fused"] is True
+        if optimization == "amp":
+            # The forward runs in bf16 under autocast on the trainer's own device type.
+            with trainer._autocast():
+                assert torch.get_autocast_dtype("cpu") == torch.bfloat16
+                assert torch.is_autocast_enabled("cpu")
+        if optimization == "channels-last":
+            conv = next(m for m in trainer.model.modules() if isinstance(m, torch.nn.Conv2d))
+            assert conv.weight.is_contiguous(memory_format=torch.channels_last)
+            images = trainer._next_batch()[0]
+            assert images.is_contiguous(memory_format=torch.channels_last)
+    finally:
+        trainer.close()
+
+
+@pytest.mark.parametrize("workload", WORKLOADS)
+def test_variant_starts_from_the_baselines_weights(workload: str) -> None:
+    # Baseline and variant are compared step for step: the same model, the same data.
+    base = Trainer(workload, BASE)
+    amp = Trainer(workload, OPTIMIZATIONS["amp"].apply(BASE))
+    try:
+        for a, b in zip(_params(base), _params(amp), strict=True):
+            assert torch.equal(a, b)
+        for a, b in zip(base._next_batch(), amp._next_batch(), strict=True):
+            assert torch.equal(a, b)
+    finally:
+        base.close()
+        amp.close()
+
+
+@pytest.mark.parametrize("workload", WORKLOADS)
+def test_compile_variant_is_built_lazily(workload: str) -> None:
+    trainer = Trainer(workload, OPTIMIZATIONS["torch-compile"].apply(BASE))
+    try:
+        # One compiled wrapper per trainer (so one compile per row), around its own model.
+        assert trainer.forward is not trainer.model
+        assert getattr(trainer.forward, "_orig_mod", None) is trainer.model
+    finally:
+        trainer.close()
+
+
+@pytest.mark.parametrize("workload", WORKLOADS)
+def test_cuda_graph_variant_feeds_static_inputs(
+    workload: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CUDA graphs cannot be captured on the CPU: with the capture stubbed (warm-up steps
+    and one recorded step, run eagerly), check what the real capture relies on: capturable
+    Adam, a capture once per trainer, and each fresh batch copied into the static inputs
+    that the captured step reads."""
+    trainer = Trainer(workload, OPTIMIZATIONS["cuda-graphs"].apply(BASE))
+    assert trainer.optimizer.defaults["capturable"] is True
+    assert trainer.cfg.adam == "single"  # capturable single-tensor Adam, as in the CUDA docs
+
+    captures: list[int] = []
+    seen: list[list[Any]] = []
+
+    class Graph:
+        def replay(self) -> None:  # the recorded step, run eagerly on the static inputs
+            seen.append([t.clone() for t in trainer._static_batch])
+            trainer._static_loss = trainer._loss(trainer._static_batch)
+            trainer.optimizer.zero_grad(set_to_none=True)
+            trainer._static_loss.backward()
+            trainer.optimizer.step()
+
+    def capture(batch: list[Any]) -> None:
+        captures.append(1)
+        trainer._static_batch = [t.clone() for t in batch]
+        trainer._graph = Graph()
+
+    monkeypatch.setattr(trainer, "_capture_graph", capture)
+    # Adam(capturable=True) refuses CPU parameters; the graph's step has them on the GPU.
+    trainer.optimizer.defaults["capturable"] = False
+    for group in trainer.optimizer.param_groups:
+        group["capturable"] = False
+    fresh: list[list[Any]] = []
+    real_next = trainer._next_batch
+
+    def next_batch() -> list[Any]:
+        batch = real_next()
+        fresh.append([t.clone() for t in batch])
+        return batch
+
+    monkeypatch.setattr(trainer, "_next_batch", next_batch)
+    try:
+        for _ in range(3):
+            trainer.step()
+        assert captures == [1]
+        assert len(seen) == 3
+        for got, want in zip(seen, fresh, strict=True):
+            for a, b in zip(got, want, strict=True):
+                assert torch.equal(a, b)
+        assert trainer.last_loss is not None and math.isfinite(trainer.last_loss)
+    finally:
+        trainer.close()
+    assert trainer._graph is None
+
+
+def test_rows_left_when_time_is_up(tmp_path: Any) -> None:
+    # A run whose deadline has passed starts no row and says how many are left to resume.
+    import time
+
+    from benchmarks.accuracy.runner import run
+
+    doc = run(
+        WORKLOADS,
+        ["foreach-adam", "amp"],  # amp needs CUDA: not applicable on the CPU, not left
+        device="cpu",
+        quick=True,
+        traces_dir=tmp_path,
+        deadline=time.monotonic() - 1,
+    )
+    assert doc["rows"] == []
+    assert doc["config"]["rows_left"] == len(WORKLOADS)
+    assert doc["config"]["rows_failed"] == 0
