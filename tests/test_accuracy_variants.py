@@ -181,3 +181,40 @@ def test_rows_left_when_time_is_up(tmp_path: Any) -> None:
     assert doc["rows"] == []
     assert doc["config"]["rows_left"] == len(WORKLOADS)
     assert doc["config"]["rows_failed"] == 0
+
+
+def test_import_live_copies_a_recorded_source(tmp_path: Any, monkeypatch: Any) -> None:
+    # What a GPU run leaves in its --recorded-dir goes into the project's recorded rows
+    # byte-identical, and never over a source the project already has.
+    from benchmarks.accuracy import import_recorded
+    from benchmarks.accuracy.recorded_rows import RecordedRow, load_rows, write_rows
+
+    run_dir, project = tmp_path / "run", tmp_path / "project"
+    trace, cal = "traces/gpu-x/mlp.amp.json.gz", "calibrations/gpu-x.json"
+    for rel, data in ((trace, b"\x1f\x8b trace"), (cal, b"{}")):
+        (run_dir / rel).parent.mkdir(parents=True, exist_ok=True)
+        (run_dir / rel).write_bytes(data)
+    row = RecordedRow(
+        id="gpu-x/mlp/amp",
+        source="gpu-x",
+        device="NVIDIA H100 80GB HBM3",
+        processor="gpu",
+        workload="mlp",
+        baseline="mlp baseline",
+        variant="amp",
+        change="amp",
+        spec="amp",
+        baseline_trace=trace,
+        measured="unprofiled",
+        baseline_ms=2.0,
+        variant_ms=1.0,
+        calibration=cal,
+    )
+    write_rows(run_dir / "rows" / "gpu-x.jsonl", [row])
+    monkeypatch.setattr(import_recorded, "RECORDED_DIR", project)
+    monkeypatch.setattr(import_recorded, "ROWS_DIR", project / "rows")
+    assert import_recorded.main(["live", str(run_dir)]) == 0
+    assert load_rows(root=project) == [row]
+    for rel in (trace, cal, "rows/gpu-x.jsonl"):
+        assert (project / rel).read_bytes() == (run_dir / rel).read_bytes()
+    assert import_recorded.main(["live", str(run_dir)]) == 2  # already there: refused

@@ -2,6 +2,7 @@
 
     python -m benchmarks.accuracy.import_recorded gpu-truth /path/to/shared/gpu-truth
     python -m benchmarks.accuracy.import_recorded kineto-v100 /path/to/shared/traces
+    python -m benchmarks.accuracy.import_recorded live .bench/gpu-run/recorded
 
 Traces are copied byte-identical; the rows say where every number came from.
 """
@@ -16,7 +17,13 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from benchmarks.accuracy.recorded_rows import RECORDED_DIR, ROWS_DIR, RecordedRow, write_rows
+from benchmarks.accuracy.recorded_rows import (
+    RECORDED_DIR,
+    ROWS_DIR,
+    RecordedRow,
+    load_rows,
+    write_rows,
+)
 
 GPU_TRUTH_SOURCE = "gpu-truth-2026-11"
 V100_SOURCE = "kineto-v100-2021"
@@ -132,11 +139,42 @@ def import_kineto_v100(traces: Path) -> list[RecordedRow]:
     ]
 
 
+def import_live(root: Path) -> list[str]:
+    """Copy what `live --record SOURCE --recorded-dir root` wrote elsewhere (on a borrowed GPU
+    machine) into the project's recorded rows: each source's rows file, the traces and the
+    calibration its rows name, byte-identical. A source the project already has is refused,
+    so recorded rows are never overwritten. Returns the sources."""
+    rows = load_rows(root=root)  # checks ids and that every trace and calibration is there
+    sources = sorted({r.source for r in rows})
+    clash = [s for s in sources if (ROWS_DIR / f"{s}.jsonl").exists()]
+    if clash:
+        raise FileExistsError(f"the project already has rows for {', '.join(clash)}")
+    for rel in sorted({f for r in rows for f in (r.baseline_trace, r.calibration) if f}):
+        (RECORDED_DIR / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(root / rel, RECORDED_DIR / rel)
+    for source in sources:
+        ROWS_DIR.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(root / "rows" / f"{source}.jsonl", ROWS_DIR / f"{source}.jsonl")
+    return sources
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.accuracy.import_recorded")
-    parser.add_argument("what", choices=("gpu-truth", "kineto-v100"))
-    parser.add_argument("root", type=Path, help="gpu-truth folder, or the shared traces folder")
+    parser.add_argument("what", choices=("gpu-truth", "kineto-v100", "live"))
+    parser.add_argument(
+        "root",
+        type=Path,
+        help="gpu-truth folder, the shared traces folder, or a live run's --recorded-dir",
+    )
     args = parser.parse_args(argv)
+    if args.what == "live":
+        try:
+            sources = import_live(args.root)
+        except (FileExistsError, ValueError) as exc:
+            print(f"import_recorded: {exc}", file=sys.stderr)
+            return 2
+        print(f"imported {', '.join(sources) or 'nothing'} into {RECORDED_DIR}")
+        return 0
     if args.what == "gpu-truth":
         rows, source = import_gpu_truth(args.root), GPU_TRUTH_SOURCE
     else:
