@@ -1,6 +1,7 @@
 """How fast and lean is ingest? perfcast vs the JSON parse floor vs HTA, on one big trace.
 
     python benchmarks/bench_ingest.py [--repeat N] [--trace FILE] [--no-hta] [--profile]
+                                      [--replicate K]
 
 Every measurement runs in its own process, started by a fresh wrapper process that reports
 the child's wall time and peak RSS (`getrusage(RUSAGE_CHILDREN)`), so no run inherits another's
@@ -12,6 +13,10 @@ machine hits all contenders alike; medians are reported.
   summary   `python -m perfcast.cli.main summary FILE --json`: perfcast end to end.
   hta       HolisticTraceAnalysis `TraceAnalysis(trace_dir=...)` on a folder holding a copy of
             FILE, in its own venv (.bench/hta-venv, built on first use; --no-hta skips it).
+
+`--replicate K` measures a K times larger input instead: FILE's events written K times, each
+copy shifted past the previous one in time, with its correlation ids, flow ids and step
+numbers offset (one gzipped file in a temporary folder): how time and memory grow.
 """
 
 from __future__ import annotations
@@ -172,6 +177,44 @@ def profile_load(trace: Path, top: int) -> None:
         print(text[start:].rstrip() if start >= 0 else text)
 
 
+def replicate_trace(src: Path, k: int, out: Path) -> int:
+    """FILE's events K times, shifted in time and ids (see the module docstring); events."""
+    import orjson
+
+    with open(src, "rb") as fh:
+        raw = fh.read()
+    doc = orjson.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)
+    del raw
+    events = doc["traceEvents"]
+    stamps = [e["ts"] for e in events if isinstance(e.get("ts"), (int, float))]
+    span = max(stamps) - min(stamps) + 1000.0
+    id_step = 10_000_000
+    out_events = []
+    for copy_no in range(k):
+        for e in events:
+            if copy_no and e.get("ph") == "M":
+                continue  # process/thread names once
+            e2 = dict(e)
+            if isinstance(e2.get("ts"), (int, float)):
+                e2["ts"] = e2["ts"] + copy_no * span
+            args = e2.get("args")
+            if isinstance(args, dict):
+                args = dict(args)
+                for key in ("correlation", "External id", "external id"):
+                    if isinstance(args.get(key), int):
+                        args[key] += copy_no * id_step
+                e2["args"] = args
+            if e2.get("ph") in ("s", "f", "t") and isinstance(e2.get("id"), int):
+                e2["id"] += copy_no * id_step
+            name = e2.get("name")
+            if isinstance(name, str) and name.startswith("ProfilerStep#"):
+                e2["name"] = f"ProfilerStep#{int(name.split('#')[1]) + copy_no * 1000}"
+            out_events.append(e2)
+    doc["traceEvents"] = out_events
+    out.write_bytes(gzip.compress(orjson.dumps(doc), compresslevel=1))
+    return len(out_events)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=5, help="interleaved repetitions (default 5)")
@@ -179,12 +222,30 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-hta", action="store_true", help="skip the HTA comparison")
     ap.add_argument("--profile", action="store_true", help="also cProfile perfcast.load")
     ap.add_argument("--top", type=int, default=25, help="rows of the profile to print")
+    ap.add_argument(
+        "--replicate", type=int, default=1, help="measure FILE's events repeated K times"
+    )
     args = ap.parse_args(argv)
 
     trace: Path = args.trace.resolve()
     if not trace.is_file():
         print(f"no trace at {trace}", file=sys.stderr)
         return 2
+    big_dir = None
+    if args.replicate > 1:
+        big_dir = Path(tempfile.mkdtemp(prefix="bench_ingest_big_"))
+        big = big_dir / f"{trace.name.split('.')[0]}_x{args.replicate}.json.gz"
+        n = replicate_trace(trace, args.replicate, big)
+        print(f"replicated {trace.name} {args.replicate}x: {n:,} events")
+        trace = big
+    try:
+        return _run(args, trace)
+    finally:
+        if big_dir is not None:
+            shutil.rmtree(big_dir, ignore_errors=True)
+
+
+def _run(args: argparse.Namespace, trace: Path) -> int:
     with open(trace, "rb") as fh:
         raw = fh.read()
     json_size = len(gzip.decompress(raw)) if raw[:2] == b"\x1f\x8b" else len(raw)
