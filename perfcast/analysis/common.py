@@ -161,26 +161,3 @@ def downsample_steps(t: np.ndarray, y: np.ndarray, points: int) -> tuple[np.ndar
     b = np.clip(np.searchsorted(edges, t, side="right") - 1, 0, points - 1)
     starts = np.flatnonzero(np.r_[True, b[1:] != b[:-1]])
     return t[starts], np.maximum.reduceat(y, starts)
-
-
-def combine_codes(*cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Dense codes of the distinct tuples of several integer columns, and those tuples
-    (rows of a 2-D array, in code order). Faster than `np.unique(axis=0)` on many rows.
-
-    >>> codes, keys = combine_codes(np.array([1, 1, 2]), np.array([7, 8, 7]))
-    >>> codes.tolist(), keys.tolist()
-    ([0, 1, 2], [[1, 7], [1, 8], [2, 7]])
-    """
-    key = np.zeros(cols[0].shape[0], dtype=np.int64)
-    parts = []
-    for c in cols:
-        u, inv = np.unique(c, return_inverse=True)
-        parts.append(u)
-        key = key * u.size + inv.reshape(-1)
-    uk, codes = np.unique(key, return_inverse=True)
-    rows = np.empty((uk.size, len(cols)), dtype=np.int64)
-    rest = uk.copy()
-    for j in range(len(cols) - 1, -1, -1):
-        rest, idx = np.divmod(rest, parts[j].size)
-        rows[:, j] = parts[j][idx]
-    return codes.reshape(-1), rows

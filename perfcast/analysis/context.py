@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from perfcast.arrays import combine_codes
 from perfcast.events import NONE, EventTable, Kind
 from perfcast.graph.phases import PHASE_LABELS, Phase, event_phases
 from perfcast.ingest.input_dims import parse_input_dims, tensor_shapes
@@ -493,8 +494,9 @@ def cpu_self(table: EventTable) -> np.ndarray:
     group = parent.astype(np.int64).copy()
     tops = rows[parent[rows] < 0]
     if tops.size:
-        key = np.stack([table.rank[tops], table.pid[tops], table.tid[tops]], axis=1)
-        thread = np.unique(key, axis=0, return_inverse=True)[1].reshape(-1)
+        thread, _ = combine_codes(
+            table.rank[tops].astype(np.int64), table.pid[tops], table.tid[tops]
+        )
         group[tops] = -2 - thread
     order = rows[np.lexsort((table.ts[rows], group[rows], depth[rows]))]
     bounds = np.searchsorted(depth[order], np.arange(int(depth[rows].max()) + 2))

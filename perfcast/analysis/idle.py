@@ -23,11 +23,11 @@ import numpy as np
 from perfcast.analysis.common import (
     NS_PER_MS,
     NS_PER_US,
-    combine_codes,
     group_stats,
     percentiles_by_group,
 )
 from perfcast.analysis.notes import input_notes
+from perfcast.arrays import combine_codes
 from perfcast.events import EventTable
 from perfcast.frames import Tables, plain
 

@@ -22,8 +22,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from perfcast.analysis.common import NS_PER_MS, combine_codes, downsample_steps
+from perfcast.analysis.common import NS_PER_MS, downsample_steps
 from perfcast.analysis.notes import input_notes
+from perfcast.arrays import combine_codes
 from perfcast.events import EventTable
 from perfcast.frames import Tables, plain
 

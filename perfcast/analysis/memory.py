@@ -19,8 +19,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from perfcast.analysis.common import NS_PER_MS, combine_codes, downsample_steps, group_stats
+from perfcast.analysis.common import NS_PER_MS, downsample_steps, group_stats
 from perfcast.analysis.notes import input_notes
+from perfcast.arrays import combine_codes
 from perfcast.events import NONE, EventTable, Kind
 from perfcast.frames import Tables, plain
 from perfcast.graph.phases import PHASE_LABELS, Phase, event_phases

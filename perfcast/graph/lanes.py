@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from perfcast.arrays import combine_codes, sorted_unique
 from perfcast.events import NONE, EventTable, Kind
 from perfcast.graph.model import (
     NO_RELEASE,
@@ -109,9 +110,7 @@ def build_cpu_lanes(
     rows = np.flatnonzero((table.rank == rank) & np.isin(table.kind, CPU_LANE_KINDS))
     if rows.size == 0:
         return
-    keys = np.stack([table.pid[rows], table.tid[rows]], axis=1)
-    uniq, inv = np.unique(keys, axis=0, return_inverse=True)
-    inv = inv.reshape(-1)
+    inv, uniq = combine_codes(table.pid[rows], table.tid[rows])
     ts = table.ts
     end_all = table.ts + table.dur
     parent = table.parent
@@ -126,7 +125,7 @@ def build_cpu_lanes(
         ops = trows[np.isin(table.kind[trows], OP_KINDS)]
         ops = ops[np.lexsort((-table.dur[ops], ts[ops]))]
         rt_s, rt_e = ts[rt], end_all[rt]
-        points = np.unique(np.concatenate([ts[ops], end_all[ops], rt_s, rt_e]))
+        points = sorted_unique(np.concatenate([ts[ops], end_all[ops], rt_s, rt_e]))
         if rt.size:
             k = np.searchsorted(rt_s, points, side="right") - 1
             km = np.maximum(k, 0)
@@ -203,9 +202,7 @@ def build_gpu_lanes(
     rows = np.flatnonzero((table.rank == rank) & table.is_gpu())
     if rows.size == 0:
         return
-    keys = np.stack([table.pid[rows], table.tid[rows]], axis=1)
-    uniq, inv = np.unique(keys, axis=0, return_inverse=True)
-    inv = inv.reshape(-1)
+    inv, uniq = combine_codes(table.pid[rows], table.tid[rows])
     gk = np.array(
         [_GPU_KIND_OF.get(int(k), GpuKind.NONE) for k in range(int(Kind.OTHER) + 1)], dtype=np.int8
     )

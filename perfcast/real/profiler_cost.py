@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from perfcast.arrays import combine_codes
 from perfcast.events import EventTable, Kind
 from perfcast.graph.model import Graph, NodeKind, Source
 from perfcast.ingest.input_dims import parse_input_dims
@@ -288,6 +289,5 @@ def _max_rank(table: EventTable) -> int:
 
 def _threads(table: EventTable) -> tuple[list[tuple[int, int, int]], np.ndarray]:
     """Distinct (rank, pid, tid) of all rows, and each row's index into them."""
-    stacked = np.stack([table.rank.astype(np.int64), table.pid, table.tid], axis=1)
-    uniq, inv = np.unique(stacked, axis=0, return_inverse=True)
-    return [(int(r), int(p), int(t)) for r, p, t in uniq], inv.reshape(-1)
+    inv, uniq = combine_codes(table.rank.astype(np.int64), table.pid, table.tid)
+    return [(int(r), int(p), int(t)) for r, p, t in uniq.tolist()], inv

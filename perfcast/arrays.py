@@ -1,0 +1,50 @@
+"""Grouping helpers for large integer columns.
+
+NumPy 2.x's `np.unique` takes a hash-table path when no inverse is asked for, which on a
+million distinct values ran 12x slower than sorting (640 vs 53 ms, numpy 2.4 on this
+project's machine), and `np.unique(axis=0)` on rows is slower still (1.4 s for 1.2 M rows of
+three columns). These keep to sorts, whose cost is predictable at any size.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def sorted_unique(values: np.ndarray) -> np.ndarray:
+    """The distinct values of a 1-D integer array, ascending (`np.unique` without options)."""
+    s = np.sort(np.asarray(values).reshape(-1))
+    if s.size < 2:
+        return s
+    keep = np.empty(s.size, dtype=bool)
+    keep[0] = True
+    np.not_equal(s[1:], s[:-1], out=keep[1:])
+    return s[keep]
+
+
+def combine_codes(*cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Dense codes of the distinct tuples of several integer columns, and those tuples
+    (rows of a 2-D array, in code order: sorted by the first column, then the next, ...).
+    What `np.unique(np.stack(cols, axis=1), axis=0, return_inverse=True)` returns, but fast
+    on many rows.
+
+    >>> codes, keys = combine_codes(np.array([1, 1, 2]), np.array([7, 8, 7]))
+    >>> codes.tolist(), keys.tolist()
+    ([0, 1, 2], [[1, 7], [1, 8], [2, 7]])
+    """
+    n = cols[0].shape[0]
+    key = np.zeros(n, dtype=np.int64)
+    distinct = 1
+    for c in cols:
+        u, inv = np.unique(c, return_inverse=True)
+        # key < distinct * u.size <= n * n: re-densified each column, so it never overflows.
+        key = key * u.size + inv.reshape(-1)
+        uk, dense = np.unique(key, return_inverse=True)
+        key, distinct = dense.reshape(-1).astype(np.int64), uk.size
+    rows = np.empty((distinct, len(cols)), dtype=np.int64)
+    if n:
+        first = np.zeros(distinct, dtype=np.int64)
+        first[key[::-1]] = np.arange(n - 1, -1, -1)  # a row of each code
+        for j, c in enumerate(cols):
+            rows[:, j] = c[first]
+    return key, rows
