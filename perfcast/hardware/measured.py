@@ -70,3 +70,25 @@ _GEMM_EFFICIENCY: dict[str, AchievedGemm] = {
 def achieved_gemm(part: str) -> AchievedGemm | None:
     """The measured large-GEMM efficiency of a part (canonical device name), if any."""
     return _GEMM_EFFICIENCY.get(part)
+
+
+# Which measured part stands in for an unmeasured one of the same vendor. The H200 is the
+# H100's GH100 die with the same SMs and clocks (the recorded H100 -> H200 ResNet-50 steps ran
+# their compute-bound kernels at the same speed); other parts are a nearer guess than the
+# datasheet's implied 100% of peak.
+_VENDOR_STAND_IN = {"NVIDIA": "H100-SXM5-80GB", "AMD": "MI300X"}
+
+
+def achieved_gemm_or_stand_in(part: str, vendor: str) -> AchievedGemm | None:
+    """`achieved_gemm(part)`, else the same vendor's measured part, said so in its source."""
+    own = achieved_gemm(part)
+    if own is not None:
+        return own
+    stand_in = _VENDOR_STAND_IN.get(vendor)
+    found = _GEMM_EFFICIENCY.get(stand_in) if stand_in else None
+    if found is None:
+        return None
+    return AchievedGemm(
+        efficiency=found.efficiency,
+        source=f"{part}: not measured, taken as the {stand_in}'s {found.efficiency:.1%}",
+    )

@@ -30,7 +30,10 @@ bounds that kind of kernel. Here, from `perfcast.hardware` datasheet figures:
   as fast as the peak. Where it has no pair but knows what large GEMMs reach of each
   part's peak in real traces (H100 73.2%, MI300X 41.5%, `achieved_gemm`), compute-bound
   kernels scale by achieved FLOPS: H100 -> MI300X then makes them 1.33x slower, not 1.32x
-  faster as the datasheets say;
+  faster as the datasheets say. When only one side of a move has its own figure, the other
+  takes its vendor's measured part's (an H200 or A100 the H100's, stated): judging one
+  side by achieved FLOPS and the other by its datasheet peak made MI300X -> H200 predict a
+  0.63x slowdown where MI300X -> H100 gained;
 - CPU work: the same host is assumed unless `host=SPEED` says the new machine's CPU is
   SPEED times as fast (every CPU node and runtime call then takes 1/SPEED as long; launch
   latencies and gaps on the GPU side are unchanged), or `host=FILE` names the new
@@ -70,7 +73,7 @@ from perfcast.hardware import (
     KernelClass,
     default_intra_node_link,
 )
-from perfcast.hardware.measured import achieved_gemm, measured_ratio
+from perfcast.hardware.measured import achieved_gemm, achieved_gemm_or_stand_in, measured_ratio
 from perfcast.whatif import primitives as P
 from perfcast.whatif.kernels import (
     is_compute_kernel,
@@ -234,6 +237,11 @@ def apply(graph: Graph, options: Options) -> Graph:
             else:
                 ratio[i] = src.peak(d) / target.peak(d)
                 e_src, e_tgt = achieved_gemm(src.name), achieved_gemm(target.name)
+                if e_src or e_tgt:
+                    # One side measured: the other by its vendor's measured part, so that a
+                    # move is not judged by achieved FLOPS on one side and peak on the other.
+                    e_src = e_src or achieved_gemm_or_stand_in(src.name, src.vendor)
+                    e_tgt = e_tgt or achieved_gemm_or_stand_in(target.name, target.vendor)
                 if e_src and e_tgt:
                     ratio[i] *= e_src.efficiency / e_tgt.efficiency
                     achieved_used.update((e_src.source, e_tgt.source))
