@@ -112,6 +112,24 @@ def test_cuda_graphs_on_a_launch_bound_step(tmp_path):
     assert pred == pytest.approx(28.26)
 
 
+def test_cuda_graphs_keep_one_time_runtime_calls(tmp_path):
+    """A step that holds a first-use cudaMalloc of 8 ms: a graph replay removes launches and
+    dispatch, not one-time work, and the result says the window holds it."""
+    b = TraceBuilder()
+    b.step(1, 0, 8_200)
+    b.op("aten::relu", 5, 8_190)
+    b.runtime("cudaMalloc", 10, 8_000)
+    for t in (8_050, 8_100, 8_150):
+        b.launch("void at::native::vectorized_elementwise_kernel<4>", t, 5, t + 8, 5)
+    path = b.write(tmp_path / "first_step.json")
+    result, _, pred = run_whatif(perfcast.load(path), [parse_spec("cuda-graphs")], correct=False)
+    # Host: 5 µs, the graph launch (2.5) and the malloc kept (8,000) in lane order, 5 after.
+    assert result.predicted_ms * 1000 == pytest.approx(8_000 + 12.5, abs=20)
+    said = " ".join(pred.graph.assumptions)
+    assert "8.00 ms of runtime calls of 5 ms or more kept" in said
+    assert any("cudaMalloc, 8.0 ms" in n and "warm-up" in n for n in result.notes)
+
+
 def _forward_backward(tmp_path: Path) -> Path:
     """A step that loads data, then launches one kernel in forward and one in backward."""
     b = TraceBuilder()

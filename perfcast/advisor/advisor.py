@@ -21,7 +21,7 @@ import numpy as np
 
 from perfcast.analysis.context_gain import CallSite, SiteFinder
 from perfcast.analysis.critical_path import GPU, HOST, critical_paths
-from perfcast.analysis.notes import input_notes
+from perfcast.analysis.notes import graph_notes, input_notes
 from perfcast.analysis.real_step import RealWorld, real_world
 from perfcast.events import EventTable
 from perfcast.graph.build import build_graph
@@ -29,7 +29,7 @@ from perfcast.graph.model import GpuKind, Graph, NodeKind
 from perfcast.real import Correction
 from perfcast.sim.timeline import Timeline, simulate
 from perfcast.whatif.registry import Spec
-from perfcast.whatif.runner import apply_specs, measured_share, step_ms
+from perfcast.whatif.runner import apply_specs, measured_share, step_ms, steps_ns
 
 try:
     from perfcast.hardware.classify import KernelClass, dtype_from_kernel_name
@@ -342,7 +342,7 @@ def advise(
         plan=_plan(ranked, world, baseline_ms),
         not_applicable=skipped,
         facts=facts,
-        notes=input_notes(table),
+        notes=input_notes(table) + graph_notes(world.traced_graph, steps_ns(world.traced)),
     )
 
 

@@ -2,7 +2,18 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from perfcast.events import EventTable, RankInfo
+from perfcast.graph.model import Graph, NodeKind
+
+# A runtime call or launch whose own host time reaches this is not per-kernel dispatch cost
+# but work a steady-state step does not repeat, or not per kernel: lazy CUDA initialization
+# (seconds), module loading on a kernel's first launch, large allocations, pageable copies.
+# Steady-state launches on the shared traces take 1-7 µs (median launch durations, 36 traces).
+ONE_TIME_NS = 5_000_000
+# The note is given when such calls hold this share of the steps' time.
+ONE_TIME_NOTE_SHARE = 0.10
 
 
 def rank_notes(info: RankInfo) -> list[str]:
@@ -21,4 +32,35 @@ def input_notes(table: EventTable) -> list[str]:
         f"rank {info.rank}: {note}" if many else note
         for info in table.ranks
         for note in rank_notes(info)
+    ]
+
+
+def one_time_calls(graph: Graph) -> np.ndarray:
+    """Runtime calls and launches inside the steps whose own time is at least ONE_TIME_NS."""
+    c = graph.cols
+    return np.flatnonzero(
+        np.isin(c["kind"], [NodeKind.RUNTIME, NodeKind.LAUNCH])
+        & (c["iteration"] >= 0)
+        & graph.alive
+        & (c["dur"] >= ONE_TIME_NS)
+    )
+
+
+def graph_notes(graph: Graph, step_ns: float) -> list[str]:
+    """Notes about what the steps hold (`step_ns`: the steps' summed time, all ranks)."""
+    calls = one_time_calls(graph)
+    if calls.size == 0:
+        return []
+    durs = graph.cols["dur"][calls]
+    total = float(durs.sum())
+    if step_ns <= 0 or total < ONE_TIME_NOTE_SHARE * step_ns:
+        return []
+    longest = int(calls[int(np.argmax(durs))])
+    return [
+        f"{total / 1e6:,.1f} ms of the steps ({total / step_ns:.0%}) is {calls.size:,} runtime "
+        f"call(s) of {ONE_TIME_NS / 1e6:g} ms or more (longest: {graph.name_of(longest)}, "
+        f"{float(durs.max()) / 1e6:,.1f} ms): lazy initialization, module loading, allocation "
+        "or pageable copies, not per-step launch cost; if these are a job's first steps, "
+        "profile after a warm-up (torch.profiler.schedule(wait=1, warmup=1, active=3)) for "
+        "steady-state predictions"
     ]

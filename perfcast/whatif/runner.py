@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from perfcast.analysis.critical_path import critical_paths
-from perfcast.analysis.notes import input_notes
+from perfcast.analysis.notes import graph_notes, input_notes
 from perfcast.analysis.real_step import RealWorld, real_world
 from perfcast.errors import PerfcastError
 from perfcast.events import EventTable
@@ -68,6 +68,11 @@ class WhatIfResult:
     def speedup_traced(self) -> float:
         p = self.predicted_traced_ms
         return self.traced_ms / p if p > 0 else float("inf")
+
+
+def steps_ns(tl: Timeline) -> float:
+    """The steps' summed simulated time, all ranks (what graph_notes weighs against)."""
+    return float(sum(s for _, _, _, s in tl.iteration_ns()))
 
 
 def step_ms(tl: Timeline) -> tuple[float, float, list[tuple[int, str, float, float]]]:
@@ -174,7 +179,7 @@ def run_whatif(
         applied=applied,
         measured_share=measured_share(predicted),
         assumptions=list(world.graph.assumptions),
-        notes=input_notes(table),
+        notes=input_notes(table) + graph_notes(world.traced_graph, steps_ns(world.traced)),
         memory=_memory(table, specs),
     )
     factor = 1.0

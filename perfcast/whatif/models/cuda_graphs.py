@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from perfcast.analysis.notes import ONE_TIME_NS, one_time_calls
 from perfcast.errors import NotApplicableError
 from perfcast.graph.launches import DEFAULT_LAUNCH_LATENCY_NS
 from perfcast.graph.model import Graph, NodeKind, Source
@@ -66,6 +67,8 @@ def apply(graph: Graph, options: Options) -> Graph:
     n_kernels = 0
     n_extra = 0
     removed_cpu = 0
+    one_time = set(one_time_calls(graph).tolist())
+    kept_ns = 0
     keys = np.stack([c["rank"][host], c["iteration"][host]], axis=1)
     for rank, it in np.unique(keys, axis=0).tolist():
         region = host[(c["rank"][host] == rank) & (c["iteration"][host] == it)]
@@ -83,11 +86,19 @@ def apply(graph: Graph, options: Options) -> Graph:
         if capture_optimizer:
             n_extra += _capturable_optimizer(graph, gpu, first, lat)
             c = graph.cols
+        # One-time work stays: a replay does not make it go away (see analysis.notes).
+        first_kept = int(c["dur"][first]) if first in one_time else 0
         P.set_duration(
-            graph, np.array([first]), int(options.graph_launch_us * 1000), Source.MODELLED
+            graph,
+            np.array([first]),
+            int(options.graph_launch_us * 1000) + first_kept,
+            Source.MODELLED,
         )
         c["name"][first] = graph.intern("cudaGraphLaunch")
         rest = region[region != first]
+        keep = np.array([n in one_time for n in rest.tolist()], dtype=bool)
+        kept_ns += first_kept + int(c["dur"][rest[keep]].sum())
+        rest = rest[~keep]
         removed_cpu += int(c["dur"][rest].sum())
         P.remove(graph, rest)
     if n_kernels == 0:
@@ -97,6 +108,12 @@ def apply(graph: Graph, options: Options) -> Graph:
         f"apart (measured on an H100); {removed_cpu / 1e6:.2f} ms of CPU work and launches "
         f"removed; graph launch {options.graph_launch_us:g} µs"
     )
+    if kept_ns:
+        graph.assumptions.append(
+            f"{kept_ns / 1e6:,.2f} ms of runtime calls of {ONE_TIME_NS / 1e6:g} ms or more kept "
+            "(initialization, module loading, allocation, pageable copies: not launch cost, "
+            "and not removed by a replay)"
+        )
     if n_extra:
         graph.assumptions.append(
             f"the optimizer is captured with capturable=True: {n_extra:,} more kernels "
