@@ -78,3 +78,10 @@ def test_tensor_parallel_pairs_and_refusal(mlp) -> None:
     assert _named(g, "modelled TP").size == 3 * 16
     with pytest.raises(NotApplicableError, match="linear"):
         _apply(perfcast.load(str(RECORDED / "r50_fused.json.gz")), "tensor-parallel", tp=2)
+
+
+def test_zero_refusal_names_zero(shared_traces: Path) -> None:
+    """zero shares ddp's check of the trace's own collectives; its refusal says zero."""
+    table = perfcast.load(str(shared_traces / "dlrm_v100_8rank" / "worker0.json.gz"))
+    with pytest.raises(NotApplicableError, match="^zero: the trace already runs collectives"):
+        _apply(table, "zero", gpus=8, stage=2, params_mb=10)

@@ -252,8 +252,9 @@ def _check_options(options: Options) -> None:
         raise NotApplicableError("ddp: algorithm must be ring or tree")
 
 
-def drop_measured_allreduces(graph: Graph) -> float:
-    """Remove the trace's own all-reduce kernels; refuse other collectives. Returns ms."""
+def drop_measured_allreduces(graph: Graph, model: str = "ddp") -> float:
+    """Remove the trace's own all-reduce kernels; refuse other collectives. Returns ms.
+    `model` names the what-if asking, in its refusals."""
     c = graph.cols
     table = graph.table
     gpu = P.select(graph, kind="gpu")
@@ -278,20 +279,21 @@ def drop_measured_allreduces(graph: Graph) -> float:
     unknown = [n for n, k in kinds.items() if k is None]
     if unknown:
         raise NotApplicableError(
-            f"ddp: the trace already runs collectives, and {len(unknown):,} of its "
+            f"{model}: the trace already runs collectives, and {len(unknown):,} of its "
             f"{len(kinds):,} collective kernels (e.g. '{shorten(graph.name_of(unknown[0]))}') "
             "say neither by name nor by a 'Collective name' arg which collective they run: "
             "cannot tell data-parallel all-reduces from other traffic",
-            hint="profile the model on one GPU without DDP, as ddp adds the all-reduces itself; "
+            hint=f"profile the model on one GPU without DDP, as {model} adds its own "
+            "collectives; "
             "or pass a trace whose collective kernels all carry a 'Collective name' arg, which "
             f"recent PyTorch profilers write on NCCL/RCCL kernels: {with_arg:,} of these do",
         )
     other = sorted({str(k) for k in kinds.values() if k != _REPLACED and k not in _KEPT})
     if other:
         raise NotApplicableError(
-            "ddp: the trace already runs collectives other than all-reduce "
-            f"({', '.join(other)}: sharded or model-parallel training?); ddp only models "
-            "data-parallel gradient all-reduce"
+            f"{model}: the trace already runs collectives other than all-reduce "
+            f"({', '.join(other)}: sharded or model-parallel training?); {model} starts "
+            "from a single-GPU or plain data-parallel (all-reduce only) trace"
         )
     drop = np.array([n for n, k in kinds.items() if k == _REPLACED], dtype=np.int64)
     if drop.size == 0:

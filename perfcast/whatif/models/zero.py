@@ -75,7 +75,7 @@ def apply(graph: Graph, options: Options) -> Graph:
     params = _param_count(graph, o)
     from perfcast.whatif.models.ddp import drop_measured_allreduces
 
-    replaced_ms = drop_measured_allreduces(graph)
+    replaced_ms = drop_measured_allreduces(graph, "zero")
     fixed = K.kernel_fixed_cost_ns(graph)
     total_rs = total_ag = 0.0
     n_steps = 0
