@@ -83,5 +83,5 @@ def test_tensor_parallel_pairs_and_refusal(mlp) -> None:
 def test_zero_refusal_names_zero(shared_traces: Path) -> None:
     """zero shares ddp's check of the trace's own collectives; its refusal says zero."""
     table = perfcast.load(str(shared_traces / "dlrm_v100_8rank" / "worker0.json.gz"))
-    with pytest.raises(NotApplicableError, match="^zero: the trace already runs collectives"):
+    with pytest.raises(NotApplicableError, match=r"^zero: the trace already runs collectives"):
         _apply(table, "zero", gpus=8, stage=2, params_mb=10)
