@@ -130,6 +130,25 @@ def test_cuda_graphs_keep_one_time_runtime_calls(tmp_path):
     assert any("cudaMalloc, 8.0 ms" in n and "warm-up" in n for n in result.notes)
 
 
+@pytest.mark.parametrize("spec", ["cuda-graphs", "fuse-elementwise", "torch-compile", "amp"])
+def test_a_step_replayed_from_cuda_graphs_is_refused(tmp_path, spec):
+    """Its kernels are captured already and carry no phase of their own."""
+    b = TraceBuilder()
+    b.step(1, 0, 100)
+    for t in (10, 40, 70):
+        b.launch(
+            "void at::native::vectorized_elementwise_kernel<4>",
+            t,
+            5,
+            t + 8,
+            5,
+            name="cudaGraphLaunch",
+        )
+    path = b.write(tmp_path / "graphed.json")
+    with pytest.raises(NotApplicableError, match="already replay 3 of their 3 GPU tasks"):
+        _predict_us(path, spec)
+
+
 def _forward_backward(tmp_path: Path) -> Path:
     """A step that loads data, then launches one kernel in forward and one in backward."""
     b = TraceBuilder()

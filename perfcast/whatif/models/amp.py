@@ -124,6 +124,7 @@ from perfcast.whatif.kernels import (
     kernel_fixed_cost_ns,
     op_input_dims,
     rank_devices,
+    refuse_graph_replays,
     require_gpu,
     scale_variable,
 )
@@ -447,6 +448,7 @@ def apply(graph: Graph, options: Options) -> Graph:
     if any(a.startswith("amp (") for a in graph.assumptions):
         raise NotApplicableError("amp: mixed precision is already applied to this graph")
     gpu = require_gpu(graph, "amp")
+    refuse_graph_replays(graph, "amp")
     c = graph.cols
     devices = rank_devices(graph, c["rank"][gpu], options.device, "amp")
     for dev in devices.values():

@@ -52,6 +52,7 @@ from perfcast.whatif.kernels import (
     fixed_cost_ns,
     gpu_nodes,
     kernel_fixed_cost_ns,
+    refuse_graph_replays,
     scale_variable,
 )
 
@@ -79,6 +80,7 @@ def apply(graph: Graph, options: Options) -> Graph:
     if not math.isfinite(factor) or factor <= 0:
         raise NotApplicableError("batch-size needs factor > 0")
     gpu = gpu_nodes(graph)
+    refuse_graph_replays(graph, "batch-size")
     text = _apply_gpu(graph, gpu, factor) if gpu.size else _apply_cpu(graph, factor)
     loader = _scale_dataloader(graph, factor)
     graph.assumptions.append(

@@ -33,6 +33,7 @@ from perfcast.graph.launches import DEFAULT_LAUNCH_LATENCY_NS
 from perfcast.graph.model import Graph, NodeKind, Source
 from perfcast.graph.phases import Phase, phase_names
 from perfcast.whatif import primitives as P
+from perfcast.whatif.kernels import refuse_graph_replays
 
 SUMMARY = "replay each step's GPU work from a captured CUDA graph (phases=forward+backward+...)"
 
@@ -57,6 +58,7 @@ def apply(graph: Graph, options: Options) -> Graph:
         )
     if not (c["kind"] == NodeKind.GPU).any():
         raise NotApplicableError("cuda-graphs: the trace has no GPU work")
+    refuse_graph_replays(graph, "cuda-graphs")
     host = P.select(graph, kind="host", phase=phases)
     host = host[c["iteration"][host] >= 0]
     if host.size == 0:

@@ -38,7 +38,7 @@ from perfcast.errors import NotApplicableError
 from perfcast.graph.model import GpuKind, Graph, NodeKind, Source
 from perfcast.hardware import KernelClass
 from perfcast.whatif import primitives as P
-from perfcast.whatif.kernels import kernel_fixed_cost_ns, op_input_dims
+from perfcast.whatif.kernels import kernel_fixed_cost_ns, op_input_dims, refuse_graph_replays
 
 SUMMARY = (
     "fuse chains of adjacent elementwise kernels, host untouched: the GPU half of "
@@ -117,6 +117,7 @@ def find_chains(graph: Graph, min_chain: int) -> list[list[int]]:
 def apply(graph: Graph, options: Options) -> Graph:
     if options.min_chain < 2:
         raise NotApplicableError("fuse-elementwise: min_chain must be at least 2")
+    refuse_graph_replays(graph, "fuse-elementwise")
     chains = find_chains(graph, options.min_chain)
     if not chains:
         raise NotApplicableError(

@@ -50,7 +50,11 @@ from perfcast.graph.model import GpuKind, Graph, NodeKind, Source
 from perfcast.graph.phases import Phase
 from perfcast.hardware import KernelClass
 from perfcast.whatif import primitives as P
-from perfcast.whatif.kernels import is_library_helper, kernel_fixed_cost_ns
+from perfcast.whatif.kernels import (
+    is_library_helper,
+    kernel_fixed_cost_ns,
+    refuse_graph_replays,
+)
 from perfcast.whatif.models.fuse_elementwise import passes
 
 SUMMARY = (
@@ -201,6 +205,7 @@ def apply(graph: Graph, options: Options) -> Graph:
             f"torch-compile: mode must be default or reduce-overhead (got {options.mode!r}); "
             "max-autotune's own GEMM choices are not modelled"
         )
+    refuse_graph_replays(graph, "torch-compile")
     graph = _compile(graph, options)
     if options.mode == "reduce-overhead":
         graph = _replay_as_cuda_graphs(graph, options)
