@@ -85,3 +85,12 @@ def test_zero_refusal_names_zero(shared_traces: Path) -> None:
     table = perfcast.load(str(shared_traces / "dlrm_v100_8rank" / "worker0.json.gz"))
     with pytest.raises(NotApplicableError, match=r"^zero: the trace already runs collectives"):
         _apply(table, "zero", gpus=8, stage=2, params_mb=10)
+
+
+def test_pipeline_without_shapes_says_p2p_is_not_counted(mlp) -> None:
+    """Without shapes the boundary's size is unknown: said so, not printed as 0.00 MiB."""
+    g = _apply(mlp, "pipeline-parallel", pp=2, act_mb=0)
+    said = " ".join(g.assumptions)
+    assert "p2p not counted" in said and "0.00 MiB" not in said
+    g = _apply(mlp, "pipeline-parallel", pp=2, act_mb=4)
+    assert "4.00 MiB per micro-batch" in " ".join(g.assumptions)

@@ -119,13 +119,22 @@ def apply(graph: Graph, options: Options) -> Graph:
             "pipeline-parallel: no step has both forward and backward GPU work (inference?)"
         )
     frac = (o.pp - 1) / o.virtual / (m + (o.pp - 1) / o.virtual)
+    if act_bytes > 0:
+        p2p_text = (
+            f"p2p {p2p_ns / n_steps / 1e6:.2f} ms ({act_bytes / MIB:.2f} MiB per micro-batch, "
+            f"over {note}; neighbouring stages assumed in one node)"
+        )
+    else:
+        # Not a measured zero: the boundary's size is unknown without shapes.
+        p2p_text = (
+            "p2p not counted: the trace records no activation shapes to size the stage "
+            "boundary (profile with record_shapes=True, or pass act_mb=)"
+        )
     graph.assumptions.append(
         f"pipeline x{o.pp}, {m} micro-batches"
         f"{f', interleaved x{o.virtual}' if o.virtual > 1 else ' (1F1B)'}: slowest stage "
         f"{share:.0%} of the forward work; bubble {bubble_ns / n_steps / 1e6:.2f} ms per step "
-        f"({frac:.0%}: (pp-1)/v of m + (pp-1)/v slots); p2p {p2p_ns / n_steps / 1e6:.2f} ms "
-        f"({act_bytes / MIB:.2f} MiB per micro-batch, over {note}; neighbouring stages "
-        "assumed in one node); host work repeated per "
+        f"({frac:.0%}: (pp-1)/v of m + (pp-1)/v slots); {p2p_text}; host work repeated per "
         "micro-batch; kernels pay their fixed cost once per micro-batch"
     )
     return graph
