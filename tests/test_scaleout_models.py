@@ -87,10 +87,14 @@ def test_zero_refusal_names_zero(shared_traces: Path) -> None:
         _apply(table, "zero", gpus=8, stage=2, params_mb=10)
 
 
-def test_pipeline_without_shapes_says_p2p_is_not_counted(mlp) -> None:
+def test_pipeline_without_shapes_says_p2p_is_not_counted(mlp, shared_traces: Path) -> None:
     """Without shapes the boundary's size is unknown: said so, not printed as 0.00 MiB."""
-    g = _apply(mlp, "pipeline-parallel", pp=2, act_mb=0)
-    said = " ".join(g.assumptions)
-    assert "p2p not counted" in said and "0.00 MiB" not in said
+    table = perfcast.load(str(shared_traces / "hta_v100_ns_resolution.json.gz"))
+    said = " ".join(_apply(table, "pipeline-parallel", pp=2).assumptions)
+    assert "p2p not counted: the trace records no activation shapes" in said
+    assert "0.00 MiB" not in said
+    assert "p2p not counted (act_mb=0)" in " ".join(
+        _apply(mlp, "pipeline-parallel", pp=2, act_mb=0).assumptions
+    )
     g = _apply(mlp, "pipeline-parallel", pp=2, act_mb=4)
     assert "4.00 MiB per micro-batch" in " ".join(g.assumptions)

@@ -124,6 +124,8 @@ def apply(graph: Graph, options: Options) -> Graph:
             f"p2p {p2p_ns / n_steps / 1e6:.2f} ms ({act_bytes / MIB:.2f} MiB per micro-batch, "
             f"over {note}; neighbouring stages assumed in one node)"
         )
+    elif o.act_mb is not None:
+        p2p_text = "p2p not counted (act_mb=0)"
     else:
         # Not a measured zero: the boundary's size is unknown without shapes.
         p2p_text = (
