@@ -69,3 +69,13 @@ def test_a_move_is_judged_by_achieved_flops_on_both_sides(shared_traces: Path) -
     assert to_h200.predicted_ms <= to_h100.predicted_ms
     said = " ".join(pred.graph.assumptions)
     assert "H200-SXM-141GB: not measured, taken as the H100-SXM5-80GB's 73.2%" in said
+
+
+def test_a_faster_gpu_never_lengthens_the_step_through_the_window_start() -> None:
+    """The GPU work left from before the window keeps its traced time: sped up, it moved the
+    first step's start earlier and lengthened this host-bound window's mean step (+0.6%)."""
+    table = perfcast.load(str(RECORDED / "r50_nw8.json.gz"))
+    same, _, _ = run_whatif(table, [parse_spec("device:target=h100")])
+    faster, _, _ = run_whatif(table, [parse_spec("device:target=h200")])
+    assert same.predicted_ms == pytest.approx(same.baseline_ms)
+    assert faster.predicted_ms < same.predicted_ms
