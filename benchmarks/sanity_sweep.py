@@ -162,6 +162,20 @@ def anomalies(rows: list[dict[str, Any]]) -> list[str]:
     return out
 
 
+def _compact(row: dict[str, Any]) -> dict[str, Any]:
+    """A row as saved: no assumption text, the trace relative to the project's parent."""
+    out = {k: v for k, v in row.items() if k != "assumptions"}
+    trace = Path(out["trace"])
+    if trace.is_relative_to(REPO.parent):
+        out["trace"] = str(trace.relative_to(REPO.parent))
+    if isinstance(out.get("message"), str) and out["status"] != "exception":
+        out["message"] = out["message"][:240]
+    for key in ("baseline_ms", "predicted_ms", "speedup", "seconds", "load_s"):
+        if isinstance(out.get(key), float):
+            out[key] = round(out[key], 4)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--traces", type=Path, nargs="*", default=DEFAULT_DIRS)
@@ -199,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
                 "counts": counts,
                 "anomalies": found,
                 "wall_s": round(wall, 1),
-                "rows": rows,
+                "rows": [_compact(r) for r in rows],
             },
             indent=1,
             default=str,
