@@ -48,3 +48,17 @@ def combine_codes(*cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         for j, c in enumerate(cols):
             rows[:, j] = c[first]
     return key, rows
+
+
+def split_by(keys: np.ndarray, *then: np.ndarray) -> list[tuple[int, np.ndarray]]:
+    """(key, positions) for each distinct key, ascending; positions index `keys` and are
+    sorted by the `then` arrays (first the first), ties kept in order. One sort for all
+    groups, where a mask per key costs O(groups x n)."""
+    keys = np.asarray(keys)
+    if keys.size == 0:
+        return []
+    order = np.lexsort((*reversed(then), keys)) if then else np.argsort(keys, kind="stable")
+    sk = keys[order]
+    cuts = np.flatnonzero(sk[1:] != sk[:-1]) + 1
+    bounds = np.concatenate([[0], cuts, [sk.size]])
+    return [(int(sk[a]), order[a:b]) for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist())]

@@ -142,9 +142,47 @@ class EventTable:
     iterations: list[Iteration]
     # Thread names from "M" metadata events: (rank, pid, tid) -> name.
     thread_names: dict[tuple[int, int, int], str] = field(default_factory=dict)
+    # Derived arrays, computed once: key -> (the columns read, the read-only result).
+    _memo: dict[Any, tuple[tuple[np.ndarray, ...], np.ndarray]] = field(
+        default_factory=dict, repr=False, compare=False
+    )
 
     def __len__(self) -> int:
         return int(self.kind.shape[0])
+
+    def _derived(self, key: Any, cols: tuple[np.ndarray, ...], make: Any) -> np.ndarray:
+        """`make()` once per table, recomputed if one of `cols` was replaced since. Read-only:
+        the graph builder asks per rank, and a thousand ranks made whole-table masks and
+        sums a thousand times (O(ranks x events))."""
+        hit = self._memo.get(key)
+        if hit is not None and all(a is b for a, b in zip(hit[0], cols, strict=True)):
+            return hit[1]
+        value = np.asarray(make())
+        value.flags.writeable = False
+        self._memo[key] = (cols, value)
+        return value
+
+    def kind_mask(self, kinds: Any) -> np.ndarray:
+        """Read-only mask of the rows whose kind is one of `kinds` (ints or Kinds)."""
+        codes = tuple(sorted({int(k) for k in np.atleast_1d(np.asarray(kinds)).tolist()}))
+        return self._derived(
+            ("kind", codes),
+            (self.kind,),
+            lambda: np.isin(self.kind, np.array(codes, dtype=np.int8)),
+        )
+
+    def ends(self) -> np.ndarray:
+        """Read-only ts + dur of every row."""
+        return self._derived("end", (self.ts, self.dur), lambda: self.ts + self.dur)
+
+    def rank_rows(self, rank: int) -> np.ndarray:
+        """The rows of one rank, in row order."""
+        order = self._derived(
+            "rank_order", (self.rank,), lambda: np.argsort(self.rank, kind="stable")
+        )
+        ranks = self._derived("rank_sorted", (self.rank, order), lambda: self.rank[order])
+        lo, hi = np.searchsorted(ranks, [rank, rank + 1])
+        return order[int(lo) : int(hi)]
 
     def __repr__(self) -> str:
         # The generated repr printed every column (100k+ characters): say what it holds.
@@ -205,7 +243,7 @@ class EventTable:
         return np.flatnonzero(mask)
 
     def is_gpu(self) -> np.ndarray:
-        return np.isin(self.kind, np.array([int(k) for k in GPU_KINDS], dtype=np.int8))
+        return self.kind_mask(GPU_KINDS).copy()
 
     def rank_ids(self) -> list[int]:
         return [r.rank for r in self.ranks]

@@ -14,7 +14,7 @@ import numpy as np
 
 from perfcast.analysis import intervals as iv
 from perfcast.analysis.notes import rank_notes
-from perfcast.events import NONE, EventTable, Kind
+from perfcast.events import GPU_KINDS, NONE, EventTable, Kind
 from perfcast.graph.phases import (
     PHASE_LABELS,
     Phase,
@@ -133,21 +133,21 @@ def _summarize(table: EventTable, top: int) -> Summary:
     scopes = enclosing_scopes(table)
     coll = collective_kernel_mask(table)
     kind = table.kind
-    gpu_rows = np.flatnonzero(table.is_gpu())
+    is_gpu = table.kind_mask(GPU_KINDS)
+    is_cpu = table.kind_mask(
+        (Kind.CPU_OP, Kind.USER_ANNOTATION, Kind.PYTHON_FUNCTION, Kind.RUNTIME)
+    )
     out = Summary(ranks=[])
     for info in table.ranks:
         rank = info.rank
         notes = rank_notes(info)
-        on_rank = table.rank == rank
-        g = gpu_rows[on_rank[gpu_rows]]
+        on_rank = table.rank_rows(rank)
+        g = on_rank[is_gpu[on_rank]]
         g_start = table.ts[g]
         g_end = g_start + table.dur[g]
         g_coll = coll[g]
         g_copy = kind[g] != Kind.KERNEL
-        cpu_rows = np.flatnonzero(
-            on_rank
-            & np.isin(kind, [Kind.CPU_OP, Kind.USER_ANNOTATION, Kind.PYTHON_FUNCTION, Kind.RUNTIME])
-        )
+        cpu_rows = on_rank[is_cpu[on_rank]]
         its = []
         for it_idx, it in enumerate(table.iterations):
             if it.rank != rank:

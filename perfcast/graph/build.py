@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from perfcast.events import NONE, EventTable, RankInfo
+from perfcast.events import GPU_KINDS, NONE, EventTable, RankInfo
 from perfcast.graph.acyclic import break_cycles, cyclic_node_count
 from perfcast.graph.collectives import add_collective_waits
 from perfcast.graph.lanes import CPU_LANE_KINDS, NodeColumns, build_cpu_lanes, build_gpu_lanes
@@ -54,8 +54,9 @@ def build_graph(table: EventTable) -> Graph:
 
     for info in table.ranks:
         rank = info.rank
-        on_rank = table.rank == rank
-        act = np.flatnonzero(on_rank & (np.isin(table.kind, CPU_LANE_KINDS) | table.is_gpu()))
+        on_rank = table.rank_rows(rank)
+        lane_kinds = table.kind_mask((*CPU_LANE_KINDS, *GPU_KINDS))
+        act = on_rank[lane_kinds[on_rank]]
         if act.size == 0:
             continue
         origin = int(table.ts[act].min())

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from perfcast.arrays import combine_codes, sorted_unique
-from perfcast.events import NONE, EventTable, Kind
+from perfcast.events import GPU_KINDS, NONE, EventTable, Kind
 from perfcast.graph.model import (
     NO_RELEASE,
     NODE_COLUMNS,
@@ -81,10 +81,9 @@ def innermost_op(
         return out
     op_ts = table.ts[ops_sorted]
     cand = np.searchsorted(op_ts, a, side="right") - 1
-    ends = table.ts + table.dur
+    ends = table.ends()
     parent = table.parent
-    kind = table.kind
-    is_op = np.isin(kind, OP_KINDS)
+    is_op = table.kind_mask(OP_KINDS)
     cand_rows = np.where(cand >= 0, ops_sorted[np.maximum(cand, 0)], NONE)
     # Most segments sit directly in the candidate op; climb only for the rest.
     ok = (cand_rows >= 0) & (ends[np.maximum(cand_rows, 0)] >= b)
@@ -107,14 +106,15 @@ def build_cpu_lanes(
     lanes: list[Lane],
     row_to_node: np.ndarray,
 ) -> None:
-    rows = np.flatnonzero((table.rank == rank) & np.isin(table.kind, CPU_LANE_KINDS))
+    on_rank = table.rank_rows(rank)
+    rows = on_rank[table.kind_mask(CPU_LANE_KINDS)[on_rank]]
     if rows.size == 0:
         return
     inv, uniq = combine_codes(table.pid[rows], table.tid[rows])
     ts = table.ts
-    end_all = table.ts + table.dur
+    end_all = table.ends()
     parent = table.parent
-    is_rt = np.isin(table.kind, RT_KINDS)
+    is_rt = table.kind_mask(RT_KINDS)
     for t_idx in range(uniq.shape[0]):
         pid, tid = int(uniq[t_idx, 0]), int(uniq[t_idx, 1])
         trows = rows[inv == t_idx]
@@ -199,7 +199,8 @@ def build_gpu_lanes(
     lanes: list[Lane],
     row_to_node: np.ndarray,
 ) -> None:
-    rows = np.flatnonzero((table.rank == rank) & table.is_gpu())
+    on_rank = table.rank_rows(rank)
+    rows = on_rank[table.kind_mask(GPU_KINDS)[on_rank]]
     if rows.size == 0:
         return
     inv, uniq = combine_codes(table.pid[rows], table.tid[rows])

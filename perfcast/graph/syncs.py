@@ -11,6 +11,7 @@ import re
 
 import numpy as np
 
+from perfcast.arrays import split_by
 from perfcast.events import NONE, EventTable, Kind
 from perfcast.graph.lanes import RT_KINDS
 from perfcast.graph.model import Graph, NodeKind, Source, SyncKind
@@ -147,9 +148,8 @@ def cross_stream_edges(table: EventTable, graph: Graph, row_to_node: np.ndarray)
         return out
     # Per lane, GPU nodes sorted by when they were enqueued.
     lane_nodes: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-    for lane in np.unique(c["lane"][gpu]).tolist():
-        nodes = gpu[c["lane"][gpu] == lane]
-        nodes = nodes[np.argsort(c["launch_order"][nodes], kind="stable")]
+    for lane, pos in split_by(c["lane"][gpu], c["launch_order"][gpu]):
+        nodes = gpu[pos]
         lane_nodes[lane] = (nodes, c["launch_order"][nodes])
     lane_of = graph.lane_index(gpu=True)
 
