@@ -186,7 +186,11 @@ def test_collectives_couple_ranks(shared_traces):
     g = build_graph(table)
     from perfcast.graph.model import EdgeType
 
-    assert (g.edge_type == EdgeType.COLLECTIVE).sum() > 0
+    # Every arrival to one barrier, the barrier to every transfer: 2 (n - 1) per collective,
+    # linear in the ranks (pairwise waits were n (n - 1)).
+    matched = sum("collectives matched" in a for a in g.assumptions)
+    n_coll = int(next(a for a in g.assumptions if "collectives matched" in a).split()[0])
+    assert matched == 1 and (g.edge_type == EdgeType.COLLECTIVE).sum() == 2 * 7 * n_coll
     base = {r: s for r, _, _, s in simulate(g).iteration_ns()}
     g2 = g.copy()
     P.scale(g2, P.select(g2, kind="host", rank=0), 2.0)
