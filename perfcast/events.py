@@ -181,7 +181,8 @@ class EventTable:
             "rank_order", (self.rank,), lambda: np.argsort(self.rank, kind="stable")
         )
         ranks = self._derived("rank_sorted", (self.rank, order), lambda: self.rank[order])
-        lo, hi = np.searchsorted(ranks, [rank, rank + 1])
+        # In the column's own dtype: a mismatched needle makes NumPy convert the whole column.
+        lo, hi = np.searchsorted(ranks, np.array([rank, rank + 1], dtype=ranks.dtype))
         return order[int(lo) : int(hi)]
 
     def __repr__(self) -> str:
