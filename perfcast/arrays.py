@@ -35,12 +35,17 @@ def combine_codes(*cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     n = cols[0].shape[0]
     key = np.zeros(n, dtype=np.int64)
     distinct = 1
-    for c in cols:
+    for j, c in enumerate(cols):
         u, inv = np.unique(c, return_inverse=True)
-        # key < distinct * u.size <= n * n: re-densified each column, so it never overflows.
+        # key < distinct * u.size <= n * n: re-densified after each column, so it never
+        # overflows (the first column's codes are dense already).
         key = key * u.size + inv.reshape(-1)
-        uk, dense = np.unique(key, return_inverse=True)
-        key, distinct = dense.reshape(-1).astype(np.int64), uk.size
+        if j:
+            uk, dense = np.unique(key, return_inverse=True)
+            key, distinct = dense.reshape(-1), uk.size
+        else:
+            distinct = u.size
+        key = key.astype(np.int64, copy=False)
     rows = np.empty((distinct, len(cols)), dtype=np.int64)
     if n:
         first = np.zeros(distinct, dtype=np.int64)

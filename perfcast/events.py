@@ -237,11 +237,11 @@ class EventTable:
 
     def rows(self, kind: Kind | tuple[Kind, ...], rank: int | None = None) -> np.ndarray:
         """Row indices of the given kind(s), optionally on one rank."""
-        kinds = (kind,) if isinstance(kind, Kind) else kind
-        mask = np.isin(self.kind, np.array([int(k) for k in kinds], dtype=np.int8))
-        if rank is not None:
-            mask &= self.rank == rank
-        return np.flatnonzero(mask)
+        mask = self.kind_mask((kind,) if isinstance(kind, Kind) else kind)
+        if rank is None:
+            return np.flatnonzero(mask)
+        on_rank = self.rank_rows(rank)
+        return on_rank[mask[on_rank]]
 
     def is_gpu(self) -> np.ndarray:
         return self.kind_mask(GPU_KINDS).copy()

@@ -52,10 +52,10 @@ def build_graph(table: EventTable) -> Graph:
         "cycles_broken": 0,
     }
 
+    lane_kinds = table.kind_mask((*CPU_LANE_KINDS, *GPU_KINDS))
     for info in table.ranks:
         rank = info.rank
         on_rank = table.rank_rows(rank)
-        lane_kinds = table.kind_mask((*CPU_LANE_KINDS, *GPU_KINDS))
         act = on_rank[lane_kinds[on_rank]]
         if act.size == 0:
             continue

@@ -87,19 +87,7 @@ def add_collective_waits(graph: Graph) -> int:
     # Every participant gets an arrival node (a zero-length copy of it, just before it on its
     # stream), all appended at once: one append per node would copy every column each time.
     parts = np.array([x for m in matches.values() for x in m.values()], dtype=np.int64)
-    copied: tuple[str, ...] = ("lane", "launch_order", "op", "op_name", "scope", "phase")
-    copied += ("iteration", "name", "gpu_kind", "klass", "launch", "launch_w", "stream_w")
-    copied += ("release", "rank")
-    arrivals = graph.append(
-        kind=int(NodeKind.GPU),
-        order=c["order"][parts] - 0.5,
-        dur=0,
-        dur_measured=0,
-        start_measured=start[parts],
-        source=int(Source.MEASURED),
-        event=NONE,
-        **{k: c[k][parts] for k in copied},
-    )
+    arrivals = _zero_length_copies(graph, parts, before=0.5)
     arrival_of = dict(zip(parts.tolist(), arrivals.tolist()))
     # One barrier per collective, on the last arriver's stream between its arrival and its
     # transfer: every arrival -> barrier -> every transfer, 2n edges where a wait of every
@@ -107,16 +95,7 @@ def add_collective_waits(graph: Graph) -> int:
     groups = [list(m.values()) for m in matches.values()]
     arrive_all = [{x: aligned(x, int(start[x])) for x in nodes} for nodes in groups]
     lasts = np.array([max(a, key=lambda x: (a[x], -x)) for a in arrive_all], dtype=np.int64)
-    hubs = graph.append(
-        kind=int(NodeKind.GPU),
-        order=c["order"][lasts] - 0.25,
-        dur=0,
-        dur_measured=0,
-        start_measured=start[lasts],
-        source=int(Source.MEASURED),
-        event=NONE,
-        **{k: c[k][lasts] for k in copied},
-    )
+    hubs = _zero_length_copies(graph, lasts, before=0.25)
     c = graph.cols
     c["launch"][hubs] = NONE
     c["release"][hubs] = np.iinfo(np.int64).min // 4
@@ -158,3 +137,33 @@ def add_collective_waits(graph: Graph) -> int:
         "the last rank arrives and takes the shortest measured time among the ranks"
     )
     return n_edges
+
+
+# What a zero-length copy of a collective's node keeps of it (its lane, step, names, ...).
+_COPIED: tuple[str, ...] = (
+    "lane",
+    "launch_order",
+    "op",
+    "op_name",
+    "scope",
+    "phase",
+    "iteration",
+    "name",
+)
+_COPIED += ("gpu_kind", "klass", "launch", "launch_w", "stream_w", "release", "rank")
+
+
+def _zero_length_copies(graph: Graph, nodes: np.ndarray, before: float) -> np.ndarray:
+    """Zero-length copies of `nodes`, each `before` order units ahead of its node on its
+    stream, appended at once; their ids."""
+    c = graph.cols
+    return graph.append(
+        kind=int(NodeKind.GPU),
+        order=c["order"][nodes] - before,
+        dur=0,
+        dur_measured=0,
+        start_measured=c["start_measured"][nodes],
+        source=int(Source.MEASURED),
+        event=NONE,
+        **{k: c[k][nodes] for k in _COPIED},
+    )

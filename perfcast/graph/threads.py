@@ -69,8 +69,7 @@ def cross_thread_waits(
     gaps_of = {r: gaps[p] for r, p in split_by(c["rank"][gaps])}
     first_of = {r: first_work[p] for r, p in split_by(c["rank"][first_work])}
     none = np.zeros(0, dtype=np.int64)
-    for rank in handoff_of:
-        cand = handoff_of[rank]
+    for rank, cand in handoff_of.items():
         cand = cand[np.argsort(end[cand], kind="stable")]
         cend = end[cand]
         clane = c["lane"][cand]

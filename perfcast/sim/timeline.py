@@ -85,9 +85,7 @@ class Timeline:
                 first[span.rank] = span.start_node
         if not first:
             return out
-        backlog = np.flatnonzero(
-            (c["kind"] == NodeKind.GPU) & g.alive & (c["iteration"] < 0) & (c["launch"] < 0)
-        )
+        backlog = backlog_nodes(g)
         for rank, node in first.items():
             on = backlog[
                 (c["rank"][backlog] == rank) & (c["launch_order"][backlog] < c["order"][node])
@@ -95,6 +93,14 @@ class Timeline:
             if on.size:
                 out[rank] = max(int(self.start[node]), int(self.end[on].max()))
         return out
+
+
+def backlog_nodes(graph: Graph) -> np.ndarray:
+    """GPU work in no step and launched by nothing in the trace: enqueued before it began."""
+    c = graph.cols
+    return np.flatnonzero(
+        (c["kind"] == NodeKind.GPU) & graph.alive & (c["iteration"] < 0) & (c["launch"] < 0)
+    )
 
 
 def simulate(graph: Graph, engine: str = "fast") -> Timeline:

@@ -16,9 +16,9 @@ from perfcast.events import EventTable
 from perfcast.graph.acyclic import break_cycles, cyclic_node_count
 from perfcast.graph.build import build_graph
 from perfcast.graph.lower import lower
-from perfcast.graph.model import Graph, NodeKind, Source
+from perfcast.graph.model import Graph, Source
 from perfcast.real import Correction
-from perfcast.sim.timeline import Timeline, simulate
+from perfcast.sim.timeline import Timeline, backlog_nodes, simulate
 from perfcast.whatif.registry import Spec, build_options, get_model
 
 
@@ -140,10 +140,8 @@ def _keep_the_past(before: Graph, after: Graph) -> None:
     would be timed from an earlier start and its mean step come out longer for a faster GPU
     (r50_nw8 on an H200: +0.6%); slowed, the first step would look shorter."""
     c0, c1 = before.cols, after.cols
-    n = len(before)
-    backlog = np.flatnonzero(
-        (c0["kind"] == NodeKind.GPU) & (c0["iteration"] < 0) & (c0["launch"] < 0) & after.alive[:n]
-    )
+    backlog = backlog_nodes(before)
+    backlog = backlog[after.alive[backlog]]
     if backlog.size:
         changed = backlog[c1["dur"][backlog] != c0["dur"][backlog]]
         if changed.size:

@@ -70,7 +70,7 @@ def apply(graph: Graph, options: Options) -> Graph:
     n_kernels = 0
     n_extra = 0
     removed_cpu = 0
-    one_time = set(one_time_calls(graph).tolist())
+    one_time = one_time_calls(graph)
     kept_ns = 0
     # Regions (rank, step) and the GPU tasks each launches, grouped once: a mask per region
     # was O(regions x nodes), 14 s of a 512-rank advise.
@@ -99,7 +99,7 @@ def apply(graph: Graph, options: Options) -> Graph:
             n_extra += _capturable_optimizer(graph, gpu, first, lat)
             c = graph.cols
         # One-time work stays: a replay does not make it go away (see analysis.notes).
-        first_kept = int(c["dur"][first]) if first in one_time else 0
+        first_kept = int(c["dur"][first]) if np.isin(first, one_time) else 0
         P.set_duration(
             graph,
             np.array([first]),
@@ -108,7 +108,7 @@ def apply(graph: Graph, options: Options) -> Graph:
         )
         c["name"][first] = graph.intern("cudaGraphLaunch")
         rest = region[region != first]
-        keep = np.array([n in one_time for n in rest.tolist()], dtype=bool)
+        keep = np.isin(rest, one_time)
         kept_ns += first_kept + int(c["dur"][rest[keep]].sum())
         rest = rest[~keep]
         removed_cpu += int(c["dur"][rest].sum())
