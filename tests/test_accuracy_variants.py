@@ -218,3 +218,45 @@ def test_import_live_copies_a_recorded_source(tmp_path: Any, monkeypatch: Any) -
     for rel in (trace, cal, "rows/gpu-x.jsonl"):
         assert (project / rel).read_bytes() == (run_dir / rel).read_bytes()
     assert import_recorded.main(["live", str(run_dir)]) == 2  # already there: refused
+
+
+class _FakeTrainer:
+    """Steps that take no time; only the DataLoader worker count matters here."""
+
+    def __init__(self, num_workers: int) -> None:
+        self.cfg = type("Cfg", (), {"num_workers": num_workers})()
+        self.steps = 0
+
+    def step(self) -> None:
+        self.steps += 1
+
+    def synchronize(self) -> None:
+        pass
+
+
+def test_the_other_side_waits_for_a_sides_workers(monkeypatch: Any) -> None:
+    """A side with DataLoader workers leaves them building its prefetched batches; the other
+    side must not be timed while they do (it ran up to 18% slower on the 2-core machine)."""
+    from benchmarks.accuracy import runner
+
+    events: list[tuple[str, float]] = []
+    monkeypatch.setattr(runner.time, "sleep", lambda s: events.append(("sleep", s)))
+    baseline, variant = _FakeTrainer(0), _FakeTrainer(2)
+    real_windows = runner._time_windows
+
+    def windows(trainer: Any, timing: Any, warmup: int) -> list[float]:
+        events.append(("workers" if trainer is variant else "none", 0.0))
+        real_windows(trainer, timing, warmup)
+        return [20.0] * timing.windows  # 20 ms steps
+
+    monkeypatch.setattr(runner, "_time_windows", windows)
+    timing = runner.Timing(warmup=1, rounds=4, windows=2, window=2, profile_warmup=1)
+    runner.measure_pair(baseline, variant, timing)
+    kinds = [k for k, _ in events]
+    # The worker side is always followed by a wait (the warm-up too), and only it is.
+    assert kinds[0] == "sleep"
+    for before, after in zip(kinds, kinds[1:], strict=False):
+        assert (before == "workers") == (after == "sleep")
+    assert kinds.count("none") == kinds.count("workers") == 4
+    # 2 batches ahead per worker, at most `workers` steps each: 2 * 2 * 2 * 20 ms.
+    assert [s for k, s in events if k == "sleep"][1:] == [pytest.approx(0.16)] * 4

@@ -185,6 +185,20 @@ def _resume_warmup(trainer: Any) -> int:
     return 2 + 2 * trainer.cfg.num_workers
 
 
+def _let_workers_settle(trainer: Any, windows_ms: list[float]) -> None:
+    """After a side with DataLoader workers stops, its workers still build the batches it
+    asked for ahead (2 per worker). Measured on the 2-core AMD machine, the other side's
+    first window after it ran up to 18% slower (cnn 29.6 -> 35.0 ms, dlrm 8.0 -> 10.0 ms)
+    while they did, though they run on another CPU. Wait until they are done: each worker
+    has at most 2 batches left, and one batch takes a worker at most `num_workers` steps of
+    this side (else the workers, not the main process, would set the step time)."""
+    workers = trainer.cfg.num_workers
+    if workers <= 0 or not windows_ms:
+        return
+    step_s = statistics.median(windows_ms) / 1e3
+    time.sleep(min(2.0, max(0.05, 2 * 2 * workers * step_s)))
+
+
 @dataclass(frozen=True)
 class PairTiming:
     baseline_ms: float
@@ -207,8 +221,11 @@ def measure_pair(
     """Median per-step wall time in ms of ``baseline`` and ``variant``, measured interleaved;
     ``midway`` runs between the middle two rounds (the baseline's trace is taken there, so
     that the rounds it is compared with are its neighbours)."""
+    start = time.perf_counter()
     for _ in range(timing.warmup):
         variant.step()
+    variant.synchronize()
+    _let_workers_settle(variant, [(time.perf_counter() - start) * 1e3 / max(1, timing.warmup)])
     samples: tuple[list[float], list[float]] = ([], [])
     for r in range(timing.rounds):
         if midway is not None and r == timing.rounds // 2:
@@ -216,7 +233,9 @@ def measure_pair(
         # Alternate who goes first so neither side always follows the other.
         order = ((0, baseline), (1, variant)) if r % 2 == 0 else ((1, variant), (0, baseline))
         for side, trainer in order:
-            samples[side].extend(_time_windows(trainer, timing, _resume_warmup(trainer)))
+            windows = _time_windows(trainer, timing, _resume_warmup(trainer))
+            samples[side].extend(windows)
+            _let_workers_settle(trainer, windows)
     return PairTiming(
         statistics.median(samples[0]),
         statistics.median(samples[1]),
