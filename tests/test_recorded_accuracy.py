@@ -90,7 +90,7 @@ def test_readme_table_is_generated_from_the_rows(
     carrying = {
         r.baseline_trace for r in rows if r.processor == "cpu" and r.source.startswith("live-")
     }
-    assert held_out["rows"] == len(carrying) == 44 and held_out["sources"] == ["calibration"]
+    assert held_out["rows"] == len(carrying) == 64 and held_out["sources"] == ["calibration"]
     table = (
         recorded.markdown(rows, scored, host_stated, held_out)
         + "\n\n"
