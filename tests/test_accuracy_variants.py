@@ -10,6 +10,7 @@ with the capture itself stubbed).
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Any
 
@@ -255,7 +256,7 @@ def test_the_other_side_waits_for_a_sides_workers(monkeypatch: Any) -> None:
     kinds = [k for k, _ in events]
     # The worker side is always followed by a wait (the warm-up too), and only it is.
     assert kinds[0] == "sleep"
-    for before, after in zip(kinds, kinds[1:], strict=False):
+    for before, after in itertools.pairwise(kinds):
         assert (before == "workers") == (after == "sleep")
     assert kinds.count("none") == kinds.count("workers") == 4
     # 2 batches ahead per worker, at most `workers` steps each: 2 * 2 * 2 * 20 ms.
