@@ -49,6 +49,50 @@ def test_the_plan_composes_different_models(mlp_advice) -> None:
     assert any("fused=True" in line for line in plan.code)
 
 
+def test_code_lines_name_the_traces_own_optimizer(mlp_advice) -> None:
+    # The MLP trace's optimizer ranges read "Optimizer.step#Adam.step".
+    fused = next(s for s in mlp_advice.suggestions if s.name == "fused-optimizer:kind=fused")
+    assert fused.code == "torch.optim.Adam(params, ..., fused=True)"
+    graphs = next(s for s in mlp_advice.suggestions if s.name == "cuda-graphs")
+    assert "torch.optim.Adam(..., capturable=True)" in graphs.code
+    assert mlp_advice.plan is not None
+    assert "torch.optim.Adam(params, ..., fused=True)" in mlp_advice.plan.code
+
+
+@pytest.mark.parametrize(
+    ("spec", "optimizer", "expected"),
+    [
+        ("fused-optimizer:kind=fused", "SGD", "torch.optim.SGD(params, ..., fused=True)"),
+        (
+            "fused-optimizer:kind=foreach",
+            "RMSprop",
+            "torch.optim.RMSprop(params, ..., foreach=True)",
+        ),
+        # No fused RMSprop in torch: the line offers what exists.
+        ("fused-optimizer:kind=fused", "RMSprop", "torch.optim.RMSprop(params, ..., foreach=True)"),
+        # A class of the user's own is named, never swapped for another.
+        ("fused-optimizer:kind=fused", "FusedAdam", "FusedAdam is not a torch.optim class"),
+        ("fused-optimizer:kind=fused", None, "torch.optim.AdamW(params, ..., fused=True)"),
+        ("remove-host-sync", "SGD", "drop .item()"),
+    ],
+)
+def test_code_line_per_optimizer(spec: str, optimizer: str | None, expected: str) -> None:
+    assert expected in adv._code(spec, optimizer)
+
+
+def test_optimizer_class_needs_one_class() -> None:
+    from types import SimpleNamespace
+    from typing import Any
+
+    def table(names: list[str]) -> Any:
+        return SimpleNamespace(names=names)  # only the interned names are read
+
+    assert adv.optimizer_class(table(["aten::mm", "Optimizer.step#SGD.step"])) == "SGD"
+    two = ["Optimizer.step#SGD.step", "Optimizer.step#Adam.step"]
+    assert adv.optimizer_class(table(two)) is None
+    assert adv.optimizer_class(table(["aten::mm"])) is None
+
+
 def test_every_plan_member_earns_its_place(mlp_advice) -> None:
     """Greedy, best first: each member, added in rank order, made the plan at least 1%
     faster; what was left out is a ranked suggestion the plan did not need."""

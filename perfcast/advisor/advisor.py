@@ -15,6 +15,7 @@ applied together, and is predicted as one what-if.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -122,8 +123,44 @@ CODE = {
 }
 
 
-def _code(spec: str) -> str:
-    return CODE.get(spec) or CODE.get(spec.split(":")[0], "")
+# torch.optim classes, and those of them with a fused implementation (torch 2.4+).
+TORCH_OPTIMIZERS = {
+    "Adadelta", "Adafactor", "Adagrad", "Adam", "AdamW", "Adamax", "ASGD", "LBFGS", "NAdam",
+    "RAdam", "RMSprop", "Rprop", "SGD", "SparseAdam",
+}  # fmt: skip
+FUSED_OPTIMIZERS = {"Adagrad", "Adam", "AdamW", "SGD"}
+_OPTIMIZER_RANGE = re.compile(
+    r"^Optimizer\.(?:step|zero_grad)#([A-Za-z_][\w.]*)\.(?:step|zero_grad)$"
+)
+
+
+def optimizer_class(table: EventTable) -> str | None:
+    """The optimizer class the trace's `Optimizer.step#<Class>.step` ranges name (PyTorch
+    records one per optimizer step), or None when there is none or more than one."""
+    found = {m.group(1) for name in table.names if (m := _OPTIMIZER_RANGE.match(name))}
+    return found.pop() if len(found) == 1 else None
+
+
+def _code(spec: str, optimizer: str | None = None) -> str:
+    """The one-line change for `spec`, naming the trace's own optimizer where it matters."""
+    code = CODE.get(spec) or CODE.get(spec.split(":")[0], "")
+    name = spec.split(":")[0]
+    if optimizer is None or name not in ("fused-optimizer", "cuda-graphs"):
+        return code
+    if optimizer not in TORCH_OPTIMIZERS:
+        # A class of the user's own (or a library's): say what to look for, not a line that
+        # would swap their optimizer for another.
+        if name == "fused-optimizer":
+            return f"{optimizer} is not a torch.optim class: use its multi-tensor mode, e.g. {code}"
+        return code
+    if name == "fused-optimizer" and "fused=True" in code and optimizer not in FUSED_OPTIMIZERS:
+        return (
+            f"torch.optim.{optimizer} has no fused kernel: "
+            f"torch.optim.{optimizer}(params, ..., foreach=True)"
+        )
+    return code.replace("torch.optim.AdamW(", f"torch.optim.{optimizer}(").replace(
+        "with Adam(", f"with torch.optim.{optimizer}("
+    )
 
 
 def _bands() -> dict[str, object]:
@@ -301,6 +338,7 @@ def advise(
     suggestions: list[Suggestion] = []
     skipped: list[NotApplicable] = []
     where = SiteFinder(table, base)
+    optimizer = optimizer_class(table)
     bands = _bands()
     for text in specs:
         try:
@@ -322,7 +360,7 @@ def advise(
             assumptions=[a for ap in applied for a in ap.assumptions],
             measured_share=measured_share(tl),
             where=where(tl),
-            code=_code(text),
+            code=_code(text, optimizer),
             error_band_pct=None if band is None else 100.0 * band,
             band_pairs=pairs,
             speedup_low=None if band is None else speedup * (1 - band),
@@ -339,7 +377,7 @@ def advise(
         bottleneck=_bottleneck(facts),
         suggestions=ranked,
         uncertain=[s for s in suggestions if s.uncertain],
-        plan=_plan(ranked, world, baseline_ms),
+        plan=_plan(ranked, world, baseline_ms, optimizer),
         not_applicable=skipped,
         facts=facts,
         notes=input_notes(table) + graph_notes(world.traced_graph, steps_ns(world.traced)),
@@ -387,7 +425,9 @@ _PLAN_ORDER = [
 ]
 
 
-def _plan(ranked: list[Suggestion], world: RealWorld, baseline_ms: float) -> Plan | None:
+def _plan(
+    ranked: list[Suggestion], world: RealWorld, baseline_ms: float, optimizer: str | None = None
+) -> Plan | None:
     """The ranked suggestions of different models that gain together, applied as one.
 
     Greedy, best first: a suggestion joins the plan when the plan with it is predicted at
@@ -419,7 +459,7 @@ def _plan(ranked: list[Suggestion], world: RealWorld, baseline_ms: float) -> Pla
         specs=names,
         predicted_ms=best,
         speedup=baseline_ms / best if best > 0 else float("inf"),
-        code=[c for c in (_code(n) for n in names) if c],
+        code=[c for c in (_code(n, optimizer) for n in names) if c],
         left_out=left_out,
     )
 
