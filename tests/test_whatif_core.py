@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import perfcast
@@ -147,6 +148,30 @@ def test_a_step_replayed_from_cuda_graphs_is_refused(tmp_path, spec):
     path = b.write(tmp_path / "graphed.json")
     with pytest.raises(NotApplicableError, match="already replay 3 of their 3 GPU tasks"):
         _predict_us(path, spec)
+
+
+def test_graph_replayed_kernels_are_labelled_as_such(tmp_path):
+    """A replay's kernels take no phase from their cudaGraphLaunch (which sits in whatever
+    the step's code calls forward): the summary and the graph say "CUDA graph replay"."""
+    from perfcast.graph.build import build_graph
+    from perfcast.graph.model import NodeKind
+    from perfcast.graph.phases import Phase
+
+    b = TraceBuilder()
+    b.step(1, 0, 100)
+    b.op("aten::mm", 2, 6)
+    b.launch("volta_sgemm_128x64_nn", 3, 2, 10, 4)
+    for t in (40, 60):
+        kernel = "void at::native::vectorized_elementwise_kernel<4>"
+        b.launch(kernel, t, 5, t + 8, 5, name="cudaGraphLaunch")
+    path = b.write(tmp_path / "mixed.json")
+    table = perfcast.load(path)
+    graph = build_graph(table)
+    c = graph.cols
+    gpu = np.flatnonzero(c["kind"] == NodeKind.GPU)
+    assert sorted(c["phase"][gpu].tolist()) == [Phase.FORWARD, Phase.GRAPH, Phase.GRAPH]
+    summary = perfcast.summary(path, correct=False).ranks[0]
+    assert summary.gpu_ms_by_phase == pytest.approx({"forward": 0.004, "CUDA graph replay": 0.01})
 
 
 def _forward_backward(tmp_path: Path) -> Path:

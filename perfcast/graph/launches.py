@@ -66,7 +66,10 @@ def link_launches(table: EventTable, graph: Graph, row_to_node: np.ndarray) -> N
     c["op"][gpu[has]] = c["op"][lnode[has]]
     launched_phase = c["phase"][lnode[has]]
     own = c["phase"][gpu[has]]
-    c["phase"][gpu[has]] = np.where(own == Phase.COMMUNICATION, own, launched_phase)
+    # Collectives stay communication, and graph replays keep their own label (their launch,
+    # a cudaGraphLaunch, says nothing of the ops they came from).
+    keep = (own == Phase.COMMUNICATION) | (own == Phase.GRAPH)
+    c["phase"][gpu[has]] = np.where(keep, own, launched_phase)
 
 
 def _order_unlaunched(graph: Graph, gpu: np.ndarray) -> None:

@@ -24,6 +24,9 @@ class Phase(enum.IntEnum):
     BACKWARD = 2
     OPTIMIZER = 3
     COMMUNICATION = 4
+    # GPU work replayed from a captured CUDA/HIP graph: the trace shows the cudaGraphLaunch
+    # that started it, not the forward, backward or optimizer op each kernel came from.
+    GRAPH = 5
 
 
 PHASE_LABELS = {
@@ -32,7 +35,10 @@ PHASE_LABELS = {
     Phase.BACKWARD: "backward",
     Phase.OPTIMIZER: "optimizer",
     Phase.COMMUNICATION: "communication",
+    Phase.GRAPH: "CUDA graph replay",
 }
+# Runtime calls that replay a captured graph.
+GRAPH_LAUNCHES = ("cudaGraphLaunch", "hipGraphLaunch")
 
 # How phases are recognised (the rules below), for messages that find one missing.
 PHASE_RULES = (
@@ -40,7 +46,10 @@ PHASE_RULES = (
     "one) in no DataLoader, optimizer (Optimizer.step, zero_grad), autograd backward "
     "(evaluate_function, ...Backward) or collective op"
 )
-GPU_PHASE_RULE = "GPU work has the phase of the op that launched it"
+GPU_PHASE_RULE = (
+    "GPU work has the phase of the op that launched it (work a cudaGraphLaunch replays has "
+    "none of its own: it is labelled a CUDA graph replay)"
+)
 
 
 def phase_names(phase: np.ndarray) -> list[str]:
@@ -101,6 +110,11 @@ def event_phases(table: EventTable) -> np.ndarray:
         look[idx] = parent[look[idx]]
     launched = table.launch >= 0
     phase[launched] = phase[table.launch[launched]]
+    graph_launch = np.isin(np.asarray(table.names, dtype=object), GRAPH_LAUNCHES)
+    if graph_launch.any():
+        replayed = np.flatnonzero(launched)
+        replayed = replayed[graph_launch[table.name[table.launch[replayed]]]]
+        phase[replayed] = Phase.GRAPH
     # Collective kernels are communication whatever launched them.
     phase[collective_kernel_mask(table)] = Phase.COMMUNICATION
     # Inside a step, CPU work that names nothing is forward (the model's own code);

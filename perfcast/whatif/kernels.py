@@ -15,6 +15,7 @@ import numpy as np
 
 from perfcast.errors import NotApplicableError
 from perfcast.graph.model import GpuKind, Graph, NodeKind, Source
+from perfcast.graph.phases import Phase
 from perfcast.hardware import (
     DeviceSpec,
     KernelClass,
@@ -164,20 +165,15 @@ def op_input_dims(graph: Graph, node: int) -> list | None:
     return row_input_dims(table, op)
 
 
-_GRAPH_LAUNCHES = ("cudaGraphLaunch", "hipGraphLaunch")
-
-
 def refuse_graph_replays(graph: Graph, model: str) -> None:
     """Refuse a trace whose steps replay most of their GPU work from CUDA graphs: it is
     captured already, and a replay's kernels carry no phase (forward, backward, optimizer)
-    of their own, so what a model would change cannot be told apart."""
+    of their own (`Phase.GRAPH`), so what a model would change cannot be told apart."""
     c = graph.cols
     gpu = np.flatnonzero((c["kind"] == NodeKind.GPU) & graph.alive & (c["iteration"] >= 0))
     if gpu.size == 0:
         return
-    launch = c["launch"][gpu]
-    ids = [i for i, n in enumerate(graph.names) if n in _GRAPH_LAUNCHES]
-    replayed = int(np.isin(c["name"][launch[launch >= 0]], ids).sum())
+    replayed = int(np.count_nonzero(c["phase"][gpu] == Phase.GRAPH))
     if 2 * replayed >= gpu.size:
         raise NotApplicableError(
             f"{model}: the steps already replay {replayed:,} of their {gpu.size:,} GPU tasks "

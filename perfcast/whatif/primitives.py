@@ -40,6 +40,7 @@ _PHASE_NAMES = {
     "backward": Phase.BACKWARD,
     "optimizer": Phase.OPTIMIZER,
     "communication": Phase.COMMUNICATION,
+    "graph": Phase.GRAPH,
 }
 
 
