@@ -151,8 +151,9 @@ def test_a_step_replayed_from_cuda_graphs_is_refused(tmp_path, spec):
 
 
 def test_graph_replayed_kernels_are_labelled_as_such(tmp_path):
-    """A replay's kernels take no phase from their cudaGraphLaunch (which sits in whatever
-    the step's code calls forward): the summary and the graph say "CUDA graph replay"."""
+    """A whole-step replay's kernels take no phase from a cudaGraphLaunch that sits in code
+    naming none (the rules' forward default): the summary and the graph say "CUDA graph
+    replay". A graph launched inside a named phase keeps it."""
     from perfcast.graph.build import build_graph
     from perfcast.graph.model import NodeKind
     from perfcast.graph.phases import Phase
@@ -161,17 +162,27 @@ def test_graph_replayed_kernels_are_labelled_as_such(tmp_path):
     b.step(1, 0, 100)
     b.op("aten::mm", 2, 6)
     b.launch("volta_sgemm_128x64_nn", 3, 2, 10, 4)
+    kernel = "void at::native::vectorized_elementwise_kernel<4>"
     for t in (40, 60):
-        kernel = "void at::native::vectorized_elementwise_kernel<4>"
         b.launch(kernel, t, 5, t + 8, 5, name="cudaGraphLaunch")
+    # A per-region graph (torch.compile's) replayed inside backward keeps that phase.
+    b.op("autograd::engine::evaluate_function: CompiledFunctionBackward", 80, 10)
+    b.launch(kernel, 82, 5, 90, 3, name="cudaGraphLaunch")
     path = b.write(tmp_path / "mixed.json")
     table = perfcast.load(path)
     graph = build_graph(table)
     c = graph.cols
     gpu = np.flatnonzero(c["kind"] == NodeKind.GPU)
-    assert sorted(c["phase"][gpu].tolist()) == [Phase.FORWARD, Phase.GRAPH, Phase.GRAPH]
+    assert sorted(c["phase"][gpu].tolist()) == [
+        Phase.FORWARD,
+        Phase.BACKWARD,
+        Phase.GRAPH,
+        Phase.GRAPH,
+    ]
     summary = perfcast.summary(path, correct=False).ranks[0]
-    assert summary.gpu_ms_by_phase == pytest.approx({"forward": 0.004, "CUDA graph replay": 0.01})
+    assert summary.gpu_ms_by_phase == pytest.approx(
+        {"forward": 0.004, "backward": 0.003, "CUDA graph replay": 0.01}
+    )
 
 
 def _forward_backward(tmp_path: Path) -> Path:

@@ -47,8 +47,8 @@ PHASE_RULES = (
     "(evaluate_function, ...Backward) or collective op"
 )
 GPU_PHASE_RULE = (
-    "GPU work has the phase of the op that launched it (work a cudaGraphLaunch replays has "
-    "none of its own: it is labelled a CUDA graph replay)"
+    "GPU work has the phase of the op that launched it (work a cudaGraphLaunch replays from "
+    "outside any named phase is labelled a CUDA graph replay)"
 )
 
 
@@ -112,7 +112,11 @@ def event_phases(table: EventTable) -> np.ndarray:
     phase[launched] = phase[table.launch[launched]]
     graph_launch = np.isin(np.asarray(table.names, dtype=object), GRAPH_LAUNCHES)
     if graph_launch.any():
-        replayed = np.flatnonzero(launched)
+        # A graph replayed inside a named phase (torch.compile's per-region graphs: the
+        # backward graph launches from autograd's backward) keeps that phase; one launched
+        # from code that names nothing (a whole step captured and replayed) is labelled a
+        # replay, not given the forward default below.
+        replayed = np.flatnonzero(launched & (phase == Phase.NONE))
         replayed = replayed[graph_launch[table.name[table.launch[replayed]]]]
         phase[replayed] = Phase.GRAPH
     # Collective kernels are communication whatever launched them.
