@@ -183,6 +183,10 @@ def test_graph_replayed_kernels_are_labelled_as_such(tmp_path):
     assert summary.gpu_ms_by_phase == pytest.approx(
         {"forward": 0.004, "backward": 0.003, "CUDA graph replay": 0.01}
     )
+    # Most of the GPU time (10 of 17 µs) is such a replay, and the summary says what it hides.
+    assert any(
+        "59% of the GPU time in the steps replays from CUDA graphs" in n for n in summary.notes
+    )
 
 
 def _forward_backward(tmp_path: Path) -> Path:

@@ -128,6 +128,20 @@ def add_real_steps(out: Summary, world: RealWorld) -> None:
     out.correction = world.correction
 
 
+def _graph_replay_note(table: EventTable, phases: np.ndarray, gpu_rows: np.ndarray) -> str:
+    """Say so when most GPU time replays from graphs launched outside any named phase: the
+    trace shows the launch, not which forward, backward or optimizer op each kernel is."""
+    total = float(table.dur[gpu_rows].sum())
+    replayed = float(table.dur[gpu_rows][phases[gpu_rows] == Phase.GRAPH].sum())
+    if total <= 0 or replayed < 0.5 * total:
+        return ""
+    return (
+        f"{100 * replayed / total:.0f}% of the GPU time in the steps replays from CUDA graphs "
+        "launched outside any named phase (cudaGraphLaunch): the trace cannot tell their "
+        "forward, backward and optimizer kernels apart; profile the eager step to see them"
+    )
+
+
 def _summarize(table: EventTable, top: int) -> Summary:
     phases = event_phases(table)
     scopes = enclosing_scopes(table)
@@ -169,6 +183,9 @@ def _summarize(table: EventTable, top: int) -> Summary:
                 )
             )
         in_steps = g[table.iteration[g] != NONE] if info.has_steps else g
+        replayed = _graph_replay_note(table, phases, in_steps)
+        if replayed:
+            notes.append(replayed)
         kern = in_steps[kind[in_steps] == Kind.KERNEL]
         tops = _top_by_name(table, kern, top)
         ops = cpu_rows[(kind[cpu_rows] == Kind.CPU_OP) & (table.iteration[cpu_rows] != NONE)]
