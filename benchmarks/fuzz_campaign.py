@@ -390,7 +390,9 @@ def _normalize_message(stderr: str) -> str:
     """The error line with paths, numbers and quoted details blanked, to count kinds."""
     lines = [ln for ln in stderr.splitlines() if ln.strip()]
     last = lines[-1] if lines else ""
-    last = re.sub(r"/\S+?(?=: | \(|$)", "PATH", last)
+    # A path, absolute or relative (`--out .bench/fuzz` gives ".bench/fuzz/inputs/..."):
+    # everything from the first character of the word that holds a "/".
+    last = re.sub(r"(?<!\S)[^\s/]*/\S+?(?=: | \(|$)", "PATH", last)
     last = re.sub(r"\([^()]*\)", "(...)", last)
     return re.sub(r"\d[\d,.]*", "N", last)[:200]
 
