@@ -340,14 +340,16 @@ def advise(
     where = SiteFinder(table, base)
     optimizer = optimizer_class(table)
     bands = _bands()
-    for text in specs:
+
+    def suggest(text: str) -> Suggestion | NotApplicable:
+        # One candidate's graph and timeline die when this returns: a large trace's graph is
+        # copied for every candidate, and two copies alive at once doubled advise's peak.
         try:
             spec: Spec = parse_spec(text)
             new_graph, applied = apply_specs(world.graph, [spec])
             tl = simulate(new_graph)
         except PerfcastError as exc:
-            skipped.append(NotApplicable(text, str(exc)))
-            continue
+            return NotApplicable(text, str(exc))
         _, predicted, _ = step_ms(tl)
         speedup = baseline_ms / predicted if predicted > 0 else float("inf")
         band, pairs = _band(text, bands)
@@ -367,7 +369,14 @@ def advise(
             speedup_high=None if band is None else speedup * (1 + band),
         )
         s.uncertain = _why_uncertain(s)
-        suggestions.append(s)
+        return s
+
+    for text in specs:
+        outcome = suggest(text)
+        if isinstance(outcome, NotApplicable):
+            skipped.append(outcome)
+        else:
+            suggestions.append(outcome)
     suggestions.sort(key=lambda s: s.predicted_ms)
     ranked = [s for s in suggestions if not s.uncertain]
     return Advice(
