@@ -8,11 +8,13 @@ to measure them.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 import perfcast
+from perfcast.advisor import advisor as adv
 from perfcast.errors import NotApplicableError
 from perfcast.whatif.registry import parse_spec
 from perfcast.whatif.runner import run_whatif
@@ -129,6 +131,64 @@ def test_cuda_graphs_keep_one_time_runtime_calls(tmp_path):
     said = " ".join(pred.graph.assumptions)
     assert "8.00 ms of runtime calls of 5 ms or more kept" in said
     assert any("cudaMalloc, 8.0 ms" in n and "warm-up" in n for n in result.notes)
+
+
+def _sync_in_the_middle(tmp_path: Path) -> Path:
+    """A launch-bound step: 10 launches, a stream sync (a host read), 10 more."""
+    b = TraceBuilder()
+    b.step(1, 0, 300)
+    b.op("aten::add", 2, 290)
+    kernel = "void at::native::vectorized_elementwise_kernel<4>"
+    for i in range(10):
+        b.launch(kernel, 5 + 12 * i, 10, 16 + 12 * i, 2)
+    b.runtime("cudaStreamSynchronize", 125, 10)
+    for i in range(10):
+        b.launch(kernel, 140 + 12 * i, 10, 151 + 12 * i, 2)
+    return b.write(tmp_path / "sync_in_the_middle.json")
+
+
+def test_cuda_graphs_split_at_a_host_sync(tmp_path):
+    """A capture cannot hold a sync: by default each stays, and the step is captured as the
+    stretches between syncs; syncs=move assumes them moved out."""
+    path = _sync_in_the_middle(tmp_path)
+    table = perfcast.load(path)
+    split, _, pred = run_whatif(table, [parse_spec("cuda-graphs")], correct=False)
+    said = " ".join(pred.graph.assumptions)
+    assert "20 GPU tasks replayed from 2 CUDA graph launches" in said
+    assert "1 host synchronization inside the captured phases cannot be captured" in said
+    moved, _, pred = run_whatif(table, [parse_spec("cuda-graphs:syncs=move")], correct=False)
+    said = " ".join(pred.graph.assumptions)
+    assert "20 GPU tasks replayed from 1 CUDA graph launch," in said
+    assert "assumed moved out" in said
+    # Both remove the launches' host time; keeping the sync costs the wait and a second launch.
+    assert moved.predicted_ms < split.predicted_ms < split.baseline_ms
+    with pytest.raises(NotApplicableError, match="syncs=keep is not split or move"):
+        _predict_us(path, "cuda-graphs:syncs=keep")
+
+
+def test_the_plan_takes_an_enabler_that_gains_only_with_others(monkeypatch):
+    """remove-host-sync gains nothing alone (not ranked) but joins the plan when the plan is
+    predicted faster with it; an unranked change that is not an enabler never joins."""
+
+    def suggestion(name: str, ms: float) -> Any:
+        return adv.Suggestion(name, ms, 10.0 / ms, 10.0 - ms, "", [], 1.0)
+
+    graphs = suggestion("cuda-graphs", 3.0)
+    fused = suggestion("fused-optimizer:kind=fused", 5.0)
+    no_sync = suggestion("remove-host-sync", 10.0)
+    compile_ = suggestion("torch-compile", 9.0)
+    together = {
+        ("cuda-graphs", "fused-optimizer:kind=fused"): 2.0,
+        ("cuda-graphs", "fused-optimizer:kind=fused", "remove-host-sync"): 1.5,
+        ("cuda-graphs", "fused-optimizer:kind=fused", "torch-compile"): 1.0,
+    }
+    monkeypatch.setattr(
+        adv, "_predict_together", lambda ss, world: together.get(tuple(sorted(s.name for s in ss)))
+    )
+    plan = adv._plan([graphs, fused], None, 10.0, "Adam", unranked=[compile_, no_sync])
+    assert plan is not None
+    assert plan.specs == ["fused-optimizer:kind=fused", "remove-host-sync", "cuda-graphs"]
+    assert plan.enablers == ["remove-host-sync"] and plan.predicted_ms == 1.5
 
 
 @pytest.mark.parametrize("spec", ["cuda-graphs", "fuse-elementwise", "torch-compile", "amp"])

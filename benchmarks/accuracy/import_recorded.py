@@ -64,6 +64,10 @@ def import_gpu_truth(root: Path) -> list[RecordedRow]:
         if p["change"].startswith("torch.compile") and spec == "fuse-elementwise":
             # The set predates the torch-compile model (fuse-elementwise is its GPU half).
             spec = "torch-compile"
+        if spec == "cuda-graphs" and "no loss.item()" in p["change"]:
+            # The variant dropped the step's sync as well: say so, as cuda-graphs now keeps
+            # syncs it finds (syncs=split) unless told they were moved out.
+            spec = "cuda-graphs:syncs=move"
         if "workers" in base:
             notes.append(f"DataLoader num_workers={base['workers']} on {base['cpus']} CPUs")
             if spec.startswith("dataloader-overlap"):

@@ -76,6 +76,9 @@ class Plan:
     speedup: float
     code: list[str]
     left_out: list[str] = field(default_factory=list)  # ranked, but adding nothing on top
+    # Not ranked by themselves (no gain alone), but the plan gains from them: removing a
+    # host sync lets a CUDA graph capture the whole step instead of the stretches between.
+    enablers: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -379,14 +382,15 @@ def advise(
             suggestions.append(outcome)
     suggestions.sort(key=lambda s: s.predicted_ms)
     ranked = [s for s in suggestions if not s.uncertain]
+    uncertain = [s for s in suggestions if s.uncertain]
     return Advice(
         baseline_ms=baseline_ms,
         traced_ms=traced_ms,
         correction=world.correction,
         bottleneck=_bottleneck(facts),
         suggestions=ranked,
-        uncertain=[s for s in suggestions if s.uncertain],
-        plan=_plan(ranked, world, baseline_ms, optimizer),
+        uncertain=uncertain,
+        plan=_plan(ranked, world, baseline_ms, optimizer, unranked=uncertain),
         not_applicable=skipped,
         facts=facts,
         notes=input_notes(table) + graph_notes(world.traced_graph, steps_ns(world.traced)),
@@ -434,24 +438,38 @@ _PLAN_ORDER = [
 ]
 
 
+def _compatible(s: Suggestion, chosen: list[Suggestion]) -> bool:
+    model = s.name.split(":")[0]
+    if model == "device" or any(c.name.split(":")[0] == model for c in chosen):
+        return False  # one variant per model; a GPU change is a purchase, not a code change
+    return not any({s.name, c.name} in _EXCLUSIVE for c in chosen)
+
+
+# Changes with no gain of their own that another change can need: a host sync splits a
+# CUDA graph capture (cuda-graphs keeps syncs by default).
+_ENABLERS = ("remove-host-sync",)
+
+
 def _plan(
-    ranked: list[Suggestion], world: RealWorld, baseline_ms: float, optimizer: str | None = None
+    ranked: list[Suggestion],
+    world: RealWorld,
+    baseline_ms: float,
+    optimizer: str | None = None,
+    unranked: list[Suggestion] | None = None,
 ) -> Plan | None:
     """The ranked suggestions of different models that gain together, applied as one.
 
     Greedy, best first: a suggestion joins the plan when the plan with it is predicted at
     least 1% faster than without it (a CUDA graph over an already fused optimizer, or a
     second way to hide the same wait, may add nothing, and capture can even add work).
+    Then an unranked enabler (remove-host-sync) that slows nothing by itself joins on the
+    same terms.
     """
     chosen: list[Suggestion] = []
     for s in ranked:
-        model = s.name.split(":")[0]
-        if model == "device" or any(c.name.split(":")[0] == model for c in chosen):
-            continue  # one variant per model; a GPU change is a purchase, not a code change
-        if any({s.name, c.name} in _EXCLUSIVE for c in chosen):
-            continue
-        chosen.append(s)
-    if len(chosen) < 2:
+        if _compatible(s, chosen):
+            chosen.append(s)
+    if not chosen:
         return None
     plan, best = [chosen[0]], chosen[0].predicted_ms
     left_out: list[str] = []
@@ -461,6 +479,16 @@ def _plan(
             plan, best = [*plan, s], predicted
         else:
             left_out.append(s.name)
+    enablers: list[str] = []
+    for s in unranked or []:
+        if s.name.split(":")[0] not in _ENABLERS or s.speedup < 0.99:
+            continue
+        if not _compatible(s, plan):
+            continue
+        predicted = _predict_together([*plan, s], world)
+        if predicted is not None and predicted < best * 0.99:
+            plan, best = [*plan, s], predicted
+            enablers.append(s.name)
     if len(plan) < 2:
         return None
     names = [s.name for s in _in_plan_order(plan)]
@@ -470,6 +498,7 @@ def _plan(
         speedup=baseline_ms / best if best > 0 else float("inf"),
         code=[c for c in (_code(n, optimizer) for n in names) if c],
         left_out=left_out,
+        enablers=enablers,
     )
 
 

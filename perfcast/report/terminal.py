@@ -274,6 +274,14 @@ def render_advice(advice: Advice, console: Console) -> None:
         )
         for line in p.code:
             console.print(Text(f"  {line}"))
+        if p.enablers:
+            console.print(
+                Text(
+                    f"  with {', '.join(p.enablers)}: no gain alone, but the plan needs it "
+                    "(a host sync splits a CUDA graph capture)",
+                    style="dim",
+                )
+            )
         if p.left_out:
             console.print(
                 Text(f"  left out, adding under 1% on top: {', '.join(p.left_out)}", style="dim")

@@ -1,9 +1,11 @@
 """cuda-graphs: capture each step's forward/backward/optimizer and replay it with one launch.
 
-Assumptions: shapes are static and the captured region holds no host
-synchronization (capture would fail; syncs found inside are assumed moved
-out, and counted). All CPU work of the captured region — Python, dispatcher,
-launches — is replaced by one graph launch. Where the durations come from:
+Assumptions: shapes are static. A host synchronization cannot be captured
+(capture fails), so by default (syncs=split) each sync inside the captured
+phases stays, waiting for the GPU, and the step is captured as one graph per
+stretch between syncs; syncs=move assumes them moved out of the step instead.
+All other CPU work of each stretch — Python, dispatcher, launches — is replaced
+by one graph launch. Where the durations come from:
 
 - kernels keep their measured durations; inside a graph replay they run
   IN_GRAPH_GAP_NS apart (measured: the mean gap between the kernels of a
@@ -47,6 +49,10 @@ CAPTURABLE_EXTRA_KERNELS_PER_PARAM = 14
 class Options:
     phases: str = "forward+backward+optimizer"
     graph_launch_us: float = GRAPH_LAUNCH_NS / 1000
+    # A host synchronization cannot be captured. "split": the region becomes one graph per
+    # stretch between syncs, and each sync stays, waiting for the graph before it (what
+    # capturing such a step takes); "move": the syncs are assumed moved out of the step.
+    syncs: str = "split"
 
 
 def apply(graph: Graph, options: Options) -> Graph:
@@ -64,9 +70,17 @@ def apply(graph: Graph, options: Options) -> Graph:
     host = host[c["iteration"][host] >= 0]
     if host.size == 0:
         raise _no_cpu_work(graph, phases)
+    if options.syncs not in ("split", "move"):
+        raise NotApplicableError(
+            f"cuda-graphs: syncs={options.syncs} is not split or move",
+            hint="syncs=split keeps each host synchronization and captures the stretches "
+            "between them; syncs=move assumes they were moved out of the step",
+        )
+    split = options.syncs == "split"
     lat = graph.nominal.get("launch_latency_ns", DEFAULT_LAUNCH_LATENCY_NS)
     capture_optimizer = "optimizer" in phases
     n_sync = 0
+    n_graphs = 0
     n_kernels = 0
     n_extra = 0
     removed_cpu = 0
@@ -84,41 +98,60 @@ def apply(graph: Graph, options: Options) -> Graph:
     tasks_of = dict(split_by(region_of[c["launch"][launched]]))
     for code, pos in split_by(codes):
         region = host[pos]
-        launches = region[c["kind"][region] == NodeKind.LAUNCH]
-        if launches.size == 0:
-            continue
-        n_sync += int((c["kind"][region] == NodeKind.SYNC).sum())
-        first = int(launches[np.argmin(c["order"][launches])])
-        gpu = launched[tasks_of.get(code, np.zeros(0, dtype=np.int64))]
-        n_kernels += gpu.size
-        c["launch"][gpu] = first
-        c["launch_w"][gpu] = lat
-        c["stream_w"][gpu] = IN_GRAPH_GAP_NS
-        c["launch_order"][gpu] = c["order"][first]
-        if capture_optimizer:
-            n_extra += _capturable_optimizer(graph, gpu, first, lat)
-            c = graph.cols
-        # One-time work stays: a replay does not make it go away (see analysis.notes).
-        first_kept = int(c["dur"][first]) if np.isin(first, one_time) else 0
-        P.set_duration(
-            graph,
-            np.array([first]),
-            int(options.graph_launch_us * 1000) + first_kept,
-            Source.MODELLED,
-        )
-        c["name"][first] = graph.intern("cudaGraphLaunch")
-        rest = region[region != first]
-        keep = np.isin(rest, one_time)
-        kept_ns += first_kept + int(c["dur"][rest[keep]].sum())
-        rest = rest[~keep]
-        removed_cpu += int(c["dur"][rest].sum())
-        P.remove(graph, rest)
+        region = region[np.argsort(c["order"][region], kind="stable")]
+        is_sync = c["kind"][region] == NodeKind.SYNC
+        n_sync += int(is_sync.sum())
+        # Where the capture must stop: at each sync (split), or nowhere (move). A blocking
+        # copy's launch half (the sync half sits 0.5 after it in host order) stays eager with
+        # its sync: the host reads that copy's result.
+        eager = is_sync.copy() if split else np.zeros(region.size, dtype=bool)
+        if split and is_sync.any():
+            sync_orders = c["order"][region[is_sync]]
+            eager |= np.isin(c["order"][region] + 0.5, sync_orders) & (
+                c["kind"][region] == NodeKind.LAUNCH
+            )
+        segment = np.cumsum(is_sync) if split else np.zeros(region.size, dtype=np.int64)
+        tasks = launched[tasks_of.get(code, np.zeros(0, dtype=np.int64))]
+        task_launch = c["launch"][tasks]
+        for seg in np.unique(segment[~eager]).tolist():
+            members = region[(segment == seg) & ~eager]
+            launches = members[c["kind"][members] == NodeKind.LAUNCH]
+            if launches.size == 0:
+                continue
+            n_graphs += 1
+            first = int(launches[0])  # the region is in host order
+            gpu = tasks[np.isin(task_launch, launches)]
+            n_kernels += gpu.size
+            c["launch"][gpu] = first
+            c["launch_w"][gpu] = lat
+            c["stream_w"][gpu] = IN_GRAPH_GAP_NS
+            c["launch_order"][gpu] = c["order"][first]
+            if capture_optimizer:
+                n_extra += _capturable_optimizer(graph, gpu, first, lat)
+                c = graph.cols
+            # One-time work stays: a replay does not make it go away (see analysis.notes).
+            first_kept = int(c["dur"][first]) if np.isin(first, one_time) else 0
+            P.set_duration(
+                graph,
+                np.array([first]),
+                int(options.graph_launch_us * 1000) + first_kept,
+                Source.MODELLED,
+            )
+            c["name"][first] = graph.intern("cudaGraphLaunch")
+            rest = members[members != first]
+            keep = np.isin(rest, one_time)
+            kept_ns += first_kept + int(c["dur"][rest[keep]].sum())
+            rest = rest[~keep]
+            removed_cpu += int(c["dur"][rest].sum())
+            P.remove(graph, rest)
     if n_kernels == 0:
         raise _no_kernels(graph, phases)
     graph.assumptions.append(
-        f"{n_kernels:,} GPU tasks replayed from CUDA graphs, {IN_GRAPH_GAP_NS / 1000:.2f} µs "
-        f"apart (measured on an H100); {removed_cpu / 1e6:.2f} ms of CPU work and launches "
-        f"removed; graph launch {options.graph_launch_us:g} µs"
+        f"{n_kernels:,} GPU tasks replayed from {n_graphs:,} CUDA graph "
+        f"launch{'es' * (n_graphs != 1)}, "
+        f"{IN_GRAPH_GAP_NS / 1000:.2f} µs apart (measured on an H100); "
+        f"{removed_cpu / 1e6:.2f} ms of CPU work and launches removed; graph launch "
+        f"{options.graph_launch_us:g} µs"
     )
     if kept_ns:
         graph.assumptions.append(
@@ -132,10 +165,18 @@ def apply(graph: Graph, options: Options) -> Graph:
             f"({CAPTURABLE_EXTRA_KERNELS_PER_PARAM} per parameter of a for-loop Adam, measured "
             "on an H100 with PyTorch 2.11)"
         )
-    if n_sync:
+    if n_sync and split:
         graph.assumptions.append(
-            f"{n_sync} host synchronizations inside the captured region are assumed moved out "
-            "(capture cannot contain them)"
+            f"{n_sync:,} host synchronization{'s' * (n_sync != 1)} inside the captured phases "
+            "cannot be captured: "
+            "each stays, waiting for the graph before it, and the step is captured as the "
+            "stretches between them (syncs=move assumes them moved out; remove-host-sync "
+            "removes them)"
+        )
+    elif n_sync:
+        graph.assumptions.append(
+            f"{n_sync:,} host synchronization{'s' * (n_sync != 1)} inside the captured region "
+            "assumed moved out (capture cannot contain them)"
         )
     return graph
 
