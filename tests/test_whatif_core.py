@@ -166,6 +166,29 @@ def test_cuda_graphs_split_at_a_host_sync(tmp_path):
         _predict_us(path, "cuda-graphs:syncs=keep")
 
 
+def test_remove_host_sync_reads_only_takes_the_users_reads(tmp_path):
+    """reads=true removes the syncs of host reads (.item() here), not a sync inside another
+    op (a library's own wait)."""
+    with pytest.raises(NotApplicableError, match="that reads a tensor on the host"):
+        _predict_us(_sync_in_the_middle(tmp_path), "remove-host-sync:reads=true")
+    b = TraceBuilder()
+    b.step(1, 0, 200)
+    b.op("aten::add", 2, 20)
+    b.launch("void at::native::vectorized_elementwise_kernel<4>", 5, 10, 16, 100)
+    b.op("aten::item", 30, 100)
+    b.op("aten::_local_scalar_dense", 31, 98)
+    b.runtime("cudaStreamSynchronize", 35, 90)
+    b.op("aten::add", 140, 20)
+    b.runtime("cudaDeviceSynchronize", 145, 10)
+    result, _, pred = run_whatif(
+        perfcast.load(b.write(tmp_path / "item.json")),
+        [parse_spec("remove-host-sync:reads=true")],
+        correct=False,
+    )
+    assert "removed 1 synchronizations" in " ".join(pred.graph.assumptions)
+    assert result.predicted_ms < result.baseline_ms
+
+
 def test_the_plan_takes_an_enabler_that_gains_only_with_others(monkeypatch):
     """remove-host-sync gains nothing alone (not ranked) but joins the plan when the plan is
     predicted faster with it; an unranked change that is not an enabler never joins."""
@@ -179,7 +202,7 @@ def test_the_plan_takes_an_enabler_that_gains_only_with_others(monkeypatch):
     compile_ = suggestion("torch-compile", 9.0)
     together = {
         ("cuda-graphs", "fused-optimizer:kind=fused"): 2.0,
-        ("cuda-graphs", "fused-optimizer:kind=fused", "remove-host-sync"): 1.5,
+        ("cuda-graphs", "fused-optimizer:kind=fused", "remove-host-sync:reads=true"): 1.5,
         ("cuda-graphs", "fused-optimizer:kind=fused", "torch-compile"): 1.0,
     }
     monkeypatch.setattr(
@@ -187,8 +210,12 @@ def test_the_plan_takes_an_enabler_that_gains_only_with_others(monkeypatch):
     )
     plan = adv._plan([graphs, fused], None, 10.0, "Adam", unranked=[compile_, no_sync])
     assert plan is not None
-    assert plan.specs == ["fused-optimizer:kind=fused", "remove-host-sync", "cuda-graphs"]
-    assert plan.enablers == ["remove-host-sync"] and plan.predicted_ms == 1.5
+    assert plan.specs == [
+        "fused-optimizer:kind=fused",
+        "remove-host-sync:reads=true",
+        "cuda-graphs",
+    ]
+    assert plan.enablers == ["remove-host-sync:reads=true"] and plan.predicted_ms == 1.5
 
 
 @pytest.mark.parametrize("spec", ["cuda-graphs", "fuse-elementwise", "torch-compile", "amp"])

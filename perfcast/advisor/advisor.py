@@ -16,7 +16,7 @@ applied together, and is predicted as one what-if.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -445,9 +445,10 @@ def _compatible(s: Suggestion, chosen: list[Suggestion]) -> bool:
     return not any({s.name, c.name} in _EXCLUSIVE for c in chosen)
 
 
-# Changes with no gain of their own that another change can need: a host sync splits a
-# CUDA graph capture (cuda-graphs keeps syncs by default).
-_ENABLERS = ("remove-host-sync",)
+# Changes with no gain of their own that another change can need, as the plan asks for
+# them: a host sync splits a CUDA graph capture (cuda-graphs keeps syncs by default), and the
+# syncs a user can drop are their own reads (.item(), .cpu()), not a library's waits.
+_ENABLERS = {"remove-host-sync": "remove-host-sync:reads=true"}
 
 
 def _plan(
@@ -483,6 +484,7 @@ def _plan(
     for s in unranked or []:
         if s.name.split(":")[0] not in _ENABLERS or s.speedup < 0.99:
             continue
+        s = replace(s, name=_ENABLERS[s.name.split(":")[0]])
         if not _compatible(s, plan):
             continue
         predicted = _predict_together([*plan, s], world)

@@ -23,15 +23,27 @@ _FREE = re.compile(r"Free")
 SUMMARY = "remove host-device synchronizations (.item(), .cpu(), explicit syncs) (op=REGEX)"
 
 
+# Ops whose sync is the host reading a tensor's value: `.item()`, `.cpu()` / `.to("cpu")`,
+# `.tolist()`, `nonzero`, data-dependent shapes. The user's code asked for the value, so the
+# user can defer or drop it; a sync inside a library's own op (DDP's event waits) is not theirs.
+HOST_READS = (
+    r"^aten::(item|_local_scalar_dense|to|_to_copy|copy_|nonzero|nonzero_static|is_nonzero"
+    r"|equal|masked_select|_unique2?|unique_consecutive|unique_dim|repeat_interleave)$"
+)
+
+
 @dataclass
 class Options:
     op: str | None = None  # only syncs inside ops matching this (e.g. _local_scalar_dense)
     include_explicit: bool = True  # also cudaDeviceSynchronize / cudaStreamSynchronize
+    reads: bool = False  # only the syncs of host reads (HOST_READS), the ones user code makes
 
 
 def apply(graph: Graph, options: Options) -> Graph:
     c = graph.cols
     syncs = P.select(graph, kind="sync", op=options.op)
+    if options.reads:
+        syncs = np.intersect1d(syncs, P.select(graph, kind="sync", op=HOST_READS))
     syncs = syncs[c["iteration"][syncs] >= 0] if (c["iteration"][syncs] >= 0).any() else syncs
     if not options.include_explicit:
         syncs = syncs[c["sync_kind"][syncs] == SyncKind.COPY]
@@ -42,6 +54,11 @@ def apply(graph: Graph, options: Options) -> Graph:
         raise NotApplicableError(
             "remove-host-sync: the trace has no host-device synchronization inside its steps"
             + (f" matching op '{options.op}'" if options.op else "")
+            + (
+                " that reads a tensor on the host (.item(), .cpu(), nonzero, ...)"
+                if options.reads
+                else ""
+            )
         )
     waited = int(np.sum(c["dur_measured"][syncs]))
     P.remove(graph, syncs)
