@@ -44,6 +44,22 @@ _PHASE_NAMES = {
 }
 
 
+def rank_steps(graph: Graph, nodes: np.ndarray) -> tuple[int, str]:
+    """How many (rank, step) pairs `nodes` span, and how a per-step figure says so: what-if
+    assumptions give counts and times per step and rank, never summed over ranks."""
+    c = graph.cols
+    nodes = nodes[c["iteration"][nodes] >= 0]
+    if nodes.size == 0:
+        return 1, "in the step"
+    pairs = np.unique(c["rank"][nodes].astype(np.int64) << 32 | c["iteration"][nodes])
+    ranks = np.unique(c["rank"][nodes]).size
+    if ranks > 1:
+        return pairs.size, f"per step and rank ({ranks:,} ranks, {pairs.size:,} rank-steps)"
+    if pairs.size > 1:
+        return pairs.size, f"per step ({pairs.size} steps)"
+    return 1, "in the step"
+
+
 def split_list(value: str) -> list[str]:
     """An option's list value: items joined with '+' (the spec syntax keeps ',' between
     options), ',' also accepted from the Python API."""

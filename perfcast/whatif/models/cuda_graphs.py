@@ -146,39 +146,46 @@ def apply(graph: Graph, options: Options) -> Graph:
             P.remove(graph, rest)
     if n_kernels == 0:
         raise _no_kernels(graph, phases)
+    # Per step and rank, as every count perfcast prints (a sum over 512 ranks reads as nonsense).
+    per, where = P.rank_steps(graph, host)
+    graphs = _count(n_graphs / per)
     graph.assumptions.append(
-        f"{n_kernels:,} GPU tasks replayed from {n_graphs:,} CUDA graph "
-        f"launch{'es' * (n_graphs != 1)}, "
-        f"{IN_GRAPH_GAP_NS / 1000:.2f} µs apart (measured on an H100); "
-        f"{removed_cpu / 1e6:.2f} ms of CPU work and launches removed; graph launch "
-        f"{options.graph_launch_us:g} µs"
+        f"{where}: {_count(n_kernels / per)} GPU tasks replayed from {graphs} CUDA graph "
+        f"launch{'es' * (graphs != '1')}, {IN_GRAPH_GAP_NS / 1000:.2f} µs apart (measured on an "
+        f"H100); {removed_cpu / per / 1e6:.2f} ms of CPU work and launches removed; graph "
+        f"launch {options.graph_launch_us:g} µs"
     )
     if kept_ns:
         graph.assumptions.append(
-            f"{kept_ns / 1e6:,.2f} ms of runtime calls of {ONE_TIME_NS / 1e6:g} ms or more kept "
-            "(initialization, module loading, allocation, pageable copies: not launch cost, "
-            "and not removed by a replay)"
+            f"{kept_ns / per / 1e6:,.2f} ms of runtime calls of {ONE_TIME_NS / 1e6:g} ms or more "
+            f"kept {where} (initialization, module loading, allocation, pageable copies: not "
+            "launch cost, and not removed by a replay)"
         )
     if n_extra:
         graph.assumptions.append(
-            f"the optimizer is captured with capturable=True: {n_extra:,} more kernels "
-            f"({CAPTURABLE_EXTRA_KERNELS_PER_PARAM} per parameter of a for-loop Adam, measured "
-            "on an H100 with PyTorch 2.11)"
+            f"the optimizer is captured with capturable=True: {_count(n_extra / per)} more "
+            f"kernels {where} ({CAPTURABLE_EXTRA_KERNELS_PER_PARAM} per parameter of a for-loop "
+            "Adam, measured on an H100 with PyTorch 2.11)"
         )
+    syncs = _count(n_sync / per)
     if n_sync and split:
         graph.assumptions.append(
-            f"{n_sync:,} host synchronization{'s' * (n_sync != 1)} inside the captured phases "
-            "cannot be captured: "
-            "each stays, waiting for the graph before it, and the step is captured as the "
-            "stretches between them (syncs=move assumes them moved out; remove-host-sync "
-            "removes them)"
+            f"{syncs} host synchronization{'s' * (syncs != '1')} {where} inside the captured "
+            "phases cannot be captured: each stays, waiting for the graph before it, and the "
+            "step is captured as the stretches between them (syncs=move assumes them moved "
+            "out; remove-host-sync removes them)"
         )
     elif n_sync:
         graph.assumptions.append(
-            f"{n_sync:,} host synchronization{'s' * (n_sync != 1)} inside the captured region "
-            "assumed moved out (capture cannot contain them)"
+            f"{syncs} host synchronization{'s' * (syncs != '1')} {where} inside the captured "
+            "region assumed moved out (capture cannot contain them)"
         )
     return graph
+
+
+def _count(x: float) -> str:
+    """A count per step and rank: whole when it is, else one decimal."""
+    return f"{x:,.0f}" if abs(x - round(x)) < 0.05 else f"{x:,.1f}"
 
 
 def _no_cpu_work(graph: Graph, phases: list[str]) -> NotApplicableError:

@@ -149,9 +149,10 @@ def _apply_gpu(graph: Graph, gpu: np.ndarray, options: Options) -> None:
         if options.kind == "fused" and k >= 3
         else "bytes moved unchanged"
     )
+    per, where = P.rank_steps(graph, gpu)
     graph.assumptions.append(
-        f"optimizer kernels {options.kind}: GPU time {total_before / 1e6:.2f} -> "
-        f"{total_after / 1e6:.2f} ms over all steps; {k} ops per parameter, one launch per "
+        f"optimizer kernels {options.kind}: GPU time {total_before / per / 1e6:.2f} -> "
+        f"{total_after / per / 1e6:.2f} ms {where}; {k} ops per parameter, one launch per "
         f"{TENSORS_PER_LAUNCH[options.kind]} tensors (multi_tensor_apply's limit), each paying "
         f"the {np.median(fixed_seen) / 1e3:.1f} µs fixed cost measured as the 5th percentile "
         f"of the optimizer's kernel times; {bytes_rule}; host time per launch as measured, so "
@@ -198,9 +199,10 @@ def _apply_cpu(graph: Graph, options: Options) -> None:
             f"fused-optimizer: too few optimizer ops to fuse ({ops.size} host nodes in the "
             "optimizer phase, but no op runs on 2 or more parameters in any step)"
         )
+    per, where = P.rank_steps(graph, host)
     graph.assumptions.append(
-        f"optimizer on CPU as {options.kind}: host time {total_before / 1e6:.2f} -> "
-        f"{total_after / 1e6:.2f} ms over all steps (per-op fixed cost, the 5th percentile of "
+        f"optimizer on CPU as {options.kind}: host time {total_before / per / 1e6:.2f} -> "
+        f"{total_after / per / 1e6:.2f} ms {where} (per-op fixed cost, the 5th percentile of "
         "the optimizer's op times, paid once per op kind"
         + (
             f"; fused: the rest x {FUSED_ACCESSES:g}/({ACCESSES_PER_LOOP_OP:g} x op kinds), "

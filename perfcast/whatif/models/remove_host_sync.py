@@ -61,9 +61,13 @@ def apply(graph: Graph, options: Options) -> Graph:
             )
         )
     waited = int(np.sum(c["dur_measured"][syncs]))
+    per, where = P.rank_steps(graph, syncs)
+    count = syncs.size / per
+    count_text = f"{count:,.0f}" if count == round(count) else f"{count:,.1f}"
     P.remove(graph, syncs)
     graph.assumptions.append(
-        f"removed {syncs.size:,} synchronizations ({waited / 1e6:.2f} ms of measured blocking); "
-        "their results are assumed not needed on the host within the step"
+        f"removed {count_text} synchronization{'s' * (count_text != '1')} {where} "
+        f"({waited / per / 1e6:.2f} ms of measured blocking); their results are assumed not "
+        "needed on the host within the step"
     )
     return graph

@@ -358,18 +358,23 @@ def _compile(graph: Graph, options: Options) -> Graph:
 
     P.remove(graph, region_host[~keep])
     P.remove_gpu_work(graph, np.array(rest, dtype=np.int64))
-    n_steps = len(set(zip(c["rank"][region_gpu].tolist(), c["iteration"][region_gpu].tolist())))
+    per, per_what = P.rank_steps(graph, np.asarray(region_gpu, dtype=np.int64))
+
+    def count(n: int) -> str:
+        x = n / per
+        return f"{x:,.0f}" if abs(x - round(x)) < 0.05 else f"{x:,.1f}"
+
     graph.assumptions.append(
-        f"torch-compile ({options.phases}): {int(generated.sum()):,} kernels become "
-        f"{len(groups):,} generated kernels ({gpu_before / 1e6:.2f} -> {gpu_after / 1e6:.2f} ms "
-        f"of GPU time: adjacent pointwise kernels with the reductions they feed, each group "
-        "paying one kernel's fixed cost and its variable time x fused/unfused passes over "
-        "memory, at ATen's bytes per second); "
-        f"{int((~generated).sum()):,} library kernels kept; "
-        f"{removed_host / 1e6:.2f} ms of eager host work removed, {kept_ns / 1e6:.2f} ms "
-        "left (generated kernels' launches, library calls' own ops, "
-        f"{working_ops.size:,} ops doing work: over {WORK_NS / 1000:.0f} µs of own host time), "
-        f"over {n_steps} steps"
+        f"torch-compile ({options.phases}), {per_what}: {count(int(generated.sum()))} kernels "
+        f"become {count(len(groups))} generated kernels ({gpu_before / per / 1e6:.2f} -> "
+        f"{gpu_after / per / 1e6:.2f} ms of GPU time: adjacent pointwise kernels with the "
+        "reductions they feed, each group paying one kernel's fixed cost and its variable time "
+        "x fused/unfused passes over memory, at ATen's bytes per second); "
+        f"{count(int((~generated).sum()))} library kernels kept; "
+        f"{removed_host / per / 1e6:.2f} ms of eager host work removed, "
+        f"{kept_ns / per / 1e6:.2f} ms left (generated kernels' launches, library calls' own "
+        f"ops, {count(working_ops.size)} ops doing work: over {WORK_NS / 1000:.0f} µs of own "
+        "host time)"
     )
     graph.assumptions.append(
         f"torch-compile host path: {options.launch_us:g} µs per generated kernel and "
