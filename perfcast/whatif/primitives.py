@@ -60,6 +60,12 @@ def rank_steps(graph: Graph, nodes: np.ndarray) -> tuple[int, str]:
     return 1, "in the step"
 
 
+def per_count(n: float, per: int) -> str:
+    """A count divided over `per` rank-steps: whole when it is, else one decimal."""
+    x = n / max(per, 1)
+    return f"{x:,.0f}" if abs(x - round(x)) < 0.05 else f"{x:,.1f}"
+
+
 def split_list(value: str) -> list[str]:
     """An option's list value: items joined with '+' (the spec syntax keeps ',' between
     options), ',' also accepted from the Python API."""

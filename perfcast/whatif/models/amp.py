@@ -552,22 +552,29 @@ def apply(graph: Graph, options: Options) -> Graph:
     cast_ns = sum(x.dur for x in casts) + sum(grad_durs)
     scaler = _grad_scaler(graph, fixed) if dtype == "fp16" else ""
 
+    per, per_what = P.rank_steps(graph, comp)
+
+    def cnt(n: int) -> str:
+        return P.per_count(n, per)
+
     graph.assumptions.append(
-        f"amp ({dtype}): {comp.size:,} fp32/tf32 matmul/conv/attention kernels "
-        f"{comp_before / 1e6:.2f} -> {comp_after / 1e6:.2f} ms ({n_roofline:,} by roofline "
-        f"from op shapes, the rest by peak ratio{_capped_text(n_capped, capped, dtype)}); "
-        f"{mem.size:,} memory-bound kernels move half "
-        f"the bytes ({mem_before / 1e6:.2f} -> {mem_after / 1e6:.2f} ms); {n_casts:,} weight "
-        f"casts in forward and {n_grad:,} gradient casts back to fp32 in backward added "
-        f"({cast_ns / 1e6:.2f} ms of GPU time; {costs.cast_ns / 1000:.1f} µs of CPU per cast "
+        f"amp ({dtype}), {per_what}: {cnt(comp.size)} fp32/tf32 matmul/conv/attention kernels "
+        f"{comp_before / per / 1e6:.2f} -> {comp_after / per / 1e6:.2f} ms ({cnt(n_roofline)} "
+        "by roofline from op shapes, the rest by peak ratio"
+        f"{_capped_text(cnt(n_capped) if n_capped else '', capped, dtype)}); "
+        f"{cnt(mem.size)} memory-bound kernels move half the bytes "
+        f"({mem_before / per / 1e6:.2f} -> {mem_after / per / 1e6:.2f} ms); {cnt(n_casts)} "
+        f"weight casts in forward and {cnt(n_grad)} gradient casts back to fp32 in backward "
+        f"added ({cast_ns / per / 1e6:.2f} ms of GPU time; {costs.cast_ns / 1000:.1f} µs of "
+        "CPU per cast "
         f"besides its launch, from {costs.cast_from}; {costs.node_ns / 1000:.1f} µs per "
         f"autograd node); fixed {fixed / 1000:.1f} µs per kernel kept; norms, softmax, "
         "losses, optimizer and all-reduce stay fp32"
         + (
-            f"; {len(kept_batch_norm):,} batch-norm kernels run PyTorch's native bf16 kernels "
+            f"; {cnt(len(kept_batch_norm))} batch-norm kernels run PyTorch's native bf16 kernels "
             f"instead of cuDNN's, in the same GPU time (uncertain: in the one measured pair, "
             "ResNet-50 on an H100, they took 1.53x forward and 1.11x backward the fp32 cuDNN "
-            f"time); {n_native:,} forward ones launch three kernels (statistics, running-stats "
+            f"time); {cnt(n_native)} forward ones launch three kernels (statistics, running-stats "
             "update, transform: Normalization.cu) where cuDNN launched one"
             if kept_batch_norm
             else ""
@@ -579,15 +586,16 @@ def apply(graph: Graph, options: Options) -> Graph:
     return graph
 
 
-def _capped_text(n: int, capped: dict[str, AchievedGemm], dtype: str) -> str:
-    """The roofline kernels held at the part's measured large-GEMM efficiency, if any."""
+def _capped_text(n: str, capped: dict[str, AchievedGemm], dtype: str) -> str:
+    """The roofline kernels held at the part's measured large-GEMM efficiency (`n` of them,
+    per step and rank), if any."""
     if not n:
         return ""
     where = "; ".join(
         f"{name} {best.efficiency:.1%} of its {dtype} peak ({best.source})"
         for name, best in capped.items()
     )
-    return f"; {n:,} of them no faster than the part's large 16-bit GEMMs reach, measured: {where}"
+    return f"; {n} of them no faster than the part's large 16-bit GEMMs reach, measured: {where}"
 
 
 def _peaks_text(devices: dict, from_dtypes: Counter[str], dtype: str) -> str:

@@ -97,7 +97,9 @@ def _scale_dataloader(graph: Graph, factor: float) -> str:
     P.scale(graph, cpu, factor)
     if cpu.size == 0:
         return "no data-loading CPU work found"
-    return f"data-loading CPU {before / 1e6:.2f} -> {int(c['dur'][cpu].sum()) / 1e6:.2f} ms"
+    per, per_what = P.rank_steps(graph, cpu)
+    after = int(c["dur"][cpu].sum())
+    return f"data-loading CPU {before / per / 1e6:.2f} -> {after / per / 1e6:.2f} ms {per_what}"
 
 
 def _apply_gpu(graph: Graph, gpu: np.ndarray, factor: float) -> str:
@@ -188,11 +190,13 @@ def _apply_gpu(graph: Graph, gpu: np.ndarray, factor: float) -> str:
         if sm_text
         else "; device SM count unknown: every kernel scaled by the factor"
     )
+    per, per_what = P.rank_steps(graph, np.concatenate([kern, copies]).astype(np.int64))
     return (
-        f"{kern.size:,} forward/backward kernels x{factor:g} ({n_waves:,} smaller than one "
-        f"wave scaled by their waves{wave_rule}) and {copies.size:,} copies/memsets: GPU time "
-        f"{before / 1e6:.2f} -> {after / 1e6:.2f} ms; fixed {fixed / 1000:.1f} µs per kernel "
-        "kept; host dispatch and launches unchanged"
+        f"{per_what}: {P.per_count(kern.size, per)} forward/backward kernels x{factor:g} "
+        f"({P.per_count(n_waves, per)} smaller than one wave scaled by their waves{wave_rule}) "
+        f"and {P.per_count(copies.size, per)} copies/memsets: GPU time "
+        f"{before / per / 1e6:.2f} -> {after / per / 1e6:.2f} ms; fixed {fixed / 1000:.1f} µs "
+        "per kernel kept; host dispatch and launches unchanged"
     )
 
 
@@ -228,7 +232,9 @@ def _apply_cpu(graph: Graph, factor: float) -> str:
     before = int(c["dur"][cpu].sum())
     P.scale(graph, cpu, ratio[inv])
     after = int(c["dur"][cpu].sum())
+    per, per_what = P.rank_steps(graph, cpu)
     return (
-        f"CPU-only: {ops.size:,} forward/backward ops {before / 1e6:.2f} -> {after / 1e6:.2f} ms "
-        f"(fixed dispatch cost {fixed / 1000:.1f} µs per op kept)"
+        f"CPU-only, {per_what}: {P.per_count(ops.size, per)} forward/backward ops "
+        f"{before / per / 1e6:.2f} -> {after / per / 1e6:.2f} ms (fixed dispatch cost "
+        f"{fixed / 1000:.1f} µs per op kept)"
     )

@@ -148,9 +148,9 @@ def apply(graph: Graph, options: Options) -> Graph:
         raise _no_kernels(graph, phases)
     # Per step and rank, as every count perfcast prints (a sum over 512 ranks reads as nonsense).
     per, where = P.rank_steps(graph, host)
-    graphs = _count(n_graphs / per)
+    graphs = P.per_count(n_graphs, per)
     graph.assumptions.append(
-        f"{where}: {_count(n_kernels / per)} GPU tasks replayed from {graphs} CUDA graph "
+        f"{where}: {P.per_count(n_kernels, per)} GPU tasks replayed from {graphs} CUDA graph "
         f"launch{'es' * (graphs != '1')}, {IN_GRAPH_GAP_NS / 1000:.2f} µs apart (measured on an "
         f"H100); {removed_cpu / per / 1e6:.2f} ms of CPU work and launches removed; graph "
         f"launch {options.graph_launch_us:g} µs"
@@ -163,11 +163,11 @@ def apply(graph: Graph, options: Options) -> Graph:
         )
     if n_extra:
         graph.assumptions.append(
-            f"the optimizer is captured with capturable=True: {_count(n_extra / per)} more "
+            f"the optimizer is captured with capturable=True: {P.per_count(n_extra, per)} more "
             f"kernels {where} ({CAPTURABLE_EXTRA_KERNELS_PER_PARAM} per parameter of a for-loop "
             "Adam, measured on an H100 with PyTorch 2.11)"
         )
-    syncs = _count(n_sync / per)
+    syncs = P.per_count(n_sync, per)
     if n_sync and split:
         graph.assumptions.append(
             f"{syncs} host synchronization{'s' * (syncs != '1')} {where} inside the captured "
@@ -181,11 +181,6 @@ def apply(graph: Graph, options: Options) -> Graph:
             "region assumed moved out (capture cannot contain them)"
         )
     return graph
-
-
-def _count(x: float) -> str:
-    """A count per step and rank: whole when it is, else one decimal."""
-    return f"{x:,.0f}" if abs(x - round(x)) < 0.05 else f"{x:,.1f}"
 
 
 def _no_cpu_work(graph: Graph, phases: list[str]) -> NotApplicableError:

@@ -280,11 +280,14 @@ def apply(graph: Graph, options: Options) -> Graph:
             "; compute-bound kernels by achieved, not peak, FLOPS (large bf16 GEMMs in the "
             f"shared traces: {'; '.join(sorted(achieved_used))})"
         )
+    per, per_what = P.rank_steps(graph, gpu)
     graph.assumptions.append(
-        f"device {src_names} -> {target.name}: {counts['compute']:,} compute-bound kernels, "
-        f"{counts['memory']:,} memory-bound kernels and {counts['copy']:,} device copies "
-        f"scaled {how}, {comm}; fixed {fixed / 1000:.1f} µs per kernel kept; "
-        f"GPU time {before / 1e6:.2f} -> {after / 1e6:.2f} ms; {host_text}"
+        f"device {src_names} -> {target.name}, {per_what}: "
+        f"{P.per_count(counts['compute'], per)} compute-bound kernels, "
+        f"{P.per_count(counts['memory'], per)} memory-bound kernels and "
+        f"{P.per_count(counts['copy'], per)} device copies scaled {how}, {comm}; fixed "
+        f"{fixed / 1000:.1f} µs per kernel kept; GPU time {before / per / 1e6:.2f} -> "
+        f"{after / per / 1e6:.2f} ms; {host_text}"
     )
     return graph
 

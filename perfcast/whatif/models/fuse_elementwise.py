@@ -145,10 +145,12 @@ def apply(graph: Graph, options: Options) -> Graph:
         c["name"][first] = graph.intern(name)
         c["klass"][first] = c["klass"][chain[-1]]
         rest.extend(chain[1:])
+    per, per_what = P.rank_steps(graph, np.array([ch[0] for ch in chains], dtype=np.int64))
     P.remove_gpu_work(graph, np.array(rest, dtype=np.int64))
     graph.assumptions.append(
-        f"fuse-elementwise: {len(chains):,} chains of {n_kernels:,} elementwise kernels fused "
-        f"({before / 1e6:.2f} -> {after / 1e6:.2f} ms of GPU time); memory passes counted from "
+        f"fuse-elementwise, {per_what}: {P.per_count(len(chains), per)} chains of "
+        f"{P.per_count(n_kernels, per)} elementwise kernels fused ({before / per / 1e6:.2f} -> "
+        f"{after / per / 1e6:.2f} ms of GPU time); memory passes counted from "
         f"op shapes (binary ops where unknown); fixed {fixed / 1000:.1f} µs paid once per chain; "
         "host dispatch unchanged"
     )

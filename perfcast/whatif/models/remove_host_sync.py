@@ -62,8 +62,7 @@ def apply(graph: Graph, options: Options) -> Graph:
         )
     waited = int(np.sum(c["dur_measured"][syncs]))
     per, where = P.rank_steps(graph, syncs)
-    count = syncs.size / per
-    count_text = f"{count:,.0f}" if count == round(count) else f"{count:,.1f}"
+    count_text = P.per_count(syncs.size, per)
     P.remove(graph, syncs)
     graph.assumptions.append(
         f"removed {count_text} synchronization{'s' * (count_text != '1')} {where} "

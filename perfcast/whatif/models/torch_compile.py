@@ -361,8 +361,7 @@ def _compile(graph: Graph, options: Options) -> Graph:
     per, per_what = P.rank_steps(graph, np.asarray(region_gpu, dtype=np.int64))
 
     def count(n: int) -> str:
-        x = n / per
-        return f"{x:,.0f}" if abs(x - round(x)) < 0.05 else f"{x:,.1f}"
+        return P.per_count(n, per)
 
     graph.assumptions.append(
         f"torch-compile ({options.phases}), {per_what}: {count(int(generated.sum()))} kernels "
