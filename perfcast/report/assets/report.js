@@ -595,6 +595,13 @@
       if (A.plan.code.length) {
         root.appendChild(list(A.plan.code));
       }
+      if (A.plan.enablers && A.plan.enablers.length) {
+        caption(root, "With " + A.plan.enablers.join(", ") + ": no gain alone, but the plan " +
+          "needs it (a host sync splits a CUDA graph capture).");
+      }
+      if (A.plan.left_out && A.plan.left_out.length) {
+        caption(root, "Left out, adding under 1% on top: " + A.plan.left_out.join(", ") + ".");
+      }
     }
     if (A.uncertain && A.uncertain.length) {
       var unc = add(root, el("details"));
