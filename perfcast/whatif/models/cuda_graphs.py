@@ -38,7 +38,10 @@ from perfcast.graph.phases import Phase, phase_names
 from perfcast.whatif import primitives as P
 from perfcast.whatif.kernels import refuse_graph_replays
 
-SUMMARY = "replay each step's GPU work from a captured CUDA graph (phases=forward+backward+...)"
+SUMMARY = (
+    "replay each step's GPU work from captured CUDA graphs, split at host syncs "
+    "(phases=forward+backward+..., syncs=split|move)"
+)
 
 GRAPH_LAUNCH_NS = 2_500
 IN_GRAPH_GAP_NS = 380

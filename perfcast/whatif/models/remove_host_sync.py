@@ -20,7 +20,10 @@ from perfcast.whatif import primitives as P
 
 _FREE = re.compile(r"Free")
 
-SUMMARY = "remove host-device synchronizations (.item(), .cpu(), explicit syncs) (op=REGEX)"
+SUMMARY = (
+    "remove host-device synchronizations (.item(), .cpu(), explicit syncs) "
+    "(op=REGEX, reads=true: only host reads)"
+)
 
 
 # Ops whose sync is the host reading a tensor's value: `.item()`, `.cpu()` / `.to("cpu")`,
