@@ -110,7 +110,7 @@ def event_phases(table: EventTable) -> np.ndarray:
         look[idx] = parent[look[idx]]
     launched = table.launch >= 0
     phase[launched] = phase[table.launch[launched]]
-    graph_launch = np.isin(np.asarray(table.names, dtype=object), GRAPH_LAUNCHES)
+    graph_launch = np.array([n in GRAPH_LAUNCHES for n in table.names], dtype=bool)
     if graph_launch.any():
         # A graph replayed inside a named phase (torch.compile's per-region graphs: the
         # backward graph launches from autograd's backward) keeps that phase; one launched

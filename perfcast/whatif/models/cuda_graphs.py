@@ -115,15 +115,22 @@ def apply(graph: Graph, options: Options) -> Graph:
             )
         segment = np.cumsum(is_sync) if split else np.zeros(region.size, dtype=np.int64)
         tasks = launched[tasks_of.get(code, np.zeros(0, dtype=np.int64))]
-        task_launch = c["launch"][tasks]
-        for seg in np.unique(segment[~eager]).tolist():
-            members = region[(segment == seg) & ~eager]
+        # Each task's launch is a node of this region: its position there gives the task's
+        # segment, and whether it stays eager. Grouped once, not by a mask per segment (a
+        # step with thousands of syncs would make that quadratic).
+        by_id = np.argsort(region)
+        at = by_id[np.searchsorted(region[by_id], c["launch"][tasks])]
+        tasks, at = tasks[~eager[at]], at[~eager[at]]
+        tasks_in = dict(split_by(segment[at]))
+        captured = region[~eager]
+        for seg, pos in split_by(segment[~eager]):
+            members = captured[pos]  # in host order: split_by keeps ties in order
             launches = members[c["kind"][members] == NodeKind.LAUNCH]
             if launches.size == 0:
                 continue
             n_graphs += 1
-            first = int(launches[0])  # the region is in host order
-            gpu = tasks[np.isin(task_launch, launches)]
+            first = int(launches[0])
+            gpu = tasks[tasks_in.get(seg, np.zeros(0, dtype=np.int64))]
             n_kernels += gpu.size
             c["launch"][gpu] = first
             c["launch_w"][gpu] = lat
