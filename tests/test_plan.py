@@ -272,3 +272,33 @@ def test_plan_multi_rank_folders(shared_traces: Path) -> None:
         perfcast.load(str(shared_traces / "hta_sampled_128rank")), 128, gpu="a100-80gb", top=3
     )
     assert r.best
+
+
+def _one_step(device: dict | None, tmp_path: Path, name: str) -> Path:
+    b = TraceBuilder(device=device)
+    b.step(1, 0, 1000)
+    b.op("aten::mm", 10, 50, **{"Input Dims": [[64, 64], [64, 64]]})
+    b.launch("gemm", 20, 5, 30, 200)
+    return b.write(tmp_path / name)
+
+
+def test_plan_identifies_the_traced_gpu(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """ROCm builds that call every GPU "AMD Radeon Graphics" are known by their compute units
+    and memory; a named variant stands in for its base part; a CPU-only trace says so first."""
+    radeon = {"id": 0, "name": "AMD Radeon Graphics", "numSms": 104,
+              "totalGlobalMem": 68702699520, "warpSize": 64}  # fmt: skip
+    r = plan_trace(perfcast.load(str(_one_step(radeon, tmp_path, "mi250.json"))), 8, top=1)
+    assert r.best and any("those of the MI250-GCD" in a for a in r.assumptions)
+    h800 = {"id": 0, "name": "NVIDIA H800", "totalGlobalMem": 85899345920, "numSms": 132}
+    r = plan_trace(perfcast.load(str(_one_step(h800, tmp_path, "h800.json"))), 8, top=1)
+    assert any("H800 is the H100 SXM" in a for a in r.assumptions)
+    unknown = {"id": 0, "name": "Imaginary GPU 9000", "numSms": 7}
+    path = _one_step(unknown, tmp_path, "unknown.json")
+    assert main(["plan", str(path), "--gpus", "8"]) == 2
+    assert "'Imaginary GPU 9000' is not in perfcast's device table" in capsys.readouterr().err
+    cpu = TraceBuilder(device=None)
+    cpu.step(1, 0, 100)
+    cpu.op("aten::add", 10, 5)
+    path = cpu.write(tmp_path / "cpu.json")
+    assert main(["plan", str(path), "--gpus", "8"]) == 2  # no --gpu, no name: no GPU work
+    assert "no GPU work" in capsys.readouterr().err

@@ -144,6 +144,29 @@ def device_spec(info: RankInfo) -> DeviceSpec | None:
     return spec
 
 
+def traced_device(table: EventTable) -> tuple[DeviceSpec | None, str | None, str | None]:
+    """(the spec of the trace's GPU, the name the trace gives it, how it was identified when
+    not by its name); the spec is None when the trace names no known part."""
+    from perfcast.hardware.devices import nearest_device
+
+    named = next((i.device_name for i in table.ranks if i.device_name), None)
+    for info in table.ranks:
+        spec = device_spec(info)
+        if spec is not None:
+            how = None
+            if info.device_name and lookup_device(info.device_name) is None:
+                how = (
+                    f"the trace calls its GPU '{info.device_name}'; its compute units and "
+                    f"memory are those of the {spec.name}"
+                )
+            return spec, info.device_name or spec.name, how
+    if named:
+        near = nearest_device(named)
+        if near is not None:
+            return near[0], named, near[1]
+    return None, named, None
+
+
 def rank_span_ns(table: EventTable, rank: int) -> tuple[int, int]:
     """First start and last end of any event of the rank (its own clock)."""
     on = table.rank == rank

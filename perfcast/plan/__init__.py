@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from perfcast.analysis.common import traced_device
 from perfcast.errors import PerfcastError
 from perfcast.events import EventTable
 from perfcast.hardware.network import Cluster, calibrated_from, make_cluster
@@ -47,22 +48,20 @@ def _cluster_for(
     inter: str | None,
     gpus_per_node: int,
 ) -> Cluster:
-    device = gpu
-    if device is None and table is not None:
-        names = [i.device_name for i in table.ranks if i.device_name]
-        device = names[0] if names else None
-    if device is None:
+    """The cluster to plan on: `gpu`, else the trace's GPU."""
+    if gpu is not None:
+        return make_cluster(gpu, intra=link, inter=inter, gpus_per_node=gpus_per_node)
+    spec, named, _ = traced_device(table) if table is not None else (None, None, None)
+    if spec is None and named is None:
         raise PerfcastError(
             "the trace does not name its GPU", hint="pass --gpu (e.g. h100, a100-80gb)"
         )
-    from perfcast.hardware.devices import lookup_device
-
-    if lookup_device(device) is None:
+    if spec is None:
         raise PerfcastError(
-            f"GPU '{device}' is not in perfcast's device table",
+            f"GPU '{named}' is not in perfcast's device table",
             hint="pass --gpu with a known one (e.g. h100, a100-80gb, mi300x)",
         )
-    return make_cluster(device, intra=link, inter=inter, gpus_per_node=gpus_per_node)
+    return make_cluster(spec, intra=link, inter=inter, gpus_per_node=gpus_per_node)
 
 
 def measured_busbw(
@@ -105,15 +104,13 @@ def calibrate_cluster(
     """The cluster with its intra-node bus bandwidth set from the trace's own large
     collectives inside one node, when they ran on this cluster's GPU and link; and a phrase
     for what was measured (or None), and one for why a measurement was not used (or None)."""
-    from perfcast.hardware.devices import lookup_device
     from perfcast.hardware.interconnects import default_intra_node_link
 
     measured = measured_busbw(table, cluster.intra.name, cluster.gpus_per_node)
     if measured is None:
         return cluster, None, None
     busbw, what = measured
-    names = [i.device_name for i in table.ranks if i.device_name]
-    traced = lookup_device(names[0]) if names else None
+    traced = traced_device(table)[0]
     if traced is None or traced.name != cluster.device.name:
         why = f"{what}, on {traced.name if traced else 'an unnamed GPU'}: not used for another GPU"
         return cluster, None, why
@@ -150,6 +147,10 @@ def plan_trace(
 ) -> PlanResult:
     """Best plans for running the traced step on `gpus` GPUs (default: weak scaling, the
     trace's per-GPU batch on every GPU)."""
+    if gpu is None and not table.is_gpu().any():
+        raise PerfcastError(
+            "the trace has no GPU work (CPU-only): there is nothing to plan over GPUs"
+        )
     cluster = _cluster_for(table, gpu, link, inter, gpus_per_node)
     cluster, cal, unused = calibrate_cluster(table, cluster)
     w = trace_workload(table, cluster, rank=rank, batch=batch)

@@ -38,11 +38,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from perfcast.analysis.common import traced_device
 from perfcast.errors import PerfcastError
 from perfcast.events import EventTable, Kind
 from perfcast.graph.phases import Phase, collective_kernel_mask, event_phases
 from perfcast.hardware.classify import KernelClass, classify_names, dtype_from_kernel_name
-from perfcast.hardware.devices import DeviceSpec, lookup_device
+from perfcast.hardware.devices import DeviceSpec
 from perfcast.hardware.network import Cluster, collective_time_s
 from perfcast.memory_model.facts import TraceFacts, trace_facts
 from perfcast.memory_model.model import inputs_from_facts
@@ -318,10 +319,10 @@ def trace_workload(
     lin_saved = [s for s in facts.saved if s.linear]
     pairs = len(lin_saved) // 2
     tp_bytes = float(np.mean([s.nbytes for s in lin_saved])) / b0 if lin_saved else 0.0
-    spec = lookup_device(facts.device_name) if facts.device_name else None
+    spec, _, identified = traced_device(table)
     amp_cb = _amp_ratio(table, k[cb], spec)
     dev_cb = dev_mem = 1.0
-    assumptions = []
+    assumptions = [identified] if identified else []
     if spec is not None and spec.name != cluster.device.name:
         dtype = facts.compute_dtype if facts.compute_dtype != "fp32" else "tf32"
         dev_cb = spec.peak(dtype) / cluster.device.peak(dtype)
