@@ -157,8 +157,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     ui = UI(quiet=getattr(args, "quiet", False), json_mode=getattr(args, "json", False))
-    # The file the command works on, for the one-line message of an internal error.
-    subject = getattr(args, "path", None) or getattr(args, "result", None)
+    # The file the command works on, for the one-line message of an error that does not name
+    # one (diff: A, the trace its --apply changes).
+    subject = (
+        getattr(args, "path", None) or getattr(args, "result", None) or getattr(args, "a", None)
+    )
     return _guard(lambda: COMMANDS[args.command](args, ui), debug=args.debug, subject=subject)
 
 
