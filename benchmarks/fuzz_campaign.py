@@ -11,8 +11,9 @@ strings, byte flips in the JSON or the gzip stream, cuts, garbage. Big seeds are
 cut to a window of events first (2k, 10k or 40k events; whole in 5% of draws) so that a
 campaign of 10,000 inputs fits in a few hours of one core; --no-crop keeps them whole.
 
-Every input runs through the stages summary, replay, whatif (one model, rotating), advise
-and report, each with a 60 s limit (--timeout). Outcomes:
+Every input runs through the stages summary, replay, whatif (one model, rotating), advise,
+report, analyze, tree (one view, rotating), plan and diff (the input against the trace it
+was made from, every other one with --apply), each with a 60 s limit (--timeout). Outcomes:
 
     ok         exit 0
     error      exit 2 and the last stderr line is one `perfcast: error: ...` line
@@ -64,7 +65,7 @@ from tests.fuzzing import Seed, mutate  # noqa: E402
 
 SHARED = REPO.parent / "shared"
 DEFAULT_TRACES = [SHARED / "traces", SHARED / "gpu-truth" / "traces" / "h100"]
-STAGES = ("summary", "replay", "whatif", "advise", "report")
+STAGES = ("summary", "replay", "whatif", "advise", "report", "analyze", "tree", "plan", "diff")
 OUTCOMES = ("ok", "error", "internal", "traceback", "timeout", "crash", "modified")
 
 
@@ -156,6 +157,24 @@ def stage_argv(stage: str, inp: Input, scratch: Path) -> list[str]:
         return ["advise", p, *tail]
     if stage == "report":
         return ["report", p, "-o", str(scratch / "report.html"), *tail]
+    if stage == "analyze":
+        tables = ["--csv", str(scratch / "tables")] if inp.index % 3 == 1 else []
+        return ["analyze", p, *tables, *tail]
+    if stage == "tree":
+        views = [
+            ["--bottom-up"],
+            ["--speedscope", str(scratch / "tree.speedscope.json")],
+            ["--folded", str(scratch / "tree.folded"), "--metric", "cpu"],
+            ["--phase", "backward", "--step", "2"],
+        ][inp.index % 4]
+        return ["tree", p, *views, *tail]
+    if stage == "plan":
+        return ["plan", p, "--gpus", str((8, 16, 64)[inp.index % 3]), *tail]
+    if stage == "diff":
+        # The mutated trace against the trace it came from, sometimes predicting one from
+        # the other.
+        apply = ["--apply", WHATIF_MODELS[inp.index % len(WHATIF_MODELS)]] if inp.index % 2 else []
+        return ["diff", inp.seed, p, *apply, *tail]
     raise ValueError(stage)
 
 

@@ -5,9 +5,10 @@ byte-identical copies of shared traces, see the README there) or a generated one
 with tests/fuzzing.py in the ways users' files go wrong (wrong types, duplicated and
 shuffled events, cyclic flows, nested steps, huge numbers, deep nesting, markup, hostile
 shapes, flips and cuts of the JSON or the gzip stream), and runs summary, replay, whatif,
-advise and report on it in-process. Each must exit 0, or exit 2 with one
-`perfcast: error: ...` line naming the file; never an internal error (exit 3) or an escaped
-exception, never longer than STAGE_LIMIT_S, and the input is never modified.
+advise, report and one of analyze, tree, plan and diff on it in-process. Each must exit 0,
+or exit 2 with one `perfcast: error: ...` line naming the file; never an internal error
+(exit 3) or an escaped exception, never longer than STAGE_LIMIT_S, and the input is never
+modified.
 
 The default profile is derandomized (the same examples on every run: CI stays
 deterministic); `pytest tests/test_fuzz.py --hypothesis-profile=explore` draws new ones.
@@ -140,6 +141,17 @@ def check_all_stages(path: Path, model: str) -> None:
             run_stage(["whatif", p, "--apply", model, "--json"], path)
             run_stage(["advise", p], path)
             run_stage(["report", p, "-o", f"{out}/report.html"], path)
+            # One of the analysis commands, rotating with the model drawn.
+            pick = WHATIF_SPECS.index(model) % 4 if model in WHATIF_SPECS else 0
+            run_stage(
+                [
+                    ["analyze", p, "--csv", f"{out}/tables"],
+                    ["tree", p, "--bottom-up", "--speedscope", f"{out}/tree.json"],
+                    ["plan", p, "--gpus", "16", "--json"],
+                    ["diff", p, p, "--apply", model],
+                ][pick],
+                path,
+            )
     assert _digest(path) == before, "a command modified its input"
 
 
