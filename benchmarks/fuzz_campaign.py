@@ -16,7 +16,8 @@ report, analyze, tree (one view, rotating), plan and diff (the input against the
 was made from, every other one with --apply), each with a 60 s limit (--timeout). Outcomes:
 
     ok         exit 0
-    error      exit 2 and the last stderr line is one `perfcast: error: ...` line
+    error      exit 2 and the last stderr line is one `perfcast: error: ...` line naming the input
+    unnamed    the same line without the input's name (the user cannot tell which file)
     internal   perfcast's own one-line "internal error" (a bug, reported as such)
     traceback  an exception escaped, or a traceback was printed
     timeout    no answer within the limit
@@ -66,7 +67,7 @@ from tests.fuzzing import Seed, mutate  # noqa: E402
 SHARED = REPO.parent / "shared"
 DEFAULT_TRACES = [SHARED / "traces", SHARED / "gpu-truth" / "traces" / "h100"]
 STAGES = ("summary", "replay", "whatif", "advise", "report", "analyze", "tree", "plan", "diff")
-OUTCOMES = ("ok", "error", "internal", "traceback", "timeout", "crash", "modified")
+OUTCOMES = ("ok", "error", "unnamed", "internal", "traceback", "timeout", "crash", "modified")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -397,6 +398,13 @@ def run_input(runner: Runner, inp: Input, stages: tuple[str, ...], scratch: Path
         run = runner.run(stage_argv(stage, inp, scratch))
         if run.outcome in ("ok", "error") and digest(inp.path) != before:
             run = Run("modified", run.rc, run.seconds, run.stderr_tail, f"{stage} changed input")
+        elif run.outcome == "error" and not any(
+            name in run.stderr_tail.splitlines()[-1]
+            for name in (inp.path.name, *([Path(inp.seed).name] if stage == "diff" else []))
+        ):
+            # The user must be told which file the message is about (diff: A or B).
+            msg = _normalize_message(run.stderr_tail)
+            run = Run("unnamed", run.rc, run.seconds, run.stderr_tail, f"{stage}: {msg[:120]}")
         results[stage] = run
     return {k: asdict(v) for k, v in results.items()}
 
@@ -627,7 +635,7 @@ def main(argv: list[str] | None = None) -> int:
     write_summary(args.count)
     total = sum(counts.values(), Counter())
     print(json.dumps({"outcomes": dict(total), "signatures": dict(signatures)}, indent=1))
-    return 0 if all(total[o] == 0 for o in ("internal", "traceback", "timeout", "crash")) else 1
+    return 0 if all(total[o] == 0 for o in OUTCOMES[2:]) else 1
 
 
 if __name__ == "__main__":
