@@ -33,6 +33,9 @@ class Kind(enum.IntEnum):
     CUDA_SYNC = 9  # "cuda_sync" events Kineto draws on the GPU side
     MEMORY = 10  # [memory] instant events: allocations and frees
     OTHER = 11
+    # "cuda_profiler_range": one kernel's CUPTI range-profiler counters (torch.profiler's
+    # experimental_config profiler_metrics); the kernel itself is not timed.
+    GPU_COUNTERS = 12
 
 
 GPU_KINDS = (Kind.KERNEL, Kind.MEMCPY, Kind.MEMSET)

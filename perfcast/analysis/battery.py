@@ -12,6 +12,7 @@ from typing import Any
 
 from perfcast.analysis.catalog import TITLES
 from perfcast.analysis.comms import Collectives, collectives
+from perfcast.analysis.counters import GpuCounters, gpu_counters
 from perfcast.analysis.idle import IdleTime, idle_time
 from perfcast.analysis.kernels import KernelBreakdown, kernel_breakdown
 from perfcast.analysis.launch_queue import LaunchQueue, launch_queue
@@ -38,6 +39,7 @@ _RUN: dict[str, Callable[[EventTable, int], Any]] = {
     "roofline": lambda t, top: roofline(t, top=top),
     "scopes": lambda t, top: scopes(t, top=top),
     "ops": lambda t, top: op_kernels(t, top=top),
+    "counters": lambda t, top: gpu_counters(t, top=top),
 }
 ANALYSES: dict[str, tuple[Callable[[EventTable, int], Any], str]] = {
     name: (_RUN[name], title) for name, title in TITLES.items()
@@ -58,6 +60,7 @@ class Analyses:
     roofline: Roofline | None = None
     scopes: Scopes | None = None
     ops: OpKernelResult | None = None
+    counters: GpuCounters | None = None
     ranks: list[int] = field(default_factory=list)
     files: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)

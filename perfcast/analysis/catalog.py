@@ -17,4 +17,5 @@ TITLES: dict[str, str] = {
     "roofline": "per-op roofline from shapes",
     "scopes": "record_function and module scopes",
     "ops": "kernels by launching ATen op",
+    "counters": "GPU performance counters per kernel and op (CUPTI range profiler)",
 }

@@ -120,9 +120,14 @@ def launching_op(table: EventTable, gpu_rows: np.ndarray, aten_first: bool = Tru
     The innermost `aten::` op around the launching runtime call, as HTA attributes kernels,
     else the innermost CPU op of any name.
     """
-    launch = table.launch[gpu_rows].astype(np.int64)
-    has = launch >= 0
-    start = np.where(has, table.parent[np.maximum(launch, 0)], NONE)
+    return op_around(table, table.launch[gpu_rows], aten_first)
+
+
+def op_around(table: EventTable, calls: np.ndarray, aten_first: bool = True) -> np.ndarray:
+    """Per runtime call (NONE entries allowed), the CPU op that made it: the innermost
+    `aten::` op around it, else the innermost CPU op of any name (NONE when none)."""
+    calls = calls.astype(np.int64)
+    start = np.where(calls >= 0, table.parent[np.maximum(calls, 0)], NONE)
     is_op = table.kind == Kind.CPU_OP
     if aten_first:
         aten = np.array([n.startswith("aten::") for n in table.names], dtype=bool)

@@ -380,7 +380,7 @@ class ContextIndex:
 
 def _tree_kinds(table: EventTable, labels_of_name: np.ndarray, is_module: np.ndarray) -> np.ndarray:
     """CtxKind per row, or -1 for rows the tree leaves out."""
-    lut = np.full(int(Kind.OTHER) + 1, -1, dtype=np.int8)
+    lut = np.full(max(Kind) + 1, -1, dtype=np.int8)
     lut[Kind.PYTHON_FUNCTION] = CtxKind.FRAME
     lut[Kind.USER_ANNOTATION] = CtxKind.ANNOTATION
     lut[Kind.CPU_OP] = CtxKind.OP

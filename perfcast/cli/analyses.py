@@ -16,7 +16,7 @@ def register(sub: Any, add_common: Callable[[Any], None], table: dict[str, Any])
     p = sub.add_parser(
         "analyze",
         help="kernel breakdown, idle time, launches, launch queue, memory, stragglers, "
-        "collectives, roofline, scopes, kernels by op",
+        "collectives, roofline, scopes, kernels by op, GPU counters",
         description="Every trace analysis HTA and TraceLens offer, on every rank. Analyses: "
         + "; ".join(f"{k} ({title})" for k, title in TITLES.items()),
     )

@@ -205,7 +205,7 @@ def build_gpu_lanes(
         return
     inv, uniq = combine_codes(table.pid[rows], table.tid[rows])
     gk = np.array(
-        [_GPU_KIND_OF.get(int(k), GpuKind.NONE) for k in range(int(Kind.OTHER) + 1)], dtype=np.int8
+        [_GPU_KIND_OF.get(int(k), GpuKind.NONE) for k in range(max(Kind) + 1)], dtype=np.int8
     )
     for t_idx in range(uniq.shape[0]):
         dev, stream = int(uniq[t_idx, 0]), int(uniq[t_idx, 1])

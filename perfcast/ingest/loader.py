@@ -138,6 +138,20 @@ def _load_one(path: str, names: Interner, rank_hint: int | None) -> tuple[RankIn
         info.warnings.append(f"{cols.n_dropped} events without a readable timestamp were skipped")
     if info.n_events == 0 and not decoded.truncated:
         info.warnings.append("the trace holds no complete events")
+    kinds = cols.cols["kind"]
+    n_counters = int((kinds == Kind.GPU_COUNTERS).sum())
+    if n_counters:
+        untimed = not (kinds == Kind.KERNEL).any()
+        info.warnings.append(
+            f"{n_counters:,} kernel{'s were' if n_counters != 1 else ' was'} recorded by "
+            "CUPTI's range profiler (profiler_metrics)"
+            + (
+                ": they carry counters, not times, so this trace shows no GPU time"
+                if untimed
+                else ""
+            )
+            + "; `perfcast analyze --only counters` lists the counters per kernel and op"
+        )
     return info, cols
 
 

@@ -124,6 +124,7 @@ CATEGORY_KIND: dict[str, Kind] = {
     "gpu_memset": Kind.MEMSET,
     "gpu_user_annotation": Kind.GPU_ANNOTATION,
     "cuda_sync": Kind.CUDA_SYNC,
+    "cuda_profiler_range": Kind.GPU_COUNTERS,
     # 2021 (PyTorch 1.8-1.10)
     "operator": Kind.CPU_OP,
     "runtime": Kind.RUNTIME,

@@ -15,9 +15,10 @@ if TYPE_CHECKING:
     from perfcast.analysis.diff import TraceDiff
 
 # Tables drawn as charts in the HTML report, too long for a terminal.
-SERIES = {"series", "timeline", "bandwidth"}
+SERIES = {"series", "timeline", "bandwidth", "values"}  # long tables: --json / --csv
 # Columns shown in the terminal where a table has many; --json and --csv have them all.
 COLUMNS: dict[str, tuple[str, ...]] = {
+    "counters.kernels": ("index", "op", "flops_fp32", "flops_fp16", "kernel"),
     "kernels.top": ("rank", "kind", "count", "total_ms", "mean_us", "max_us", "pct", "name"),
     "launches.by_kernel": ("rank", "launches", "mean_cpu_us", "mean_gpu_us", "mean_delay_us",
                            "short_kernels", "delay_outliers", "name"),

@@ -163,9 +163,13 @@ def _analyses(table: EventTable, notes: list[str]) -> dict[str, Any] | None:
     except PerfcastError as exc:
         notes.append(f"the trace analyses failed: {exc}")
         return None
+    results = {name: _asdict(res) for name, res in result.results().items()}
+    if "counters" in results:
+        # One row per kernel and metric: not drawn, and too long to embed in a page.
+        results["counters"].pop("values", None)
     return {
         "titles": {name: title for name, (_, title) in ANALYSES.items()},
-        "results": {name: _asdict(res) for name, res in result.results().items()},
+        "results": results,
     }
 
 

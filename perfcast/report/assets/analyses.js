@@ -10,7 +10,7 @@
     return;
   }
   root.textContent = "";
-  var SERIES = { series: 1, timeline: 1, bandwidth: 1 };
+  var SERIES = { series: 1, timeline: 1, bandwidth: 1, values: 1 };
   var ROWS = 15;
 
   function el(tag, cls, text) {
