@@ -110,3 +110,14 @@ def test_counter_values_nested_past_the_limit(tmp_path: Path) -> None:
     r = gpu_counters(perfcast.load(str(path)))
     assert [(m.metric, m.total) for m in r.by_metric] == [("m", 3.0)]
     assert main(["analyze", str(path), "--only", "counters", "-q"]) == 0
+
+
+def test_counter_values_with_invalid_utf8(tmp_path: Path) -> None:
+    """Invalid UTF-8 (a flipped byte; fuzz campaign) becomes U+FFFD, as the reader reads it."""
+    ev = b'{"ph": "X", "ts": 1, "dur": 1, "pid": 1, "tid": 1, "cat": "cuda_profiler_range"'
+    doc = b'{"traceEvents": [' + ev + b', "name": "k\x89", "args": {"m\x89": 3, "n": 1}}]}'
+    path = tmp_path / "utf8.json"
+    path.write_bytes(doc)
+    r = gpu_counters(perfcast.load(str(path)))
+    assert sorted(m.total for m in r.by_metric) == [1.0, 3.0]
+    assert r.kernels[0].kernel == "k\ufffd"

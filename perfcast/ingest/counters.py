@@ -73,10 +73,14 @@ def read_counter_ranges(path: str) -> list[CounterRange]:
     try:
         try:
             events = msgspec.json.decode(data, type=_Trace).traceEvents
+        except UnicodeDecodeError:
+            # Invalid UTF-8 becomes U+FFFD, as the reader reads it.
+            data = bytes(data).decode("utf-8", errors="replace").encode()
+            events = msgspec.json.decode(data, type=_Trace).traceEvents
         except RecursionError:
             # Values nested past the reader's limit become null, as the reader reads them.
             events = msgspec.json.decode(flatten_deep(data)[0], type=_Trace).traceEvents
-    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as exc:
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError, ValueError) as exc:
         raise PerfcastError(
             f"the counter values could not be decoded (the file is damaged or cut: {exc})"
         ) from None
@@ -88,7 +92,7 @@ def read_counter_ranges(path: str) -> list[CounterRange]:
         if ev.cat == COUNTER_CATEGORY:
             try:
                 raw = msgspec.json.decode(ev.args)
-            except (msgspec.DecodeError, RecursionError):
+            except (msgspec.DecodeError, RecursionError, ValueError):
                 raw = None
             if isinstance(raw, dict):
                 for key, value in raw.items():
