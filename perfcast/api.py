@@ -99,6 +99,7 @@ def advise(
 if TYPE_CHECKING:
     from perfcast.analysis.battery import Analyses
     from perfcast.analysis.comms import Collectives
+    from perfcast.analysis.counters import GpuCounters
     from perfcast.analysis.diff import TraceDiff
     from perfcast.analysis.idle import IdleTime
     from perfcast.analysis.kernels import KernelBreakdown
@@ -209,6 +210,16 @@ def scopes(trace: TraceLike, top: int = 30) -> Scopes:
     >>> perfcast.scopes("trace.json.gz").to_pandas()                        # doctest: +SKIP
     """
     from perfcast.analysis.scopes import scopes as fn
+
+    return fn(_table(trace), top=top)
+
+
+def gpu_counters(trace: TraceLike, top: int = 30) -> GpuCounters:
+    """GPU performance counters (CUPTI range profiler) per kernel, launching op and metric.
+
+    >>> perfcast.gpu_counters("counters.json.gz").to_pandas("by_op")         # doctest: +SKIP
+    """
+    from perfcast.analysis.counters import gpu_counters as fn
 
     return fn(_table(trace), top=top)
 

@@ -87,7 +87,7 @@ def test_counters_on_the_shared_cupti_trace(
 ) -> None:
     """HTA's CUPTI counter example: 77 kernels profiled, 77 launch calls, 9 metrics."""
     path = shared_traces / "hta_alexnet_a100_cupti_counters.json.gz"
-    r = gpu_counters(perfcast.load(str(path)))
+    r = perfcast.gpu_counters(path)  # the public API takes a path too
     assert len(r.kernels) == 77 and len(r.by_metric) == 9 and len(r.values) == 77 * 9
     assert r.kernels[0].op == "aten::uniform_" and "distribution" in r.kernels[0].kernel
     assert all(k.op for k in r.kernels)
