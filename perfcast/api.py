@@ -154,7 +154,7 @@ def launch_stats(trace: TraceLike, top: int = 20) -> LaunchStats:
     return fn(_table(trace), top=top)
 
 
-def launch_queue(trace: TraceLike, max_depth: int = 1024) -> LaunchQueue:
+def launch_queue(trace: TraceLike, max_depth: int | None = None) -> LaunchQueue:
     """Launch-queue length per stream over time and time blocked on a full queue.
 
     >>> perfcast.launch_queue("trace.json.gz").by_stream[0].max_length    # doctest: +SKIP

@@ -323,3 +323,33 @@ def test_report_has_the_analyses_section(write_trace) -> None:
     data = report_data(t)
     assert set(data["analyses"]["results"]) == set(ANALYSES)
     assert 'id="analyses-body"' in render_report(t)
+
+
+def test_launch_queue_cupti_command_buffer_full(write_trace) -> None:
+    """CUPTI's own record of a launch waiting for the command buffer, counted per stream."""
+    b = TraceBuilder()
+    b.launch("k1", 0, 5, 10, 40)
+    b.launch("k2", 10, 50, 60, 10)
+    ev = {"ph": "X", "cat": "overhead", "pid": -1, "tid": 0}
+    b.events.append({**ev, "name": "Command Buffer Full", "ts": 12, "dur": 45})
+    b.events.append({**ev, "name": "Activity Buffer Request", "ts": 200, "dur": 30})
+    r = launch_queue(perfcast.load(write_trace(b.doc())))
+    s = r.by_stream[0]
+    assert (s.cupti_blocked_calls, s.cupti_blocked_ms) == (1, pytest.approx(0.045))
+    assert r.depth_source == "HTA's default" and r.max_depth == 1024  # too few to read
+    assert any("CUPTI recorded 1 launches" in n for n in r.notes)
+    plain = TraceBuilder()
+    plain.launch("k1", 0, 5, 10, 40)
+    s = launch_queue(perfcast.load(write_trace(plain.doc()))).by_stream[0]
+    assert s.cupti_blocked_calls is None and s.cupti_blocked_ms is None  # not recorded
+
+
+def test_launch_queue_depth_and_cupti_on_h100_resnet() -> None:
+    """The depth is read off the trace (1,022, as the graph reads it), and on r50_bs128 the
+    launches the model finds blocked are the 13 CUPTI recorded."""
+    path = Path(__file__).parents[1] / "benchmarks/accuracy/recorded/traces/h100/r50_bs128.json.gz"
+    r = launch_queue(perfcast.load(str(path)))
+    assert (r.max_depth, r.depth_source) == (1022, "measured on this trace")
+    s = r.by_stream[0]
+    assert s.cupti_blocked_calls == 13 and s.blocked_calls == 13
+    assert s.blocked_ms == pytest.approx(s.cupti_blocked_ms, rel=0.02)
