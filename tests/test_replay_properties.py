@@ -213,3 +213,22 @@ def test_unexplained_idle_is_under_one_percent(path: Path, built: dict[Path, Gra
         assert idle > 0.01 * total  # still there: the note must stay true
     else:
         assert idle <= 0.01 * total, f"{name}: {100 * idle / total:.1f}% idle"
+
+
+def test_queue_model_holds_every_launch_cupti_saw_blocked() -> None:
+    """CUPTI's own record ("Command Buffer Full" overhead events inside a launch call) checks
+    the graph's queue model on the H100 fused-Adam ResNet-50: each of the 215 launches CUPTI
+    saw wait is one the graph makes wait for the GPU (a dependency, not CPU time)."""
+    from perfcast.analysis.launch_queue import cupti_blocked_launches
+
+    root = Path(__file__).parents[1] / "benchmarks/accuracy/recorded/traces/h100"
+    table = perfcast.load(str(root / "r50_fused.json.gz"))
+    g = build_graph(table)
+    cupti = cupti_blocked_launches(table)
+    assert cupti is not None and len(cupti) == 215
+    c = g.cols
+    nodes = np.flatnonzero(np.isin(c["event"], list(cupti)) & (c["kind"] == NodeKind.LAUNCH))
+    assert nodes.size == 215
+    # A blocked launch keeps only its own cost as CPU time; the wait is a dependency.
+    assert (c["dur"][nodes] < c["dur_measured"][nodes]).all()
+    assert g.unresolved["launches_blocked_on_queue"] >= 215

@@ -183,7 +183,7 @@ def _measured_depth(streams: list[_Stream]) -> int | None:
     return None
 
 
-def _cupti_blocked(table: EventTable) -> dict[int, tuple[int, int]] | None:
+def cupti_blocked_launches(table: EventTable) -> dict[int, tuple[int, int]] | None:
     """Launch call row -> (1, ns) for each launch CUPTI recorded waiting for a full command
     buffer (its "Command Buffer Full" overhead event inside the call); None when the trace
     holds no CUPTI overhead events at all."""
@@ -230,7 +230,7 @@ def launch_queue(table: EventTable, max_depth: int | None = None) -> LaunchQueue
         source = "measured on this trace" if measured is not None else "HTA's default"
         max_depth = measured if measured is not None else CUDA_MAX_LAUNCH_QUEUE
     out = LaunchQueue([], [], max_depth, depth_source=source, notes=input_notes(table))
-    cupti = _cupti_blocked(table)
+    cupti = cupti_blocked_launches(table)
     # GPU work whose launch call the trace lacks holds queue slots this count cannot place.
     unlaunched = np.flatnonzero(table.is_gpu() & (table.launch < 0))
     lost: dict[tuple[int, int, int], int] = {}
