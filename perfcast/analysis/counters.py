@@ -8,7 +8,8 @@ the counter values and no usable time (HTA reads the same events with
 launched it, so the i-th range is paired with the rank's i-th kernel launch call, in order,
 when both counts agree (CUPTI profiles the kernels in launch order); the launching op is the
 innermost `aten::` op around that call. When the counts differ, no op is named: pairing them
-would blame the wrong ops.
+would blame the wrong ops; except in a cut file, where what is left of both starts at the
+same kernel and the shorter is paired with the start of the longer (said in the notes).
 
 FLOPs, where the instruction metrics are among those recorded (`smsp__sass_thread_inst_
 executed_op_{d,f,h}{add,mul,fma}_pred_on.sum`), count as Nsight Compute's roofline counts
@@ -127,18 +128,30 @@ def gpu_counters(table: EventTable, top: int = 30) -> GpuCounters:
         found_any = True
         where = f"rank {info.rank}: " if len(table.ranks) > 1 else ""
         try:
-            ranges = read_counter_ranges(info.path)
+            ranges, damaged = read_counter_ranges(info.path)
         except PerfcastError as exc:
             out.notes.append(f"{where}{exc}")
             continue
+        if damaged:
+            out.notes.append(f"{where}{damaged}")
         ranges.sort(key=lambda r: r.ts)  # stable: file order among equal times
         calls = np.flatnonzero(
             on & np.isin(table.kind, [Kind.RUNTIME, Kind.DRIVER]) & is_launch[table.name]
         )
         calls = calls[np.argsort(table.ts[calls], kind="stable")]
-        if calls.size == len(ranges):
-            ops = op_around(table, calls)
+        paired = calls.size if calls.size == len(ranges) else 0
+        if not paired and info.truncated and calls.size and ranges:
+            # A cut file lost the tail of one sequence or both: what is left of each starts
+            # at the same kernel, so the shorter pairs with the start of the longer.
+            paired = min(calls.size, len(ranges))
+            out.notes.append(
+                f"{where}the file is cut: {len(ranges):,} counter ranges and {calls.size:,} "
+                f"kernel launch calls are left; the first {paired:,} of each are paired"
+            )
+        if paired:
+            ops = op_around(table, calls[:paired])
             op_names = [table.names[table.name[o]] if o != NONE else "" for o in ops.tolist()]
+            op_names += [""] * (len(ranges) - paired)
         else:
             op_names = [""] * len(ranges)
             out.notes.append(

@@ -12,20 +12,24 @@ events' args are decoded further.
 
 from __future__ import annotations
 
-import gzip
+import contextlib
 import math
+import zlib
 from dataclasses import dataclass
 from typing import Any
 
 import msgspec
+import numpy as np
 
 from perfcast.errors import PerfcastError
-from perfcast.ingest.reader import flatten_deep
+from perfcast.ingest.reader import flatten_deep, scan
 
 COUNTER_CATEGORY = "cuda_profiler_range"
 # A counter trace holds one event per kernel of a few steps; past this inflated size the
 # values are not read again (the analysis says so) rather than hold the whole file in memory.
 MAX_REREAD_BYTES = 1 << 30
+MAX_SALVAGE_BYTES = 256 << 20  # a damaged file is searched event by event up to this size
+_NEEDLE = b'"cuda_profiler_range"'
 
 
 class _Event(msgspec.Struct, gc=False):
@@ -48,57 +52,122 @@ class CounterRange:
     values: dict[str, float]  # metric name -> value (numbers only)
 
 
-def read_counter_ranges(path: str) -> list[CounterRange]:
-    """The `cuda_profiler_range` events of one trace file, in the order they were written.
-
-    Raises PerfcastError when the file cannot be decoded whole (a cut or damaged file keeps
-    its other events in the table; only these values are lost) or is too large to read again.
-    """
+def _inflated(path: str) -> tuple[bytes, bool]:
+    """The file's bytes, inflated if gzipped, and whether a gzip stream ended early (what it
+    gave before the damage is kept)."""
     try:
         with open(path, "rb") as fh:
-            head = fh.read(2)
-            fh.seek(0)
-            if head == b"\x1f\x8b":
-                with gzip.GzipFile(fileobj=fh) as gz:
-                    data = gz.read(MAX_REREAD_BYTES + 1)
-            else:
-                data = fh.read(MAX_REREAD_BYTES + 1)
-    except (OSError, EOFError, gzip.BadGzipFile) as exc:
+            raw = fh.read(MAX_REREAD_BYTES + 1)
+    except OSError as exc:
         raise PerfcastError(f"the counter values could not be read again ({exc})") from None
+    if raw[:2] != b"\x1f\x8b":
+        return raw, False
+    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    out = bytearray()
+    cut = False
+    step = 1 << 20
+    for i in range(0, len(raw), step):
+        try:
+            out += inflater.decompress(raw[i : i + step], MAX_REREAD_BYTES + 1 - len(out))
+        except zlib.error:
+            cut = True
+            break
+        if len(out) > MAX_REREAD_BYTES:
+            break
+    return bytes(out), cut or not inflater.eof
+
+
+def _decode_whole(data: bytes) -> list[_Event]:
+    try:
+        return msgspec.json.decode(data, type=_Trace).traceEvents
+    except RecursionError:
+        # Values nested past the reader's limit become null, as the reader reads them.
+        return msgspec.json.decode(flatten_deep(data)[0], type=_Trace).traceEvents
+
+
+def _salvage(data: bytes) -> list[_Event]:
+    """The counter events that are complete in a cut or damaged file, each decoded alone:
+    the innermost object around each `"cuda_profiler_range"` string, when it closes."""
+    if len(data) > MAX_SALVAGE_BYTES:
+        return []
+    needles: list[int] = []
+    at = data.find(_NEEDLE)
+    while at >= 0:
+        needles.append(at)
+        at = data.find(_NEEDLE, at + len(_NEEDLE))
+    if not needles:
+        return []
+    pos, codes, before = scan(data)
+    idx = np.searchsorted(pos, np.asarray(needles, dtype=np.int64))
+    depth = np.where(idx < pos.size, before[np.minimum(idx, pos.size - 1)], 0)
+    found: list[tuple[int, _Event]] = []
+    # Per depth (usually one: the event list's), the openers one level up and the closers at
+    # that level, by index into the structural characters: searched, not scanned, per event.
+    for d in np.unique(depth).tolist():
+        sel = np.flatnonzero(depth == d)
+        openers = np.flatnonzero((codes == 123) & (before == d - 1))
+        closers = np.flatnonzero((codes == 125) & (before == d))
+        o = np.searchsorted(openers, idx[sel], side="left") - 1
+        c = np.searchsorted(closers, idx[sel], side="left")
+        for k in np.flatnonzero((o >= 0) & (c < closers.size)).tolist():
+            first, last = int(pos[openers[o[k]]]), int(pos[closers[c[k]]])
+            with contextlib.suppress(msgspec.DecodeError, msgspec.ValidationError, ValueError):
+                ev = msgspec.json.decode(data[first : last + 1], type=_Event)
+                found.append((needles[int(sel[k])], ev))
+    found.sort(key=lambda pair: pair[0])
+    return [ev for _, ev in found]
+
+
+def read_counter_ranges(path: str) -> tuple[list[CounterRange], str | None]:
+    """The `cuda_profiler_range` events of one trace file, in the order they were written,
+    and a note when some could not be read (a cut or damaged file: every complete counter
+    event is kept, as the reader keeps every complete event).
+
+    Raises PerfcastError when the file cannot be read again or inflates past 1 GiB.
+    """
+    data, cut = _inflated(path)
     if len(data) > MAX_REREAD_BYTES:
         raise PerfcastError(
             f"the counter values were not read again: the trace inflates past "
             f"{MAX_REREAD_BYTES >> 30} GiB"
         )
+    if not _is_utf8(data):
+        # Invalid UTF-8 becomes U+FFFD, as the reader reads it.
+        data = data.decode("utf-8", errors="replace").encode()
+    note = None
     try:
-        try:
-            events = msgspec.json.decode(data, type=_Trace).traceEvents
-        except UnicodeDecodeError:
-            # Invalid UTF-8 becomes U+FFFD, as the reader reads it.
-            data = bytes(data).decode("utf-8", errors="replace").encode()
-            events = msgspec.json.decode(data, type=_Trace).traceEvents
-        except RecursionError:
-            # Values nested past the reader's limit become null, as the reader reads them.
-            events = msgspec.json.decode(flatten_deep(data)[0], type=_Trace).traceEvents
-    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError, ValueError) as exc:
-        raise PerfcastError(
-            f"the counter values could not be decoded (the file is damaged or cut: {exc})"
-        ) from None
+        events = _decode_whole(data)
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError, ValueError):
+        events = _salvage(data)
+        found = data.count(_NEEDLE)
+        note = (
+            f"the file is {'cut' if cut else 'cut or damaged'}: the counters of "
+            f"{len(events):,} of "
+            f"the {found:,} counter events it holds were read"
+            + ("" if len(data) <= MAX_SALVAGE_BYTES else " (too large to salvage)")
+        )
     out: list[CounterRange] = []
     for ev in events:
         if ev.cat != COUNTER_CATEGORY:
             continue
         values: dict[str, float] = {}
-        if ev.cat == COUNTER_CATEGORY:
-            try:
-                raw = msgspec.json.decode(ev.args)
-            except (msgspec.DecodeError, RecursionError, ValueError):
-                raw = None
-            if isinstance(raw, dict):
-                for key, value in raw.items():
-                    number = isinstance(value, (int, float)) and not isinstance(value, bool)
-                    if number and math.isfinite(value):
-                        values[str(key)] = float(value)
+        try:
+            raw = msgspec.json.decode(ev.args)
+        except (msgspec.DecodeError, RecursionError, ValueError):
+            raw = None
+        if isinstance(raw, dict):
+            for key, value in raw.items():
+                number = isinstance(value, (int, float)) and not isinstance(value, bool)
+                if number and math.isfinite(value):
+                    values[str(key)] = float(value)
         ts = ev.ts if isinstance(ev.ts, (int, float)) and not isinstance(ev.ts, bool) else 0.0
         out.append(CounterRange(str(ev.name) if ev.name is not None else "", float(ts), values))
-    return out
+    return out, note
+
+
+def _is_utf8(data: bytes) -> bool:
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
