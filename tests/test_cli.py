@@ -43,6 +43,14 @@ def test_replay_json_and_export(capsys, tmp_path):
     names = {e["args"]["name"] for e in trace["traceEvents"] if e.get("name") == "process_name"}
     assert names == {"simulated · rank 0"}
     assert any(e["ph"] == "s" for e in trace["traceEvents"])  # launch arrows
+    # A launch-queue counter track per GPU stream: never negative, empty at the end.
+    queue = [e for e in trace["traceEvents"] if e["ph"] == "C"]
+    assert queue and all(e["name"].startswith("launch queue · ") for e in queue)
+    by_track: dict[str, list[int]] = {}
+    for e in sorted(queue, key=lambda e: e["ts"]):
+        by_track.setdefault(e["name"], []).append(e["args"]["pending"])
+    for levels in by_track.values():
+        assert min(levels) >= 0 and levels[-1] == 0 and max(levels) >= 1
 
 
 def test_whatif_json_and_side_by_side_export(capsys, tmp_path):

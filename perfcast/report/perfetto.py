@@ -1,7 +1,9 @@
 """Replayed timelines as a Chrome/Perfetto trace: one process per timeline and rank.
 
 Baseline and prediction go side by side as separate processes; launch ->
-kernel dependencies are drawn as flow arrows.
+kernel dependencies are drawn as flow arrows, and each GPU stream gets a counter track of its
+launch queue (operations launched and not yet finished), so a prediction shows where the
+queue fills or drains.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ _EDGE_LABEL = {
     int(EdgeType.COLLECTIVE): "collective",
     int(EdgeType.DATA): "dependency",
 }
+QUEUE_COUNTER_POINTS = 2_000  # samples per stream's launch-queue counter track
 _SOURCE_LABEL = {
     int(Source.MEASURED): "measured",
     int(Source.CORRECTED): "measured less the profiler's cost",
@@ -93,6 +96,7 @@ def timeline_events(
                 },
             }
         )
+    events.extend(_queue_counters(tl, pid_of))
     if flows:
         gpu = alive[(kind[alive] == NodeKind.GPU) & (c["launch"][alive] >= 0)]
         live = g.alive
@@ -156,6 +160,37 @@ def timeline_events(
                 }
             )
     return events
+
+
+def _queue_counters(tl: Timeline, pid_of: dict[int, int]) -> list[dict[str, Any]]:
+    """A counter track per GPU stream: GPU operations launched and not yet finished, as the
+    timeline has them (HTA's queue length: +1 when the launch call starts, -1 when the
+    operation ends), cut to at most QUEUE_COUNTER_POINTS samples keeping each bin's peak."""
+    from perfcast.analysis.common import downsample_steps
+
+    g = tl.graph
+    c = g.cols
+    gpu = np.flatnonzero((c["kind"] == NodeKind.GPU) & g.alive & (c["launch"] >= 0))
+    gpu = gpu[g.alive[c["launch"][gpu]]]
+    out: list[dict[str, Any]] = []
+    for lane in np.unique(c["lane"][gpu]).tolist():
+        on = gpu[c["lane"][gpu] == lane]
+        t = np.r_[tl.start[c["launch"][on]], tl.end[on]]
+        d = np.r_[np.ones(on.size, np.int64), -np.ones(on.size, np.int64)]
+        order = np.lexsort((d, t))  # at equal times the slot frees first
+        t, q = t[order], np.cumsum(d[order])
+        last_t, last_q = t[-1], q[-1]
+        t, q = downsample_steps(t, q, QUEUE_COUNTER_POINTS)
+        if t[-1] != last_t or q[-1] != last_q:  # a bin's peak hides where the queue ends
+            t, q = np.r_[t, last_t], np.r_[q, last_q]
+        ln = g.lanes[lane]
+        name = f"launch queue · {ln.name}"
+        pid = pid_of[ln.rank]
+        out.extend(
+            {"ph": "C", "name": name, "pid": pid, "ts": ts / 1000.0, "args": {"pending": n}}
+            for ts, n in zip(t.tolist(), q.tolist(), strict=True)
+        )
+    return out
 
 
 def export_timelines(timelines: list[tuple[str, Timeline]], path: str) -> None:
