@@ -23,7 +23,8 @@ _EDGE_LABEL = {
     int(EdgeType.COLLECTIVE): "collective",
     int(EdgeType.DATA): "dependency",
 }
-QUEUE_COUNTER_POINTS = 2_000  # samples per stream's launch-queue counter track
+QUEUE_COUNTER_POINTS = 2_000  # samples per stream's launch-queue counter track, at most
+QUEUE_COUNTER_BUDGET = 200_000  # samples over all streams of one timeline
 _SOURCE_LABEL = {
     int(Source.MEASURED): "measured",
     int(Source.CORRECTED): "measured less the profiler's cost",
@@ -165,7 +166,8 @@ def timeline_events(
 def _queue_counters(tl: Timeline, pid_of: dict[int, int]) -> list[dict[str, Any]]:
     """A counter track per GPU stream: GPU operations launched and not yet finished, as the
     timeline has them (HTA's queue length: +1 when the launch call starts, -1 when the
-    operation ends), cut to at most QUEUE_COUNTER_POINTS samples keeping each bin's peak."""
+    operation ends), cut to at most QUEUE_COUNTER_POINTS samples (fewer when many streams share
+    QUEUE_COUNTER_BUDGET) keeping each bin's peak."""
     from perfcast.analysis.common import downsample_steps
 
     g = tl.graph
@@ -173,14 +175,17 @@ def _queue_counters(tl: Timeline, pid_of: dict[int, int]) -> list[dict[str, Any]
     gpu = np.flatnonzero((c["kind"] == NodeKind.GPU) & g.alive & (c["launch"] >= 0))
     gpu = gpu[g.alive[c["launch"][gpu]]]
     out: list[dict[str, Any]] = []
-    for lane in np.unique(c["lane"][gpu]).tolist():
+    lanes = np.unique(c["lane"][gpu]).tolist()
+    # Many ranks: the tracks share a budget, so the counters never outweigh the timeline.
+    points = max(50, min(QUEUE_COUNTER_POINTS, QUEUE_COUNTER_BUDGET // max(len(lanes), 1)))
+    for lane in lanes:
         on = gpu[c["lane"][gpu] == lane]
         t = np.r_[tl.start[c["launch"][on]], tl.end[on]]
         d = np.r_[np.ones(on.size, np.int64), -np.ones(on.size, np.int64)]
         order = np.lexsort((d, t))  # at equal times the slot frees first
         t, q = t[order], np.cumsum(d[order])
         last_t, last_q = t[-1], q[-1]
-        t, q = downsample_steps(t, q, QUEUE_COUNTER_POINTS)
+        t, q = downsample_steps(t, q, points)
         if t[-1] != last_t or q[-1] != last_q:  # a bin's peak hides where the queue ends
             t, q = np.r_[t, last_t], np.r_[q, last_q]
         ln = g.lanes[lane]
