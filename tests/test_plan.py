@@ -302,3 +302,11 @@ def test_plan_identifies_the_traced_gpu(tmp_path: Path, capsys: pytest.CaptureFi
     path = cpu.write(tmp_path / "cpu.json")
     assert main(["plan", str(path), "--gpus", "8"]) == 2  # no --gpu, no name: no GPU work
     assert "no GPU work" in capsys.readouterr().err
+
+
+def test_plan_on_the_rocm_trace_that_calls_its_gpu_radeon(shared_traces: Path) -> None:
+    """HTA's MI250 trace names every GPU "AMD Radeon Graphics": planned as the MI250 GCD its
+    104 compute units and 64 GiB say it is (it was refused before)."""
+    r = plan_trace(perfcast.load(str(shared_traces / "hta_mi250_minitoy_train.json.gz")), 16)
+    assert r.best
+    assert any("those of the MI250-GCD" in a for a in r.assumptions)
