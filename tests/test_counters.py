@@ -134,3 +134,18 @@ def test_counter_values_with_invalid_utf8(tmp_path: Path) -> None:
     r = gpu_counters(perfcast.load(str(path)))
     assert sorted(m.total for m in r.by_metric) == [1.0, 3.0]
     assert r.kernels[0].kernel == "k\ufffd"
+
+
+def test_predictions_refuse_a_counter_trace(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    """Kernels replayed for counters inside their launch calls: no step time to predict from.
+    summary and analyze still run."""
+    ranges = [("gemm_kernel", {FP32.format("fma"): 3})] * 2
+    b = _counter_trace(ranges, ["aten::mm", "aten::mm"])
+    b.step(1, 0, 400)
+    path = b.write(tmp_path / "counters.json")
+    for argv in (["advise"], ["whatif", "--apply", "amp"], ["plan", "--gpus", "8"]):
+        assert main([argv[0], str(path), *argv[1:]]) == 2
+        err = capsys.readouterr().err
+        assert "needs kernel times" in err and "profiler_metrics" in err, err
+    assert main(["summary", str(path)]) == 0
+    assert main(["analyze", str(path), "--only", "counters"]) == 0

@@ -22,7 +22,7 @@ import numpy as np
 
 from perfcast.analysis.context_gain import CallSite, SiteFinder
 from perfcast.analysis.critical_path import GPU, HOST, critical_paths
-from perfcast.analysis.notes import graph_notes, input_notes
+from perfcast.analysis.notes import graph_notes, input_notes, refuse_counter_trace
 from perfcast.analysis.real_step import RealWorld, real_world
 from perfcast.events import EventTable
 from perfcast.graph.build import build_graph
@@ -329,6 +329,7 @@ def advise(
     pass `graph`/`world` to reuse an existing build and replay."""
     from perfcast.whatif.registry import parse_spec
 
+    refuse_counter_trace(table, "advise")
     graph = graph if graph is not None else build_graph(table)
     world = world if world is not None else real_world(graph, correct=correct)
     base = world.real

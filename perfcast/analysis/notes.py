@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from perfcast.events import EventTable, RankInfo
+from perfcast.events import EventTable, Kind, RankInfo
 from perfcast.graph.model import Graph, NodeKind
 
 # A runtime call or launch whose own host time reaches this is not per-kernel dispatch cost
@@ -64,3 +64,19 @@ def graph_notes(graph: Graph, step_ns: float) -> list[str]:
         "profile after a warm-up (torch.profiler.schedule(wait=1, warmup=1, active=3)) for "
         "steady-state predictions"
     ]
+
+
+def refuse_counter_trace(table: EventTable, command: str) -> None:
+    """Predictions from a CUPTI range-profiler trace (counters, no kernel times) are refused:
+    its kernels were replayed once per counter pass inside their launch calls, so neither
+    the GPU's nor the host's time is the real run's."""
+    from perfcast.errors import PerfcastError
+
+    if (table.kind == Kind.GPU_COUNTERS).any() and not (table.kind == Kind.KERNEL).any():
+        raise PerfcastError(
+            f"{command} needs kernel times, and this trace was recorded by CUPTI's range "
+            "profiler (profiler_metrics): its kernels were replayed for counters inside their "
+            "launch calls, not timed",
+            hint="record another trace without profiler_metrics for predictions; "
+            "`perfcast analyze --only counters` shows these counters",
+        )

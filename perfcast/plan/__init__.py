@@ -16,6 +16,7 @@ import math
 from typing import Any
 
 from perfcast.analysis.common import traced_device
+from perfcast.analysis.notes import refuse_counter_trace
 from perfcast.errors import PerfcastError
 from perfcast.events import EventTable
 from perfcast.hardware.network import Cluster, calibrated_from, make_cluster
@@ -147,6 +148,7 @@ def plan_trace(
 ) -> PlanResult:
     """Best plans for running the traced step on `gpus` GPUs (default: weak scaling, the
     trace's per-GPU batch on every GPU)."""
+    refuse_counter_trace(table, "plan")
     if gpu is None and not table.is_gpu().any():
         raise PerfcastError(
             "the trace has no GPU work (CPU-only): there is nothing to plan over GPUs"

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from perfcast.analysis.critical_path import critical_paths
-from perfcast.analysis.notes import graph_notes, input_notes
+from perfcast.analysis.notes import graph_notes, input_notes, refuse_counter_trace
 from perfcast.analysis.real_step import RealWorld, real_world
 from perfcast.errors import PerfcastError
 from perfcast.events import EventTable
@@ -159,6 +159,7 @@ def run_whatif(
     """Apply `specs` to the trace's graph, the profiler's cost taken out (unless `correct` is
     False), and replay. Returns the result, the baseline and the predicted timelines (both
     without the profiler's cost)."""
+    refuse_counter_trace(table, "whatif")
     graph = graph if graph is not None else build_graph(table)
     world = world if world is not None else real_world(graph, correct=correct)
     new_graph, applied = apply_specs(world.graph, specs)
