@@ -70,10 +70,10 @@ def refuse_counter_trace(table: EventTable, command: str) -> None:
     """Predictions from a CUPTI range-profiler trace (counters, no kernel times) are refused:
     its kernels were replayed once per counter pass inside their launch calls, so neither
     the GPU's nor the host's time is the real run's."""
-    from perfcast.errors import PerfcastError
+    from perfcast.errors import NotApplicableError
 
     if (table.kind == Kind.GPU_COUNTERS).any() and not (table.kind == Kind.KERNEL).any():
-        raise PerfcastError(
+        raise NotApplicableError(
             f"{command} needs kernel times, and this trace was recorded by CUPTI's range "
             "profiler (profiler_metrics): its kernels were replayed for counters inside their "
             "launch calls, not timed",
