@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import zlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,7 +21,7 @@ import msgspec
 import numpy as np
 
 from perfcast.errors import PerfcastError
-from perfcast.ingest.reader import flatten_deep, scan
+from perfcast.ingest.reader import fix_utf8, flatten_deep, read_inflated, scan
 
 COUNTER_CATEGORY = "cuda_profiler_range"
 # A counter trace holds one event per kernel of a few steps; past this inflated size the
@@ -50,31 +49,6 @@ class CounterRange:
     name: str
     ts: float
     values: dict[str, float]  # metric name -> value (numbers only)
-
-
-def _inflated(path: str) -> tuple[bytes, bool]:
-    """The file's bytes, inflated if gzipped, and whether a gzip stream ended early (what it
-    gave before the damage is kept)."""
-    try:
-        with open(path, "rb") as fh:
-            raw = fh.read(MAX_REREAD_BYTES + 1)
-    except OSError as exc:
-        raise PerfcastError(f"the counter values could not be read again ({exc})") from None
-    if raw[:2] != b"\x1f\x8b":
-        return raw, False
-    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
-    out = bytearray()
-    cut = False
-    step = 1 << 20
-    for i in range(0, len(raw), step):
-        try:
-            out += inflater.decompress(raw[i : i + step], MAX_REREAD_BYTES + 1 - len(out))
-        except zlib.error:
-            cut = True
-            break
-        if len(out) > MAX_REREAD_BYTES:
-            break
-    return bytes(out), cut or not inflater.eof
 
 
 def _decode_whole(data: bytes) -> list[_Event]:
@@ -125,15 +99,14 @@ def read_counter_ranges(path: str) -> tuple[list[CounterRange], str | None]:
 
     Raises PerfcastError when the file cannot be read again or inflates past 1 GiB.
     """
-    data, cut = _inflated(path)
+    data, cut = read_inflated(path, MAX_REREAD_BYTES)
     if len(data) > MAX_REREAD_BYTES:
         raise PerfcastError(
             f"the counter values were not read again: the trace inflates past "
             f"{MAX_REREAD_BYTES >> 30} GiB"
         )
     if not _is_utf8(data):
-        # Invalid UTF-8 becomes U+FFFD, as the reader reads it.
-        data = data.decode("utf-8", errors="replace").encode()
+        data = fix_utf8(data)
     note = None
     try:
         events = _decode_whole(data)

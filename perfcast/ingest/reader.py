@@ -300,7 +300,8 @@ def _skip_space(data: bytes | bytearray, pos: int) -> int:
     return m.start() if m else pos
 
 
-def _fix_utf8(data: bytes | bytearray) -> bytes:
+def fix_utf8(data: bytes | bytearray) -> bytes:
+    """Invalid UTF-8 replaced by U+FFFD, as the reader reads it."""
     return bytes(data).decode("utf-8", errors="replace").encode()
 
 
@@ -596,7 +597,7 @@ class TraceReader:
                 data, n, _at = flatten_deep(data)
                 self._nested += n
             except UnicodeDecodeError:
-                data = _fix_utf8(data)
+                data = fix_utf8(data)
                 self._utf8_fixed = True
         return None
 
@@ -645,7 +646,7 @@ class TraceReader:
                 raise self._repaired(start, end, new) from None
             except UnicodeDecodeError:
                 self._utf8_fixed = True
-                raise self._repaired(start, end, _fix_utf8(data)) from None
+                raise self._repaired(start, end, fix_utf8(data)) from None
             if decoder is _fast_list:
                 return _Got(events, len(events), [])
             return self._validated(events, data)
@@ -796,7 +797,7 @@ class TraceReader:
             with memoryview(self._buf) as view:
                 str(view[:end], "utf-8")
         except UnicodeDecodeError:
-            fixed = _fix_utf8(self._buf[:end])
+            fixed = fix_utf8(self._buf[:end])
             self._buf[:end] = fixed
             self._utf8_fixed = True
             return len(fixed)
@@ -1039,8 +1040,20 @@ class TraceReader:
 
 def read_bytes(path: str) -> bytes:
     """The file's inflated content (for tools and tests; perfcast itself streams)."""
+    return read_inflated(path)[0]
+
+
+def read_inflated(path: str, limit: int | None = None) -> tuple[bytes, bool]:
+    """The file's inflated content, and whether a gzip stream in it is cut or corrupt (what
+    inflated before the damage is kept). With `limit`, reading stops once the content is
+    longer than `limit` bytes: the caller sees it is too large."""
     src = _Source(path)
-    return b"".join(src.blocks())
+    out = bytearray()
+    for block in src.blocks():
+        out += block
+        if limit is not None and len(out) > limit:
+            break
+    return bytes(out), src.problem is not None
 
 
 def trace_files_in(folder: str) -> list[str]:
