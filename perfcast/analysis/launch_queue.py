@@ -40,12 +40,7 @@ from perfcast.analysis.notes import input_notes
 from perfcast.arrays import combine_codes
 from perfcast.events import NONE, EventTable, Kind
 from perfcast.frames import Tables, plain
-from perfcast.graph.launches import (
-    MIN_BLOCKED_LAUNCHES,
-    MIN_BLOCKED_NS,
-    MIN_PLAUSIBLE_DEPTH,
-    QUEUE_TOL_NS,
-)
+from perfcast.graph.launches import blocked_occupancy, depth_from_occupancy
 
 CUDA_MAX_LAUNCH_QUEUE = 1024  # HTA's CUDA_MAX_LAUNCH_QUEUE_PER_STREAM
 # CUPTI's overhead activity names as Kineto writes them (category "overhead").
@@ -166,21 +161,12 @@ def _measured_depth(streams: list[_Stream]) -> int | None:
     seen = []
     for s in streams:
         idx = np.flatnonzero(s.is_launch)
-        if idx.size == 0:
-            continue
-        fin_t = s.t[~s.is_launch]  # finishes, in time order
-        before = (s.q - s.is_launch)[idx]
-        start, end = s.t[idx], s.call_end[idx]
-        k = np.searchsorted(fin_t, end, side="right") - 1
-        freed = np.where(k >= 0, fin_t[np.maximum(k, 0)], np.iinfo(np.int64).min)
-        blocked = (end - start > MIN_BLOCKED_NS) & (freed > start) & (end - freed <= QUEUE_TOL_NS)
-        seen.append(before[blocked & (before >= MIN_PLAUSIBLE_DEPTH)])
-    occ = np.concatenate(seen) if seen else np.zeros(0, np.int64)
-    if occ.size:
-        values, counts = np.unique(occ, return_counts=True)
-        if counts.max() >= MIN_BLOCKED_LAUNCHES:
-            return int(values[np.argmax(counts)])
-    return None
+        if idx.size:
+            before = (s.q - s.is_launch)[idx]
+            start = s.t[idx]
+            finishes = s.t[~s.is_launch]  # in time order
+            seen.append(blocked_occupancy(start, s.call_end[idx] - start, before, finishes))
+    return depth_from_occupancy(seen)
 
 
 def cupti_blocked_launches(table: EventTable) -> dict[int, tuple[int, int]] | None:

@@ -263,6 +263,31 @@ def launch_queue_pairs(graph: Graph, depth: int) -> tuple[np.ndarray, np.ndarray
     return last_task[idx - depth], launch[idx]
 
 
+def blocked_occupancy(
+    start: np.ndarray, dur: np.ndarray, occupancy: np.ndarray, finishes: np.ndarray
+) -> np.ndarray:
+    """The occupancy (entries pending on the stream) each blocked launch saw.
+
+    A launch that took over MIN_BLOCKED_NS and returned within QUEUE_TOL_NS of an entry
+    finishing (`finishes`: the stream's entry end times, sorted) was blocked on a full
+    queue; an occupancy under MIN_PLAUSIBLE_DEPTH is a launch-bound step, not a full queue.
+    """
+    k = np.searchsorted(finishes, start + dur, side="right") - 1
+    freed = np.where(k >= 0, finishes[np.maximum(k, 0)], np.iinfo(np.int64).min)
+    blocked = (dur > MIN_BLOCKED_NS) & (freed > start) & (start + dur - freed <= QUEUE_TOL_NS)
+    return occupancy[blocked & (occupancy >= MIN_PLAUSIBLE_DEPTH)]
+
+
+def depth_from_occupancy(seen: list[np.ndarray]) -> int | None:
+    """The occupancy most blocked launches saw, when at least MIN_BLOCKED_LAUNCHES did."""
+    occ = np.concatenate(seen) if seen else np.zeros(0, np.int64)
+    if occ.size:
+        values, counts = np.unique(occ, return_counts=True)
+        if counts.max() >= MIN_BLOCKED_LAUNCHES:
+            return int(values[np.argmax(counts)])
+    return None
+
+
 def queue_depth(graph: Graph) -> tuple[int, bool]:
     """(launch queue depth, whether it was read off this trace).
 
@@ -283,15 +308,10 @@ def queue_depth(graph: Graph) -> tuple[int, bool]:
         ls = start[lnode[has]]
         d = c["dur_measured"][lnode[has]]
         occupancy = has - np.searchsorted(fin, ls, side="right")
-        k = np.searchsorted(fin, ls + d, side="right") - 1
-        freed = np.where(k >= 0, fin[np.maximum(k, 0)], np.iinfo(np.int64).min)
-        blocked = (d > MIN_BLOCKED_NS) & (freed > ls) & (ls + d - freed <= QUEUE_TOL_NS)
-        seen.append(occupancy[blocked & (occupancy >= MIN_PLAUSIBLE_DEPTH)])
-    occ = np.concatenate(seen) if seen else np.zeros(0, np.int64)
-    if occ.size:
-        values, counts = np.unique(occ, return_counts=True)
-        if counts.max() >= MIN_BLOCKED_LAUNCHES:
-            return int(values[np.argmax(counts)]), True
+        seen.append(blocked_occupancy(ls, d, occupancy, fin))
+    depth = depth_from_occupancy(seen)
+    if depth is not None:
+        return depth, True
     return DEFAULT_LAUNCH_QUEUE_DEPTH, False
 
 
