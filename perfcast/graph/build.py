@@ -61,7 +61,7 @@ def build_graph(table: EventTable) -> Graph:
             continue
         origin = int(table.ts[act].min())
         origins[rank] = origin
-        devices[rank] = _device_name(info)
+        devices[rank] = known_device_name(info)
         build_cpu_lanes(table, rank, origin, phases, acc, lanes, row_to_node)
         build_gpu_lanes(table, rank, origin, phases, klass, acc, lanes, row_to_node)
 
@@ -127,7 +127,7 @@ def collectives_across_ranks(graph: Graph, unresolved: dict[str, int]) -> None:
         )
 
 
-def _device_name(info: RankInfo) -> str | None:
+def known_device_name(info: RankInfo) -> str | None:
     """The device as the hardware tables know it (ROCm may call every GPU "AMD Radeon
     Graphics": its compute-unit count and memory then tell), else the trace's own name."""
     try:

@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from perfcast.analysis.common import device_spec
 from perfcast.events import NONE, EventTable, Kind
+from perfcast.graph.build import known_device_name
 from perfcast.graph.phases import Phase, event_phases
 from perfcast.ingest.input_dims import is_shape, numel, row_input_dims
 
@@ -140,10 +140,7 @@ def trace_facts(table: EventTable, rank: int | None = None) -> TraceFacts:
     info = table.rank_info(rank)
     step = last_complete_step(table, rank)
     facts = TraceFacts(rank=rank, step=table.iterations[step].name if step is not None else None)
-    # The part as the hardware tables know it (ROCm may call every GPU "AMD Radeon
-    # Graphics": its compute units and memory then tell), else the trace's own name.
-    spec = device_spec(info)
-    facts.device_name = spec.name if spec is not None else info.device_name
+    facts.device_name = known_device_name(info)  # the name the graph gives the device
     props = info.device_properties or {}
     mem = props.get("totalGlobalMem")
     facts.device_bytes = int(mem) if isinstance(mem, (int, float)) and mem > 0 else None
