@@ -74,6 +74,11 @@ def test_code_lines_name_the_traces_own_optimizer(mlp_advice) -> None:
         ("fused-optimizer:kind=fused", "FusedAdam", "FusedAdam is not a torch.optim class"),
         ("fused-optimizer:kind=fused", None, "torch.optim.AdamW(params, ..., fused=True)"),
         ("remove-host-sync", "SGD", "drop .item()"),
+        # SGD has no capturable option and needs none; Adagrad has none and cannot be captured.
+        ("cuda-graphs", "SGD", "(torch.optim.SGD captures as it is)"),
+        ("cuda-graphs", "Adagrad", "capture forward and backward"),
+        ("cuda-graphs", "RMSprop", "torch.optim.RMSprop(..., capturable=True)"),
+        ("cuda-graphs", None, "the optimizer's capturable=True"),
     ],
 )
 def test_code_line_per_optimizer(spec: str, optimizer: str | None, expected: str) -> None:

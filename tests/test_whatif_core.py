@@ -320,19 +320,70 @@ def test_cuda_graphs_without_launch_links(tmp_path):
 
 
 def _for_loop_adam(
-    tmp_path: Path, kernel: str = "void at::native::vectorized_elementwise_kernel<4>"
+    tmp_path: Path,
+    kernel: str = "void at::native::vectorized_elementwise_kernel<4>",
+    optimizer: str = "Adam",
 ) -> Path:
     """8 parameters x (mul_, add_, sqrt): 24 ops of 10 µs, each launching one 4 µs kernel."""
     b = TraceBuilder()
     b.step(1, 0, 260)
-    b.op("Optimizer.step#Adam.step", 10, 240, cat="user_annotation")
+    b.op(f"Optimizer.step#{optimizer}.step", 10, 240, cat="user_annotation")
     t = 10
     for _ in range(8):
         for op in ("aten::mul_", "aten::add_", "aten::sqrt"):
             b.op(op, t, 10)
             b.launch(kernel, t + 2, 5, t + 9, 4)
             t += 10
-    return b.write(tmp_path / "adam.json")
+    return b.write(tmp_path / f"{optimizer.lower()}.json")
+
+
+@pytest.mark.parametrize(
+    ("optimizer", "extra", "said"),
+    [
+        # Adam needs capturable=True: 14 more kernels per parameter (8 parameters).
+        ("Adam", 112, "torch.optim.Adam is captured with capturable=True: 112 more kernels"),
+        ("RMSprop", 112, "not measured for RMSprop"),
+        # SGD keeps no step count on the host and has no capturable option.
+        ("SGD", 0, "torch.optim.SGD keeps no step count on the host"),
+        # A class of the user's own: taken as a for-loop Adam, and said so.
+        ("MyOptimizer", 112, "does not name its optimizer class"),
+    ],
+)
+def test_cuda_graphs_capture_the_optimizer_its_class_allows(tmp_path, optimizer, extra, said):
+    path = _for_loop_adam(tmp_path, optimizer=optimizer)
+    table = perfcast.load(path)
+    result, _, pred = run_whatif(table, [parse_spec("cuda-graphs")], correct=False)
+    g = pred.graph
+    added = g.cols["name"] == g.intern(
+        "capturable optimizer step-count / bias-correction kernel (modelled)"
+    )
+    assert int((added & g.alive).sum()) == extra
+    assert said in " ".join(g.assumptions)
+    if extra:
+        # The 112 added kernels (4 µs each) outweigh the host time the capture saves.
+        assert result.predicted_ms * 1000 > 260
+    else:
+        assert result.predicted_ms * 1000 < 260
+
+
+def test_cuda_graphs_leave_an_optimizer_without_capturable_eager(tmp_path):
+    """Adagrad has no capturable option: the forward is captured, its step stays as traced."""
+    b = TraceBuilder()
+    b.step(1, 0, 200)
+    b.op("aten::relu", 5, 90)
+    for t in (10, 40, 70):
+        b.launch("void at::native::vectorized_elementwise_kernel<4>", t, 5, t + 8, 5)
+    b.op("Optimizer.step#Adagrad.step", 100, 90, cat="user_annotation")
+    b.op("aten::add_", 110, 70)
+    b.launch("void at::native::vectorized_elementwise_kernel<4>", 120, 5, 128, 5)
+    table = perfcast.load(b.write(tmp_path / "adagrad.json"))
+    result, _, pred = run_whatif(table, [parse_spec("cuda-graphs")], correct=False)
+    said = " ".join(pred.graph.assumptions)
+    assert "torch.optim.Adagrad has no capturable option: its step stays eager" in said
+    # The forward's 90 µs of host work shrink to one graph launch; the optimizer's stay.
+    assert 100 < result.predicted_ms * 1000 < 200
+    with pytest.raises(NotApplicableError, match="Adagrad has no capturable option"):
+        run_whatif(table, [parse_spec("cuda-graphs:phases=optimizer")], correct=False)
 
 
 def test_fused_optimizer_foreach(tmp_path):

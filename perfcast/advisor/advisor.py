@@ -15,7 +15,6 @@ applied together, and is predicted as one what-if.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -23,6 +22,12 @@ import numpy as np
 from perfcast.analysis.context_gain import CallSite, SiteFinder
 from perfcast.analysis.critical_path import GPU, HOST, critical_paths
 from perfcast.analysis.notes import graph_notes, input_notes, refuse_counter_trace
+from perfcast.analysis.optimizers import (
+    FUSED_OPTIMIZERS,
+    TORCH_OPTIMIZERS,
+    capture_support,
+    optimizer_class,
+)
 from perfcast.analysis.real_step import RealWorld, real_world
 from perfcast.events import EventTable
 from perfcast.graph.build import build_graph
@@ -111,7 +116,8 @@ CANDIDATES = [
 CODE = {
     "remove-host-sync": "drop .item() / .cpu() / print(loss) from the step; log every N steps",
     "cuda-graphs": "capture the whole step (forward, backward, optimizer) once with "
-    "torch.cuda.graph(g) and call g.replay() each step, with Adam(..., capturable=True)",
+    "torch.cuda.graph(g) and call g.replay() each step, with the optimizer's "
+    "capturable=True (e.g. torch.optim.Adam(..., capturable=True))",
     "fused-optimizer:kind=foreach": "torch.optim.AdamW(params, ..., foreach=True)",
     "fused-optimizer:kind=fused": "torch.optim.AdamW(params, ..., fused=True)",
     "amp:dtype=bf16": 'with torch.autocast("cuda", dtype=torch.bfloat16): loss = model(x)',
@@ -124,24 +130,6 @@ CODE = {
     "persistent_workers=True)",
     "device": "run on the other GPU",
 }
-
-
-# torch.optim classes, and those of them with a fused implementation (torch 2.4+).
-TORCH_OPTIMIZERS = {
-    "Adadelta", "Adafactor", "Adagrad", "Adam", "AdamW", "Adamax", "ASGD", "LBFGS", "NAdam",
-    "RAdam", "RMSprop", "Rprop", "SGD", "SparseAdam",
-}  # fmt: skip
-FUSED_OPTIMIZERS = {"Adagrad", "Adam", "AdamW", "SGD"}
-_OPTIMIZER_RANGE = re.compile(
-    r"^Optimizer\.(?:step|zero_grad)#([A-Za-z_][\w.]*)\.(?:step|zero_grad)$"
-)
-
-
-def optimizer_class(table: EventTable) -> str | None:
-    """The optimizer class the trace's `Optimizer.step#<Class>.step` ranges name (PyTorch
-    records one per optimizer step), or None when there is none or more than one."""
-    found = {m.group(1) for name in table.names if (m := _OPTIMIZER_RANGE.match(name))}
-    return found.pop() if len(found) == 1 else None
 
 
 def _code(spec: str, optimizer: str | None = None) -> str:
@@ -161,8 +149,28 @@ def _code(spec: str, optimizer: str | None = None) -> str:
             f"torch.optim.{optimizer} has no fused kernel: "
             f"torch.optim.{optimizer}(params, ..., foreach=True)"
         )
-    return code.replace("torch.optim.AdamW(", f"torch.optim.{optimizer}(").replace(
-        "with Adam(", f"with torch.optim.{optimizer}("
+    if name == "cuda-graphs":
+        return _capture_code(optimizer)
+    return code.replace("torch.optim.AdamW(", f"torch.optim.{optimizer}(")
+
+
+def _capture_code(optimizer: str) -> str:
+    """The capture change for a torch.optim class, as the cuda-graphs model applies it."""
+    capture = "once with torch.cuda.graph(g) and call g.replay() each step"
+    support = capture_support(optimizer)
+    if support == "as-is":
+        return (
+            f"capture the whole step (forward, backward, optimizer) {capture} "
+            f"(torch.optim.{optimizer} captures as it is)"
+        )
+    if support == "none":
+        return (
+            f"capture forward and backward {capture}; torch.optim.{optimizer} has no "
+            "capturable option, so its step stays outside the graph"
+        )
+    return (
+        f"capture the whole step (forward, backward, optimizer) {capture}, with "
+        f"torch.optim.{optimizer}(..., capturable=True)"
     )
 
 

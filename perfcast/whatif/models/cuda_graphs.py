@@ -21,6 +21,12 @@ by one graph launch. Where the durations come from:
   parameters, GPU time of the step 1.13 -> 2.24 ms). They are added with the
   median duration of the optimizer's own kernels. Multi-tensor (foreach) and
   fused optimizers are taken to capture without extra kernels (not measured).
+  Which optimizer the trace ran decides (its `Optimizer.step#<Class>.step` ranges,
+  perfcast.analysis.optimizers): SGD keeps no step count on the host and captures
+  as it is, with no extra kernels; a torch.optim class without a capturable option
+  (Adagrad, Adafactor, LBFGS, SparseAdam) keeps its step eager, outside the graphs;
+  the other capturable classes get Adam's measured count; an optimizer the trace
+  does not name is taken as a for-loop Adam.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from perfcast.analysis.notes import ONE_TIME_NS, one_time_calls
+from perfcast.analysis.optimizers import capture_support, optimizer_class
 from perfcast.arrays import combine_codes, split_by
 from perfcast.errors import NotApplicableError
 from perfcast.graph.launches import DEFAULT_LAUNCH_LATENCY_NS
@@ -69,8 +76,24 @@ def apply(graph: Graph, options: Options) -> Graph:
     if not (c["kind"] == NodeKind.GPU).any():
         raise NotApplicableError("cuda-graphs: the trace has no GPU work")
     refuse_graph_replays(graph, "cuda-graphs")
+    optimizer = optimizer_class(graph.table)
+    support = capture_support(optimizer)
+    eager_optimizer = "optimizer" in phases and support == "none"
+    if eager_optimizer:
+        phases = [p for p in phases if p != "optimizer"]
+        if not phases:
+            raise NotApplicableError(
+                f"cuda-graphs: torch.optim.{optimizer} has no capturable option, so its step "
+                "cannot be captured, and phases= names only the optimizer",
+                hint="capture the rest of the step, e.g. phases=forward+backward",
+            )
     host = P.select(graph, kind="host", phase=phases)
     host = host[c["iteration"][host] >= 0]
+    if host.size == 0 and eager_optimizer:
+        raise NotApplicableError(
+            f"cuda-graphs: torch.optim.{optimizer} has no capturable option, so its step cannot "
+            f"be captured, and the steps have no CPU work in {'+'.join(phases)} to capture"
+        )
     if host.size == 0:
         raise _no_cpu_work(graph, phases)
     if options.syncs not in ("split", "move"):
@@ -81,7 +104,8 @@ def apply(graph: Graph, options: Options) -> Graph:
         )
     split = options.syncs == "split"
     lat = graph.nominal.get("launch_latency_ns", DEFAULT_LAUNCH_LATENCY_NS)
-    capture_optimizer = "optimizer" in phases
+    # Only a class that needs capturable=True (or one the trace does not name) adds kernels.
+    capture_optimizer = "optimizer" in phases and support in ("capturable", "unknown")
     n_sync = 0
     n_graphs = 0
     n_kernels = 0
@@ -172,10 +196,32 @@ def apply(graph: Graph, options: Options) -> Graph:
             "launch cost, and not removed by a replay)"
         )
     if n_extra:
+        extra = P.per_count(n_extra, per)
+        measured = (
+            f"{CAPTURABLE_EXTRA_KERNELS_PER_PARAM} per parameter of a for-loop Adam, measured "
+            "on an H100 with PyTorch 2.11"
+        )
+        if support == "unknown":
+            graph.assumptions.append(
+                "the trace does not name its optimizer class: taken as a for-loop Adam "
+                f"captured with capturable=True, {extra} more kernels {where} ({measured})"
+            )
+        else:
+            if optimizer not in ("Adam", "AdamW"):
+                measured += f"; not measured for {optimizer}"
+            graph.assumptions.append(
+                f"torch.optim.{optimizer} is captured with capturable=True: {extra} more "
+                f"kernels {where} ({measured})"
+            )
+    if "optimizer" in phases and support == "as-is":
         graph.assumptions.append(
-            f"the optimizer is captured with capturable=True: {P.per_count(n_extra, per)} more "
-            f"kernels {where} ({CAPTURABLE_EXTRA_KERNELS_PER_PARAM} per parameter of a for-loop "
-            "Adam, measured on an H100 with PyTorch 2.11)"
+            f"torch.optim.{optimizer} keeps no step count on the host: its step is captured "
+            "as it is, with no extra kernels (no capturable option needed)"
+        )
+    if eager_optimizer:
+        graph.assumptions.append(
+            f"torch.optim.{optimizer} has no capturable option: its step stays eager, "
+            "outside the graphs, launched kernel by kernel as traced"
         )
     syncs = P.per_count(n_sync, per)
     if n_sync and split:
