@@ -115,6 +115,22 @@ def test_cuda_graphs_on_a_launch_bound_step(tmp_path):
     assert pred == pytest.approx(28.26)
 
 
+def test_cuda_graphs_keep_waits_the_trace_does_not_explain(tmp_path):
+    """A kernel that started 2 ms after its launch with its stream idle waited for something
+    the trace does not show (an unrecorded event, another process): capturing the launches
+    does not remove that wait. (It did: a 493 ms wait of an sglang trace read as a 2x gain.)"""
+    b = TraceBuilder()
+    b.step(1, 0, 2_100)
+    b.op("aten::relu", 5, 90)
+    b.launch("void at::native::vectorized_elementwise_kernel<4>", 10, 5, 2_000, 5)
+    for t in (40, 70):
+        b.launch("void at::native::vectorized_elementwise_kernel<4>", t, 5, 2_010 + t, 5)
+    table = perfcast.load(b.write(tmp_path / "external_wait.json"))
+    result, _, pred = run_whatif(table, [parse_spec("cuda-graphs")], correct=False)
+    assert result.predicted_ms * 1000 > 2_000
+    assert "waiting for something the trace does not show" in " ".join(pred.graph.assumptions)
+
+
 def test_cuda_graphs_keep_one_time_runtime_calls(tmp_path):
     """A step that holds a first-use cudaMalloc of 8 ms: a graph replay removes launches and
     dispatch, not one-time work, and the result says the window holds it."""

@@ -39,7 +39,11 @@ from perfcast.analysis.notes import ONE_TIME_NS, one_time_calls
 from perfcast.analysis.optimizers import capture_support, optimizer_class
 from perfcast.arrays import combine_codes, split_by
 from perfcast.errors import NotApplicableError
-from perfcast.graph.launches import DEFAULT_LAUNCH_LATENCY_NS
+from perfcast.graph.launches import (
+    DEFAULT_LAUNCH_LATENCY_NS,
+    DEFAULT_STREAM_GAP_NS,
+    UNEXPLAINED_TOL_NS,
+)
 from perfcast.graph.model import Graph, NodeKind, Source
 from perfcast.graph.phases import Phase, phase_names
 from perfcast.whatif import primitives as P
@@ -104,6 +108,8 @@ def apply(graph: Graph, options: Options) -> Graph:
         )
     split = options.syncs == "split"
     lat = graph.nominal.get("launch_latency_ns", DEFAULT_LAUNCH_LATENCY_NS)
+    gap = graph.nominal.get("stream_gap_ns", DEFAULT_STREAM_GAP_NS)
+    n_waits = 0
     # Only a class that needs capturable=True (or one the trace does not name) adds kernels.
     capture_optimizer = "optimizer" in phases and support in ("capturable", "unknown")
     n_sync = 0
@@ -156,9 +162,20 @@ def apply(graph: Graph, options: Options) -> Graph:
             first = int(launches[0])
             gpu = tasks[tasks_in.get(seg, np.zeros(0, dtype=np.int64))]
             n_kernels += gpu.size
+            # A wait the trace shows but nothing in it explains (a kernel starting long after
+            # both its launch and its stream predecessor: an unrecorded event, another
+            # process) is not launch overhead, so a replay keeps it; a launch's own latency
+            # and the gaps between eager kernels give way to the in-graph spacing.
+            # The wait stays on the dependency it followed in the trace: the launch (now the
+            # graph's) or the stream predecessor.
+            after_launch = c["launch_w"][gpu] - lat
+            after_stream = c["stream_w"][gpu] - gap
+            on_launch = (after_launch > UNEXPLAINED_TOL_NS) & (after_launch >= after_stream)
+            on_stream = (after_stream > UNEXPLAINED_TOL_NS) & ~on_launch
+            n_waits += int((on_launch | on_stream).sum())
             c["launch"][gpu] = first
-            c["launch_w"][gpu] = lat
-            c["stream_w"][gpu] = IN_GRAPH_GAP_NS
+            c["launch_w"][gpu] = lat + np.where(on_launch, after_launch, 0)
+            c["stream_w"][gpu] = IN_GRAPH_GAP_NS + np.where(on_stream, after_stream, 0)
             c["launch_order"][gpu] = c["order"][first]
             if capture_optimizer:
                 n_extra += _capturable_optimizer(graph, gpu, first, lat)
@@ -189,6 +206,13 @@ def apply(graph: Graph, options: Options) -> Graph:
         f"H100); {removed_cpu / per / 1e6:.2f} ms of CPU work and launches removed; graph "
         f"launch {options.graph_launch_us:g} µs"
     )
+    if n_waits:
+        graph.assumptions.append(
+            f"{P.per_count(n_waits, per)} GPU task{'s' * (n_waits != 1)} {where} started more "
+            f"than {UNEXPLAINED_TOL_NS / 1000:g} µs after both its launch and the work before "
+            "it on its stream, waiting for something the trace does not show: those waits "
+            "stay inside the graph"
+        )
     if kept_ns:
         graph.assumptions.append(
             f"{kept_ns / per / 1e6:,.2f} ms of runtime calls of {ONE_TIME_NS / 1e6:g} ms or more "
