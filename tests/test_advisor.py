@@ -82,7 +82,19 @@ def test_code_lines_name_the_traces_own_optimizer(mlp_advice) -> None:
     ],
 )
 def test_code_line_per_optimizer(spec: str, optimizer: str | None, expected: str) -> None:
-    assert expected in adv._code(spec, optimizer)
+    assert expected in adv._code(spec, adv.TraceTraits(optimizer=optimizer))
+
+
+def test_code_lines_follow_the_trace() -> None:
+    inference = adv.TraceTraits(phases=frozenset({"forward"}))
+    assert adv._code("cuda-graphs", inference).startswith("capture the forward once")
+    assert "optimizer" not in adv._code("cuda-graphs", inference).split("(")[0]
+    cpu = adv.TraceTraits(has_gpu=False)
+    assert "pin_memory" not in adv._code("dataloader-overlap:workers=4", cpu)
+    assert "pin_memory=True" in adv._code("dataloader-overlap:workers=4", adv.TraceTraits())
+    library = adv.TraceTraits(optimizer="FusedAdam")
+    assert "FusedAdam is not a torch.optim class" in adv._code("cuda-graphs", library)
+    assert "capturable=True" not in adv._code("cuda-graphs", library).split(";")[0]
 
 
 def test_optimizer_class_needs_one_class() -> None:

@@ -16,6 +16,7 @@ import pytest
 import perfcast
 from perfcast.advisor import advisor as adv
 from perfcast.errors import NotApplicableError
+from perfcast.graph.build import build_graph
 from perfcast.whatif.registry import parse_spec
 from perfcast.whatif.runner import run_whatif
 from tests.tracegen import TraceBuilder
@@ -91,6 +92,82 @@ def test_remove_host_sync(tmp_path):
     base, pred = _predict_us(path, "remove-host-sync")
     assert base == pytest.approx(250)
     assert pred == pytest.approx(223)
+
+
+def _three_syncs(tmp_path: Path, kinds: tuple[str, ...] = ("read", "shape", "h2d")) -> Path:
+    """A step with a host read (.item()), a sync sizing a boolean-mask index (aten::index >
+    aten::nonzero) and a blocking host-to-device input copy, each after a 100 µs kernel."""
+    b = TraceBuilder()
+    b.step(1, 0, 400)
+    b.launch("volta_sgemm_128x64_nn", 10, 5, 20, 100)
+    if "read" in kinds:
+        b.op("aten::item", 130, 20)
+        b.runtime("cudaStreamSynchronize", 132, 16)
+    if "shape" in kinds:
+        b.op("aten::index", 160, 30)
+        b.op("aten::nonzero", 162, 26)
+        b.runtime("cudaStreamSynchronize", 165, 20)
+    if "h2d" in kinds:
+        b.op("aten::copy_", 200, 30)
+        b.launch("Memcpy HtoD (Pageable -> Device)", 202, 5, 210, 2, cat="gpu_memcpy",
+                 name="cudaMemcpyAsync")  # fmt: skip
+        b.runtime("cudaStreamSynchronize", 208, 20)
+    return b.write(tmp_path / f"syncs_{'_'.join(kinds)}.json")
+
+
+def test_remove_host_sync_tells_reads_shapes_and_input_copies_apart(tmp_path):
+    table = perfcast.load(_three_syncs(tmp_path))
+    _, _, pred = run_whatif(table, [parse_spec("remove-host-sync")], correct=False)
+    said = " ".join(pred.graph.assumptions)
+    assert "removed 1 synchronization in the step" in said
+    assert "removed the wait of 1 blocking host-to-device copy" in said
+    assert "non_blocking=True" in said
+    assert "kept 1 synchronization" in said and "boolean-mask indexing" in said
+    _, _, static = run_whatif(table, [parse_spec("remove-host-sync:shapes=true")], correct=False)
+    assert "sizing data-dependent outputs" in " ".join(static.graph.assumptions)
+    # The advisor's change line follows the syncs: a read and an input copy.
+    traits = adv.TraceTraits.of(table, build_graph(table))
+    assert traits.syncs == {"read", "shape", "h2d"}
+    code = adv._code("remove-host-sync", traits)
+    assert "drop .item()" in code and "pin_memory=True" in code
+    only_copy = perfcast.load(_three_syncs(tmp_path, ("h2d",)))
+    code = adv._code("remove-host-sync", adv.TraceTraits.of(only_copy, build_graph(only_copy)))
+    assert code.startswith("copy inputs from pinned memory")
+
+
+def test_remove_host_sync_keeps_what_sizes_a_data_dependent_output(tmp_path):
+    table = perfcast.load(_three_syncs(tmp_path, ("shape",)))
+    with pytest.raises(NotApplicableError, match="shape depends on the data") as info:
+        run_whatif(table, [parse_spec("remove-host-sync")], correct=False)
+    assert info.value.hint and "shapes=true" in info.value.hint
+    result, _, _ = run_whatif(table, [parse_spec("remove-host-sync:shapes=true")], correct=False)
+    assert result.predicted_ms < result.baseline_ms
+
+
+def test_cuda_graphs_refuse_data_dependent_shapes(tmp_path):
+    """Boolean-mask indexing sizes its output from the data: the shapes change every step,
+    which a CUDA graph cannot replay, until the code makes them static."""
+    table = perfcast.load(_three_syncs(tmp_path, ("read", "shape")))
+    with pytest.raises(NotApplicableError, match=r"shape depends on the data \(aten::nonzero\)"):
+        run_whatif(table, [parse_spec("cuda-graphs")], correct=False)
+    static = [parse_spec("remove-host-sync:shapes=true"), parse_spec("cuda-graphs")]
+    result, _, _ = run_whatif(table, static, correct=False)
+    assert result.predicted_ms < result.baseline_ms
+
+
+def test_reduce_overhead_refuses_in_its_own_name(monkeypatch):
+    from perfcast.whatif.models import cuda_graphs, torch_compile
+
+    def refuse(graph: Any, options: Any) -> Any:
+        raise NotApplicableError("cuda-graphs: shapes change", hint="make them static")
+
+    monkeypatch.setattr(cuda_graphs, "apply", refuse)
+    options = torch_compile.Options(mode="reduce-overhead")
+    with pytest.raises(NotApplicableError) as info:
+        torch_compile._replay_as_cuda_graphs(None, options)  # type: ignore[arg-type]
+    assert str(info.value) == (
+        "torch-compile mode=reduce-overhead: shapes change (make them static)"
+    )
 
 
 def test_remove_host_sync_refuses_without_syncs(tmp_path):
@@ -224,7 +301,8 @@ def test_the_plan_takes_an_enabler_that_gains_only_with_others(monkeypatch):
     monkeypatch.setattr(
         adv, "_predict_together", lambda ss, world: together.get(tuple(sorted(s.name for s in ss)))
     )
-    plan = adv._plan([graphs, fused], None, 10.0, "Adam", unranked=[compile_, no_sync])
+    traits = adv.TraceTraits(optimizer="Adam")
+    plan = adv._plan([graphs, fused], None, 10.0, traits, unranked=[compile_, no_sync])
     assert plan is not None
     assert plan.specs == [
         "fused-optimizer:kind=fused",

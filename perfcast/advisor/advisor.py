@@ -115,9 +115,6 @@ CANDIDATES = [
 # The change each suggestion asks for, in one line of PyTorch.
 CODE = {
     "remove-host-sync": "drop .item() / .cpu() / print(loss) from the step; log every N steps",
-    "cuda-graphs": "capture the whole step (forward, backward, optimizer) once with "
-    "torch.cuda.graph(g) and call g.replay() each step, with the optimizer's "
-    "capturable=True (e.g. torch.optim.Adam(..., capturable=True))",
     "fused-optimizer:kind=foreach": "torch.optim.AdamW(params, ..., foreach=True)",
     "fused-optimizer:kind=fused": "torch.optim.AdamW(params, ..., fused=True)",
     "amp:dtype=bf16": 'with torch.autocast("cuda", dtype=torch.bfloat16): loss = model(x)',
@@ -132,45 +129,106 @@ CODE = {
 }
 
 
-def _code(spec: str, optimizer: str | None = None) -> str:
-    """The one-line change for `spec`, naming the trace's own optimizer where it matters."""
+@dataclass(frozen=True)
+class TraceTraits:
+    """What the one-line changes depend on, read off the trace once."""
+
+    optimizer: str | None = None  # the torch.optim (or other) class of Optimizer.step# ranges
+    phases: frozenset[str] = frozenset({"forward", "backward", "optimizer"})
+    has_gpu: bool = True
+    # Which host syncs the steps hold, as remove-host-sync tells them apart: "read",
+    # "h2d" (a blocking host-to-device copy), "shape" (sizing a data-dependent output).
+    syncs: frozenset[str] = frozenset({"read"})
+
+    @classmethod
+    def of(cls, table: EventTable, graph: Graph) -> TraceTraits:
+        from perfcast.graph.phases import phase_names
+        from perfcast.whatif.models.remove_host_sync import H2D_COPY, SHAPE, classify_syncs
+
+        c = graph.cols
+        in_steps = graph.alive & (c["iteration"] >= 0)
+        host = np.flatnonzero(in_steps & (c["kind"] != NodeKind.GPU))
+        sync = np.flatnonzero(in_steps & (c["kind"] == NodeKind.SYNC))
+        kinds = set(classify_syncs(graph, sync).tolist())
+        names = {SHAPE: "shape", H2D_COPY: "h2d"}
+        return cls(
+            optimizer=optimizer_class(table),
+            phases=frozenset(phase_names(c["phase"][host])),
+            has_gpu=bool(((c["kind"] == NodeKind.GPU) & in_steps).any()),
+            syncs=frozenset(names.get(k, "read") for k in kinds),
+        )
+
+
+def _code(spec: str, traits: TraceTraits | None = None) -> str:
+    """The one-line change for `spec`, fitted to the trace: its optimizer class, the phases
+    it has (an inference trace has no backward or optimizer), its device, its syncs."""
+    t = traits or TraceTraits()
     code = CODE.get(spec) or CODE.get(spec.split(":")[0], "")
     name = spec.split(":")[0]
-    if optimizer is None or name not in ("fused-optimizer", "cuda-graphs"):
+    if name == "remove-host-sync":
+        return _sync_code(t)
+    if name == "dataloader-overlap" and not t.has_gpu:
+        return code.replace("pin_memory=True, ", "")  # pinning needs an accelerator
+    if name == "cuda-graphs":
+        return _capture_code(t)
+    optimizer = t.optimizer
+    if optimizer is None or name != "fused-optimizer":
         return code
     if optimizer not in TORCH_OPTIMIZERS:
         # A class of the user's own (or a library's): say what to look for, not a line that
         # would swap their optimizer for another.
-        if name == "fused-optimizer":
-            return f"{optimizer} is not a torch.optim class: use its multi-tensor mode, e.g. {code}"
-        return code
-    if name == "fused-optimizer" and "fused=True" in code and optimizer not in FUSED_OPTIMIZERS:
+        return f"{optimizer} is not a torch.optim class: use its multi-tensor mode, e.g. {code}"
+    if "fused=True" in code and optimizer not in FUSED_OPTIMIZERS:
         return (
             f"torch.optim.{optimizer} has no fused kernel: "
             f"torch.optim.{optimizer}(params, ..., foreach=True)"
         )
-    if name == "cuda-graphs":
-        return _capture_code(optimizer)
     return code.replace("torch.optim.AdamW(", f"torch.optim.{optimizer}(")
 
 
-def _capture_code(optimizer: str) -> str:
-    """The capture change for a torch.optim class, as the cuda-graphs model applies it."""
+def _sync_code(t: TraceTraits) -> str:
+    """remove-host-sync's change for the syncs it removes (see its model)."""
+    pinned = "copy inputs from pinned memory without blocking: DataLoader(..., pin_memory=True) "
+    pinned += "and x.to(device, non_blocking=True)"
+    read = "drop .item() / .cpu() / print(loss) from the step; log every N steps"
+    if t.syncs == {"h2d"} or t.syncs == {"h2d", "shape"}:
+        return pinned
+    if "h2d" in t.syncs:
+        return f"{read}; and {pinned}"
+    return read
+
+
+def _capture_code(t: TraceTraits) -> str:
+    """The capture change, as the cuda-graphs model applies it: the phases the trace has,
+    and its optimizer's class."""
     capture = "once with torch.cuda.graph(g) and call g.replay() each step"
+    if "backward" not in t.phases and "optimizer" not in t.phases:
+        return (
+            f"capture the forward {capture}, feeding it through static input tensors "
+            "(an inference step: no backward or optimizer in the trace)"
+        )
+    if "optimizer" not in t.phases:
+        return f"capture forward and backward {capture}"
+    optimizer = t.optimizer
+    whole = f"capture the whole step (forward, backward, optimizer) {capture}"
     support = capture_support(optimizer)
     if support == "as-is":
-        return (
-            f"capture the whole step (forward, backward, optimizer) {capture} "
-            f"(torch.optim.{optimizer} captures as it is)"
-        )
+        return f"{whole} (torch.optim.{optimizer} captures as it is)"
     if support == "none":
         return (
             f"capture forward and backward {capture}; torch.optim.{optimizer} has no "
             "capturable option, so its step stays outside the graph"
         )
+    if support == "capturable":
+        return f"{whole}, with torch.optim.{optimizer}(..., capturable=True)"
+    if optimizer is not None:
+        return (
+            f"{whole}; {optimizer} is not a torch.optim class: its step must keep its step "
+            "count on the GPU to be captured (as torch.optim's capturable=True does)"
+        )
     return (
-        f"capture the whole step (forward, backward, optimizer) {capture}, with "
-        f"torch.optim.{optimizer}(..., capturable=True)"
+        f"{whole}, with the optimizer's capturable=True "
+        "(e.g. torch.optim.Adam(..., capturable=True))"
     )
 
 
@@ -244,8 +302,13 @@ def _facts(graph: Graph, tl: Timeline) -> dict[str, float]:
             100.0 * float(c["dur"][gpu][klass == KernelClass.ELEMENTWISE].sum()) / busy
         )
     sync = np.flatnonzero((c["kind"] == NodeKind.SYNC) & alive & (c["iteration"] >= 0))
-    facts["syncs_per_step"] = sync.size / n_steps
-    facts["sync_ms"] = float(c["dur_measured"][sync].sum()) / 1e6 / n_steps
+    # Syncs that size data-dependent outputs stay under remove-host-sync: not counted as its.
+    from perfcast.whatif.models.remove_host_sync import SHAPE, classify_syncs
+
+    shaped = classify_syncs(graph, sync) == SHAPE
+    facts["syncs_per_step"] = float((~shaped).sum()) / n_steps
+    facts["sync_ms"] = float(c["dur_measured"][sync[~shaped]].sum()) / 1e6 / n_steps
+    facts["shape_syncs_per_step"] = float(shaped.sum()) / n_steps
     opt = gpu[c["phase"][gpu] == 3]
     facts["optimizer_kernels_per_step"] = opt.size / n_steps
     facts["optimizer_gpu_ms"] = float(c["dur"][opt].sum()) / 1e6 / n_steps
@@ -285,9 +348,15 @@ def _explain(spec: str, f: dict[str, float]) -> str:
     name = spec.split(":")[0]
     host = f.get("host_critical_pct", 0.0)
     if name == "remove-host-sync":
+        stay = f.get("shape_syncs_per_step", 0.0)
         return (
             f"{f['syncs_per_step']:.0f} host syncs per step block the CPU for "
             f"{f['sync_ms']:.2f} ms; the CPU cannot queue work ahead of the GPU"
+            + (
+                f" ({stay:.0f} more per step size data-dependent outputs and stay)"
+                if stay >= 0.5
+                else ""
+            )
         )
     if name == "cuda-graphs":
         return (
@@ -350,7 +419,7 @@ def advise(
     suggestions: list[Suggestion] = []
     skipped: list[NotApplicable] = []
     where = SiteFinder(table, base)
-    optimizer = optimizer_class(table)
+    traits = TraceTraits.of(table, world.graph)
     bands = _bands()
 
     def suggest(text: str) -> Suggestion | NotApplicable:
@@ -374,7 +443,7 @@ def advise(
             assumptions=[a for ap in applied for a in ap.assumptions],
             measured_share=measured_share(tl),
             where=where(tl),
-            code=_code(text, optimizer),
+            code=_code(text, traits),
             error_band_pct=None if band is None else 100.0 * band,
             band_pairs=pairs,
             speedup_low=None if band is None else speedup * (1 - band),
@@ -399,7 +468,7 @@ def advise(
         bottleneck=_bottleneck(facts),
         suggestions=ranked,
         uncertain=uncertain,
-        plan=_plan(ranked, world, baseline_ms, optimizer, unranked=uncertain),
+        plan=_plan(ranked, world, baseline_ms, traits, unranked=uncertain),
         not_applicable=skipped,
         facts=facts,
         notes=input_notes(table) + graph_notes(world.traced_graph, steps_ns(world.traced)),
@@ -464,7 +533,7 @@ def _plan(
     ranked: list[Suggestion],
     world: RealWorld,
     baseline_ms: float,
-    optimizer: str | None = None,
+    traits: TraceTraits | None = None,
     unranked: list[Suggestion] | None = None,
 ) -> Plan | None:
     """The ranked suggestions of different models that gain together, applied as one.
@@ -507,7 +576,7 @@ def _plan(
         specs=names,
         predicted_ms=best,
         speedup=baseline_ms / best if best > 0 else float("inf"),
-        code=[c for c in (_code(n, optimizer) for n in names) if c],
+        code=[c for c in (_code(n, traits) for n in names) if c],
         left_out=left_out,
         enablers=enablers,
     )

@@ -262,7 +262,16 @@ def render_advice(advice: Advice, console: Console) -> None:
             _band(s),
             f"{100 * s.measured_share:.0f}%",
         )
-    console.print(t)
+    if advice.suggestions:
+        console.print(t)
+    else:
+        console.print(
+            Text(
+                "nothing ranked: no optimization perfcast models gains beyond its measured "
+                "error on this trace (each one below says why)",
+                style="bold",
+            )
+        )
     if advice.plan is not None:
         p = advice.plan
         console.print(
@@ -286,7 +295,8 @@ def render_advice(advice: Advice, console: Console) -> None:
             console.print(
                 Text(f"  left out, adding under 1% on top: {', '.join(p.left_out)}", style="dim")
             )
-    console.print("why, where, the change, and what each prediction assumes:", style="bold")
+    if advice.suggestions:
+        console.print("why, where, the change, and what each prediction assumes:", style="bold")
     for i, s in enumerate(advice.suggestions, 1):
         console.print(Text(f"{i}. {s.name}: {s.explanation}"))
         if s.code:

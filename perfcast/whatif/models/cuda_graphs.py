@@ -100,6 +100,7 @@ def apply(graph: Graph, options: Options) -> Graph:
         )
     if host.size == 0:
         raise _no_cpu_work(graph, phases)
+    _refuse_dynamic_shapes(graph, host)
     if options.syncs not in ("split", "move"):
         raise NotApplicableError(
             f"cuda-graphs: syncs={options.syncs} is not split or move",
@@ -261,6 +262,29 @@ def apply(graph: Graph, options: Options) -> Graph:
             "region assumed moved out (capture cannot contain them)"
         )
     return graph
+
+
+def _refuse_dynamic_shapes(graph: Graph, host: np.ndarray) -> None:
+    """A sync that sizes a data-dependent output (boolean-mask indexing, nonzero, unique)
+    means shapes that change from step to step; a CUDA graph replays fixed ones."""
+    from perfcast.whatif.models.remove_host_sync import shape_op_of
+
+    c = graph.cols
+    syncs = host[c["kind"][host] == NodeKind.SYNC]
+    ops = shape_op_of(graph, syncs)
+    if not (ops >= 0).any():
+        return
+    table = graph.table
+    named = sorted({table.names[i] for i in np.unique(ops[ops >= 0]).tolist()})
+    per, where = P.rank_steps(graph, syncs[ops >= 0])
+    n = P.per_count(int((ops >= 0).sum()), per)
+    raise NotApplicableError(
+        f"cuda-graphs: {n} host synchronization{'s' * (n != '1')} {where} sizing outputs whose "
+        f"shape depends on the data ({', '.join(named)}): the shapes change from step to step, "
+        "and a CUDA graph replays fixed shapes",
+        hint="make those shapes static first (torch.nonzero_static, a mask multiply, "
+        "padding); --apply remove-host-sync:shapes=true --apply cuda-graphs predicts that",
+    )
 
 
 def _no_cpu_work(graph: Graph, phases: list[str]) -> NotApplicableError:

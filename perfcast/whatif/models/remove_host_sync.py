@@ -5,6 +5,19 @@ Assumptions: the value the sync fetched is not needed on the host right away
 launching work instead of waiting for the GPU. The copy itself still runs on
 the GPU. Only the blocking part of the call is removed; a blocking copy keeps
 its launch cost.
+
+Not every sync is a read the user can drop. Each is told apart by the ops around it:
+
+- a sync inside an op whose output *shape* depends on the data (`nonzero`, boolean-mask
+  indexing `x[mask]` and `x[mask] = v`, `masked_select`, `unique`, `repeat_interleave`
+  without `output_size`, `bincount`) is how the host learns the size to allocate: it stays
+  unless `shapes=true` assumes the code was rewritten with static shapes (a mask multiply,
+  `torch.nonzero_static`, an `output_size`);
+- a blocking host-to-device copy (`.to(device)` from pageable memory, or without
+  `non_blocking=True`) is removed, with the change it takes said: pinned memory and
+  `non_blocking=True`;
+- every other sync is a host read (`.item()`, `.cpu()`, an explicit synchronize) and is
+  removed.
 """
 
 from __future__ import annotations
@@ -15,14 +28,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from perfcast.errors import NotApplicableError
-from perfcast.graph.model import Graph, SyncKind
+from perfcast.graph.model import Graph, NodeKind, SyncKind
 from perfcast.whatif import primitives as P
 
 _FREE = re.compile(r"Free")
 
 SUMMARY = (
-    "remove host-device synchronizations (.item(), .cpu(), explicit syncs) "
-    "(op=REGEX, reads=true: only host reads)"
+    "remove host-device synchronizations (.item(), .cpu(), explicit syncs, blocking input "
+    "copies) (op=REGEX, reads=true: only host reads, shapes=true: also data-dependent shapes)"
 )
 
 
@@ -35,11 +48,72 @@ HOST_READS = (
 )
 
 
+# Ops whose output shape depends on the values of their input: the host must read a count
+# back before it can allocate the result (boolean-mask indexing and assignment go through
+# nonzero; integer indexing does not sync at all).
+SHAPE_OPS = re.compile(
+    r"^aten::(nonzero|argwhere|masked_select|_unique2?|unique|unique_consecutive|unique_dim"
+    r"|unique_dim_consecutive|repeat_interleave|index|index_put_|_index_put_impl_|bincount)$"
+)
+# Host-to-device copy names: Kineto ("Memcpy HtoD (Pageable -> Device)"), ROCm
+# ("CopyHostToDevice").
+_H2D = re.compile(r"HtoD|Host -> Device|HostToDevice")
+# How deep a sync may sit below the shape op that caused it (aten::index > aten::nonzero >
+# aten::to > aten::copy_ > cudaStreamSynchronize in the traces here).
+_MAX_DEPTH = 16
+
+READ, H2D_COPY, SHAPE = 0, 1, 2
+
+
 @dataclass
 class Options:
     op: str | None = None  # only syncs inside ops matching this (e.g. _local_scalar_dense)
     include_explicit: bool = True  # also cudaDeviceSynchronize / cudaStreamSynchronize
     reads: bool = False  # only the syncs of host reads (HOST_READS), the ones user code makes
+    shapes: bool = False  # also syncs that size data-dependent outputs (code made static)
+
+
+def classify_syncs(graph: Graph, syncs: np.ndarray) -> np.ndarray:
+    """Per sync node: SHAPE (inside an op whose output shape depends on the data), H2D_COPY
+    (its op copies host memory to the device) or READ (a host read or explicit sync)."""
+    out = np.full(syncs.size, READ, dtype=np.int8)
+    if syncs.size == 0 or graph.table is None:
+        return out
+    c = graph.cols
+    out[shape_op_of(graph, syncs) >= 0] = SHAPE
+    # A blocking copy's GPU half: the copies launched from the same op as the sync.
+    row = c["op"][syncs].astype(np.int64)
+    gpu = np.flatnonzero((c["kind"] == NodeKind.GPU) & (c["op"] >= 0) & graph.alive)
+    h2d_names = np.array([bool(_H2D.search(n)) for n in graph.names], dtype=bool)
+    h2d_ops = np.unique(c["op"][gpu[h2d_names[c["name"][gpu]]]])
+    copy = (out == READ) & (row >= 0) & np.isin(row, h2d_ops)
+    out[copy] = H2D_COPY
+    return out
+
+
+def shape_op_of(graph: Graph, syncs: np.ndarray) -> np.ndarray:
+    """Per sync node: the trace's name id of the innermost enclosing op whose output shape
+    depends on the data (SHAPE_OPS), or -1."""
+    found = np.full(syncs.size, -1, dtype=np.int64)
+    table = graph.table
+    if syncs.size == 0 or table is None:
+        return found
+    shape_ids = np.array(
+        [i for i, n in enumerate(table.names) if SHAPE_OPS.match(n)], dtype=np.int64
+    )
+    if shape_ids.size == 0:
+        return found
+    cur = graph.cols["op"][syncs].astype(np.int64)
+    for _ in range(_MAX_DEPTH):
+        live = (cur >= 0) & (found < 0)
+        if not live.any():
+            break
+        names = table.name[cur[live]]
+        hit = np.isin(names, shape_ids)
+        idx = np.flatnonzero(live)
+        found[idx[hit]] = names[hit]
+        cur[live] = table.parent[cur[live]]
+    return found
 
 
 def apply(graph: Graph, options: Options) -> Graph:
@@ -63,13 +137,52 @@ def apply(graph: Graph, options: Options) -> Graph:
                 else ""
             )
         )
-    waited = int(np.sum(c["dur_measured"][syncs]))
+    kind = classify_syncs(graph, syncs)
     per, where = P.rank_steps(graph, syncs)
-    count_text = P.per_count(syncs.size, per)
-    P.remove(graph, syncs)
-    graph.assumptions.append(
-        f"removed {count_text} synchronization{'s' * (count_text != '1')} {where} "
-        f"({waited / per / 1e6:.2f} ms of measured blocking); their results are assumed not "
-        "needed on the host within the step"
-    )
+    kept = syncs[kind == SHAPE] if not options.shapes else syncs[:0]
+    if kept.size == syncs.size:
+        raise NotApplicableError(
+            f"remove-host-sync: the trace's {P.per_count(kept.size, per)} host-device "
+            f"synchronization{'s' * (kept.size != 1)} {where} all size the output of an op "
+            "whose shape depends on the data (nonzero, boolean-mask indexing, unique, ...): "
+            "the host needs them",
+            hint="shapes=true predicts the step with that code rewritten to static shapes "
+            "(a mask multiply, torch.nonzero_static, repeat_interleave's output_size)",
+        )
+
+    def ms(nodes: np.ndarray) -> str:
+        return f"{int(np.sum(c['dur_measured'][nodes])) / per / 1e6:.2f} ms of measured blocking"
+
+    def count(nodes: np.ndarray, one: str, many: str) -> str:
+        n = P.per_count(nodes.size, per)
+        return f"{n} {one if n == '1' else many}"
+
+    reads = syncs[kind == READ]
+    copies = syncs[kind == H2D_COPY]
+    shaped = syncs[kind == SHAPE] if options.shapes else syncs[:0]
+    P.remove(graph, syncs[(kind != SHAPE) | options.shapes])
+    sync, syncs_ = "synchronization", "synchronizations"
+    if reads.size:
+        graph.assumptions.append(
+            f"removed {count(reads, sync, syncs_)} {where} ({ms(reads)}); their results are "
+            "assumed not needed on the host within the step"
+        )
+    if copies.size:
+        what = count(copies, "blocking host-to-device copy", "blocking host-to-device copies")
+        graph.assumptions.append(
+            f"removed the wait of {what} {where} ({ms(copies)}): assumes the source in pinned "
+            "memory (DataLoader(pin_memory=True) or tensor.pin_memory()) and "
+            ".to(device, non_blocking=True)"
+        )
+    if shaped.size:
+        graph.assumptions.append(
+            f"removed {count(shaped, sync, syncs_)} {where} sizing data-dependent outputs "
+            f"({ms(shaped)}): assumes the code rewritten to static shapes (shapes=true)"
+        )
+    if kept.size:
+        graph.assumptions.append(
+            f"kept {count(kept, sync, syncs_)} {where} ({ms(kept)}) inside ops whose output "
+            "shape depends on the data (nonzero, boolean-mask indexing, unique, ...): the host "
+            "needs them to size the result (shapes=true assumes static shapes)"
+        )
     return graph

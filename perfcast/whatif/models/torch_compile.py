@@ -218,7 +218,16 @@ def _replay_as_cuda_graphs(graph: Graph, options: Options) -> Graph:
     the graph call's guards and bookkeeping still paid per phase before the replay."""
     from perfcast.whatif.models import cuda_graphs
 
-    graph = cuda_graphs.apply(graph, cuda_graphs.Options(phases=options.phases))
+    try:
+        graph = cuda_graphs.apply(graph, cuda_graphs.Options(phases=options.phases))
+    except NotApplicableError as exc:
+        # Said in this model's name: the user asked for torch-compile, not cuda-graphs.
+        text = str(exc)
+        if exc.hint and text.endswith(f" ({exc.hint})"):
+            text = text[: -len(exc.hint) - 3]
+        raise NotApplicableError(
+            text.replace("cuda-graphs:", "torch-compile mode=reduce-overhead:", 1), hint=exc.hint
+        ) from None
     c = graph.cols
     launches = np.flatnonzero(
         (c["name"] == graph.intern("cudaGraphLaunch")) & graph.alive & (c["iteration"] >= 0)
