@@ -760,3 +760,20 @@ def test_real_traces(shared_traces: Path, filename: str) -> None:
     classes = classify_names(kernels)
     other = np.count_nonzero(classes == KernelClass.OTHER)
     assert other / len(kernels) <= _REAL[filename]
+
+
+@pytest.mark.parametrize(
+    ("device", "tf32"),
+    [("A100-80GB", True), ("H100", True), ("V100-SXM2-32GB", False), ("MI250X", False)],
+)
+def test_convolutions_run_tf32_only_with_tf32_tensor_cores(device: str, tf32: bool) -> None:
+    """cuDNN's allow_tf32 default matters from Ampere on; Volta has no TF32 and ROCm's
+    convolutions are MIOpen's: an fp32 convolution kernel there is fp32."""
+    from perfcast.hardware import KernelClass, lookup_device
+    from perfcast.whatif.kernels import convs_in_tf32, kernel_dtype
+
+    dev = lookup_device(device)
+    assert dev is not None
+    assert convs_in_tf32(dev) is tf32
+    conv = "xmma_fprop_implicit_gemm_nhwckrsc_nchw"  # names no dtype
+    assert kernel_dtype(conv, KernelClass.CONV, convs_in_tf32(dev)) == ("tf32" if tf32 else "fp32")

@@ -32,6 +32,7 @@ from perfcast.analysis.real_step import RealWorld, real_world
 from perfcast.events import EventTable
 from perfcast.graph.build import build_graph
 from perfcast.graph.model import GpuKind, Graph, NodeKind
+from perfcast.graph.phases import Phase
 from perfcast.real import Correction
 from perfcast.sim.timeline import Timeline, simulate
 from perfcast.whatif.registry import Spec
@@ -319,8 +320,13 @@ def _facts(graph: Graph, tl: Timeline) -> dict[str, float]:
     )
     facts["dataloader_ms"] = float(c["dur"][host[c["phase"][host] == 0]].sum()) / 1e6 / n_steps
     facts["optimizer_host_ms"] = float(c["dur"][host[c["phase"][host] == 3]].sum()) / 1e6 / n_steps
-    model_host = host[np.isin(c["phase"][host], [1, 2])]
+    # As torch-compile counts what it replaces: the forward's and backward's ops and the
+    # Python between them.
+    from perfcast.whatif.models.torch_compile import compiled_region_host
+
+    model_host = compiled_region_host(graph, host, [Phase.FORWARD, Phase.BACKWARD])
     facts["model_host_ms"] = float(c["dur"][model_host].sum()) / 1e6 / n_steps
+    facts["has_backward"] = float((c["phase"][host] == Phase.BACKWARD).any())
     facts["copies_per_step"] = (
         float(np.isin(c["gpu_kind"][gpu], [GpuKind.MEMCPY, GpuKind.MEMSET]).sum()) / n_steps
     )
@@ -382,10 +388,11 @@ def _explain(spec: str, f: dict[str, float]) -> str:
     if name == "fuse-elementwise":
         return f"{f.get('elementwise_pct', 0.0):.0f}% of GPU time is elementwise kernels"
     if name == "torch-compile":
+        what = "forward and backward take" if f.get("has_backward") else "the forward takes"
         return (
-            f"forward and backward take {f.get('model_host_ms', 0.0):.2f} ms of eager host "
-            f"work per step; {f.get('elementwise_pct', 0.0):.0f}% of GPU time is elementwise "
-            "kernels"
+            f"{what} {f.get('model_host_ms', 0.0):.2f} ms of eager host work per step (ops and "
+            f"the Python between them); {f.get('elementwise_pct', 0.0):.0f}% of GPU time is "
+            "elementwise kernels"
         )
     if name == "dataloader-overlap":
         return f"data loading takes {f['dataloader_ms']:.2f} ms per step on the main thread"

@@ -143,17 +143,26 @@ def is_compute_kernel(graph: Graph, node: int) -> bool:
     return not is_library_helper(graph.name_of(node))
 
 
-def kernel_dtype(name: str, klass: int) -> str:
-    """The dtype a compute kernel's math runs in (see module docstring for the defaults)."""
+def kernel_dtype(name: str, klass: int, conv_tf32: bool = True) -> str:
+    """The dtype a compute kernel's math runs in (see module docstring for the defaults);
+    `conv_tf32`: the device runs fp32 convolutions in TF32 (see `convs_in_tf32`)."""
     m = AUTOCAST_PREFIX.match(name)
     if m:
         return m.group(1)
     d = dtype_from_kernel_name(name)
     if d in ("fp8", "bf16", "fp16", "tf32", "fp64"):
         return d
-    if klass == KernelClass.CONV and not _FP32_FMA.search(name.lower()):
+    if conv_tf32 and klass == KernelClass.CONV and not _FP32_FMA.search(name.lower()):
         return "tf32"  # torch.backends.cudnn.allow_tf32 defaults to True
     return "fp32"  # torch.backends.cuda.matmul.allow_tf32 defaults to False since 1.12
+
+
+def convs_in_tf32(dev: DeviceSpec | None) -> bool:
+    """Does cuDNN run this GPU's fp32 convolutions in TF32 by default
+    (`torch.backends.cudnn.allow_tf32`)? Only with TF32 tensor cores (NVIDIA Ampere and
+    newer: a TF32 peak above the fp32 one); Volta and Turing have none, and on ROCm the
+    convolutions are MIOpen's, in fp32."""
+    return dev is not None and dev.vendor == "NVIDIA" and dev.peak("tf32") > dev.peak("fp32")
 
 
 def op_input_dims(graph: Graph, node: int) -> list | None:

@@ -99,6 +99,7 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -118,6 +119,7 @@ from perfcast.hardware import (
 from perfcast.hardware.measured import AchievedGemm, achieved_gemm
 from perfcast.whatif import primitives as P
 from perfcast.whatif.kernels import (
+    convs_in_tf32,
     is_compute_kernel,
     is_library_helper,
     kernel_dtype,
@@ -456,6 +458,7 @@ def apply(graph: Graph, options: Options) -> Graph:
             raise NotApplicableError(
                 f"amp: {dev.name} has no native {dtype} math", hint="try dtype=fp16"
             )
+    tf32 = {rank: convs_in_tf32(dev) for rank, dev in devices.items()}
     fixed = kernel_fixed_cost_ns(graph)
     names = graph.names
     in_step = np.isin(c["phase"][gpu], [Phase.FORWARD, Phase.BACKWARD]) & (
@@ -474,7 +477,7 @@ def apply(graph: Graph, options: Options) -> Graph:
         if opn and _keeps_fp32(opn, phase):
             continue
         if is_compute_kernel(graph, n):
-            if kernel_dtype(name, k) in ("fp32", "tf32"):
+            if kernel_dtype(name, k, tf32[int(c["rank"][n])]) in ("fp32", "tf32"):
                 compute.append(n)
             continue
         helper = k >= 0 and is_library_helper(name)
@@ -510,7 +513,7 @@ def apply(graph: Graph, options: Options) -> Graph:
     from_dtypes: Counter[str] = Counter()
     for i, n in enumerate(comp.tolist()):
         dev = devices[int(c["rank"][n])]
-        cur = kernel_dtype(graph.name_of(n), int(c["klass"][n]))
+        cur = kernel_dtype(graph.name_of(n), int(c["klass"][n]), tf32[int(c["rank"][n])])
         from_dtypes[cur] += 1
         opn = names[int(c["op_name"][n])] if c["op_name"][n] >= 0 else ""
         shape = gemm_shape(opn, op_input_dims(graph, n)) if opn else None
@@ -581,7 +584,7 @@ def apply(graph: Graph, options: Options) -> Graph:
         )
         + scaler
         + "; "
-        + _peaks_text(devices, from_dtypes, dtype)
+        + _peaks_text(devices, from_dtypes, dtype, cnt, tf32)
     )
     return graph
 
@@ -598,8 +601,15 @@ def _capped_text(n: str, capped: dict[str, AchievedGemm], dtype: str) -> str:
     return f"; {n} of them no faster than the part's large 16-bit GEMMs reach, measured: {where}"
 
 
-def _peaks_text(devices: dict, from_dtypes: Counter[str], dtype: str) -> str:
-    """Which device figures the peak ratios and rooflines used, and how dtypes were read."""
+def _peaks_text(
+    devices: dict,
+    from_dtypes: Counter[str],
+    dtype: str,
+    cnt: Callable[[int], str],
+    tf32: dict[int, bool],
+) -> str:
+    """Which device figures the peak ratios and rooflines used, and how dtypes were read
+    (counts per step and rank, like every count of the assumption)."""
     specs = {d.name: d for d in devices.values()}.values()
     parts = []
     for dev in specs:
@@ -610,12 +620,18 @@ def _peaks_text(devices: dict, from_dtypes: Counter[str], dtype: str) -> str:
             f"{dev.name}: peak TFLOPS {peaks}, memory {dev.mem_bw_gbs:g} GB/s (datasheet: "
             f"{dev.source})"
         )
-    read = ", ".join(f"{k:,} {d}" for d, k in from_dtypes.most_common())
+    read = ", ".join(f"{cnt(k)} {d}" for d, k in from_dtypes.most_common())
+    if all(tf32.values()):
+        conv = "tf32 (cuDNN's default on GPUs with TF32 tensor cores)"
+    elif not any(tf32.values()):
+        amd = any(d.vendor != "NVIDIA" for d in specs)
+        conv = "fp32 (" + ("MIOpen's convolutions run fp32" if amd else "no TF32 on this GPU") + ")"
+    else:
+        conv = "tf32 on GPUs with TF32 tensor cores, else fp32"
     return (
         "; ".join(parts)
         + f"; kernels' current dtype from their names ({read}): a convolution naming none is "
-        "tf32 (cuDNN's default), a matmul naming none fp32 (matmul TF32 is off by default "
-        "since PyTorch 1.12)"
+        f"{conv}, a matmul naming none fp32 (matmul TF32 is off by default since PyTorch 1.12)"
     )
 
 

@@ -76,6 +76,7 @@ from perfcast.hardware import (
 from perfcast.hardware.measured import achieved_gemm, achieved_gemm_or_stand_in, measured_ratio
 from perfcast.whatif import primitives as P
 from perfcast.whatif.kernels import (
+    convs_in_tf32,
     is_compute_kernel,
     kernel_dtype,
     kernel_fixed_cost_ns,
@@ -231,7 +232,7 @@ def apply(graph: Graph, options: Options) -> Graph:
                 comm_scaled = True
             counts["comm"] += 1
         elif is_compute_kernel(graph, n):
-            d = kernel_dtype(name, k)
+            d = kernel_dtype(name, k, convs_in_tf32(src))
             if table:
                 ratio[i] = 1 / table.compute
             else:

@@ -158,7 +158,7 @@ def _marker_ops(graph: Graph) -> np.ndarray:
     return np.unique(c["op"][markers]) if markers.size else np.zeros(0, np.int32)
 
 
-def _region_host(graph: Graph, host: np.ndarray, phases: list[int]) -> np.ndarray:
+def compiled_region_host(graph: Graph, host: np.ndarray, phases: list[int]) -> np.ndarray:
     """The host work the compiled code replaces: the ops of the compiled phases and the Python
     between them (time attributed to no op or to the step marker, inside the span of a
     phase's ops on its thread), not what comes before a phase's first op or after its last
@@ -295,7 +295,7 @@ def _compile(graph: Graph, options: Options) -> Graph:
         )
     _refuse_compiled(graph)
     host_kinds = np.isin(c["kind"], [NodeKind.CPU, NodeKind.LAUNCH, NodeKind.RUNTIME])
-    region_host = _region_host(
+    region_host = compiled_region_host(
         graph, np.flatnonzero(host_kinds & alive & (c["iteration"] >= 0)), phases
     )
     region_launch = region_host[c["kind"][region_host] == NodeKind.LAUNCH]
