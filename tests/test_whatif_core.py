@@ -494,6 +494,42 @@ def test_fused_optimizer_fused(tmp_path):
     assert pred == pytest.approx(30, abs=0.05)  # ns rounding of scaled segments
 
 
+@pytest.mark.parametrize(
+    ("optimizer", "said"),
+    [
+        ("Adam", "bytes moved x 7/(3 x 3) (fused Adam reads param, grad and both moments"),
+        ("SGD", "bytes moved x 5/(3 x 3) (fused SGD reads param, grad and one state tensor"),
+        ("MyOpt", "(Adam's rule: MyOpt)"),
+    ],
+)
+def test_fused_optimizer_counts_the_bytes_of_its_class(tmp_path, optimizer, said):
+    table = perfcast.load(_for_loop_adam(tmp_path, optimizer=optimizer))
+    _, _, pred = run_whatif(table, [parse_spec("fused-optimizer:kind=fused")], correct=False)
+    assert said in " ".join(pred.graph.assumptions)
+
+
+def test_fused_optimizer_names_zero_grad_kernels(tmp_path):
+    b = TraceBuilder()
+    b.step(1, 0, 300)
+    b.op("Optimizer.zero_grad#SGD.zero_grad", 5, 60, cat="user_annotation")
+    for t in (10, 30):
+        b.op("aten::zero_", t, 15)
+        b.op("aten::fill_", t + 1, 13)
+        b.launch("void at::native::vectorized_elementwise_kernel<4>", t + 2, 5, t + 9, 2)
+    b.op("Optimizer.step#SGD.step", 100, 190, cat="user_annotation")
+    t = 100
+    for _ in range(4):
+        for op in ("aten::mul_", "aten::add_"):
+            b.op(op, t, 10)
+            b.launch("void at::native::vectorized_elementwise_kernel<4>", t + 2, 5, t + 9, 4)
+            t += 10
+    table = perfcast.load(b.write(tmp_path / "sgd_zero.json"))
+    _, _, pred = run_whatif(table, [parse_spec("fused-optimizer:kind=foreach")], correct=False)
+    said = " ".join(pred.graph.assumptions)
+    assert "2 of the kernels are zero_grad's per-parameter zero_" in said
+    assert "set_to_none=True" in said
+
+
 def test_fused_optimizer_refuses_multi_tensor_kernels(tmp_path):
     path = _for_loop_adam(tmp_path, kernel="void at::native::multi_tensor_apply_kernel<...>")
     with pytest.raises(NotApplicableError, match="already"):

@@ -42,6 +42,12 @@ TENSORS_PER_LAUNCH = {"foreach": 48, "fused": 36}
 # element, where each for-loop op reads about two tensors and writes one (3 per op).
 FUSED_ACCESSES = 7.0
 ACCESSES_PER_LOOP_OP = 3.0
+# Per torch.optim class with a fused kernel: accesses per element of its fused update. SGD
+# with momentum and Adagrad read param, grad and one state tensor and write two of them.
+FUSED_ACCESSES_BY_CLASS = {"Adam": 7.0, "AdamW": 7.0, "SGD": 5.0, "Adagrad": 5.0}
+# Kernel durations below the trace's resolution read as 0 (2021-era traces record whole
+# microseconds): a fixed cost measured as 0 is taken as one such microsecond.
+MIN_FIXED_NS = 1_000
 _ALREADY_FUSED = (
     "multi_tensor_apply",
     "fused_adam",
@@ -94,13 +100,40 @@ def already_fused(graph: Graph, gpu: np.ndarray) -> bool:
     )
 
 
+def _in_zero_grad(graph: Graph, nodes: np.ndarray) -> np.ndarray:
+    """Which of `nodes` were launched inside an `Optimizer.zero_grad#...` range."""
+    table = graph.table
+    found = np.zeros(nodes.size, dtype=bool)
+    if table is None or nodes.size == 0:
+        return found
+    ids = np.array(
+        [i for i, n in enumerate(table.names) if n.startswith("Optimizer.zero_grad#")],
+        dtype=np.int64,
+    )
+    if ids.size == 0:
+        return found
+    cur = graph.cols["op"][nodes].astype(np.int64)
+    for _ in range(32):  # nesting depth: zero_grad > zero_ > fill_ is three
+        live = cur >= 0
+        if not live.any():
+            break
+        found[live] |= np.isin(table.name[cur[live]], ids)
+        cur[live] = table.parent[cur[live]]
+    return found
+
+
 def _fixed_cost(durs: np.ndarray) -> int:
     return int(min(np.percentile(durs, 5), np.median(durs)))
 
 
 def _apply_gpu(graph: Graph, gpu: np.ndarray, options: Options) -> None:
+    from perfcast.analysis.optimizers import optimizer_class
+
     c = graph.cols
     per_launch = TENSORS_PER_LAUNCH[options.kind]
+    optimizer = optimizer_class(graph.table)
+    accesses = FUSED_ACCESSES_BY_CLASS.get(optimizer or "", FUSED_ACCESSES)
+    zeroing = int(_in_zero_grad(graph, gpu).sum())
     total_before = total_after = 0
     fixed_seen: list[int] = []
     k_seen: list[int] = []
@@ -120,10 +153,11 @@ def _apply_gpu(graph: Graph, gpu: np.ndarray, options: Options) -> None:
         if n_new >= n:
             continue
         durs = c["dur"][group]
-        fixed = _fixed_cost(durs)
+        # No kernel takes no time: a 0 is a whole-microsecond trace rounding it down.
+        fixed = _fixed_cost(durs) or MIN_FIXED_NS
         var = np.maximum(durs - fixed, 0).sum()
         if options.kind == "fused" and k >= 3:
-            var = var * FUSED_ACCESSES / (ACCESSES_PER_LOOP_OP * k)
+            var = var * accesses / (ACCESSES_PER_LOOP_OP * k)
         fixed_seen.append(fixed)
         k_seen.append(k)
         new_total = var + n_new * fixed
@@ -142,21 +176,34 @@ def _apply_gpu(graph: Graph, gpu: np.ndarray, options: Options) -> None:
             "and 2 parameters per step in the optimizer phase) to fuse"
         )
     k = int(np.median(k_seen))
+    if optimizer in ("Adam", "AdamW") or optimizer not in FUSED_ACCESSES_BY_CLASS:
+        who = "fused Adam reads param, grad and both moments and writes three"
+        if optimizer not in FUSED_ACCESSES_BY_CLASS:
+            who += f" (Adam's rule: {optimizer or 'the optimizer class is not named'})"
+    else:
+        who = f"fused {optimizer} reads param, grad and one state tensor and writes two"
     bytes_rule = (
-        f"bytes moved x {FUSED_ACCESSES:g}/({ACCESSES_PER_LOOP_OP:g} x {k}) (fused Adam reads "
-        "param, grad and both moments and writes three, where each of the k for-loop ops reads "
-        "about two tensors and writes one)"
+        f"bytes moved x {accesses:g}/({ACCESSES_PER_LOOP_OP:g} x {k}) ({who}, where each of "
+        "the k for-loop ops reads about two tensors and writes one)"
         if options.kind == "fused" and k >= 3
         else "bytes moved unchanged"
     )
     per, where = P.rank_steps(graph, gpu)
+    fixed_us = np.median(fixed_seen) / 1e3
+    zero_text = (
+        f"; {P.per_count(zeroing, per)} of the kernels are zero_grad's per-parameter zero_ "
+        "(with foreach or fused, zero_grad zeroes in one multi-tensor op; "
+        "zero_grad(set_to_none=True), the default since PyTorch 2.0, launches none)"
+        if zeroing
+        else ""
+    )
     graph.assumptions.append(
         f"optimizer kernels {options.kind}: GPU time {total_before / per / 1e6:.2f} -> "
         f"{total_after / per / 1e6:.2f} ms {where}; {k} ops per parameter, one launch per "
         f"{TENSORS_PER_LAUNCH[options.kind]} tensors (multi_tensor_apply's limit), each paying "
-        f"the {np.median(fixed_seen) / 1e3:.1f} µs fixed cost measured as the 5th percentile "
-        f"of the optimizer's kernel times; {bytes_rule}; host time per launch as measured, so "
-        "host time scales with launches"
+        f"the {fixed_us:.1f} µs fixed cost measured as the 5th percentile of the optimizer's "
+        f"kernel times ({MIN_FIXED_NS / 1e3:g} µs where they read 0); {bytes_rule}; host time per "
+        f"launch as measured, so host time scales with launches{zero_text}"
     )
 
 
