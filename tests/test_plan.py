@@ -194,6 +194,32 @@ def test_plan_trace_recorded_reproduces_its_step() -> None:
     assert r.best[0].plan["dp"] * r.best[0].plan["tp"] * r.best[0].plan["pp"] == 8
 
 
+def test_plan_trace_searches_the_traced_batch_and_says_when_nothing_beats_it(
+    shared_traces: Path,
+) -> None:
+    """A batch of 10 per GPU has no power-of-two micro-batch above 2: the traced
+    configuration must be among the plans, or every plan found is slower than what the
+    user runs (the best was once a 58%-bubble pipeline at 57% of the traced throughput)."""
+    table = perfcast.load(str(shared_traces / "tracelens_mi300x_resnet_act_ckpt_rank0.json.gz"))
+    r = plan_trace(table, 8, top=3)
+    assert r.baseline is not None and r.best
+    assert r.best[0].plan["mb"] == 10 and r.best[0].plan["pp"] == 1
+    assert r.best[0].samples_per_s >= r.baseline.samples_per_s * 0.995
+    assert not any("predicted faster than every plan" in n for n in r.notes)
+
+
+def test_plan_trace_of_unknown_parameters_says_dp_looks_free(shared_traces: Path) -> None:
+    r = plan_trace(perfcast.load(str(shared_traces / "hta_v100_ns_resolution.json.gz")), 16)
+    assert any("data parallelism looks free" in n for n in r.notes)
+
+
+def test_optimizer_state_follows_the_traced_class() -> None:
+    from perfcast.memory_model.facts import trace_facts
+
+    facts = trace_facts(perfcast.load(str(EXAMPLE)))  # Optimizer.step#SGD.step, foreach ops
+    assert (facts.optimizer, facts.optimizer_impl) == ("sgd", "foreach")
+
+
 def test_load_desc_errors(tmp_path: Path) -> None:
     assert load_desc('{"layers": 2, "hidden": 64, "heads": 4, "seq": 16, "vocab": 100}').layers == 2
     with pytest.raises(perfcast.errors.PerfcastError):

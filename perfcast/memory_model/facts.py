@@ -187,9 +187,27 @@ def _params(table: EventTable, ops: np.ndarray, facts: TraceFacts) -> None:
             facts.param_numels.append(n)
 
 
+# State per parameter by torch.optim class, in the memory model's kinds (OPT_STATE_BYTES):
+# Adam-like classes keep two fp32 moments; SGD (momentum), Adagrad (state_sum) and RMSprop
+# (square_avg) one tensor; Adadelta two.
+_STATE_KIND = {
+    "Adam": "adam", "AdamW": "adam", "Adamax": "adam", "NAdam": "adam", "RAdam": "adam",
+    "SGD": "sgd", "Adagrad": "adagrad", "RMSprop": "rmsprop", "Adadelta": "adadelta",
+}  # fmt: skip
+
+
 def _optimizer(table: EventTable, ops: np.ndarray, facts: TraceFacts) -> None:
+    from perfcast.analysis.optimizers import optimizer_class
+
     uniq = {table.names[i] for i in np.unique(table.name[ops]).tolist()}
-    if any(_FUSED_ADAM.search(n) for n in uniq):
+    named = _STATE_KIND.get(optimizer_class(table) or "")
+    if named and named != "adam":
+        # The trace names its class (Optimizer.step#SGD.step): its state, whatever ops run it.
+        fused = any("fused" in n.lower() for n in uniq)
+        foreach = any(n.startswith("aten::_foreach") for n in uniq)
+        impl = "fused" if fused else "foreach" if foreach else "for-loop"
+        facts.optimizer, facts.optimizer_impl = named, impl
+    elif any(_FUSED_ADAM.search(n) for n in uniq):
         facts.optimizer, facts.optimizer_impl = "adam", "fused"
     elif any(_FOREACH_ADAM.search(n) for n in uniq):
         facts.optimizer, facts.optimizer_impl = "adam", "foreach"

@@ -48,7 +48,7 @@ GIB = 1 << 30
 # ":4096:2:16:8" (8 MiB + 128 KiB) before (aten/src/ATen/cuda/CublasHandlePool.cpp).
 _WORKSPACE_SM90 = 32 * MIB
 _WORKSPACE_OLDER = 8 * MIB + 128 * 1024
-_OPT_STATE_BYTES = {"adam": 8, "sgd": 4, "none": 0}
+OPT_STATE_BYTES = {"adam": 8, "sgd": 4, "adagrad": 4, "rmsprop": 4, "adadelta": 8, "none": 0}
 
 
 @dataclass
@@ -181,7 +181,7 @@ def estimate(inputs: MemoryInputs) -> MemoryEstimate:
     p = inputs.params
     w = int(p * inputs.param_bytes * inputs.shard_weights)
     g = int(p * inputs.grad_bytes * inputs.shard_grads)
-    state = _OPT_STATE_BYTES.get(inputs.optimizer, 8) + inputs.master_bytes
+    state = OPT_STATE_BYTES.get(inputs.optimizer, 8) + inputs.master_bytes
     o = int(p * state * inputs.shard_optimizer)
     s = inputs.saved_bytes
     a = int(sum(s))

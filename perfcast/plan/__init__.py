@@ -182,6 +182,12 @@ def plan_trace(
         result.notes.append(
             f"the trace ran on {world} ranks; its own collectives were replaced by modelled ones"
         )
+    if not w.facts.params:
+        result.notes.append(
+            "the model's parameters are unknown (no shapes, no sized all-reduces): gradient "
+            "traffic, weights and optimizer state count as 0, so data parallelism looks free; "
+            "trace with record_shapes=True for a plan that prices them"
+        )
     return result
 
 

@@ -89,6 +89,10 @@ def enumerate_plans(
         k: [] for k in ("dp", "tp", "pp", "mb", "m", "v", "zero", "ckpt", "sp", "amp")
     }
     sp_ok = getattr(workload, "source", "") == "model description"
+    # Besides powers of two: the whole local batch (no micro-batching) and the trace's own
+    # per-GPU batch, so that the configuration the user runs is among the plans (a batch of
+    # 10 per GPU has no power-of-two micro-batch above 2).
+    traced_mb = int(getattr(workload, "batch", 0) or 0)
     for tp in _pow2_upto(tp_cap):
         if gpus % tp or not bool(np.all(workload.tp_ok(np.array([tp])))):  # type: ignore[attr-defined]
             continue
@@ -99,8 +103,8 @@ def enumerate_plans(
             if global_batch % dp:
                 continue
             per = global_batch // dp
-            for mb in MICRO_BATCHES:
-                if per % mb:
+            for mb in sorted({*MICRO_BATCHES, per, traced_mb}):
+                if mb < 1 or per % mb:
                     continue
                 m = per // mb
                 for v in interleave if pp > 1 else (1,):
@@ -245,4 +249,11 @@ def search(
     if baseline is not None:
         bc = evaluate(workload, baseline, cluster, overlap_dp=overlap_dp, fixed_s=fixed_s)
         result.baseline = _row(0, 0, baseline, bc, tokens, _reasons(0, baseline, bc, best_step))
+        b = result.baseline
+        if rows and b.samples_per_s > rows[0].samples_per_s * 1.005:
+            result.notes.append(
+                f"the trace's own configuration ({b.label}: {b.samples_per_s:,.0f} samples/s) is "
+                f"predicted faster than every plan searched (best {rows[0].samples_per_s:,.0f} "
+                "samples/s): keep it, or widen the search (--global-batch)"
+            )
     return result

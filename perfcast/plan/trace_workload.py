@@ -194,7 +194,9 @@ class TraceWorkload:
         return np.maximum(self.optimizer_s_measured * params_gpu / n, self.optimizer_host_s)
 
     def bytes_per_param(self) -> tuple[int, int, int]:
-        state = {"adam": 8, "sgd": 4, "none": 0}.get(self.facts.optimizer, 8)
+        from perfcast.memory_model.model import OPT_STATE_BYTES
+
+        state = OPT_STATE_BYTES.get(self.facts.optimizer, 8)
         return 4, 4, state
 
     @property
@@ -259,8 +261,14 @@ def trace_workload(
                 "parameters unknown (no shapes, no sized all-reduces): weights, gradients and "
                 "optimizer state are counted as 0; pass a trace with record_shapes=True"
             )
-    step = len(table.iterations) - 1 - [*reversed(table.iterations)].index(its[-1])
-    step_s = float(np.median([it.dur_ns for it in its])) / 1e9
+    # Every per-step input (collectives, GPU and host time) from one step: the median one,
+    # whose own time is the step time (mixing the median time with the last step's parts
+    # took a 119 ms all-reduce from a 346 ms step whose median all-reduce was 60 ms).
+    durs = np.array([it.dur_ns for it in its], dtype=np.float64)
+    median_at = int(np.argmin(np.abs(durs - np.median(durs))))
+    picked = its[median_at]
+    step = next(i for i, it in enumerate(table.iterations) if it is picked)
+    step_s = float(durs[median_at]) / 1e9
     phases = event_phases(table)
     in_step = (table.rank == rank) & (table.iteration == step)
     k = np.flatnonzero(in_step & table.is_gpu())
@@ -369,7 +377,8 @@ def trace_workload(
     w.assumptions.extend(
         [
             f"from rank {rank}'s trace: batch {b0} per GPU, step {step_s * 1e3:.1f} ms "
-            f"(median of {len(its)}), forward GPU {(fl + fc + fm) * 1e3:.1f} ms, backward "
+            f"({picked.name}, the median of {len(its)}; every figure here from it), "
+            f"forward GPU {(fl + fc + fm) * 1e3:.1f} ms, backward "
             f"{(bl + bc + bm) * 1e3:.1f} ms (linear layers {(fl + bl) * 1e3:.1f} ms), host "
             f"forward+backward {host_s * 1e3:.1f} ms, optimizer {opt_s * 1e3:.1f} ms (host "
             f"{host_opt * 1e3:.1f}, GPU {gpu_opt * 1e3:.1f}), other "
@@ -384,7 +393,12 @@ def trace_workload(
             f"the trace's own collectives ({comm_s * 1e3:.1f} ms per step) are replaced by "
             "each plan's modelled ones"
         )
-    if pairs == 0:
+    if pairs == 0 and fl + bl > 0:
+        w.assumptions.append(
+            "the linear layers' shapes are not in the trace (record_shapes=False): tensor "
+            "parallelism not offered"
+        )
+    elif pairs == 0:
         w.assumptions.append("no linear layers in the trace: tensor parallelism not offered")
     return w
 
