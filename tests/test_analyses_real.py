@@ -117,3 +117,15 @@ def test_diff_on_a_measured_pair() -> None:
     assert d.prediction is not None
     assert d.prediction.predicted_ms < d.prediction.baseline_ms
     assert any(row.kind == "kernel" for row in d.predicted)
+
+
+def test_diff_says_the_speedup_without_the_profiler() -> None:
+    """ResNet-50, for-loop -> fused Adam on an H100: traced 1.50x, measured without the
+    profiler 1.07x (gpu-truth). diff puts the de-profiled estimate beside the traced one."""
+    a, b = GPU_TRUTH / "r50_base.json.gz", GPU_TRUTH / "r50_fused.json.gz"
+    if not (a.is_file() and b.is_file()):
+        pytest.skip("no gpu-truth traces")
+    d = perfcast.diff(a, b)
+    assert d.step.speedup == pytest.approx(1.50, abs=0.02)
+    assert d.step.real_speedup is not None and 1.0 < d.step.real_speedup < 1.2
+    assert d.step.real_source == "A: default, B: default"

@@ -38,6 +38,12 @@ class StepDelta:
     speedup: float  # A / B
     a_steps: int
     b_steps: int
+    # The same steps without the profiler (estimated as `summary` does, each trace corrected
+    # for its own profiler cost): what the change is worth in the run the user will see.
+    a_real_ms: float | None = None
+    b_real_ms: float | None = None
+    real_speedup: float | None = None
+    real_source: str | None = None  # "A: default, B: fit"
 
 
 @dataclass
@@ -112,6 +118,26 @@ def step_time_ms(table: EventTable) -> tuple[float, int]:
     return float(np.mean(list(by_name.values()))) / NS_PER_MS, len(by_name)
 
 
+def real_step_time_ms(table: EventTable) -> tuple[float | None, str]:
+    """(mean step time without the profiler in ms, where the correction came from), taken
+    per step name as the slowest rank, like `step_time_ms`; measured unprofiled steps the
+    trace carries win over the estimate."""
+    from perfcast.analysis.summary import summarize
+
+    by_name: dict[str, float] = {}
+    sources: set[str] = set()
+    for rs in summarize(table, top=1, real=True).ranks:
+        for it in rs.iterations:
+            ms = it.measured_real_ms if it.measured_real_ms is not None else it.real_ms
+            if ms is None:
+                continue
+            by_name[it.name] = max(by_name.get(it.name, 0.0), ms)
+            sources.add("measured" if it.measured_real_ms is not None else it.source or "?")
+    if not by_name:
+        return None, ""
+    return float(np.mean(list(by_name.values()))), "/".join(sorted(sources))
+
+
 def _in_steps(table: EventTable) -> np.ndarray:
     """Rows inside a step (all rows of ranks without steps)."""
     no_steps = np.array([not info.has_steps for info in table.ranks], dtype=bool)
@@ -153,6 +179,10 @@ def _profile(table: EventTable) -> _Profile:
     steps = _steps(table)
     inside = _in_steps(table)
     ops = np.flatnonzero(inside & (table.kind == Kind.CPU_OP))
+    # 2021-era traces record the ProfilerStep#N ranges as CPU ops: each is a whole step, and
+    # its name differs between the traces (so it read as an op gone and another new).
+    marker = np.array([n.startswith("ProfilerStep#") for n in table.names], dtype=bool)
+    ops = ops[~marker[table.name[ops]]]
     op_count, op_ms = _per_name(table, ops, table.name[ops], steps)
     gpu = np.flatnonzero(inside & table.is_gpu())
     k_count, k_ms = _per_name(table, gpu, table.name[gpu], steps)
@@ -202,7 +232,7 @@ def _rows(
     return rows[:top]
 
 
-def diff(a: EventTable, b: EventTable, top: int = 20) -> TraceDiff:
+def diff(a: EventTable, b: EventTable, top: int = 20, real: bool = True) -> TraceDiff:
     """Step, op, kernel and phase deltas from trace A to trace B.
 
     `perfcast.diff(a, b, apply=[...])` (the API) also predicts B from A; this analysis only
@@ -237,6 +267,13 @@ def diff(a: EventTable, b: EventTable, top: int = 20) -> TraceDiff:
     )
     if len(a.ranks) != len(b.ranks):
         out.notes.append(f"A has {len(a.ranks)} ranks, B {len(b.ranks)}: per-step sums differ")
+    if real:
+        (a_real, a_src), (b_real, b_src) = real_step_time_ms(a), real_step_time_ms(b)
+        if a_real and b_real:
+            st = out.step
+            st.a_real_ms, st.b_real_ms = a_real, b_real
+            st.real_speedup = a_real / b_real
+            st.real_source = f"A: {a_src}, B: {b_src}"
     return plain(out)
 
 

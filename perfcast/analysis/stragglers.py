@@ -7,9 +7,10 @@ start on the aligned clock; the last rank to arrive is that collective's straggl
 other rank waits (last arrival − its own arrival) for it.
 
 Per rank: how often it arrived last, the waiting it caused (summed over the ranks that
-waited) and its mean lateness (arrival − median arrival). Ranks are ranked by the waiting
-they caused; the candidates are the top `candidates` (HTA's `get_potential_stragglers`
-reports two by default; it ranks ranks by how late their dominant collective starts).
+waited) and its mean lateness (arrival − median arrival). The candidates are the top
+`candidates` ranks by mean lateness, the ranks late most consistently, as HTA's
+`get_potential_stragglers` ranks them (two by default); the waiting each caused is reported
+beside it, since a rank can be late on average yet never the last to arrive.
 """
 
 from __future__ import annotations

@@ -96,8 +96,15 @@ def render_analyses(result: Analyses, console: Console, rows: int = 12) -> None:
         if name == "stragglers" and res.candidates:
             console.print(
                 Text(
-                    f"straggler candidates: ranks {', '.join(map(str, res.candidates))}"
-                    f" ({res.matched} collectives matched across ranks)"
+                    "straggler candidates (latest on average): ranks "
+                    + ", ".join(
+                        f"{b.rank} ({b.mean_lateness_us:,.0f} µs late on average, last at "
+                        f"{b.times_last} collectives, {b.wait_caused_ms:.2f} ms of waiting caused)"
+                        for r in res.candidates
+                        for b in res.by_rank
+                        if b.rank == r
+                    )
+                    + f"; {res.matched} collectives matched across ranks"
                 )
             )
         for tname, cols in result_tables(res).items():
@@ -118,6 +125,22 @@ def render_diff(result: TraceDiff, console: Console, rows: int = 15) -> None:
         f"({s.delta_ms:+,.3f} ms, {s.delta_pct:+.1f}%, speedup {s.speedup:.3f}×)"
     )
     console.print(Text(head, style="bold"))
+    if s.real_speedup is not None and s.a_real_ms is not None and s.b_real_ms is not None:
+        console.print(
+            Text(
+                f"without the profiler: A {s.a_real_ms:,.3f} ms → B {s.b_real_ms:,.3f} ms "
+                f"(speedup {s.real_speedup:.3f}×; {s.real_source}): the steps above are as "
+                "traced, each with its profiler's own cost in it",
+                style="bold",
+            )
+        )
+    console.print(
+        Text(
+            "ops: CPU time per step of each op, nested ops each counted in full (an op's time "
+            "holds its children's, so shares overlap); share_pct: of the step's change",
+            style="dim",
+        )
+    )
     if result.prediction is not None:
         p = result.prediction
         console.print(

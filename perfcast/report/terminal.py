@@ -54,7 +54,8 @@ def _render_rank_overview(summary: Summary, console: Console) -> None:
     if summary.stragglers:
         console.print(
             Text(
-                "stragglers (the ranks the others wait for at collectives): "
+                "stragglers (the ranks that arrive latest at collectives on average, as HTA "
+                "ranks them; the waiting each caused: perfcast analyze --only stragglers): "
                 + ", ".join(str(r) for r in summary.stragglers)
             )
         )

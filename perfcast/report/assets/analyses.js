@@ -109,7 +109,7 @@
     det.open = name === "kernels" || name === "idle";
     det.appendChild(el("summary", null, name + ": " + A.titles[name]));
     if (name === "stragglers" && res.candidates && res.candidates.length) {
-      det.appendChild(el("p", "headline", "Straggler candidates: ranks " +
+      det.appendChild(el("p", "headline", "Straggler candidates (latest on average): ranks " +
         res.candidates.join(", ") + " (" + res.matched + " collectives matched)."));
     }
     if (name === "queue") {

@@ -698,7 +698,7 @@
     caption(root, RANKS.length + " ranks. Longest step: rank " + RANKS[slowest].rank + " (" +
       ms(meas[slowest]) + " ms), shortest: rank " + RANKS[fastest].rank + " (" +
       ms(meas[fastest]) + " ms). " + (late.length
-        ? "Stragglers, the ranks the others wait for at collectives: " + late.join(", ") +
+        ? "Stragglers, the ranks that arrive latest at collectives on average: " + late.join(", ") +
           " (a waiting rank shows the longest step, not the rank it waits for)."
         : "No rank arrived late at collectives often enough to call it a straggler."));
   }
