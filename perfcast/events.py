@@ -105,6 +105,7 @@ class EventTable:
       iteration int32 (index into iterations, NONE outside every step),
       grid int32 (n, 3), block int32 (n, 3), nbytes int64 (copies, memsets, memory),
       mem_total int64 (memory events: total allocated), shapes int32 (index into names),
+      in_types int32 (names: an op's "Input type", with record_shapes),
       coll_name int32 (names), coll_in int64, coll_out int64, coll_group int32,
       coll_dtype int32 (names), coll_ranks int32 (names),
       wait_stream int64 and wait_corr int64 (cuda_sync rows: what a stream waits on).
@@ -131,6 +132,7 @@ class EventTable:
     nbytes: np.ndarray
     mem_total: np.ndarray
     shapes: np.ndarray
+    in_types: np.ndarray  # CPU ops: their "Input type" list as text (index into names)
     wait_stream: np.ndarray  # cuda_sync rows: the stream waited on
     wait_corr: np.ndarray  # cuda_sync rows: correlation of the cudaEventRecord waited on
     coll_name: np.ndarray

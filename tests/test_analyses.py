@@ -231,6 +231,32 @@ def test_roofline_by_hand(table) -> None:
     assert add.bound == "memory"
 
 
+def test_roofline_bytes_and_flops_by_op_signature() -> None:
+    """What each op really reads and writes: fill_ only writes, copy_ reads its source and
+    writes itself, a .out variant's last tensor is its output (once counted twice: 129% of
+    an A100's bandwidth), and flash-attn's q/k/v are (batch, seq, heads, dim)."""
+    n = 1024 * 1024
+    assert op_cost("aten::fill_", [[1024, 1024], []], 4) == (0.0, 4.0 * n)
+    assert op_cost("aten::copy_", [[1024, 1024], [1024, 1024], []], 2) == (0.0, 4.0 * n)
+    plain = op_cost("aten::mul", [[1024, 1024], []], 4)
+    assert plain is not None and plain[1] == 8.0 * n  # read self, write the result
+    assert op_cost("aten::mul", [[1024, 1024], [], [1024, 1024]], 4) == plain  # mul.out
+    assert op_cost("aten::add", [[4], [4], []], 4) == (4.0, 48.0)  # alpha is a scalar
+    q = [8, 4096, 16, 128]
+    flops, _ = op_cost("aten::_flash_attention_forward", [q, q, q], 2)  # type: ignore[misc]
+    assert flops == pytest.approx(4 * 8 * 16 * 4096 * 4096 * 128)
+    bhsd = [8, 16, 4096, 128]
+    sdpa, _ = op_cost("aten::_scaled_dot_product_flash_attention", [bhsd] * 3, 2)  # type: ignore[misc]
+    assert sdpa == flops
+
+
+def test_op_input_dtype_from_input_types() -> None:
+    from perfcast.ingest.input_dims import parse_input_types
+
+    assert parse_input_types("['c10::BFloat16', 'Scalar', '']") == ("c10::BFloat16", "Scalar", "")
+    assert parse_input_types("not a list") is None
+
+
 def test_scopes_by_hand(table) -> None:
     r = scopes(table)
     rows = {(s.kind, s.name): s for s in r.scopes}

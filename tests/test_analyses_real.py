@@ -129,3 +129,13 @@ def test_diff_says_the_speedup_without_the_profiler() -> None:
     assert d.step.speedup == pytest.approx(1.50, abs=0.02)
     assert d.step.real_speedup is not None and 1.0 < d.step.real_speedup < 1.2
     assert d.step.real_source == "A: default, B: default"
+
+
+def test_roofline_reads_the_ops_own_input_dtype(shared_traces: Path) -> None:
+    """The op's "Input type" (bf16 here) wins over a guess from kernel names, and flash-attn's
+    (batch, seq, heads, dim) layout gives 4 B H S^2 D FLOPs per call."""
+    r = perfcast.roofline(shared_traces / "tracelens_mi300x_torch_compile_triton.json.gz")
+    fa = next(o for o in r.ops if o.op == "aten::_flash_attention_forward")
+    assert fa.dtype == "bf16" and not fa.dtype_assumed
+    assert fa.gflops_per_call == pytest.approx(4 * 8 * 16 * 4096**2 * 128 / 1e9)
+    assert all((o.pct_peak_bw or 0) <= 100 for o in r.ops)

@@ -31,7 +31,7 @@ from perfcast.analysis.notes import input_notes
 from perfcast.events import EventTable, Kind
 from perfcast.frames import Tables, plain
 from perfcast.hardware.classify import dtype_from_kernel_name
-from perfcast.ingest.input_dims import parse_input_dims
+from perfcast.ingest.input_dims import parse_input_dims, row_input_dtype
 
 DTYPE_BYTES = {"fp64": 8, "fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 
@@ -57,6 +57,24 @@ _ELEMENTWISE = {
     "silu_backward", "sigmoid_backward", "tanh_backward", "addcmul_", "addcdiv_", "lerp_",
     "sqrt", "rsqrt", "exp", "neg", "pow", "clamp", "clamp_", "where", "fill_", "copy_",
     "_foreach_add_", "_foreach_mul_", "dropout", "native_dropout", "abs", "maximum", "minimum",
+}  # fmt: skip
+# Attention ops that take q, k, v as (batch, seq, heads, dim); the scaled_dot_product_* ones
+# take (batch, heads, seq, dim).
+_SEQ_MAJOR = ("aten::_flash_attention_forward", "aten::_efficient_attention_forward")
+# Arguments of the out-of-place elementwise ops (a scalar or option records an empty shape):
+# one more, a tensor shaped like the result, is the .out variant's output.
+_ARGS = {
+    **dict.fromkeys(("relu", "silu", "sigmoid", "tanh", "sqrt", "rsqrt", "exp", "neg", "abs"), 1),
+    **dict.fromkeys(
+        ("gelu", "mul", "div", "pow", "maximum", "minimum", "silu_backward", "sigmoid_backward",
+         "tanh_backward"),
+        2,
+    ),
+    **dict.fromkeys(
+        ("add", "sub", "threshold_backward", "gelu_backward", "clamp", "where", "dropout",
+         "native_dropout"),
+        3,
+    ),
 }  # fmt: skip
 _NORMS = {
     "native_layer_norm",
@@ -87,8 +105,12 @@ def op_cost(name: str, shapes: list, b: int) -> tuple[float, float] | None:
     if name in _MATMUL:
         return _matmul(name, dims, b)
     if name in _SDPA and len(dims) >= 3 and len(dims[0]) == 4 and len(dims[1]) == 4:
-        bq, h, lq, e = dims[0]
-        s_len = dims[1][2]
+        if name in _SEQ_MAJOR:
+            bq, lq, h, e = dims[0]  # flash-attn / xformers layout: batch, seq, heads, dim
+            s_len = dims[1][1]
+        else:
+            bq, h, lq, e = dims[0]  # scaled_dot_product_*: batch, heads, seq, dim
+            s_len = dims[1][2]
         ev = dims[2][3] if len(dims[2]) == 4 else e
         flops = 2.0 * bq * h * lq * s_len * (e + ev)
         out = bq * h * lq * ev
@@ -97,7 +119,15 @@ def op_cost(name: str, shapes: list, b: int) -> tuple[float, float] | None:
     if (short in _ELEMENTWISE or short in _NORMS) and tensors:
         out = max(numel(t) for t in tensors)
         per = 5.0 if short in _NORMS else 1.0
-        return per * out, float(sum(numel(t) for t in tensors) + out) * b
+        if short == "fill_":
+            return 0.0, float(out) * b  # writes its tensor, reads nothing
+        if short == "copy_":
+            return 0.0, float(sum(numel(t) for t in tensors)) * b  # reads src, writes self
+        reads = tensors
+        args = _ARGS.get(short)
+        if args is not None and len(dims) == args + 1 and numel(dims[-1]) == out:
+            reads = tensors[:-1]  # the .out variant: its last tensor is where it writes
+        return per * out, float(sum(numel(t) for t in reads) + out) * b
     return None
 
 
@@ -220,7 +250,14 @@ def roofline(table: EventTable, top: int = 30) -> Roofline:
                 dtype_of_kernel[kname] = dtype_from_kernel_name(names[kname])
             if dtype_of_kernel[kname]:
                 votes[dtype_of_kernel[kname]] += 1  # type: ignore[index]
-        dtype = votes.most_common(1)[0][0] if votes else "fp32"
+        # The op's own input dtype first (record_shapes writes it); the kernels' names for
+        # what the inputs do not say (fp32 data run as TF32).
+        first = int(inst[ginv == gi][0])
+        traced = row_input_dtype(table, first)
+        named = votes.most_common(1)[0][0] if votes else None
+        as_traced = traced and not (traced == "fp32" and named == "tf32")
+        dtype = traced if as_traced and traced else named or "fp32"
+        assumed = traced is None and named is None
         b = DTYPE_BYTES.get(dtype, 4)
         cost = op_cost(names[name_i], shapes, b) if shapes is not None else None
         if cost is None:
@@ -241,7 +278,7 @@ def roofline(table: EventTable, top: int = 30) -> Roofline:
                 op=names[name_i],
                 shapes=names[shape_i],
                 dtype=dtype,
-                dtype_assumed=not votes,
+                dtype_assumed=assumed,
                 calls=calls,
                 kernels=int(g_kern[gi]),
                 gpu_ms=g_gpu[gi] / NS_PER_MS,

@@ -75,3 +75,42 @@ def numel(shape: object) -> int:
     if not isinstance(shape, list) or not shape or not is_shape(shape):
         return 0
     return math.prod(shape)
+
+
+# "Input type" entries Kineto writes for tensors, and the dtype names perfcast uses.
+_TYPE_DTYPE = {
+    "float": "fp32",
+    "double": "fp64",
+    "c10::Half": "fp16",
+    "c10::BFloat16": "bf16",
+    "c10::Float8_e4m3fn": "fp8",
+    "c10::Float8_e5m2": "fp8",
+    "c10::Float8_e4m3fnuz": "fp8",
+    "c10::Float8_e5m2fnuz": "fp8",
+}
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def parse_input_types(text: str) -> tuple[str, ...] | None:
+    """An "Input type" string (the Python repr of a list of type names, as the loader keeps
+    it) as a tuple; None if unreadable."""
+    if not isinstance(text, str) or len(text) > MAX_DIMS_CHARS:
+        return None
+    try:
+        value = json.loads(text.replace("'", '"'))
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(value, list) or not all(isinstance(x, str) for x in value):
+        return None
+    return tuple(value)
+
+
+def row_input_dtype(table: EventTable, row: int) -> str | None:
+    """The floating dtype of an op's first floating tensor input ("fp32", "bf16", ...), from
+    its "Input type"; None where the trace has none (record_shapes off) or none is floating."""
+    idx = int(table.in_types[row])
+    types = parse_input_types(table.names[idx]) if idx >= 0 else None
+    for t in types or ():
+        if t in _TYPE_DTYPE:
+            return _TYPE_DTYPE[t]
+    return None

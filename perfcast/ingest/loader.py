@@ -69,7 +69,7 @@ def load(path: str | os.PathLike[str], progress: ProgressFn | None = None) -> Ev
 
 
 # Columns that hold indices into the name table.
-_NAME_COLUMNS = ("name", "shapes", "coll_name", "coll_dtype", "coll_ranks")
+_NAME_COLUMNS = ("name", "shapes", "in_types", "coll_name", "coll_dtype", "coll_ranks")
 
 
 def _load_and_derive(
@@ -614,6 +614,7 @@ def _concat(
         nbytes=cat("nbytes", np.int64),
         mem_total=cat("mem_total", np.int64),
         shapes=cat("shapes", np.int32),
+        in_types=cat("in_types", np.int32),
         wait_stream=cat("wait_stream", np.int64),
         wait_corr=cat("wait_corr", np.int64),
         coll_name=cat("coll_name", np.int32),

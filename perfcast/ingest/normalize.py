@@ -327,6 +327,7 @@ def _extract_chunk(
             wait_corr[i] = _to_opt_int(a.wait_on_corr)
 
     shapes = np.full(n, NONE, dtype=np.int32)
+    in_types = np.full(n, NONE, dtype=np.int32)
     long_shapes = 0
     for i in np.flatnonzero(kinds == Kind.CPU_OP).tolist():
         a = args[i]
@@ -336,6 +337,10 @@ def _extract_chunk(
                 long_shapes += 1
             else:
                 shapes[i] = names(text)
+        if a is not None and a.input_types is not None:
+            types = _compact(a.input_types)
+            if types is not None:
+                in_types[i] = names(types)
 
     coll_name = np.full(n, NONE, dtype=np.int32)
     coll_in = np.full(n, NONE, dtype=np.int64)
@@ -370,6 +375,7 @@ def _extract_chunk(
         "nbytes": nbytes,
         "mem_total": mem_total,
         "shapes": shapes,
+        "in_types": in_types,
         "wait_stream": wait_stream,
         "wait_corr": wait_corr,
         "coll_name": coll_name,
