@@ -302,14 +302,15 @@ def _top_by_name(table: EventTable, rows: np.ndarray, top: int) -> list[NamedTim
 def _top_by_scope(
     table: EventTable, scopes: np.ndarray, rows: np.ndarray, top: int
 ) -> list[NamedTime]:
-    """GPU time per enclosing module / record_function scope (the calling context)."""
+    """GPU time per enclosing module / record_function scope (the calling context), each a
+    share of all the GPU time in `rows` (work outside every scope counts in the whole)."""
+    grand = float(table.dur[rows].sum()) or 1.0
     rows = rows[scopes[rows] >= 0]
     if rows.size == 0:
         return []
     uniq, inv = np.unique(scopes[rows], return_inverse=True)
     totals = np.bincount(inv, weights=table.dur[rows])
     counts = np.bincount(inv)
-    grand = float(table.dur[rows].sum()) or 1.0
     return [
         NamedTime(
             table.names[int(uniq[i])],

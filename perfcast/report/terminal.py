@@ -80,7 +80,10 @@ def render_summary(summary: Summary, console: Console, top: int = 5) -> None:
             cols.insert(2, "w/o profiler")
         for col in cols:
             table.add_column(col, justify="left" if col == "step" else "right")
-        cpu = Table(title="CPU time by phase (ms)", title_justify="left")
+        cpu = Table(
+            title="CPU time by phase (ms, summed over the host threads: can exceed the step)",
+            title_justify="left",
+        )
         for col in ("step", "data loading", "forward", "backward", "optimizer", "comm", "kernels"):
             cpu.add_column(col, justify="left" if col == "step" else "right")
         for it in rs.iterations:
@@ -120,7 +123,7 @@ def render_summary(summary: Summary, console: Console, top: int = 5) -> None:
             console.print(Text(f"  note: {note}", style="yellow"))
         _render_top(console, "top kernels", rs.top_kernels[:top])
         _render_top(console, "top CPU ops", rs.top_ops[:top])
-        _render_top(console, "GPU time by module / scope", rs.top_scopes[:top])
+        _render_top(console, "GPU time by module / scope (% of all GPU time)", rs.top_scopes[:top])
         if rs.gpu_ms_by_phase:
             parts = ", ".join(f"{k} {v:.2f}" for k, v in rs.gpu_ms_by_phase.items())
             console.print(Text(f"GPU ms by phase (all steps): {parts}"))
