@@ -139,3 +139,15 @@ def test_roofline_reads_the_ops_own_input_dtype(shared_traces: Path) -> None:
     assert fa.dtype == "bf16" and not fa.dtype_assumed
     assert fa.gflops_per_call == pytest.approx(4 * 8 * 16 * 4096**2 * 128 / 1e9)
     assert all((o.pct_peak_bw or 0) <= 100 for o in r.ops)
+
+
+def test_collectives_sized_from_their_ranges_without_collective_arguments(
+    shared_traces: Path,
+) -> None:
+    """The 2023 DLRM traces carry no collective arguments; their all-to-alls run as NCCL
+    SendRecv kernels. The enclosing nccl:all_to_all range names the op and
+    record_param_comms' shapes and input type give the size (6,144 floats)."""
+    r = perfcast.collectives(shared_traces / "dlrm_v100_8rank")
+    ops = {row.op for row in r.by_op}
+    assert "alltoall" in ops and "sendrecv" not in ops
+    assert any(row.op == "alltoall" and row.size_bytes == 6144 * 4 for row in r.by_op)

@@ -117,6 +117,52 @@ def _args_source(table: EventTable, rows: np.ndarray) -> np.ndarray:
     return src
 
 
+# C++ type names PyTorch writes in "Input type" that the collective dtype table lacks.
+_CPP_TYPES = {
+    "long int": "int64", "int": "int32", "short int": "int16", "signed char": "int8",
+    "unsigned char": "uint8", "c10::Half": "half", "c10::BFloat16": "bfloat16",
+}  # fmt: skip
+
+
+def _op_args_fallback(
+    table: EventTable, rows: np.ndarray
+) -> tuple[list[str | None], list[str | None], list[int]]:
+    """For collective kernels whose trace has no collective arguments (older PyTorch): the
+    op from the enclosing `nccl:<op>` range, and the size and dtype from the shapes of the
+    enclosing `record_param_comms` / `c10d::` op (record_shapes). Per row: (op, dtype,
+    elements), None / 0 where the trace does not say."""
+    from perfcast.ingest.input_dims import parse_input_types, row_input_dims, tensor_shapes
+
+    ops: list[str | None] = []
+    dtypes: list[str | None] = []
+    elems: list[int] = []
+    names = table.names
+    for r in rows.tolist():
+        op = dtype = None
+        n = 0
+        launch = int(table.launch[r])
+        cur = int(table.parent[launch]) if launch >= 0 else -1
+        for _ in range(64):
+            if cur < 0 or (op and n):
+                break
+            nm = names[int(table.name[cur])]
+            if op is None and nm.startswith("nccl:"):
+                op = collective_from_kernel_name(nm)
+            if not n and (nm == "record_param_comms" or nm.startswith("c10d::")):
+                shapes = [s for s in tensor_shapes(row_input_dims(table, cur)) if s]
+                t_idx = int(table.in_types[cur])
+                types = parse_input_types(names[t_idx]) if t_idx >= 0 else None
+                if shapes:
+                    n = int(np.prod(shapes[0]))
+                    first = types[0] if types else None
+                    dtype = _CPP_TYPES.get(first, first) if first else None
+            cur = int(table.parent[cur])
+        ops.append(op)
+        dtypes.append(dtype)
+        elems.append(n)
+    return ops, dtypes, elems
+
+
 def collectives(table: EventTable, link: str | None = None) -> Collectives:
     """Per collective op, size and algorithm: time, algbw, bus bandwidth and % of link peak.
 
@@ -159,12 +205,23 @@ def collectives(table: EventTable, link: str | None = None) -> Collectives:
     n_in = np.where(has, table.coll_in[s], NONE)
     n_out = np.where(has, table.coll_out[s], NONE)
     group = np.where(has, table.coll_group[s], NONE)
+    # Without collective arguments, the enclosing ranges may still say (record_shapes).
+    missing = np.flatnonzero(~has)
+    fb_op, fb_dtype, fb_n = _op_args_fallback(table, rows[missing])
+    fallback = {int(j): (o, d, k) for j, o, d, k in zip(missing, fb_op, fb_dtype, fb_n)}
 
     keys: list[tuple] = []
     for j, r in enumerate(rows.tolist()):
         op, algo, proto, name_dt = by_name[int(table.name[r])]
         op = coll_op[j] or op
         dt = names[int(dtype_idx[j])] if dtype_idx[j] >= 0 else name_dt
+        if j in fallback:
+            f_op, f_dtype, f_n = fallback[j]
+            # The kernel name says SendRecv for an all-to-all: the range knows better.
+            op = f_op or op
+            dt = f_dtype or dt
+            if f_n:
+                n_in[j] = f_n
         size = _size_bytes(op, int(n_in[j]), int(n_out[j]), dtype_bytes(dt))
         rank = int(table.rank[r])
         gs = int(group[j]) if group[j] > 0 else (table.rank_info(rank).world_size or 0)
