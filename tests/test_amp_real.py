@@ -90,11 +90,27 @@ def test_a_trace_with_casts_lends_them_its_cost() -> None:
 
 
 def test_refused_on_a_trace_already_under_autocast() -> None:
-    """cuDNN's kernel names do not say bf16, but the casts inside every conv do."""
+    """cuDNN's kernel names do not say bf16, but the convolutions' input types do (and,
+    without record_shapes' types, the casts inside every conv)."""
     import pytest
 
     from perfcast.errors import NotApplicableError
 
     graph = build_graph(load(R50.with_name("r50_amp_bf16.json.gz")))
+    with pytest.raises(NotApplicableError, match=r"already runs .* in 16 bits \(.*bf16"):
+        get_model("amp").apply(graph, build_options("amp", {}))
+
+
+def test_refused_under_autocast_without_input_types() -> None:
+    """A trace without the ops' "Input type" still shows autocast: the casts inside every
+    forward conv, whose cuDNN kernel names look fp32."""
+    import numpy as np
+    import pytest
+
+    from perfcast.errors import NotApplicableError
+
+    table = load(R50.with_name("r50_amp_bf16.json.gz"))
+    table.in_types = np.full_like(table.in_types, -1)
+    graph = build_graph(table)
     with pytest.raises(NotApplicableError, match="already runs under autocast: 51 of the 51"):
         get_model("amp").apply(graph, build_options("amp", {}))

@@ -157,6 +157,22 @@ def kernel_dtype(name: str, klass: int, conv_tf32: bool = True) -> str:
     return "fp32"  # torch.backends.cuda.matmul.allow_tf32 defaults to False since 1.12
 
 
+def node_dtype(graph: Graph, node: int, conv_tf32: bool = True) -> str:
+    """The dtype a GPU task computes in: its kernel's name (`kernel_dtype`), unless the name
+    looks fp32 and the launching op's own inputs are 16-bit (record_shapes writes their
+    "Input type"): a Triton or ROCm kernel often names no dtype at all."""
+    from perfcast.ingest.input_dims import row_input_dtype
+
+    c = graph.cols
+    named = kernel_dtype(graph.name_of(node), int(c["klass"][node]), conv_tf32)
+    if named not in ("fp32", "tf32"):
+        return named
+    table = graph.table
+    op = int(c["op"][node])
+    traced = row_input_dtype(table, op) if table is not None and 0 <= op < len(table) else None
+    return traced if traced in ("bf16", "fp16", "fp8") else named
+
+
 def convs_in_tf32(dev: DeviceSpec | None) -> bool:
     """Does cuDNN run this GPU's fp32 convolutions in TF32 by default
     (`torch.backends.cudnn.allow_tf32`)? Only with TF32 tensor cores (NVIDIA Ampere and

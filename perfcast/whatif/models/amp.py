@@ -122,8 +122,8 @@ from perfcast.whatif.kernels import (
     convs_in_tf32,
     is_compute_kernel,
     is_library_helper,
-    kernel_dtype,
     kernel_fixed_cost_ns,
+    node_dtype,
     op_input_dims,
     rank_devices,
     refuse_graph_replays,
@@ -468,6 +468,7 @@ def apply(graph: Graph, options: Options) -> Graph:
 
     compute: list[int] = []
     memory: list[int] = []
+    sixteen: dict[str, int] = {}  # compute kernels already in 16 bits, by dtype
     kept_batch_norm: list[int] = []
     for n in work.tolist():
         name = graph.name_of(n)
@@ -477,8 +478,11 @@ def apply(graph: Graph, options: Options) -> Graph:
         if opn and _keeps_fp32(opn, phase):
             continue
         if is_compute_kernel(graph, n):
-            if kernel_dtype(name, k, tf32[int(c["rank"][n])]) in ("fp32", "tf32"):
+            d = node_dtype(graph, n, tf32[int(c["rank"][n])])
+            if d in ("fp32", "tf32"):
                 compute.append(n)
+            else:
+                sixteen[d] = sixteen.get(d, 0) + 1
             continue
         helper = k >= 0 and is_library_helper(name)
         batch_norm = (k == KernelClass.NORM and bool(_BATCH_NORM.search(name.lower()))) or bool(
@@ -489,12 +493,18 @@ def apply(graph: Graph, options: Options) -> Graph:
             continue
         if not (k in _MEMORY_CLASSES or helper or batch_norm):
             continue
-        if dtype_from_kernel_name(name) in (None, "fp32"):
+        if dtype_from_kernel_name(name) in (None, "fp32") and node_dtype(graph, n) == "fp32":
             memory.append(n)
+    if not compute and sixteen:
+        per, where = P.rank_steps(graph, work)
+        held = ", ".join(f"{P.per_count(k, per)} {d}" for d, k in sorted(sixteen.items()))
+        raise NotApplicableError(
+            "amp: the trace already runs its matmuls, convolutions and attention in 16 bits "
+            f"({held} {where}, by their kernels' names or their ops' input types)"
+        )
     if not compute:
         raise NotApplicableError(
-            "amp: no fp32/tf32 matmul, convolution or attention kernels in forward or "
-            "backward (the trace already runs them in 16 bits, or has none)"
+            "amp: no fp32/tf32 matmul, convolution or attention kernels in forward or backward"
         )
     cast, ops = _under_autocast(graph, np.array(compute, dtype=np.int64))
     if ops and cast >= _AUTOCAST_SHARE * ops:
@@ -513,7 +523,7 @@ def apply(graph: Graph, options: Options) -> Graph:
     from_dtypes: Counter[str] = Counter()
     for i, n in enumerate(comp.tolist()):
         dev = devices[int(c["rank"][n])]
-        cur = kernel_dtype(graph.name_of(n), int(c["klass"][n]), tf32[int(c["rank"][n])])
+        cur = node_dtype(graph, n, tf32[int(c["rank"][n])])
         from_dtypes[cur] += 1
         opn = names[int(c["op_name"][n])] if c["op_name"][n] >= 0 else ""
         shape = gemm_shape(opn, op_input_dims(graph, n)) if opn else None
