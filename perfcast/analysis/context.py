@@ -1050,8 +1050,8 @@ def _notes(tree: ContextTree) -> list[str]:
         notes.append(text)
     if cov.backward_attached:
         notes.append(
-            f"{cov.backward_attached:,} backward ops are shown under the forward op they "
-            "differentiate (autograd's thread records no Python frames)"
+            f"{cov.backward_attached:,} backward ops of the trace (every step) are shown under "
+            "the forward op they differentiate (autograd's thread records no Python frames)"
         )
     if tree.index.handed_to_caller:
         notes.append(

@@ -131,7 +131,11 @@ def render_tree(result: TreeResult, console: Console) -> None:
     sel = result.selection
     parts = [f"rank {sel['rank']}" if "rank" in sel else "all ranks"]
     parts.append(str(sel.get("phase", "all phases")))
-    parts.append(f"step {sel['step']}" if "step" in sel else f"{result.steps} step(s), summed")
+    parts.append(
+        f"step {sel['step']}"
+        if "step" in sel
+        else f"the whole window ({result.steps} step(s) and any events outside them), summed"
+    )
     if "focus" in sel:
         parts.append(f"focus {sel['focus']!r}")
     console.print(Text("calling context · " + " · ".join(parts), style="bold"))
