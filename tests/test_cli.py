@@ -69,6 +69,8 @@ def test_whatif_json_and_side_by_side_export(capsys, tmp_path):
     )
     assert doc["predicted_ms"] < doc["baseline_ms"]
     assert doc["speedup"] == pytest.approx(doc["baseline_ms"] / doc["predicted_ms"])
+    # The speedup a profiled run would show is in the JSON too, as the text prints it.
+    assert doc["speedup_traced"] == pytest.approx(doc["traced_ms"] / doc["predicted_traced_ms"])
     assert [a["name"] for a in doc["applied"]] == ["cuda-graphs", "faster-op"]
     assert len(doc["iterations"]) == 3
     trace = json.loads(gzip.decompress(out.read_bytes()))

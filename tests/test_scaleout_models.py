@@ -46,6 +46,13 @@ def test_pipeline_bubble_node_by_hand(mlp) -> None:
     assert simulate(g).iteration_ns()[0][3] > 0
 
 
+def test_pipeline_refuses_stages_it_cannot_fill(mlp) -> None:
+    with pytest.raises(NotApplicableError, match="a stage needs at least one"):
+        _apply(mlp, "pipeline-parallel", pp=10_000)
+    with pytest.raises(NotApplicableError, match="fewer than pp=4 stages"):
+        _apply(mlp, "pipeline-parallel", pp=4, microbatches=2)
+
+
 def test_pipeline_interleaving_shrinks_bubble(mlp) -> None:
     plain = _apply(mlp, "pipeline-parallel", pp=4, microbatches=8)
     inter = _apply(mlp, "pipeline-parallel", pp=4, microbatches=8, virtual=2)
@@ -76,6 +83,8 @@ def test_tensor_parallel_pairs_and_refusal(mlp) -> None:
     g = _apply(mlp, "tensor-parallel", tp=2)
     # 17 linear layers: 8 pairs forward and 8 backward, per step.
     assert _named(g, "modelled TP").size == 3 * 16
+    said = " ".join(g.assumptions)
+    assert "8 linear-layer pairs per step" in said and "16 collectives" in said
     with pytest.raises(NotApplicableError, match="linear"):
         _apply(perfcast.load(str(RECORDED / "r50_fused.json.gz")), "tensor-parallel", tp=2)
 

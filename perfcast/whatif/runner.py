@@ -63,11 +63,13 @@ class WhatIfResult:
     memory: Any = None
     # When the batch changes: throughput per sample against the baseline (speedup x factor).
     per_sample_speedup: float | None = None
+    # The speedup as a profiled run would show it (traced_ms / predicted_traced_ms): a field,
+    # so that --json carries it beside `speedup`.
+    speedup_traced: float = field(init=False, default=0.0)
 
-    @property
-    def speedup_traced(self) -> float:
+    def __post_init__(self) -> None:
         p = self.predicted_traced_ms
-        return self.traced_ms / p if p > 0 else float("inf")
+        self.speedup_traced = self.traced_ms / p if p > 0 else 0.0
 
 
 def steps_ns(tl: Timeline) -> float:

@@ -80,7 +80,13 @@ class CommModel:
         text = (
             f"{cl.intra.name} ({intra:g} GB/s per direction peak, bus bandwidth "
             f"{cl.intra_eff:.0%} of it = {intra * cl.intra_eff:.0f} GB/s"
-            + (f", {self.calibration}" if self.calibration else ", NVIDIA's nccl-tests figures")
+            + (
+                f", {self.calibration}"
+                if self.calibration
+                else ", an assumption of the order rccl-tests reports"
+                if cl.device.vendor != "NVIDIA"
+                else ", NVIDIA's nccl-tests figures"
+            )
             + f"; alpha {cl.intra.latency_us:g} µs per algorithm step, {cl.base_us:g} µs per "
             f"collective; {self.why}" + (f"; {self.ignored}" if self.ignored else "") + ")"
         )

@@ -228,8 +228,8 @@ def apply(graph: Graph, options: Options) -> Graph:
         f"{options.algorithm} all-reduce {_FORMULA[options.algorithm]} over "
         f"{comm.describe(options.gpus)}: {total_ns / n_steps / 1e6:.2f} ms of all-reduce per "
         "step, modelled; "
-        "same per-GPU batch (weak scaling); NCCL assumed not to slow the compute it "
-        "overlaps (real NCCL kernels take SMs)"
+        "same per-GPU batch (weak scaling); the collective library (NCCL, RCCL) assumed not "
+        "to slow the compute it overlaps (its kernels take SMs / CUs)"
     )
     if replaced_ms:
         graph.assumptions.append(

@@ -36,13 +36,14 @@ import numpy as np
 
 from perfcast.errors import NotApplicableError
 from perfcast.graph.model import GpuKind, Graph, NodeKind, Source
+from perfcast.graph.phases import Phase
 from perfcast.hardware import KernelClass
 from perfcast.whatif import primitives as P
 from perfcast.whatif.kernels import kernel_fixed_cost_ns, op_input_dims, refuse_graph_replays
 
 SUMMARY = (
     "fuse chains of adjacent elementwise kernels, host untouched: the GPU half of "
-    "torch-compile (min_chain=2)"
+    "torch-compile (min_chain=2, phases=forward+backward)"
 )
 
 _DEFAULT_INPUTS = 2  # a binary op
@@ -51,6 +52,9 @@ _DEFAULT_INPUTS = 2  # a binary op
 @dataclass
 class Options:
     min_chain: int = 2
+    # What torch.compile(model) compiles: the model's forward and backward. A for-loop
+    # optimizer's kernels each update another parameter; fusing them is fused-optimizer's.
+    phases: str = "forward+backward"
 
 
 def _tensor_inputs(graph: Graph, node: int) -> int:
@@ -75,10 +79,14 @@ def passes(graph: Graph, chain: list[int]) -> tuple[int, int]:
     return unfused, fused
 
 
-def find_chains(graph: Graph, min_chain: int) -> list[list[int]]:
+def find_chains(graph: Graph, min_chain: int, phases: list[int] | None = None) -> list[list[int]]:
+    """Chains of adjacent elementwise kernels (see module docstring), in `phases` only when
+    given."""
     c = graph.cols
     alive = graph.alive
     gpu = np.flatnonzero((c["kind"] == NodeKind.GPU) & alive)
+    if phases is not None:
+        gpu = gpu[np.isin(c["phase"][gpu], phases)]
     waiting = set(graph.edge_dst[np.isin(graph.edge_dst, gpu)].tolist())
     chains: list[list[int]] = []
     for lane in np.unique(c["lane"][gpu]).tolist():
@@ -118,11 +126,19 @@ def apply(graph: Graph, options: Options) -> Graph:
     if options.min_chain < 2:
         raise NotApplicableError("fuse-elementwise: min_chain must be at least 2")
     refuse_graph_replays(graph, "fuse-elementwise")
-    chains = find_chains(graph, options.min_chain)
+    names = P.split_list(options.phases)
+    by_name = {p.name.lower(): int(p) for p in Phase if p != Phase.NONE}
+    unknown = [n for n in names if n not in by_name]
+    if not names or unknown:
+        raise NotApplicableError(
+            f"fuse-elementwise: phases={options.phases} names no phase it knows",
+            hint="e.g. phases=forward+backward (or +optimizer)",
+        )
+    chains = find_chains(graph, options.min_chain, [by_name[n] for n in names])
     if not chains:
         raise NotApplicableError(
             f"fuse-elementwise: no chain of {options.min_chain}+ adjacent elementwise kernels "
-            "on one stream"
+            f"on one stream in {options.phases}"
         )
     fixed = kernel_fixed_cost_ns(graph)
     before = after = 0
@@ -148,7 +164,8 @@ def apply(graph: Graph, options: Options) -> Graph:
     per, per_what = P.rank_steps(graph, np.array([ch[0] for ch in chains], dtype=np.int64))
     P.remove_gpu_work(graph, np.array(rest, dtype=np.int64))
     graph.assumptions.append(
-        f"fuse-elementwise, {per_what}: {P.per_count(len(chains), per)} chains of "
+        f"fuse-elementwise ({options.phases}), {per_what}: "
+        f"{P.per_count(len(chains), per)} chains of "
         f"{P.per_count(n_kernels, per)} elementwise kernels fused ({before / per / 1e6:.2f} -> "
         f"{after / per / 1e6:.2f} ms of GPU time); memory passes counted from "
         f"op shapes (binary ops where unknown); fixed {fixed / 1000:.1f} µs paid once per chain; "

@@ -62,6 +62,13 @@ def apply(graph: Graph, options: Options) -> Graph:
     m = o.microbatches or 4 * o.pp
     if m < 1 or o.virtual < 1:
         raise NotApplicableError("pipeline-parallel: microbatches and virtual must be >= 1")
+    if m < o.pp:
+        # 1F1B keeps every stage busy only with at least one micro-batch per stage; fewer
+        # leaves stages idle beyond the bubble this model counts.
+        raise NotApplicableError(
+            f"pipeline-parallel: microbatches={m} is fewer than pp={o.pp} stages",
+            hint=f"use microbatches >= {o.pp} (the default is 4 x pp)",
+        )
     C.require_gpu_steps(graph, "pipeline-parallel")
     fixed = K.kernel_fixed_cost_ns(graph)
     act_bytes = _act_bytes(graph, o, m)
@@ -75,6 +82,12 @@ def apply(graph: Graph, options: Options) -> Graph:
         bwd = C.step_gpu_nodes(graph, rank, it, Phase.BACKWARD)
         if fwd.size == 0 or bwd.size == 0:
             continue
+        if o.pp * o.virtual > fwd.size:
+            raise NotApplicableError(
+                f"pipeline-parallel: pp={o.pp} x virtual={o.virtual} stages, but a step's "
+                f"forward runs only {fwd.size:,} GPU tasks: a stage needs at least one",
+                hint=f"use pp x virtual <= {fwd.size:,} (a stage is normally several layers)",
+            )
         n_steps += 1
         comm = C.comm_model(graph, rank, o.link, "pipeline-parallel", cache=cache)
         note = comm.describe(2)

@@ -60,7 +60,9 @@ def apply(graph: Graph, options: Options) -> Graph:
         raise NotApplicableError("tensor-parallel: tp must be at least 2")
     C.require_gpu_steps(graph, "tensor-parallel")
     fixed = K.kernel_fixed_cost_ns(graph)
-    n_pairs = 0
+    n_pairs = 0  # forward pairs (each also all-reduced in backward, where there is one)
+    n_collectives = 0
+    backward = False
     comm_ns = 0
     split_ns = 0
     n_steps = 0
@@ -78,6 +80,8 @@ def apply(graph: Graph, options: Options) -> Graph:
                 continue
             if phase == Phase.FORWARD:
                 n_steps += 1
+            else:
+                backward = True
             before = sum(int(graph.cols["dur"][n].sum()) for n, _ in layers)
             for nodes, _ in layers:
                 K.scale_variable(graph, nodes, 1.0 / t, fixed)
@@ -103,8 +107,9 @@ def apply(graph: Graph, options: Options) -> Graph:
                 )
                 C.wait(graph, last, new)
                 comm_ns += round(us * 1000)
-                n_pairs += 1
-    if n_pairs == 0:
+                n_collectives += 1
+                n_pairs += phase == Phase.FORWARD
+    if n_collectives == 0:
         raise NotApplicableError(
             "tensor-parallel: no pairs of linear layers (aten::linear / addmm / matmul with "
             "recorded shapes) in the trace's steps: nothing to split"
@@ -116,12 +121,15 @@ def apply(graph: Graph, options: Options) -> Graph:
         ]
         K.scale_variable(graph, ew, 1.0 / t, fixed)
     steps = max(n_steps, 1)
+    where = "forward and backward" if backward else "forward (the trace has no backward)"
     graph.assumptions.append(
-        f"tensor parallel x{t}: {n_pairs // steps} linear-layer pairs per step split 1/{t} "
+        f"tensor parallel x{t}: {n_pairs / steps:g} linear-layer pairs per step split 1/{t} "
         f"({split_ns / steps / 1e6:.2f} ms of GEMM time saved), "
         f"{'all-gather + reduce-scatter' if options.sequence_parallel else 'all-reduce'} of "
-        f"each pair's activations forward and backward on the compute stream "
-        f"({comm_ns / steps / 1e6:.2f} ms per step, over {note}); everything else replicated"
+        f"each pair's activations {where} on the compute stream, "
+        f"{n_collectives / steps:g} collectives ({comm_ns / steps / 1e6:.2f} ms per step, over "
+        f"{note}); consecutive linear layers paired in launch order (Megatron pairs attention's "
+        "QKV with its output projection and the MLP's two layers); everything else replicated"
     )
     return graph
 

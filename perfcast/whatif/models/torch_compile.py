@@ -386,14 +386,16 @@ def _compile(graph: Graph, options: Options) -> Graph:
     )
     graph.assumptions.append(
         f"torch-compile host path: {options.launch_us:g} µs per generated kernel and "
-        f"{options.graph_call_us:g} µs per graph call ({n_calls} calls x {options.graphs} "
-        "graph(s)), measured by tritonbench on a GB200 host (pull request #1017); compile "
-        "time, recompilation and Inductor's layout changes not modelled"
+        f"{options.graph_call_us:g} µs per graph call ({count(n_calls)} calls x "
+        f"{options.graphs} graph(s) {per_what}), measured by tritonbench on a GB200 host "
+        "(pull request #1017); compile time, recompilation and Inductor's layout changes not "
+        "modelled"
     )
     n_bn = _batch_norm_kernels(graph, region_gpu[generated])
     if n_bn:
         graph.assumptions.append(
-            f"torch-compile: {n_bn:,} batch-norm kernels (cuDNN / ATen) become Inductor's "
+            f"torch-compile: {count(n_bn)} batch-norm kernels {per_what} (cuDNN / ATen) become "
+            "Inductor's "
             "generated reductions, assumed as fast per byte; measured outcomes of compiling "
             "conv nets with training-mode batch norm range from 0.7x to 1.4x (pytorch/pytorch "
             "issue 111180; this project's H100 ResNet-50, fp32: 0.83x), so the GPU part of "
