@@ -123,9 +123,10 @@ def apply(graph: Graph, options: Options) -> Graph:
         f"activation checkpointing of {options.module or 'all forward work'}: "
         f"{n_gpu / steps:.0f} GPU tasks ({gpu_ns / steps / 1e6:.2f} ms) and "
         f"{n_host / steps:.0f} host nodes ({host_ns / steps / 1e6:.2f} ms) per step recomputed "
-        "with their measured durations (launches at most the median launch), once at the start "
-        "of backward (torch.utils.checkpoint recomputes each segment before its own backward); "
-        "memory saving not modelled (time only)"
+        "with their measured durations (launches at most the median launch), placed as one "
+        "block at the start of backward: torch.utils.checkpoint recomputes each segment just "
+        "before its own backward, the same time in total but not the same overlap with other "
+        "work; memory saving not modelled (time only)"
     )
     if ck is not None and costs is not None:
         graph.assumptions.append(

@@ -134,7 +134,7 @@ def apply(graph: Graph, options: Options) -> Graph:
     frac = (o.pp - 1) / o.virtual / (m + (o.pp - 1) / o.virtual)
     if act_bytes > 0:
         p2p_text = (
-            f"p2p {p2p_ns / n_steps / 1e6:.2f} ms ({act_bytes / MIB:.2f} MiB per micro-batch, "
+            f"p2p {p2p_ns / n_steps / 1e6:.2f} ms ({_size(act_bytes)} per micro-batch, "
             f"over {note}; neighbouring stages assumed in one node)"
         )
     elif o.act_mb is not None:
@@ -173,3 +173,11 @@ def _act_bytes(graph: Graph, o: Options, m: int) -> float:
     if not saved:
         return 0.0
     return saved[len(saved) // 2].nbytes / m
+
+
+def _size(nbytes: float) -> str:
+    """Bytes in the unit that keeps them readable (a 4 KiB send is not '0.00 MiB')."""
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.2f} {unit}"
+    return f"{nbytes:.0f} B"

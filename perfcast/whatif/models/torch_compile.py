@@ -47,7 +47,7 @@ import numpy as np
 
 from perfcast.errors import NotApplicableError
 from perfcast.graph.model import GpuKind, Graph, NodeKind, Source
-from perfcast.graph.phases import Phase
+from perfcast.graph.phases import Phase, phase_names
 from perfcast.hardware import KernelClass
 from perfcast.whatif import primitives as P
 from perfcast.whatif.kernels import (
@@ -368,12 +368,14 @@ def _compile(graph: Graph, options: Options) -> Graph:
     P.remove(graph, region_host[~keep])
     P.remove_gpu_work(graph, np.array(rest, dtype=np.int64))
     per, per_what = P.rank_steps(graph, np.asarray(region_gpu, dtype=np.int64))
+    # The phases the trace has of those asked for (an inference trace: its forward only).
+    compiled_phases = "+".join(phase_names(c["phase"][region_gpu])) or options.phases
 
     def count(n: int) -> str:
         return P.per_count(n, per)
 
     graph.assumptions.append(
-        f"torch-compile ({options.phases}), {per_what}: {count(int(generated.sum()))} kernels "
+        f"torch-compile ({compiled_phases}), {per_what}: {count(int(generated.sum()))} kernels "
         f"become {count(len(groups))} generated kernels ({gpu_before / per / 1e6:.2f} -> "
         f"{gpu_after / per / 1e6:.2f} ms of GPU time: adjacent pointwise kernels with the "
         "reductions they feed, each group paying one kernel's fixed cost and its variable time "
