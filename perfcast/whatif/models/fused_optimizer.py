@@ -102,24 +102,13 @@ def already_fused(graph: Graph, gpu: np.ndarray) -> bool:
 
 def _in_zero_grad(graph: Graph, nodes: np.ndarray) -> np.ndarray:
     """Which of `nodes` were launched inside an `Optimizer.zero_grad#...` range."""
+    from perfcast.analysis.common import nearest_ancestor
+
     table = graph.table
-    found = np.zeros(nodes.size, dtype=bool)
     if table is None or nodes.size == 0:
-        return found
-    ids = np.array(
-        [i for i, n in enumerate(table.names) if n.startswith("Optimizer.zero_grad#")],
-        dtype=np.int64,
-    )
-    if ids.size == 0:
-        return found
-    cur = graph.cols["op"][nodes].astype(np.int64)
-    for _ in range(32):  # nesting depth: zero_grad > zero_ > fill_ is three
-        live = cur >= 0
-        if not live.any():
-            break
-        found[live] |= np.isin(table.name[cur[live]], ids)
-        cur[live] = table.parent[cur[live]]
-    return found
+        return np.zeros(nodes.size, dtype=bool)
+    is_zero_grad = np.array([n.startswith("Optimizer.zero_grad#") for n in table.names])
+    return nearest_ancestor(table, graph.cols["op"][nodes], is_zero_grad[table.name]) >= 0
 
 
 def _fixed_cost(durs: np.ndarray) -> int:

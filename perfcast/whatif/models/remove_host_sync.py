@@ -58,9 +58,6 @@ SHAPE_OPS = re.compile(
 # Host-to-device copy names: Kineto ("Memcpy HtoD (Pageable -> Device)"), ROCm
 # ("CopyHostToDevice").
 _H2D = re.compile(r"HtoD|Host -> Device|HostToDevice")
-# How deep a sync may sit below the shape op that caused it (aten::index > aten::nonzero >
-# aten::to > aten::copy_ > cudaStreamSynchronize in the traces here).
-_MAX_DEPTH = 16
 
 READ, H2D_COPY, SHAPE = 0, 1, 2
 
@@ -94,26 +91,14 @@ def classify_syncs(graph: Graph, syncs: np.ndarray) -> np.ndarray:
 def shape_op_of(graph: Graph, syncs: np.ndarray) -> np.ndarray:
     """Per sync node: the trace's name id of the innermost enclosing op whose output shape
     depends on the data (SHAPE_OPS), or -1."""
-    found = np.full(syncs.size, -1, dtype=np.int64)
+    from perfcast.analysis.common import nearest_ancestor
+
     table = graph.table
     if syncs.size == 0 or table is None:
-        return found
-    shape_ids = np.array(
-        [i for i, n in enumerate(table.names) if SHAPE_OPS.match(n)], dtype=np.int64
-    )
-    if shape_ids.size == 0:
-        return found
-    cur = graph.cols["op"][syncs].astype(np.int64)
-    for _ in range(_MAX_DEPTH):
-        live = (cur >= 0) & (found < 0)
-        if not live.any():
-            break
-        names = table.name[cur[live]]
-        hit = np.isin(names, shape_ids)
-        idx = np.flatnonzero(live)
-        found[idx[hit]] = names[hit]
-        cur[live] = table.parent[cur[live]]
-    return found
+        return np.full(syncs.size, -1, dtype=np.int64)
+    is_shape = np.array([bool(SHAPE_OPS.match(n)) for n in table.names], dtype=bool)
+    hit = nearest_ancestor(table, graph.cols["op"][syncs], is_shape[table.name])
+    return np.where(hit >= 0, table.name[np.maximum(hit, 0)], -1).astype(np.int64)
 
 
 def apply(graph: Graph, options: Options) -> Graph:
