@@ -235,10 +235,16 @@ def op_kernels(trace: TraceLike, top: int = 30) -> OpKernelResult:
 
 
 def diff(
-    a: TraceLike, b: TraceLike, apply: list[str] | str | None = None, top: int = 20
+    a: TraceLike,
+    b: TraceLike,
+    apply: list[str] | str | None = None,
+    top: int = 20,
+    real: bool = True,
 ) -> TraceDiff:
     """What changed from trace A to trace B, per step, op, kernel and phase; with `apply`
-    (what-if specs) also the prediction from A next to what B measured.
+    (what-if specs) also the prediction from A next to what B measured. With `real` (the
+    default) the step times without the profiler are estimated too (`step.real_speedup`),
+    which replays both traces.
 
     >>> d = perfcast.diff("mlp_base.json.gz", "mlp_fused.json.gz",
     ...                   apply="fused-optimizer:kind=fused")             # doctest: +SKIP
@@ -248,7 +254,7 @@ def diff(
     from perfcast.analysis.diff import diff as _diff
 
     ta, tb = _table(a), _table(b)
-    out = _diff(ta, tb, top=top)
+    out = _diff(ta, tb, top=top, real=real)
     specs = [apply] if isinstance(apply, str) else list(apply or [])
     if specs:
         from perfcast.whatif.registry import parse_spec

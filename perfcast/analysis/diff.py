@@ -118,6 +118,31 @@ def step_time_ms(table: EventTable) -> tuple[float, int]:
     return float(np.mean(list(by_name.values()))) / NS_PER_MS, len(by_name)
 
 
+def _setup_notes(a: EventTable, b: EventTable) -> list[str]:
+    """What differs between the two runs besides the code: the GPU, the batch. A step time
+    compared across them is not the change's alone."""
+    from perfcast.memory_model.facts import trace_facts
+
+    notes = []
+    dev_a = sorted({r.device_name for r in a.ranks if r.device_name})
+    dev_b = sorted({r.device_name for r in b.ranks if r.device_name})
+    if dev_a and dev_b and dev_a != dev_b:
+        notes.append(
+            f"A ran on {', '.join(dev_a)}, B on {', '.join(dev_b)}: the step times compare "
+            "two GPUs as well as the change"
+        )
+    try:
+        batch_a, batch_b = trace_facts(a).batch, trace_facts(b).batch
+    except Exception:  # a note only: a trace too odd for the facts gets none
+        return notes
+    if batch_a and batch_b and batch_a != batch_b:
+        notes.append(
+            f"the batch differs (A {batch_a}, B {batch_b}, the first forward layer's input): "
+            "compare throughput per sample, not step time"
+        )
+    return notes
+
+
 def real_step_time_ms(table: EventTable) -> tuple[float | None, str]:
     """(mean step time without the profiler in ms, where the correction came from), taken
     per step name as the slowest rank, like `step_time_ms`; measured unprofiled steps the
@@ -267,6 +292,7 @@ def diff(a: EventTable, b: EventTable, top: int = 20, real: bool = True) -> Trac
     )
     if len(a.ranks) != len(b.ranks):
         out.notes.append(f"A has {len(a.ranks)} ranks, B {len(b.ranks)}: per-step sums differ")
+    out.notes.extend(_setup_notes(a, b))
     if real:
         (a_real, a_src), (b_real, b_src) = real_step_time_ms(a), real_step_time_ms(b)
         if a_real and b_real:
