@@ -175,6 +175,16 @@ def test_show_refuses_other_files(capsys, tmp_path):
     assert "not a perfcast result" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("command", [["analyze"], ["plan", "--gpus", "4"], ["tree"]])
+def test_show_names_the_results_it_does_not_render(capsys, tmp_path, command):
+    saved = tmp_path / "result.json"
+    assert main([command[0], str(EXAMPLE), *command[1:], "--json", "-q"]) == 0
+    saved.write_text(capsys.readouterr().out)
+    assert main(["show", str(saved)]) == 2
+    err = capsys.readouterr().err
+    assert f"a `perfcast {command[0]}` result: show re-renders summary, replay" in err
+
+
 # ---------------------------------------------------------------------------------------------
 # The error model: one line per error, no tracebacks unless asked, bugs called bugs.
 

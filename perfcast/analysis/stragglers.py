@@ -140,7 +140,7 @@ def stragglers(table: EventTable, candidates: int = 2, top: int = 20) -> Straggl
                 last_pct=100.0 * times_last[j] / n,
                 wait_caused_ms=caused_by_rank[j] / NS_PER_MS,
                 mean_lateness_us=float(lateness[:, j].mean()) / NS_PER_US,
-                clock_offset_us=-float(offset[j]) / NS_PER_US,
+                clock_offset_us=(0.0 - float(offset[j])) / NS_PER_US,  # never -0.0
                 candidate=r in cand,
             )
         )

@@ -549,10 +549,14 @@ def _build_parser() -> argparse.ArgumentParser:
         usage="perfcast profile [options] -- python train.py [args...]",
     )
     parser.add_argument("-o", "--out", default="./perfcast-traces", help="trace folder")
-    parser.add_argument("--wait", type=int, default=1, help="steps skipped per cycle")
-    parser.add_argument("--warmup", type=int, default=1, help="profiler warm-up steps")
-    parser.add_argument("--active", type=int, default=3, help="steps recorded per cycle")
-    parser.add_argument("--repeat", type=int, default=1, help="cycles (0: until the end)")
+    parser.add_argument("--wait", type=int, default=1, help="steps skipped per cycle (default 1)")
+    parser.add_argument("--warmup", type=int, default=1, help="profiler warm-up steps (default 1)")
+    parser.add_argument(
+        "--active", type=int, default=3, help="steps recorded per cycle (default 3)"
+    )
+    parser.add_argument(
+        "--repeat", type=int, default=1, help="cycles (default 1; 0: until the end)"
+    )
     parser.add_argument("--with-stack", action="store_true", help="record Python stacks")
     parser.add_argument("--with-modules", action="store_true", help="record nn.Module scopes")
     parser.add_argument("--memory", action="store_true", help="profile memory allocations")
@@ -562,7 +566,9 @@ def _build_parser() -> argparse.ArgumentParser:
         default=6,
         metavar="N",
         help="steps timed without the profiler before it starts (after one warm-up step), "
-        "written into the trace so predictions fit the profiler's cost to them (0: none)",
+        "written into the trace so predictions fit the profiler's cost to them (default 6; 0: "
+        "none). With the defaults a script needs at least 10 steps for a trace; fewer and "
+        "the run says how many it needed",
     )
     parser.add_argument(
         "--unprofiled-after-steps",
@@ -696,6 +702,11 @@ def run_profile(argv: list[str]) -> int:
         sys.path[:] = saved_path
 
     out = Path(ns.out)
+    if cap.steps == 0 and rc != 0 and not stopped:
+        return _fail(
+            f"the script failed (exit status {rc}) before its first training step: no trace "
+            f"written to {out}"
+        )
     if cap.steps == 0:
         return _fail(
             "no training steps seen (no optimizer.step() or perfcast.capture.step() call); "

@@ -72,7 +72,9 @@ def register(sub: Any, add_common: Callable[[Any], None], table: dict[str, Any])
     table["advise"] = cmd_advise
 
     p = sub.add_parser("show", help="render a saved --json result again, without the trace")
-    p.add_argument("result", help="a file written by `perfcast COMMAND --json > FILE`")
+    p.add_argument(
+        "result", help="a file written by `perfcast summary|replay|whatif|advise ... --json > FILE`"
+    )
     add_common(p)
     table["show"] = cmd_show
 
@@ -212,6 +214,21 @@ def cmd_show(args: argparse.Namespace, ui: Any) -> int:
     except (OSError, msgspec.DecodeError, msgspec.ValidationError, RecursionError) as exc:
         why = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
         raise PerfcastError(f"cannot read a saved result ({why})", path=args.result) from None
+    # Results show does not re-render (their own commands print them): say which it is.
+    others = {
+        "analyze": {"idle", "launches", "queue", "roofline", "scopes"},
+        "diff": {"step", "kernels", "ops", "phases"},
+        "plan": {"best", "evaluated", "fitting"},
+        "tree": {"paths", "selection", "coverage", "level_text"},
+    }
+    for command, marks in others.items():
+        if len(keys & marks) >= 2:
+            raise PerfcastError(
+                f"a `perfcast {command}` result: show re-renders summary, replay, whatif and "
+                "advise results",
+                path=args.result,
+                hint=f"run `perfcast {command}` again to see it, or read the JSON",
+            )
     kinds: list[tuple[str, Any, str]] = [
         ("suggestions", Advice, "render_advice"),
         ("unresolved_dependencies", ReplayResult, "render_replay"),
@@ -229,7 +246,8 @@ def cmd_show(args: argparse.Namespace, ui: Any) -> int:
     raise PerfcastError(
         "not a perfcast result",
         path=args.result,
-        hint="write one with `perfcast summary|replay|whatif|advise ... --json > FILE`",
+        hint="show re-renders summary, replay, whatif and advise results: write one with "
+        "`perfcast summary|replay|whatif|advise ... --json > FILE`",
     )
 
 

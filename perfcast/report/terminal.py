@@ -237,14 +237,15 @@ def _real_line(real_ms: float, measured_real_ms: float | None, correction: Corre
 
 def render_advice(advice: Advice, console: Console) -> None:
     _render_notes(console, advice.notes)
-    console.print(
-        Text(
+    if advice.correction.source == "off":
+        # --keep-profiler-cost: every figure is the profiled run's.
+        step = f"step {advice.traced_ms:.2f} ms as traced, the profiler's cost kept in"
+    else:
+        step = (
             f"step {advice.baseline_ms:.2f} ms without the profiler "
             f"({advice.correction.source}; traced {advice.traced_ms:.2f} ms)"
-            f" · {advice.bottleneck}",
-            style="bold",
         )
-    )
+    console.print(Text(f"{step} · {advice.bottleneck}", style="bold"))
     t = Table(
         title="optimizations ranked by predicted step time (gain beyond the model's error)",
         title_justify="left",

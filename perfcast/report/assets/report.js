@@ -203,6 +203,9 @@
 
   function renderSummary() {
     var root = body("summary");
+    // --keep-profiler-cost: there is no estimate without the profiler to show.
+    var keptCost = !!(DATA.replay && DATA.replay.correction &&
+      DATA.replay.correction.source === "off");
     var rows = RANKS.map(function (rs) {
       var times = rs.iterations.map(function (it) { return it.measured_ms; });
       var rep = REPLAY[rs.rank] || [];
@@ -221,7 +224,7 @@
         ms(times.length ? Math.max.apply(null, times) : null),
         ms(mean(sim)),
         err.length ? pct(Math.max.apply(null, err), 2) : "-",
-        real.length ? ms(mean(real)) : "-"
+        real.length && !keptCost ? ms(mean(real)) : "-"
       ];
     });
     table(root, [
@@ -241,7 +244,10 @@
         r.unresolved_dependencies.toLocaleString("en-US") +
         " dependencies resolved by heuristic; worst step error " +
         pct(r.max_abs_error_pct, 2) + ".");
-      if (r.correction) {
+      if (r.correction && r.correction.source === "off") {
+        caption(root, "The profiler's own cost is kept in (--keep-profiler-cost): every figure " +
+          "and prediction here is for the profiled run, as traced.");
+      } else if (r.correction) {
         caption(root, "Without profiler: the step as it runs with the profiler off, estimated by " +
           "replaying the trace with the profiler's own host cost taken out (" +
           r.correction.source + ", ±" + r.correction.uncertainty_pct.toFixed(0) + "%: " +
@@ -540,9 +546,14 @@
     var head = add(root, el("p", { "class": "headline" }));
     add(head, document.createTextNode("Traced "));
     add(head, el("b", null, ms(A.traced_ms) + " ms"));
-    add(head, document.createTextNode(" per step; without the profiler "));
-    add(head, el("b", null, ms(A.baseline_ms) + " ms"));
-    add(head, document.createTextNode(" (" + A.correction.source + ")"));
+    if (A.correction.source === "off") {
+      add(head, document.createTextNode(" per step, the profiler's cost kept in: predictions " +
+        "are for the profiled run"));
+    } else {
+      add(head, document.createTextNode(" per step; without the profiler "));
+      add(head, el("b", null, ms(A.baseline_ms) + " ms"));
+      add(head, document.createTextNode(" (" + A.correction.source + ")"));
+    }
     add(head, document.createTextNode(". Bottleneck: " + A.bottleneck + "."));
     var S = A.suggestions;
     if (!S.length) {
@@ -566,7 +577,8 @@
         }],
         annotations: [{
           xref: "x", yref: "paper", x: A.baseline_ms, y: 1, yanchor: "bottom",
-          text: "baseline without the profiler", showarrow: false, font: { size: 11 }
+          text: A.correction.source === "off" ? "baseline as traced" : "baseline without the profiler",
+          showarrow: false, font: { size: 11 }
         }]
       }, Math.max(160, 34 * S.length + 90), { displaylogo: false, responsive: true,
         displayModeBar: false });
