@@ -168,6 +168,16 @@ def test_show_renders_a_saved_result_again(capsys, tmp_path, command):
     assert json.loads(capsys.readouterr().out) == json.loads(saved.read_text())
 
 
+def test_show_of_a_summary_prints_what_the_summary_printed(capsys, tmp_path):
+    saved = tmp_path / "summary.json"
+    assert main(["summary", str(EXAMPLE), "--json"]) == 0
+    saved.write_text(capsys.readouterr().out)
+    assert main(["summary", str(EXAMPLE)]) == 0
+    live = capsys.readouterr().out
+    assert main(["show", str(saved)]) == 0
+    assert capsys.readouterr().out == live  # all ten top rows, not five
+
+
 def test_show_refuses_other_files(capsys, tmp_path):
     other = tmp_path / "other.json"
     other.write_text('{"hello": 1}')
