@@ -25,6 +25,7 @@ from perfcast.events import NONE, EventTable, Kind
 from perfcast.frames import Tables, plain
 
 if TYPE_CHECKING:
+    from perfcast.analysis.summary import Summary
     from perfcast.sim.timeline import Timeline
     from perfcast.whatif.runner import WhatIfResult
 
@@ -143,15 +144,13 @@ def _setup_notes(a: EventTable, b: EventTable) -> list[str]:
     return notes
 
 
-def real_step_time_ms(table: EventTable) -> tuple[float | None, str]:
-    """(mean step time without the profiler in ms, where the correction came from), taken
-    per step name as the slowest rank, like `step_time_ms`; measured unprofiled steps the
-    trace carries win over the estimate."""
-    from perfcast.analysis.summary import summarize
-
+def real_step_time_ms(summary: Summary) -> tuple[float | None, str]:
+    """(mean step time without the profiler in ms, where the correction came from), from a
+    summary made with `real=True`, taken per step name as the slowest rank, like
+    `step_time_ms`; measured unprofiled steps the trace carries win over the estimate."""
     by_name: dict[str, float] = {}
     sources: set[str] = set()
-    for rs in summarize(table, top=1, real=True).ranks:
+    for rs in summary.ranks:
         for it in rs.iterations:
             ms = it.measured_real_ms if it.measured_real_ms is not None else it.real_ms
             if ms is None:
@@ -198,7 +197,8 @@ def _per_name(table: EventTable, rows: np.ndarray, names: np.ndarray, steps: int
     return dict(zip(keys, counts.tolist())), dict(zip(keys, total.tolist()))
 
 
-def _profile(table: EventTable) -> _Profile:
+def _profile(table: EventTable, summary: Summary | None = None) -> _Profile:
+    """Per-step op, kernel and phase times; `summary` is the table's own, if made already."""
     from perfcast.analysis.summary import summarize
 
     steps = _steps(table)
@@ -216,7 +216,7 @@ def _profile(table: EventTable) -> _Profile:
     has = op >= 0
     _, op_gpu = _per_name(table, launched[has], table.name[op[has]], steps)
     phase: dict[str, float] = {}
-    for rs in summarize(table, top=1, real=False).ranks:
+    for rs in (summary or summarize(table, top=1, real=False)).ranks:
         for k, v in rs.gpu_ms_by_phase.items():
             phase[f"GPU {k}"] = phase.get(f"GPU {k}", 0.0) + v / steps
         for it in rs.iterations:
@@ -269,7 +269,12 @@ def diff(a: EventTable, b: EventTable, top: int = 20, real: bool = True) -> Trac
     """
     a_ms, a_steps = step_time_ms(a)
     b_ms, b_steps = step_time_ms(b)
-    pa, pb = _profile(a), _profile(b)
+    from perfcast.analysis.summary import summarize
+
+    # One summary per trace serves the phase times and, with `real`, the steps without the
+    # profiler (that replay is the costly part).
+    sa, sb = summarize(a, top=1, real=real), summarize(b, top=1, real=real)
+    pa, pb = _profile(a, sa), _profile(b, sb)
     delta = b_ms - a_ms
     out = TraceDiff(
         step=StepDelta(
@@ -294,7 +299,7 @@ def diff(a: EventTable, b: EventTable, top: int = 20, real: bool = True) -> Trac
         out.notes.append(f"A has {len(a.ranks)} ranks, B {len(b.ranks)}: per-step sums differ")
     out.notes.extend(_setup_notes(a, b))
     if real:
-        (a_real, a_src), (b_real, b_src) = real_step_time_ms(a), real_step_time_ms(b)
+        (a_real, a_src), (b_real, b_src) = real_step_time_ms(sa), real_step_time_ms(sb)
         if a_real and b_real:
             st = out.step
             st.a_real_ms, st.b_real_ms = a_real, b_real
