@@ -19,7 +19,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from perfcast.analysis.common import NS_PER_MS, NS_PER_US, device_spec, group_stats
+from perfcast.analysis.common import (
+    NS_PER_MS,
+    NS_PER_US,
+    device_spec,
+    group_stats,
+    nearest_ancestor,
+)
 from perfcast.analysis.notes import input_notes
 from perfcast.events import NONE, EventTable
 from perfcast.frames import Tables, plain
@@ -131,35 +137,42 @@ def _op_args_fallback(
     op from the enclosing `nccl:<op>` range, and the size and dtype from the shapes of the
     enclosing `record_param_comms` / `c10d::` op (record_shapes). Per row: (op, dtype,
     elements), None / 0 where the trace does not say."""
-    from perfcast.ingest.input_dims import parse_input_types, row_input_dims, tensor_shapes
+    from perfcast.ingest.input_dims import parse_input_dims, parse_input_types, tensor_shapes
 
-    ops: list[str | None] = []
+    names = table.names
+    launch = table.launch[rows].astype(np.int64)
+    start = np.where(launch >= 0, table.parent[np.maximum(launch, 0)], NONE)
+    # The nearest enclosing nccl:<op> range that names a collective.
+    op_of_name = [collective_from_kernel_name(n) if n.startswith("nccl:") else None for n in names]
+    named = np.array([o is not None for o in op_of_name], dtype=bool)
+    op_row = nearest_ancestor(table, start, named[table.name])
+    # The nearest enclosing record_param_comms / c10d:: op whose shapes hold a tensor.
+    comms_op = np.array(
+        [n == "record_param_comms" or n.startswith("c10d::") for n in names], dtype=bool
+    )
+    first_tensor: dict[int, list[int]] = {}
+    for i in np.unique(table.shapes[comms_op[table.name] & (table.shapes >= 0)]).tolist():
+        shapes = [s for s in tensor_shapes(parse_input_dims(names[i])) if s]
+        if shapes:
+            first_tensor[i] = shapes[0]
+    sized_shape = np.zeros(len(names), dtype=bool)
+    sized_shape[list(first_tensor)] = True
+    sized = comms_op[table.name] & (table.shapes >= 0) & sized_shape[np.maximum(table.shapes, 0)]
+    size_row = nearest_ancestor(table, start, sized)
+
+    ops = [op_of_name[int(table.name[r])] if r >= 0 else None for r in op_row.tolist()]
     dtypes: list[str | None] = []
     elems: list[int] = []
-    names = table.names
-    for r in rows.tolist():
-        op = dtype = None
-        n = 0
-        launch = int(table.launch[r])
-        cur = int(table.parent[launch]) if launch >= 0 else -1
-        for _ in range(64):
-            if cur < 0 or (op and n):
-                break
-            nm = names[int(table.name[cur])]
-            if op is None and nm.startswith("nccl:"):
-                op = collective_from_kernel_name(nm)
-            if not n and (nm == "record_param_comms" or nm.startswith("c10d::")):
-                shapes = [s for s in tensor_shapes(row_input_dims(table, cur)) if s]
-                t_idx = int(table.in_types[cur])
-                types = parse_input_types(names[t_idx]) if t_idx >= 0 else None
-                if shapes:
-                    n = int(np.prod(shapes[0]))
-                    first = types[0] if types else None
-                    dtype = _CPP_TYPES.get(first, first) if first else None
-            cur = int(table.parent[cur])
-        ops.append(op)
-        dtypes.append(dtype)
-        elems.append(n)
+    for r in size_row.tolist():
+        if r < 0:
+            dtypes.append(None)
+            elems.append(0)
+            continue
+        elems.append(int(np.prod(first_tensor[int(table.shapes[r])])))
+        t_idx = int(table.in_types[r])
+        types = parse_input_types(names[t_idx]) if t_idx >= 0 else None
+        first = types[0] if types else None
+        dtypes.append(_CPP_TYPES.get(first, first) if first else None)
     return ops, dtypes, elems
 
 
