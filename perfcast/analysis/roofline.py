@@ -243,7 +243,8 @@ def roofline(table: EventTable, top: int = 30) -> Roofline:
     for gi in np.argsort(-g_gpu, kind="stable").tolist():
         rank, name_i, shape_i = (int(x) for x in groups[gi])
         shapes = parse_input_dims(names[shape_i])
-        members = first_kernel[ginv == gi]
+        in_group = ginv == gi
+        members = first_kernel[in_group]
         votes: Counter[str] = Counter()
         for kname in table.name[members].tolist():
             if kname not in dtype_of_kernel:
@@ -252,7 +253,7 @@ def roofline(table: EventTable, top: int = 30) -> Roofline:
                 votes[dtype_of_kernel[kname]] += 1  # type: ignore[index]
         # The op's own input dtype first (record_shapes writes it); the kernels' names for
         # what the inputs do not say (fp32 data run as TF32).
-        first = int(inst[ginv == gi][0])
+        first = int(inst[in_group][0])
         traced = row_input_dtype(table, first)
         named = votes.most_common(1)[0][0] if votes else None
         as_traced = traced and not (traced == "fp32" and named == "tf32")
