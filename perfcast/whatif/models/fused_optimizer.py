@@ -44,7 +44,12 @@ FUSED_ACCESSES = 7.0
 ACCESSES_PER_LOOP_OP = 3.0
 # Per torch.optim class with a fused kernel: accesses per element of its fused update. SGD
 # with momentum and Adagrad read param, grad and one state tensor and write two of them.
-FUSED_ACCESSES_BY_CLASS = {"Adam": 7.0, "AdamW": 7.0, "SGD": 5.0, "Adagrad": 5.0}
+FUSED_ACCESSES_BY_CLASS = {
+    "Adam": FUSED_ACCESSES,
+    "AdamW": FUSED_ACCESSES,
+    "SGD": 5.0,
+    "Adagrad": 5.0,
+}
 # Kernel durations below the trace's resolution read as 0 (2021-era traces record whole
 # microseconds): a fixed cost measured as 0 is taken as one such microsecond.
 MIN_FIXED_NS = 1_000
