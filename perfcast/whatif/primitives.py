@@ -19,6 +19,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
+from perfcast.arrays import sorted_unique
 from perfcast.errors import NotApplicableError
 from perfcast.graph.model import NONE, Graph, Lane, NodeKind, Source
 from perfcast.graph.phases import Phase
@@ -201,14 +202,17 @@ def remove_gpu_work(graph: Graph, gpu_nodes: np.ndarray, remove_launches: bool =
     remove(graph, gpu_nodes)
     if not remove_launches or gpu_nodes.size == 0:
         return
-    launches = np.unique(c["launch"][gpu_nodes])
+    launches = sorted_unique(c["launch"][gpu_nodes])
     launches = launches[launches >= 0]
     if launches.size == 0:
         return
-    alive = graph.alive
-    gpu_alive = np.flatnonzero((c["kind"] == NodeKind.GPU) & alive)
-    still = np.unique(c["launch"][gpu_alive])
-    remove(graph, launches[~np.isin(launches, still)])
+    # Which of these launches still start live GPU work. Only the candidates' own ids are
+    # looked up (a table over their range), not every live launch made distinct: callers
+    # that remove work group by group made the latter O(groups x nodes).
+    live_gpu = (c["kind"] == NodeKind.GPU) & graph.alive
+    live_launch = c["launch"][live_gpu]
+    hit = live_launch[np.isin(live_launch, launches, kind="table")]
+    remove(graph, launches[~np.isin(launches, hit)])
 
 
 def insert(
@@ -322,10 +326,13 @@ def like_columns(graph: Graph, nodes: np.ndarray) -> dict[str, np.ndarray]:
     return {k: graph.cols[k][nodes].copy() for k in LIKE_KEYS}
 
 
-def order_slots(graph: Graph, anchors: np.ndarray, k: int, *, after: bool) -> np.ndarray:
+def order_slots(
+    graph: Graph, anchors: np.ndarray, k: int, *, after: bool, near: bool = False
+) -> np.ndarray:
     """k evenly spaced order keys between each anchor and its live lane neighbour: its
     successor when `after`, else its predecessor (one order unit beyond the anchor where
-    the lane has none)."""
+    the lane has none). With `near` they keep to the thousandth of the gap next to the
+    anchor, as `insert(near=True)` places them."""
     c = graph.cols
     alive = graph.alive
     out = np.empty((anchors.size, k), dtype=np.float64)
@@ -343,5 +350,10 @@ def order_slots(graph: Graph, anchors: np.ndarray, k: int, *, after: bool) -> np
             i = np.searchsorted(orders, at, side="left") - 1
             lo = np.where(i >= 0, orders[np.maximum(i, 0)], at - 1.0)
             hi = at
-        out[sel] = lo[:, None] + (hi - lo)[:, None] * frac[None, :]
+        if near and after:
+            out[sel] = lo[:, None] + (hi - lo)[:, None] * 1e-3 * frac[None, :]
+        elif near:
+            out[sel] = hi[:, None] - (hi - lo)[:, None] * 1e-3 * (1 - frac)[None, :]
+        else:
+            out[sel] = lo[:, None] + (hi - lo)[:, None] * frac[None, :]
     return out

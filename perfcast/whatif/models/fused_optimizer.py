@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from perfcast.arrays import combine_codes, split_by
 from perfcast.errors import NotApplicableError
 from perfcast.graph.model import Graph, NodeKind
 from perfcast.whatif import primitives as P
@@ -131,10 +132,25 @@ def _apply_gpu(graph: Graph, gpu: np.ndarray, options: Options) -> None:
     total_before = total_after = 0
     fixed_seen: list[int] = []
     k_seen: list[int] = []
-    keys = np.stack([c["rank"][gpu], c["iteration"][gpu]], axis=1)
-    for rank, it in np.unique(keys, axis=0).tolist():
-        group = gpu[(c["rank"][gpu] == rank) & (c["iteration"][gpu] == it)]
-        group = group[np.argsort(c["order"][group], kind="stable")]
+    # Grouped by (rank, step) with one sort, and the dropped kernels removed once at the
+    # end: a mask and a removal per group cost O(groups x nodes) on long traces.
+    host_all = P.select(graph, kind="host", phase="optimizer")
+    host_all = host_all[c["kind"][host_all] != NodeKind.LAUNCH]
+    host_codes, host_keys = combine_codes(
+        c["rank"][host_all].astype(np.int64), c["iteration"][host_all].astype(np.int64)
+    )
+    host_of = {
+        (int(host_keys[code, 0]), int(host_keys[code, 1])): host_all[pos]
+        for code, pos in split_by(host_codes)
+    }
+    codes, keys = combine_codes(
+        c["rank"][gpu].astype(np.int64), c["iteration"][gpu].astype(np.int64)
+    )
+    dropped: list[np.ndarray] = []
+    host_scales: list[tuple[np.ndarray, float]] = []
+    for code, pos in split_by(codes, c["order"][gpu]):
+        rank, it = int(keys[code, 0]), int(keys[code, 1])
+        group = gpu[pos]
         n = group.size
         params, k = params_estimate(graph, group)
         if options.params:
@@ -157,13 +173,18 @@ def _apply_gpu(graph: Graph, gpu: np.ndarray, options: Options) -> None:
         new_total = var + n_new * fixed
         keep, drop = group[:n_new], group[n_new:]
         P.set_duration(graph, keep, int(new_total / n_new))
-        # Host time per launch stays as measured: fewer launches, less host time.
-        host = P.select(graph, kind="host", phase="optimizer", rank=rank, iteration=it)
-        P.remove_gpu_work(graph, drop)
-        host = host[graph.alive[host] & (c["kind"][host] != NodeKind.LAUNCH)]
-        P.scale(graph, host, n_new / n)
+        dropped.append(drop)
+        host = host_of.get((rank, it))
+        if host is not None:
+            host_scales.append((host, n_new / n))
         total_before += int(durs.sum())
         total_after += int(new_total)
+    if dropped:
+        P.remove_gpu_work(graph, np.concatenate(dropped))
+    # Host time per launch stays as measured: fewer launches, less host time (the launch
+    # calls themselves went with the kernels they launched).
+    for host, factor in host_scales:
+        P.scale(graph, host[graph.alive[host]], factor)
     if total_before == 0:
         raise NotApplicableError(
             "fused-optimizer: found no per-parameter optimizer kernels (at least 4 kernels "
