@@ -7,6 +7,7 @@ import gzip
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import perfcast
@@ -187,6 +188,39 @@ def test_fp16_adds_the_grad_scalers_host_check() -> None:
     r16 = perfcast.predict(mlp, "amp:dtype=fp16")
     rbf = perfcast.predict(mlp, "amp:dtype=bf16")
     assert r16.predicted_ms >= rbf.predicted_ms
+
+
+def test_fp16_grad_scaler_per_rank_and_step(tmp_path: Path) -> None:
+    """Two ranks with the same step numbers: each rank's steps get their own scaler, its
+    check, and two kernels launched on that rank."""
+    from perfcast.graph import build_graph
+    from perfcast.graph.model import NodeKind
+    from perfcast.whatif.registry import parse_spec
+    from perfcast.whatif.runner import apply_specs
+
+    path = REPO / "benchmarks" / "accuracy" / "recorded" / "traces" / "h100" / "mlp_fused.json.gz"
+    doc = json.loads(gzip.decompress(path.read_bytes()))
+    folder = tmp_path / "ranks"
+    folder.mkdir()
+    for r in (0, 1):
+        doc["distributedInfo"] = {"rank": r, "world_size": 2, "backend": "nccl"}
+        (folder / f"rank{r}.json.gz").write_bytes(gzip.compress(json.dumps(doc).encode()))
+    g = build_graph(perfcast.load(folder))
+    steps = {(int(r), int(i)) for r, i in zip(g.cols["rank"], g.cols["iteration"]) if i >= 0}
+    assert {r for r, _ in steps} == {0, 1}
+    fp16, _ = apply_specs(g, [parse_spec("amp:dtype=fp16")])
+    c = fp16.cols
+    named = {i for i, n in enumerate(fp16.names) if "GradScaler" in n}
+    is_scaler = np.isin(c["name"], list(named))
+    check = np.flatnonzero(is_scaler & (c["kind"] == NodeKind.SYNC))
+    assert {(int(c["rank"][n]), int(c["iteration"][n])) for n in check} == steps
+    assert check.size == len(steps)
+    kernels = np.flatnonzero(is_scaler & (c["kind"] == NodeKind.GPU))
+    assert kernels.size == 2 * len(steps)
+    # Each kernel is launched by a new launch call on its own rank, before its optimizer.
+    launches = c["launch"][kernels]
+    assert (c["kind"][launches] == NodeKind.LAUNCH).all()
+    assert (c["rank"][launches] == c["rank"][kernels]).all()
 
 
 def test_amp_is_proposed_in_fp16_on_a_gpu_without_bf16() -> None:

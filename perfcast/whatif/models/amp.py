@@ -104,6 +104,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from perfcast.arrays import combine_codes, split_by
 from perfcast.errors import NotApplicableError
 from perfcast.events import EventTable, Kind
 from perfcast.graph.launches import DEFAULT_LAUNCH_LATENCY_NS, DEFAULT_STREAM_GAP_NS
@@ -646,89 +647,123 @@ def _peaks_text(
 
 
 def _grad_scaler(graph: Graph, fixed: int) -> str:
-    """fp16's GradScaler per step: unscale + scale-update kernels and the host's inf check,
-    before the optimizer (see module docstring). Returns the assumption's text."""
+    """fp16's GradScaler per rank and step: unscale + scale-update kernels and the host's
+    inf check, before the optimizer (see module docstring). Returns the assumption's text.
+
+    Every rank-step's nodes are placed first and appended together: an insert per
+    rank-step re-scanned and re-copied the whole graph each time."""
     from perfcast.whatif.models.fused_optimizer import params_estimate
 
     c = graph.cols
-    added = 0
-    for it in sorted({int(i) for i in c["iteration"][c["iteration"] >= 0].tolist()}):
-        host = np.flatnonzero(
-            (c["iteration"] == it)
-            & (c["phase"] == Phase.OPTIMIZER)
-            & np.isin(c["kind"], [NodeKind.CPU, NodeKind.LAUNCH, NodeKind.RUNTIME])
-            & graph.alive
-        )
-        opt_gpu = np.flatnonzero(
-            (c["iteration"] == it)
-            & (c["phase"] == Phase.OPTIMIZER)
-            & (c["kind"] == NodeKind.GPU)
-            & graph.alive
-        )
-        if host.size == 0 or opt_gpu.size == 0:
+    in_opt = (c["iteration"] >= 0) & (c["phase"] == Phase.OPTIMIZER) & graph.alive
+    host_all = np.flatnonzero(
+        in_opt & np.isin(c["kind"], [NodeKind.CPU, NodeKind.LAUNCH, NodeKind.RUNTIME])
+    )
+    gpu_all = np.flatnonzero(in_opt & (c["kind"] == NodeKind.GPU))
+    rank_step = combine_codes(
+        np.concatenate([c["rank"][host_all], c["rank"][gpu_all]]).astype(np.int64),
+        np.concatenate([c["iteration"][host_all], c["iteration"][gpu_all]]).astype(np.int64),
+    )[0]
+    gpu_of = dict(split_by(rank_step[host_all.size :], c["order"][gpu_all]))
+    firsts: list[int] = []
+    gpu_lanes: list[int] = []
+    likes: list[int] = []
+    unscale: list[int] = []
+    for code, pos in split_by(rank_step[: host_all.size], c["order"][host_all]):
+        gpos = gpu_of.get(code)
+        if gpos is None:
             continue
-        first = int(host[np.argmin(c["order"][host])])
-        lane_gpu = int(c["lane"][opt_gpu[np.argmin(c["order"][opt_gpu])]])
+        opt_gpu = gpu_all[gpos]  # in launch order: the first on the first stream used
         _, per_param = params_estimate(graph, opt_gpu)
-        one_pass = int(c["dur"][opt_gpu].sum()) // max(per_param, 1)
-        launch_ns = P.median_launch_ns(graph)
-        launches = P.insert(
-            graph,
-            lane=int(c["lane"][first]),
-            before=first,
-            dur=launch_ns,
-            kind=NodeKind.LAUNCH,
-            name="cudaLaunchKernel",
-            count=2,
-            like=first,
-            near=True,
-        )
-        c = graph.cols
-        # On the stream, right after the work enqueued before these launches.
-        on_lane = np.flatnonzero((c["lane"] == lane_gpu) & graph.alive)
-        before = on_lane[c["launch_order"][on_lane] < c["order"][launches[0]]]
-        after_node = int(before[np.argmax(c["order"][before])]) if before.size else None
-        first_node = None if before.size else int(on_lane[np.argmin(c["order"][on_lane])])
-        kernels = P.insert(
-            graph,
-            lane=lane_gpu,
-            after=after_node,
-            before=first_node,
-            dur=np.array([fixed + one_pass, fixed]),
-            kind=NodeKind.GPU,
-            name="GradScaler unscale / update_scale (modelled)",
-            count=2,
-            like=int(opt_gpu[0]),
-            near=True,
-            launch=launches,
-            launch_order=c["order"][launches],
-            launch_w=int(graph.nominal.get("launch_latency_ns", DEFAULT_LAUNCH_LATENCY_NS)),
-            stream_w=int(graph.nominal.get("stream_gap_ns", DEFAULT_STREAM_GAP_NS)),
-            gpu_kind=int(GpuKind.KERNEL),
-        )
-        c = graph.cols
-        # The host reads found_inf: a sync on the unscale kernel's stream.
-        P.insert(
-            graph,
-            lane=int(c["lane"][first]),
-            after=int(launches[-1]),
-            dur=SYNC_MIN_NS,
-            kind=NodeKind.SYNC,
-            name="cudaStreamSynchronize (GradScaler inf check, modelled)",
-            like=first,
-            near=True,
-            sync_kind=int(SyncKind.STREAM),
-            sync_lane=lane_gpu,
-        )
-        c = graph.cols
-        added += 1
-        del kernels
-    if not added:
+        firsts.append(int(host_all[pos[0]]))
+        gpu_lanes.append(int(c["lane"][opt_gpu[0]]))
+        likes.append(int(opt_gpu.min()))
+        unscale.append(fixed + int(c["dur"][opt_gpu].sum()) // max(per_param, 1))
+    if not firsts:
         return "; no optimizer found for fp16's GradScaler"
+    first = np.array(firsts, dtype=np.int64)
+    lane_gpu = np.array(gpu_lanes, dtype=np.int64)
+    host_lane = c["lane"][first]
+    launch_ns = P.median_launch_ns(graph)
+    # Two launches right before the optimizer's first host work, then the inf check (a
+    # sync on the unscale kernel's stream) right after them.
+    launch_at = P.order_slots(graph, first, 2, after=False, near=True)
+    sync_at = launch_at[:, 1] + (c["order"][first] - launch_at[:, 1]) * 0.5e-3
+    # On the stream, right after the work enqueued before these launches.
+    anchor, after = _last_enqueued_before(graph, lane_gpu, launch_at[:, 0])
+    kernel_at = np.empty((first.size, 2))
+    for flag in (True, False):
+        sel = after == flag
+        if sel.any():
+            kernel_at[sel] = P.order_slots(graph, anchor[sel], 2, after=flag, near=True)
+    host_like = P.like_columns(graph, np.repeat(first, 2))
+    launches = graph.append(
+        kind=int(NodeKind.LAUNCH),
+        lane=np.repeat(host_lane, 2),
+        order=launch_at.reshape(-1),
+        launch_order=launch_at.reshape(-1),
+        dur=launch_ns,
+        source=int(Source.MODELLED),
+        name=graph.intern("cudaLaunchKernel"),
+        **host_like,
+    )
+    gpu_like = P.like_columns(graph, np.repeat(np.array(likes, dtype=np.int64), 2))
+    gpu_like["gpu_kind"] = np.full(launches.size, int(GpuKind.KERNEL))
+    graph.append(
+        kind=int(NodeKind.GPU),
+        lane=np.repeat(lane_gpu, 2),
+        order=kernel_at.reshape(-1),
+        launch_order=launch_at.reshape(-1),
+        dur=np.stack([np.array(unscale, dtype=np.int64), np.full(first.size, fixed)], 1).reshape(
+            -1
+        ),
+        source=int(Source.MODELLED),
+        name=graph.intern("GradScaler unscale / update_scale (modelled)"),
+        launch=launches,
+        launch_w=int(graph.nominal.get("launch_latency_ns", DEFAULT_LAUNCH_LATENCY_NS)),
+        stream_w=int(graph.nominal.get("stream_gap_ns", DEFAULT_STREAM_GAP_NS)),
+        **gpu_like,
+    )
+    graph.append(
+        kind=int(NodeKind.SYNC),
+        lane=host_lane,
+        order=sync_at,
+        launch_order=sync_at,
+        dur=SYNC_MIN_NS,
+        source=int(Source.MODELLED),
+        name=graph.intern("cudaStreamSynchronize (GradScaler inf check, modelled)"),
+        sync_kind=int(SyncKind.STREAM),
+        sync_lane=lane_gpu,
+        **P.like_columns(graph, first),
+    )
+    _, where = P.rank_steps(graph, first)
     return (
-        f"; fp16 GradScaler in {added} steps: unscale + update kernels and a host inf check "
+        f"; fp16 GradScaler {where}: unscale + update kernels and a host inf check "
         "(a synchronization) before the optimizer"
     )
+
+
+def _last_enqueued_before(
+    graph: Graph, lanes: np.ndarray, at: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """For each (GPU lane, host order `at`): the live node of that lane with the largest
+    order among those launched before `at`, and True; where there is none, the lane's
+    first node, and False."""
+    c = graph.cols
+    anchor = np.empty(lanes.size, dtype=np.int64)
+    after = np.ones(lanes.size, dtype=bool)
+    for lane, pos in split_by(lanes):
+        nodes = np.flatnonzero((c["lane"] == lane) & graph.alive)
+        nodes = nodes[np.argsort(c["launch_order"][nodes], kind="stable")]
+        orders = c["order"][nodes]
+        # Running position of the largest order among the nodes launched so far.
+        best = np.maximum.accumulate(
+            np.where(orders == np.maximum.accumulate(orders), np.arange(nodes.size), 0)
+        )
+        i = np.searchsorted(c["launch_order"][nodes], at[pos], side="left") - 1
+        after[pos] = i >= 0
+        anchor[pos] = np.where(i >= 0, nodes[best[np.maximum(i, 0)]], nodes[np.argmin(orders)])
+    return anchor, after
 
 
 @dataclass(frozen=True)
