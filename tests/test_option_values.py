@@ -34,3 +34,13 @@ def test_odd_option_values_are_refused_in_one_line(table, model: str) -> None:
                 assert "\n" not in str(exc), spec
             except Exception as exc:  # an internal error: the bug this test is for
                 pytest.fail(f"{spec}: {type(exc).__name__}: {exc}")
+
+
+def test_a_yes_no_option_refuses_other_words() -> None:
+    """`shapes=maybe` once read as false, silently."""
+    from perfcast.whatif.registry import build_options
+
+    assert build_options("remove-host-sync", {"shapes": "Yes"}).shapes is True
+    assert build_options("remove-host-sync", {"shapes": "off"}).shapes is False
+    with pytest.raises(PerfcastError, match=r"shapes=maybe .* is not true or false"):
+        build_options("remove-host-sync", {"shapes": "maybe"})

@@ -100,6 +100,8 @@ def build_options(name: str, raw: dict[str, Any]) -> Any:
 # Numeric options are bounded: a factor of 1e26 overflowed durations (int64 ns), inf and
 # nan are no size at all.
 MAX_OPTION = 1e6
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
 
 
 def _convert(model: str, key: str, value: Any, hint: Any) -> Any:
@@ -108,7 +110,13 @@ def _convert(model: str, key: str, value: Any, hint: Any) -> Any:
     text = str(hint)
     try:
         if hint is bool or text == "bool":
-            return value.lower() in ("1", "true", "yes", "on")
+            word = value.strip().lower()
+            if word not in _TRUE + _FALSE:
+                raise PerfcastError(
+                    f"option {key}={value} of '{model}' is not true or false",
+                    hint=f"write {key}=true or {key}=false",
+                )
+            return word in _TRUE
         if hint is int or text in ("int", "int | None"):
             number: float = int(value)
         elif hint is float or text in ("float", "float | None"):
