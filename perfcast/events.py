@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 NONE = -1  # missing value in the integer id columns
+MEM_DEVICE_CPU = -2  # mem_device of a [memory] event on the CPU's allocator
 
 
 class Kind(enum.IntEnum):
@@ -104,7 +105,9 @@ class EventTable:
       fwd_tid int64, parent int32 (row of the enclosing CPU event, NONE at top),
       iteration int32 (index into iterations, NONE outside every step),
       grid int32 (n, 3), block int32 (n, 3), nbytes int64 (copies, memsets, memory),
-      mem_total int64 (memory events: total allocated), shapes int32 (index into names),
+      mem_total int64 (memory events: total allocated), mem_device int16 (memory events:
+      the GPU's index, MEM_DEVICE_CPU for the CPU's allocator, NONE when not recorded),
+      shapes int32 (index into names),
       in_types int32 (names: an op's "Input type", with record_shapes),
       coll_name int32 (names), coll_in int64, coll_out int64, coll_group int32,
       coll_dtype int32 (names), coll_ranks int32 (names),
@@ -131,6 +134,7 @@ class EventTable:
     block: np.ndarray
     nbytes: np.ndarray
     mem_total: np.ndarray
+    mem_device: np.ndarray
     shapes: np.ndarray
     in_types: np.ndarray  # CPU ops: their "Input type" list as text (index into names)
     wait_stream: np.ndarray  # cuda_sync rows: the stream waited on

@@ -172,8 +172,8 @@ def short_repr(result: Any) -> str:
 # Columns handed over as they are (one value per event).
 _PLAIN = (
     "rank", "pid", "tid", "ts", "dur", "correlation", "external_id", "seq", "fwd_tid",
-    "parent", "iteration", "nbytes", "mem_total", "coll_in", "coll_out", "coll_group",
-    "wait_stream", "wait_corr", "launch",
+    "parent", "iteration", "nbytes", "mem_total", "mem_device", "coll_in", "coll_out",
+    "coll_group", "wait_stream", "wait_corr", "launch",
 )  # fmt: skip
 # Columns that index `names` (NONE = -1 where absent).
 _NAMED = ("name", "shapes", "in_types", "coll_name", "coll_dtype", "coll_ranks")

@@ -172,6 +172,38 @@ def test_memory_by_hand(table) -> None:
     assert moved * width_ns == pytest.approx(1e6)  # the series conserves bytes
 
 
+def test_memory_allocators_named_by_device(table) -> None:
+    gpu, cpu = memory(table).allocators
+    assert (gpu.device, cpu.device) == ("GPU 0", "CPU")
+    assert gpu.totals == cpu.totals == "recorded"
+
+
+def test_memory_gpu_first_and_totals_rebuilt_from_bytes(write_trace) -> None:
+    """Events with Bytes and a device but no Total Allocated (older PyTorch): each
+    allocator's level is their running sum, raised so that its lowest point is 0; the GPU's
+    allocator leads even where the CPU's peaks higher."""
+    b = TraceBuilder()
+    b.step(1, 0, 1000)
+    b.launch("k", 20, 5, 100, 10)
+    events = [(10, -300, 1), (12, 5000, 0), (20, 1000, 1), (30, 500, 1), (40, -1000, 1)]
+    for ts, nbytes, device_type in events:
+        ev = _memory_event(ts, nbytes, 0, device_type)
+        del ev["args"]["Total Allocated"]
+        b.events.append(ev)
+    r = memory(perfcast.load(write_trace(b.doc())))
+    gpu, cpu = r.allocators
+    assert (gpu.device, cpu.device) == ("GPU 0", "CPU")
+    assert gpu.totals == "lower bound"
+    # GPU levels -300, 700, 1200, 200 raised by 300: 0, 1000, 1500, 500.
+    assert (gpu.first_mb, gpu.peak_mb, gpu.min_mb, gpu.last_mb) == pytest.approx(
+        (0, 1500e-6, 0, 500e-6)
+    )
+    assert cpu.peak_mb == pytest.approx(5000e-6)
+    assert cpu.peak_mb > gpu.peak_mb
+    assert max(p.allocated_mb for p in r.timeline) == pytest.approx(1500e-6)
+    assert any("lower bounds" in n for n in r.notes)
+
+
 def test_allocator_chains_split_interleaved_allocators() -> None:
     import numpy as np
 

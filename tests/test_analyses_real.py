@@ -91,7 +91,23 @@ def test_memory_timeline_ddp(shared_traces: Path) -> None:
     # Total Allocated 6,629,508,096 bytes; 1,240 CPU events.
     assert gpu.events == 26770 and gpu.peak_mb == pytest.approx(6629.508096)
     assert r.allocators[1].events == 1240
+    assert (gpu.device, r.allocators[1].device) == ("GPU 1", "CPU")
     assert len(r.by_step) == 5
+
+
+def test_memory_timeline_rebuilt_on_a_2021_trace(shared_traces: Path) -> None:
+    """Its [memory] events carry Device Type, Device Id and Bytes, no Total Allocated."""
+    r = perfcast.memory(shared_traces / "resnet50_v100_nw0_2021.json.gz")
+    gpu, cpu = r.allocators
+    # Counted in the file: 8,220 events of Device Type 1 (Device Id 0), 4,618 of type 0.
+    assert (gpu.device, gpu.events, cpu.device, cpu.events) == ("GPU 0", 8220, "CPU", 4618)
+    assert gpu.totals == "lower bound" and gpu.min_mb == 0
+    # Every step allocates and frees the same (the steady state), and the window's level
+    # returns to where each step began.
+    steps = r.by_step
+    assert len(steps) == 6 and len({round(s.allocated_mb, 3) for s in steps}) == 1
+    assert all(s.allocated_mb == pytest.approx(s.freed_mb) for s in steps)
+    assert r.timeline and any("lower bounds" in n for n in r.notes)
 
 
 def test_roofline_h100_mlp() -> None:

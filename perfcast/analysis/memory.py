@@ -21,8 +21,8 @@ import numpy as np
 
 from perfcast.analysis.common import NS_PER_MS, downsample_steps, group_stats
 from perfcast.analysis.notes import input_notes
-from perfcast.arrays import combine_codes
-from perfcast.events import NONE, EventTable, Kind
+from perfcast.arrays import combine_codes, sorted_unique, split_by
+from perfcast.events import MEM_DEVICE_CPU, NONE, EventTable, Kind
 from perfcast.frames import Tables, plain
 from perfcast.graph.phases import PHASE_LABELS, Phase, event_phases
 
@@ -34,7 +34,11 @@ BANDWIDTH_BINS = 100
 @dataclass
 class Allocator:
     rank: int
-    allocator: int  # 0 = the one with the largest peak (the timeline's)
+    allocator: int  # 0 = the timeline's: the GPU's with the largest peak, else the largest
+    device: str  # "GPU 0", "CPU", or "not recorded" (traces before the Device Type field)
+    # "recorded" (Total Allocated), or "lower bound" where the trace has only each event's
+    # Bytes: totals rebuilt from the lowest level the window reaches, taken as 0.
+    totals: str
     events: int
     peak_mb: float
     min_mb: float
@@ -114,6 +118,27 @@ class Memory(Tables):
         "timeline": MemoryPoint,
         "bandwidth": BandwidthPoint,
     }
+
+
+def allocators(
+    device: np.ndarray, total: np.ndarray, nbytes: np.ndarray
+) -> tuple[np.ndarray, list[str], list[bool]]:
+    """Allocator code per memory event (events in time order), with each code's device
+    label and whether it is a GPU's. Events that name their device (Kineto's Device Type
+    and Device Id) are grouped by it; the rest by `allocator_chains`."""
+    known = device != NONE
+    code = np.empty(device.size, dtype=np.int64)
+    devices = sorted_unique(device[known]).tolist()
+    code[known] = np.searchsorted(devices, device[known])
+    labels = [("CPU" if d == MEM_DEVICE_CPU else f"GPU {d}") for d in devices]
+    is_gpu = [d != MEM_DEVICE_CPU for d in devices]
+    if not known.all():
+        chain = allocator_chains(total[~known], nbytes[~known])
+        code[~known] = len(devices) + chain
+        extra = int(chain.max()) + 1
+        labels += ["not recorded"] * extra
+        is_gpu += [False] * extra
+    return code, labels, is_gpu
 
 
 def allocator_chains(total: np.ndarray, nbytes: np.ndarray) -> np.ndarray:
@@ -202,7 +227,17 @@ def memory(table: EventTable) -> Memory:
     """
     out = Memory([], [], [], [], [], [], notes=input_notes(table))
     mem_all = table.rows(Kind.MEMORY)
-    mem_all = mem_all[(table.mem_total[mem_all] >= 0) & (table.nbytes[mem_all] != NONE)]
+    mem_all = mem_all[table.nbytes[mem_all] != NONE]
+    totals, rebuilt = _totals(table, mem_all)
+    keep = totals >= 0
+    mem_all, totals, rebuilt = mem_all[keep], totals[keep], rebuilt[keep]
+    if rebuilt.any():
+        out.notes.append(
+            f"{int(rebuilt.sum()):,} [memory] events record their bytes but no allocator "
+            "total (older PyTorch): each allocator's total is rebuilt from the bytes, "
+            "counting from the lowest level the window reaches, so its levels and peaks are "
+            "lower bounds (what was allocated before the window is not in the trace)"
+        )
     phases = event_phases(table) if mem_all.size else None
     encl = _enclosing_cpu_event(table, mem_all) if mem_all.size else None
     for info in table.ranks:
@@ -211,11 +246,40 @@ def memory(table: EventTable) -> Memory:
         origin = int(table.ts[on_rank].min()) if on_rank.any() else 0
         sel = table.rank[mem_all] == rank if mem_all.size else np.zeros(0, bool)
         if sel.any() and phases is not None and encl is not None:
-            _rank_memory(table, out, rank, origin, mem_all[sel], phases, encl[sel])
+            _rank_memory(
+                table,
+                out,
+                rank,
+                origin,
+                mem_all[sel],
+                totals[sel],
+                rebuilt[sel],
+                phases,
+                encl[sel],
+            )
         _copies(table, out, rank, origin)
     if not mem_all.size:
         out.notes.append("no [memory] events: record with profile_memory=True for a timeline")
     return plain(out)
+
+
+def _totals(table: EventTable, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The allocator's total after each memory event, and which were rebuilt: the recorded
+    Total Allocated; else, for events that name their device, the running sum of their
+    Bytes per rank and device, raised so that its lowest point is 0 (the real total is at
+    least that); else NONE."""
+    total = table.mem_total[rows].copy()
+    rebuilt = (total < 0) & (table.mem_device[rows] != NONE)
+    if rebuilt.any():
+        at = np.flatnonzero(rebuilt)
+        r = rows[at]
+        codes, _ = combine_codes(
+            table.rank[r].astype(np.int64), table.mem_device[r].astype(np.int64)
+        )
+        for _, pos in split_by(codes, table.ts[r]):
+            level = np.cumsum(table.nbytes[r[pos]])
+            total[at[pos]] = level + max(0, -int(level.min()))
+    return total, rebuilt
 
 
 def _rank_memory(
@@ -224,16 +288,20 @@ def _rank_memory(
     rank: int,
     origin: int,
     rows: np.ndarray,
+    totals: np.ndarray,
+    rebuilt: np.ndarray,
     phases: np.ndarray,
     encl: np.ndarray,
 ) -> None:
     order = np.argsort(table.ts[rows], kind="stable")
-    rows, encl = rows[order], encl[order]
-    total = table.mem_total[rows]
+    rows, encl, total, rebuilt = rows[order], encl[order], totals[order], rebuilt[order]
     nbytes = table.nbytes[rows]
-    chain = allocator_chains(total, nbytes)
+    chain, labels, is_gpu = allocators(table.mem_device[rows], total, nbytes)
     g = group_stats(chain, total)
-    by_peak = np.argsort(-g.max, kind="stable")
+    # The timeline's allocator first: a GPU's where the trace names devices (a CPU
+    # allocator can peak higher), else the largest peak (the GPU's in a GPU training trace).
+    gpu_first = np.array([not is_gpu[int(k)] for k in g.keys])
+    by_peak = np.lexsort((-g.max, gpu_first))
     for a, ci in enumerate(by_peak.tolist()):
         m = chain == g.keys[ci]
         b = nbytes[m]
@@ -241,6 +309,8 @@ def _rank_memory(
             Allocator(
                 rank=rank,
                 allocator=a,
+                device=labels[int(g.keys[ci])],
+                totals="lower bound" if rebuilt[m].any() else "recorded",
                 events=int(m.sum()),
                 peak_mb=g.max[ci] / MB,
                 min_mb=g.min[ci] / MB,

@@ -613,6 +613,7 @@ def _concat(
         block=cat("block", np.int32, (3,)),
         nbytes=cat("nbytes", np.int64),
         mem_total=cat("mem_total", np.int64),
+        mem_device=cat("mem_device", np.int16),
         shapes=cat("shapes", np.int32),
         in_types=cat("in_types", np.int32),
         wait_stream=cat("wait_stream", np.int64),

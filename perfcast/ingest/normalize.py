@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from perfcast.events import NONE, Kind
+from perfcast.events import MEM_DEVICE_CPU, NONE, Kind
 from perfcast.ingest.schema import (
     CATEGORY_KIND,
     FWDBWD_FLOW_CATS,
@@ -103,6 +103,17 @@ def _to_opt_int(value: Any, lo: int = _INT64_MIN, hi: int = _INT64_MAX) -> int:
         except (TypeError, ValueError, OverflowError):
             return NONE
     return value if lo <= value <= hi else NONE
+
+
+def _memory_device(device_type: Any, device_id: Any) -> int:
+    """A [memory] event's allocator: MEM_DEVICE_CPU for c10's DeviceType 0 (CPU), the GPU's
+    index for any other type with an index (CUDA, and HIP, which ROCm builds report as
+    CUDA), else NONE (traces before the field, or a type without an index)."""
+    kind = _to_opt_int(device_type)
+    if kind == 0:
+        return MEM_DEVICE_CPU
+    index = _to_opt_int(device_id, 0, (1 << 15) - 1)
+    return index if kind != NONE else NONE
 
 
 def _to_opt_int32(value: Any) -> int:
@@ -308,6 +319,7 @@ def _extract_chunk(
 
     nbytes = np.full(n, NONE, dtype=np.int64)
     mem_total = np.full(n, NONE, dtype=np.int64)
+    mem_device = np.full(n, NONE, dtype=np.int16)
     for i in np.flatnonzero((kinds == Kind.MEMCPY) | (kinds == Kind.MEMSET)).tolist():
         a = args[i]
         if a is not None:
@@ -317,6 +329,7 @@ def _extract_chunk(
         if a is not None:
             nbytes[i] = _to_opt_int(a.mem_bytes)
             mem_total[i] = _to_opt_int(a.mem_total)
+            mem_device[i] = _memory_device(a.mem_device_type, a.mem_device_id)
 
     wait_stream = np.full(n, NONE, dtype=np.int64)
     wait_corr = np.full(n, NONE, dtype=np.int64)
@@ -374,6 +387,7 @@ def _extract_chunk(
         "block": block,
         "nbytes": nbytes,
         "mem_total": mem_total,
+        "mem_device": mem_device,
         "shapes": shapes,
         "in_types": in_types,
         "wait_stream": wait_stream,

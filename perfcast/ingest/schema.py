@@ -37,6 +37,7 @@ ARG_FIELDS: tuple[tuple[str, str, bool], ...] = (
     ("mem_bytes", "Bytes", False),
     ("mem_total", "Total Allocated", False),
     ("mem_device_type", "Device Type", False),
+    ("mem_device_id", "Device Id", False),
     ("input_dims", "Input Dims", False),
     ("input_types", "Input type", False),
     ("coll_name", "Collective name", False),

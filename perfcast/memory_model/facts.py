@@ -352,11 +352,14 @@ def _measured_peak(table: EventTable, rank: int) -> int | None:
     rows = rows[(table.mem_total[rows] >= 0) & (table.nbytes[rows] != NONE)]
     if rows.size == 0:
         return None
-    from perfcast.analysis.memory import allocator_chains
+    from perfcast.analysis.memory import allocators
 
     order = np.argsort(table.ts[rows], kind="stable")
-    total = table.mem_total[rows][order]
-    chain = allocator_chains(total, table.nbytes[rows][order])
-    # The allocator with the largest peak is the GPU's in any GPU training trace.
-    peaks = [int(total[chain == c].max()) for c in np.unique(chain).tolist()]
-    return max(peaks) if peaks else None
+    rows = rows[order]
+    total = table.mem_total[rows]
+    code, _, is_gpu = allocators(table.mem_device[rows], total, table.nbytes[rows])
+    # The GPUs' allocators where the trace names devices; else the one with the largest
+    # peak, the GPU's in any GPU training trace.
+    peaks = {c: int(total[code == c].max()) for c in np.unique(code).tolist()}
+    gpu = [p for c, p in peaks.items() if is_gpu[c]]
+    return max(gpu or peaks.values()) if peaks else None
