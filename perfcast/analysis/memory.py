@@ -16,15 +16,19 @@ bandwidth time series adds the rates of concurrent copies the same way).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from perfcast.analysis.common import NS_PER_MS, downsample_steps, group_stats
+from perfcast.analysis.common import NS_PER_MS, device_spec, downsample_steps, group_stats
 from perfcast.analysis.notes import input_notes
 from perfcast.arrays import combine_codes, sorted_unique, split_by
 from perfcast.events import MEM_DEVICE_CPU, NONE, EventTable, Kind
 from perfcast.frames import Tables, plain
 from perfcast.graph.phases import PHASE_LABELS, Phase, event_phases
+
+if TYPE_CHECKING:
+    from perfcast.hardware.devices import DeviceSpec
 
 MB = 1e6
 SERIES_POINTS = 400
@@ -257,7 +261,7 @@ def memory(table: EventTable) -> Memory:
                 phases,
                 encl[sel],
             )
-        _copies(table, out, rank, origin)
+        _copies(table, out, rank, origin, device_spec(info))
     if not mem_all.size:
         out.notes.append("no [memory] events: record with profile_memory=True for a timeline")
     return plain(out)
@@ -377,7 +381,36 @@ def copy_kind(name: str) -> str:
     return "Memcpy other"
 
 
-def _copies(table: EventTable, out: Memory, rank: int, origin: int) -> None:
+def _note_beyond_dram(
+    table: EventTable,
+    out: Memory,
+    rank: int,
+    rows: np.ndarray,
+    bw: np.ndarray,
+    device: DeviceSpec | None,
+) -> None:
+    """Say so where copies or memsets on the GPU ran faster than its memory can: bytes over
+    time above the DRAM's bandwidth (a copy within the GPU moves twice its bytes) are small
+    buffers in L2 cache, or durations at the trace's resolution, not DRAM's speed."""
+    if device is None or not device.mem_bw_gbs:
+        return
+    uniq, inv = np.unique(table.name[rows], return_inverse=True)
+    inside = [copy_kind(table.names[i]) in ("Memset", "Memcpy DtoD") for i in uniq.tolist()]
+    on_gpu = np.array(inside, dtype=bool)[inv.reshape(-1)]
+    fast = on_gpu & (bw > device.mem_bw_gbs)
+    if fast.any():
+        out.notes.append(
+            f"rank {rank}: {int(fast.sum()):,} of {int(on_gpu.sum()):,} memsets and "
+            f"device-to-device copies ran faster than the {device.name}'s memory "
+            f"({device.mem_bw_gbs:,.0f} GB/s; up to {float(bw[fast].max()):,.0f} GB/s): "
+            "small buffers held in L2 cache, or durations at the trace's resolution; their "
+            "max_gbs is not DRAM bandwidth"
+        )
+
+
+def _copies(
+    table: EventTable, out: Memory, rank: int, origin: int, device: DeviceSpec | None
+) -> None:
     rows = np.flatnonzero((table.rank == rank) & np.isin(table.kind, [Kind.MEMCPY, Kind.MEMSET]))
     if rows.size == 0:
         return
@@ -390,6 +423,7 @@ def _copies(table: EventTable, out: Memory, rank: int, origin: int) -> None:
     dur = np.where(table.dur[rows] > 0, table.dur[rows], 1000)
     nbytes = np.maximum(table.nbytes[rows], 0).astype(np.float64)  # unknown size: 0 bytes
     bw = nbytes / dur  # bytes per ns = GB/s
+    _note_beyond_dram(table, out, rank, rows, bw, device)
     lo, hi = int(ts.min()), int((ts + dur).max())
     edges = np.linspace(lo, hi, BANDWIDTH_BINS + 1)
     for ki, kind in enumerate(kinds):
