@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from perfcast.display import Displayed
 from perfcast.errors import PerfcastError
 
 if TYPE_CHECKING:
@@ -101,7 +102,7 @@ def columns_to_polars(cols: Columns) -> Any:
     return pl.DataFrame({k: v for k, v in cols.items()})
 
 
-class Tables:
+class Tables(Displayed):
     """Mixin for result dataclasses: their list-of-row fields as DataFrames.
 
     Example:

@@ -16,6 +16,7 @@ applied together, and is predicted as one what-if.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import ClassVar
 
 import numpy as np
 
@@ -29,6 +30,7 @@ from perfcast.analysis.optimizers import (
     optimizer_class,
 )
 from perfcast.analysis.real_step import RealWorld, real_world
+from perfcast.display import Displayed
 from perfcast.events import EventTable
 from perfcast.graph.build import build_graph
 from perfcast.graph.model import GpuKind, Graph, NodeKind
@@ -88,7 +90,9 @@ class Plan:
 
 
 @dataclass
-class Advice:
+class Advice(Displayed):
+    RENDERER: ClassVar[tuple[str, str]] = ("perfcast.report.terminal", "render_advice")
+
     baseline_ms: float  # mean step without the profiler (estimated; see correction)
     traced_ms: float  # mean step as traced
     correction: Correction

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from perfcast.analysis.catalog import TITLES
 from perfcast.analysis.comms import Collectives, collectives
@@ -23,6 +23,7 @@ from perfcast.analysis.op_kernels import OpKernelResult, op_kernels
 from perfcast.analysis.roofline import Roofline, roofline
 from perfcast.analysis.scopes import Scopes, scopes
 from perfcast.analysis.stragglers import Stragglers, stragglers
+from perfcast.display import Displayed
 from perfcast.errors import PerfcastError
 from perfcast.events import EventTable
 from perfcast.frames import result_tables
@@ -47,8 +48,10 @@ ANALYSES: dict[str, tuple[Callable[[EventTable, int], Any], str]] = {
 
 
 @dataclass
-class Analyses:
+class Analyses(Displayed):
     """Results of `analyze`; an analysis not run is None."""
+
+    RENDERER: ClassVar[tuple[str, str]] = ("perfcast.report.analyses_terminal", "render_analyses")
 
     kernels: KernelBreakdown | None = None
     idle: IdleTime | None = None

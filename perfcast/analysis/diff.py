@@ -15,7 +15,7 @@ and per launching op, against what B measured. Predict, apply, measure: the loop
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
@@ -90,6 +90,8 @@ class Prediction:
 @dataclass(repr=False)
 class TraceDiff(Tables):
     """Result of `diff`; tables: ops, kernels, phases, predicted (with `apply`)."""
+
+    RENDERER: ClassVar[tuple[str, str]] = ("perfcast.report.analyses_terminal", "render_diff")
 
     step: StepDelta
     ops: list[DeltaRow]

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from perfcast.analysis.critical_path import CriticalPath, critical_paths
 from perfcast.analysis.notes import input_notes
 from perfcast.analysis.real_step import RealWorld
+from perfcast.display import Displayed
 from perfcast.real import Correction
 from perfcast.sim.timeline import Timeline
 
@@ -40,7 +42,9 @@ class CriticalPathSummary:
 
 
 @dataclass
-class ReplayResult:
+class ReplayResult(Displayed):
+    RENDERER: ClassVar[tuple[str, str]] = ("perfcast.report.terminal", "render_replay")
+
     ranks: list[RankReplay]
     unresolved_dependencies: int
     unresolved_by_kind: dict[str, int]

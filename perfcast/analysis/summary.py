@@ -8,12 +8,13 @@ compute, memory copies/sets hidden by neither, and idle (nothing on any stream).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
 from perfcast.analysis import intervals as iv
 from perfcast.analysis.notes import rank_notes
+from perfcast.display import Displayed
 from perfcast.events import GPU_KINDS, NONE, EventTable, Kind
 from perfcast.graph.phases import (
     PHASE_LABELS,
@@ -88,7 +89,9 @@ class RankSummary:
 
 
 @dataclass
-class Summary:
+class Summary(Displayed):
+    RENDERER: ClassVar[tuple[str, str]] = ("perfcast.display", "render_summary")
+
     ranks: list[RankSummary]
     notes: list[str] = field(default_factory=list)
     correction: Correction | None = None  # how the steps without the profiler were estimated

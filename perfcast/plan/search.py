@@ -10,9 +10,11 @@ from __future__ import annotations
 import itertools
 import time
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import numpy as np
 
+from perfcast.display import Displayed
 from perfcast.errors import PerfcastError
 from perfcast.hardware.network import Cluster
 from perfcast.plan.cost import GIB, PlanCosts, evaluate
@@ -44,8 +46,10 @@ class PlanRow:
 
 
 @dataclass
-class PlanResult:
+class PlanResult(Displayed):
     """What `perfcast plan` prints: the best plans, how many were tried and kept."""
+
+    RENDERER: ClassVar[tuple[str, str]] = ("perfcast.cli.plan", "render")
 
     source: str
     gpus: int

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
 from perfcast.analysis.critical_path import critical_paths
 from perfcast.analysis.notes import graph_notes, input_notes, refuse_counter_trace
 from perfcast.analysis.real_step import RealWorld, real_world
+from perfcast.display import Displayed
 from perfcast.errors import PerfcastError
 from perfcast.events import EventTable
 from perfcast.graph.acyclic import break_cycles, cyclic_node_count
@@ -42,10 +43,12 @@ class IterationPrediction:
 
 
 @dataclass
-class WhatIfResult:
+class WhatIfResult(Displayed):
     """A prediction. `baseline_ms`, `predicted_ms` and `speedup` are for the run without the
     profiler (the correction says how its cost was estimated); the *_traced_ms figures keep
     the profiler's cost in, as the trace does."""
+
+    RENDERER: ClassVar[tuple[str, str]] = ("perfcast.report.terminal", "render_whatif")
 
     baseline_ms: float  # mean step without the profiler, estimated from the trace
     predicted_ms: float  # mean step after the optimizations, without the profiler

@@ -1,0 +1,71 @@
+"""Results of the Python API draw themselves in notebooks (`_repr_html_`) and as text, the
+way the matching command prints them."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import perfcast
+from perfcast.display import Displayed
+
+EXAMPLE = Path(__file__).parents[1] / "perfcast" / "examples" / "ddp_a100_rank0.json.gz"
+
+
+@pytest.fixture(scope="module")
+def table() -> perfcast.EventTable:
+    return perfcast.load(EXAMPLE)
+
+
+def _results(table: perfcast.EventTable) -> dict[str, Displayed]:
+    return {
+        "summary": perfcast.summary(table),
+        "replay": perfcast.replay(table),
+        "predict": perfcast.predict(table, "remove-host-sync"),
+        "analyze": perfcast.analyze(table, only="idle"),
+        "memory": perfcast.memory(table),
+        "diff": perfcast.diff(EXAMPLE, EXAMPLE),
+    }
+
+
+def test_every_result_draws_as_html_and_text(table) -> None:
+    headline = {
+        "summary": "rank 0 · NVIDIA A100",
+        "replay": "replay: traced vs simulated step time",
+        "predict": "what-if: remove-host-sync",
+        "analyze": "idle: GPU idle time per stream",
+        "memory": "Memory · copies",
+        "diff": "step time: A 222.409 ms → B 222.409 ms",
+    }
+    for name, result in _results(table).items():
+        text = result.text()
+        html = result._repr_html_()
+        assert headline[name] in text, name
+        assert html.startswith("<pre") and html.rstrip().endswith("</pre>"), name
+        assert headline[name].split(" ")[0] in html, name
+        # Kernel names hold '<' and '>': escaped, never markup.
+        assert "<float>" not in html, name
+
+
+def test_advice_and_plan_draw_as_their_commands_print_them(table) -> None:
+    from perfcast.plan import plan_trace
+
+    advice = perfcast.advise(table)
+    assert "without the profiler" in advice.text().splitlines()[0]
+    result = plan_trace(table, gpus=8)
+    assert "plans evaluated" in result.text()
+
+
+def test_text_follows_the_width_asked_for(table) -> None:
+    result = perfcast.summary(table)
+    assert max(len(line) for line in result.text(width=80).splitlines()) <= 80
+    assert max(len(line) for line in result.text(width=140).splitlines()) > 80
+
+
+def test_importing_perfcast_loads_no_renderer() -> None:
+    code = "import sys, perfcast; print('rich' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
