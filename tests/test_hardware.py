@@ -777,3 +777,26 @@ def test_convolutions_run_tf32_only_with_tf32_tensor_cores(device: str, tf32: bo
     assert convs_in_tf32(dev) is tf32
     conv = "xmma_fprop_implicit_gemm_nhwckrsc_nchw"  # names no dtype
     assert kernel_dtype(conv, KernelClass.CONV, convs_in_tf32(dev)) == ("tf32" if tf32 else "fp32")
+
+
+def test_copy_direction_in_every_spelling() -> None:
+    from perfcast.analysis.memory import copy_kind
+    from perfcast.hardware.classify import copy_direction
+
+    cases = {
+        "Memcpy HtoD (Pageable -> Device)": "HtoD",
+        "Memcpy HtoD (Host -> Device)": "HtoD",  # ROCm through Kineto
+        "CopyHostToDevice": "HtoD",  # roctracer
+        "Memcpy DtoH (Device -> Pinned)": "DtoH",
+        "CopyDeviceToHost": "DtoH",
+        "Memcpy DtoD (Device -> Device)": "DtoD",
+        "Memcpy PtoP (Device -> Device)": "PtoP",  # the abbreviation wins over the arrow
+        "Memcpy HtoH (Pinned -> Pinned)": "HtoH",
+        "Memset (Device)": None,
+        "void at::native::direct_copy_kernel_cuda": None,
+    }
+    for name, direction in cases.items():
+        assert copy_direction(name) == direction, name
+    assert copy_kind("CopyHostToDevice") == "Memcpy HtoD"
+    assert copy_kind("Memcpy PtoP (Device -> Device)") == "Memcpy PtoP"
+    assert copy_kind("Memset (Device)") == "Memset"

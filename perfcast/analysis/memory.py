@@ -26,6 +26,7 @@ from perfcast.arrays import combine_codes, sorted_unique, split_by
 from perfcast.events import MEM_DEVICE_CPU, NONE, EventTable, Kind
 from perfcast.frames import Tables, plain
 from perfcast.graph.phases import PHASE_LABELS, Phase, event_phases
+from perfcast.hardware.classify import copy_direction
 
 if TYPE_CHECKING:
     from perfcast.hardware.devices import DeviceSpec
@@ -373,12 +374,12 @@ def _rank_memory(
 
 
 def copy_kind(name: str) -> str:
-    """ "Memcpy HtoD (Pageable -> Device)" -> "Memcpy HtoD"; memsets -> "Memset"."""
+    """ "Memcpy HtoD (Pageable -> Device)" -> "Memcpy HtoD" (ROCm's "CopyHostToDevice" too);
+    memsets -> "Memset"."""
     if name.startswith("Memset") or "memset" in name.lower():
         return "Memset"
-    if name.startswith("Memcpy"):
-        return name[:11]
-    return "Memcpy other"
+    direction = copy_direction(name)
+    return f"Memcpy {direction}" if direction else "Memcpy other"
 
 
 def _note_beyond_dram(

@@ -157,6 +157,34 @@ def _classify_triton(kind: str, lowered: str) -> KernelClass:
     return KernelClass.OPTIMIZER if optimizer else KernelClass.ELEMENTWISE
 
 
+# A copy's direction in every spelling the traces use: Kineto's abbreviation ("Memcpy HtoD
+# (Pageable -> Device)"; it wins over the arrows, which say "Device -> Device" for PtoP), its
+# arrows, and ROCm's roctracer names ("CopyHostToDevice").
+_COPY_ABBREVIATION = re.compile(r"\b(HtoD|DtoH|DtoD|HtoH|PtoP)\b")
+_COPY_SPELLED: dict[str, str] = {
+    "HtoD": r"Host -> Device|HostToDevice",
+    "DtoH": r"Device -> Host|DeviceToHost",
+    "DtoD": r"Device -> Device|DeviceToDevice",
+    "HtoH": r"Host -> Host|HostToHost",
+    "PtoP": r"PeerToPeer",
+}
+_COPY_SPELLED_RE = {d: re.compile(p) for d, p in _COPY_SPELLED.items()}
+# The copies between host memory and a device's, as one pattern (for `select(name=...)`).
+HOST_COPY_PATTERN = "|".join(f"{d}|{_COPY_SPELLED[d]}" for d in ("HtoD", "DtoH", "HtoH"))
+
+
+@functools.lru_cache(maxsize=4096)
+def copy_direction(name: str) -> str | None:
+    """ "HtoD", "DtoH", "DtoD", "HtoH" or "PtoP" for a memory copy's name, else None."""
+    m = _COPY_ABBREVIATION.search(name)
+    if m:
+        return m.group(1)
+    for direction, pattern in _COPY_SPELLED_RE.items():
+        if pattern.search(name):
+            return direction
+    return None
+
+
 @functools.lru_cache(maxsize=1 << 16)
 def classify_kernel(name: str) -> KernelClass:
     """Class of a GPU kernel (or runtime activity) from its name; OTHER when unknown."""

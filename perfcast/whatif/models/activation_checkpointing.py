@@ -52,6 +52,7 @@ from perfcast.events import Kind
 from perfcast.graph.launches import DEFAULT_LAUNCH_LATENCY_NS, DEFAULT_STREAM_GAP_NS
 from perfcast.graph.model import NONE, GpuKind, Graph, NodeKind, Source
 from perfcast.graph.phases import PHASE_RULES, Phase, in_phases, phase_names
+from perfcast.hardware.classify import HOST_COPY_PATTERN
 from perfcast.whatif import primitives as P
 
 SUMMARY = (
@@ -60,8 +61,6 @@ SUMMARY = (
 )
 
 _COPIED_HOST = (NodeKind.CPU, NodeKind.LAUNCH)
-# Kineto ("Memcpy HtoD (Pageable -> Device)") and ROCm ("CopyHostToDevice") copy names.
-_HOST_COPY = r"HtoD|DtoH|HtoH|HostToDevice|DeviceToHost|HostToHost"
 # torch.utils.checkpoint at work: reentrant (CheckpointFunctionBackward), non-reentrant
 # (recompute_fn in with_stack traces), FSDP's checkpoint_wrapper modules.
 _CHECKPOINT = r"CheckpointFunctionBackward|checkpoint\.py\(\d+\): recompute_fn|CheckpointWrapper"
@@ -217,7 +216,7 @@ def _selected(graph: Graph, module: str | None) -> np.ndarray:
     launches = c["launch"][gpu]
     host = np.union1d(host, launches[launches >= 0])
     # Host<->device copies (and the launches that only issue them) are not recomputed.
-    host_copy = P.select(graph, kind="gpu", phase="forward", name=_HOST_COPY)
+    host_copy = P.select(graph, kind="gpu", phase="forward", name=HOST_COPY_PATTERN)
     host_copy = host_copy[c["gpu_kind"][host_copy] == GpuKind.MEMCPY]
     copies = np.intersect1d(gpu, host_copy)
     gpu = np.setdiff1d(gpu, host_copy)

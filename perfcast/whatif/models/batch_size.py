@@ -47,6 +47,7 @@ from perfcast.errors import NotApplicableError
 from perfcast.graph.model import GpuKind, Graph
 from perfcast.graph.phases import GPU_PHASE_RULE, PHASE_RULES, Phase, in_phases, phase_names
 from perfcast.hardware import KernelClass, lookup_device
+from perfcast.hardware.classify import copy_direction
 from perfcast.whatif import primitives as P
 from perfcast.whatif.kernels import (
     fixed_cost_ns,
@@ -127,14 +128,10 @@ def _apply_gpu(graph: Graph, gpu: np.ndarray, factor: float) -> str:
         & (klass != KernelClass.OPTIMIZER)
         & ~param_sized
     ]
-    is_htod = np.array(
-        [("HtoD" in names[i] or "Host -> Device" in names[i]) for i in c["name"][gpu].tolist()],
-        dtype=bool,
-    )
-    is_dtod = np.array(
-        [("DtoD" in names[i] or "Device -> Device" in names[i]) for i in c["name"][gpu].tolist()],
-        dtype=bool,
-    )
+    direction = [copy_direction(names[i]) for i in c["name"][gpu].tolist()]
+    is_htod = np.array([d == "HtoD" for d in direction], dtype=bool)
+    # Kineto names peer copies "Memcpy PtoP (Device -> Device)": copies within GPU memory.
+    is_dtod = np.array([d in ("DtoD", "PtoP") for d in direction], dtype=bool)
     copies = gpu[
         ((gk == GpuKind.MEMCPY) & is_htod & ~np.isin(phase, [Phase.OPTIMIZER, Phase.COMMUNICATION]))
         | (in_step & (((gk == GpuKind.MEMCPY) & is_dtod) | (gk == GpuKind.MEMSET)))

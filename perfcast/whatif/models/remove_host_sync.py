@@ -29,6 +29,7 @@ import numpy as np
 
 from perfcast.errors import NotApplicableError
 from perfcast.graph.model import Graph, NodeKind, SyncKind
+from perfcast.hardware.classify import copy_direction
 from perfcast.whatif import primitives as P
 
 _FREE = re.compile(r"Free")
@@ -55,9 +56,6 @@ SHAPE_OPS = re.compile(
     r"^aten::(nonzero|argwhere|masked_select|_unique2?|unique|unique_consecutive|unique_dim"
     r"|unique_dim_consecutive|repeat_interleave|index|index_put_|_index_put_impl_|bincount)$"
 )
-# Host-to-device copy names: Kineto ("Memcpy HtoD (Pageable -> Device)"), ROCm
-# ("CopyHostToDevice").
-_H2D = re.compile(r"HtoD|Host -> Device|HostToDevice")
 
 READ, H2D_COPY, SHAPE = 0, 1, 2
 
@@ -81,7 +79,7 @@ def classify_syncs(graph: Graph, syncs: np.ndarray) -> np.ndarray:
     # A blocking copy's GPU half: the copies launched from the same op as the sync.
     row = c["op"][syncs].astype(np.int64)
     gpu = np.flatnonzero((c["kind"] == NodeKind.GPU) & (c["op"] >= 0) & graph.alive)
-    h2d_names = np.array([bool(_H2D.search(n)) for n in graph.names], dtype=bool)
+    h2d_names = np.array([copy_direction(n) == "HtoD" for n in graph.names], dtype=bool)
     h2d_ops = np.unique(c["op"][gpu[h2d_names[c["name"][gpu]]]])
     copy = (out == READ) & (row >= 0) & np.isin(row, h2d_ops)
     out[copy] = H2D_COPY
