@@ -37,6 +37,11 @@ class Displayed:
         getattr(importlib.import_module(module), function)(self, console)
         return console
 
+    def __repr__(self) -> str:
+        from perfcast.frames import short_repr
+
+        return short_repr(self)
+
     def text(self, width: int = 100) -> str:
         """The result as the command line prints it, as plain text."""
         return str(self._draw(width).export_text(styles=False))

@@ -143,9 +143,6 @@ class Tables(Displayed):
         """One table as a pyarrow Table."""
         return columns_to_arrow(self.table(name))
 
-    def __repr__(self) -> str:
-        return short_repr(self)
-
 
 def short_repr(result: Any) -> str:
     """`Name(table: N rows, ...; notes: K)`: what a result holds, never its whole content."""

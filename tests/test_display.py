@@ -69,3 +69,10 @@ def test_importing_perfcast_loads_no_renderer() -> None:
     code = "import sys, perfcast; print('rich' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_repr_says_what_a_result_holds_not_all_of_it(table) -> None:
+    for name, result in _results(table).items():
+        text = repr(result)
+        assert len(text) < 600 and "\n" not in text, name
+        assert text.startswith(type(result).__name__ + "("), name

@@ -89,7 +89,7 @@ class Plan:
     enablers: list[str] = field(default_factory=list)
 
 
-@dataclass
+@dataclass(repr=False)
 class Advice(Displayed):
     RENDERER: ClassVar[tuple[str, str]] = ("perfcast.report.terminal", "render_advice")
 

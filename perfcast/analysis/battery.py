@@ -47,7 +47,7 @@ ANALYSES: dict[str, tuple[Callable[[EventTable, int], Any], str]] = {
 }
 
 
-@dataclass
+@dataclass(repr=False)
 class Analyses(Displayed):
     """Results of `analyze`; an analysis not run is None."""
 

@@ -41,7 +41,7 @@ class CriticalPathSummary:
     bottleneck: str = ""
 
 
-@dataclass
+@dataclass(repr=False)
 class ReplayResult(Displayed):
     RENDERER: ClassVar[tuple[str, str]] = ("perfcast.report.terminal", "render_replay")
 

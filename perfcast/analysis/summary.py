@@ -88,7 +88,7 @@ class RankSummary:
     notes: list[str] = field(default_factory=list)
 
 
-@dataclass
+@dataclass(repr=False)
 class Summary(Displayed):
     RENDERER: ClassVar[tuple[str, str]] = ("perfcast.display", "render_summary")
 

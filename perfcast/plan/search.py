@@ -45,7 +45,7 @@ class PlanRow:
     reasons: list[str]
 
 
-@dataclass
+@dataclass(repr=False)
 class PlanResult(Displayed):
     """What `perfcast plan` prints: the best plans, how many were tried and kept."""
 

@@ -42,7 +42,7 @@ class IterationPrediction:
     predicted_traced_ms: float  # after the optimizations, with the profiler's cost left in
 
 
-@dataclass
+@dataclass(repr=False)
 class WhatIfResult(Displayed):
     """A prediction. `baseline_ms`, `predicted_ms` and `speedup` are for the run without the
     profiler (the correction says how its cost was estimated); the *_traced_ms figures keep
