@@ -55,6 +55,24 @@ def combine_codes(*cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return key, rows
 
 
+def argmax_by(keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For each distinct key (ascending): the position of its largest value, the first such
+    position on ties (what `np.argmax` over each key's positions gives), in one sort.
+
+    >>> k, at = argmax_by(np.array([5, 3, 5, 3]), np.array([1.0, 2.0, 7.0, 2.0]))
+    >>> k.tolist(), at.tolist()
+    ([3, 5], [1, 2])
+    """
+    keys = np.asarray(keys)
+    if keys.size == 0:
+        return keys[:0], np.zeros(0, dtype=np.int64)
+    pos = np.arange(keys.size)
+    order = np.lexsort((-pos, values, keys))
+    sk = keys[order]
+    last = np.r_[sk[1:] != sk[:-1], True]
+    return sk[last], order[last]
+
+
 def split_by(keys: np.ndarray, *then: np.ndarray) -> list[tuple[int, np.ndarray]]:
     """(key, positions) for each distinct key, ascending; positions index `keys` and are
     sorted by the `then` arrays (first the first), ties kept in order. One sort for all

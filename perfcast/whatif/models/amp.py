@@ -104,7 +104,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from perfcast.arrays import combine_codes, split_by
+from perfcast.arrays import argmax_by, combine_codes, split_by
 from perfcast.errors import NotApplicableError
 from perfcast.events import EventTable, Kind
 from perfcast.graph.launches import DEFAULT_LAUNCH_LATENCY_NS, DEFAULT_STREAM_GAP_NS
@@ -690,7 +690,11 @@ def _grad_scaler(graph: Graph, fixed: int) -> str:
     launch_at = P.order_slots(graph, first, 2, after=False, near=True)
     sync_at = launch_at[:, 1] + (c["order"][first] - launch_at[:, 1]) * 0.5e-3
     # On the stream, right after the work enqueued before these launches.
-    anchor, after = _last_enqueued_before(graph, lane_gpu, launch_at[:, 0])
+    anchor = _last_launched_before(graph, lane_gpu, launch_at[:, 0], np.full(first.size, -1))
+    after = anchor >= 0
+    for lane in np.unique(lane_gpu[~after]).tolist():  # nothing before: the lane's first
+        on = np.flatnonzero((c["lane"] == lane) & graph.alive)
+        anchor[~after & (lane_gpu == lane)] = on[np.argmin(c["order"][on])]
     kernel_at = np.empty((first.size, 2))
     for flag in (True, False):
         sel = after == flag
@@ -741,29 +745,6 @@ def _grad_scaler(graph: Graph, fixed: int) -> str:
         f"; fp16 GradScaler {where}: unscale + update kernels and a host inf check "
         "(a synchronization) before the optimizer"
     )
-
-
-def _last_enqueued_before(
-    graph: Graph, lanes: np.ndarray, at: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """For each (GPU lane, host order `at`): the live node of that lane with the largest
-    order among those launched before `at`, and True; where there is none, the lane's
-    first node, and False."""
-    c = graph.cols
-    anchor = np.empty(lanes.size, dtype=np.int64)
-    after = np.ones(lanes.size, dtype=bool)
-    for lane, pos in split_by(lanes):
-        nodes = np.flatnonzero((c["lane"] == lane) & graph.alive)
-        nodes = nodes[np.argsort(c["launch_order"][nodes], kind="stable")]
-        orders = c["order"][nodes]
-        # Running position of the largest order among the nodes launched so far.
-        best = np.maximum.accumulate(
-            np.where(orders == np.maximum.accumulate(orders), np.arange(nodes.size), 0)
-        )
-        i = np.searchsorted(c["launch_order"][nodes], at[pos], side="left") - 1
-        after[pos] = i >= 0
-        anchor[pos] = np.where(i >= 0, nodes[best[np.maximum(i, 0)]], nodes[np.argmin(orders)])
-    return anchor, after
 
 
 @dataclass(frozen=True)
@@ -989,19 +970,19 @@ def _insert_grad_casts(
     alive = graph.alive
     host = np.flatnonzero(np.isin(c["kind"], _HOST_KINDS) & alive & (c["op"] >= 0))
     host_node = node_of(c["op"][host])
-    host_anchor: list[int] = []
-    layer_kernel: list[int] = []
-    for t in targets.tolist():
-        mine = host[host_node == t]
-        kern = bwd[nodes == t]
-        if mine.size == 0 or kern.size == 0:
-            continue
-        host_anchor.append(int(mine[np.argmax(c["order"][mine])]))
-        layer_kernel.append(int(kern[np.argmax(c["order"][kern])]))
-    if not host_anchor:
+    # Per target node: its last host work and its last kernel (by position), where it has
+    # both; grouped with one sort each (a mask per target was O(targets x host nodes)).
+    mine = np.isin(host_node, targets)
+    host, host_node = host[mine], host_node[mine]
+    host_keys, host_at = argmax_by(host_node, c["order"][host])
+    mine = np.isin(nodes, targets)
+    kern, kern_node = bwd[mine], nodes[mine]
+    kern_keys, kern_at = argmax_by(kern_node, c["order"][kern])
+    both = np.intersect1d(host_keys, kern_keys)
+    if both.size == 0:
         return []
-    h = np.array(host_anchor, dtype=np.int64)
-    g = np.array(layer_kernel, dtype=np.int64)
+    h = host[host_at[np.searchsorted(host_keys, both)]].astype(np.int64)
+    g = kern[kern_at[np.searchsorted(kern_keys, both)]].astype(np.int64)
     durs, nbytes = _grad_cast_sizes(c, h, forward)
     launch_ns = P.median_launch_ns(graph)
     slots = P.order_slots(graph, h, 2, after=True)
