@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from perfcast.arrays import split_by
+from perfcast.arrays import combine_codes, split_by
 from perfcast.events import EventTable, Kind
 from perfcast.graph.model import NO_RELEASE, EdgeType, Graph, NodeKind
 
@@ -156,31 +156,54 @@ def forward_backward_edges(
         return
     start = c["start_measured"]
     end = start + c["dur_measured"]
-    origin = graph.rank_origin_ns
-    # Nodes by (lane, measured start) and (lane, measured end), for exact lookups.
-    lane_of = graph.lane_index(gpu=False)
-    first_at: dict[tuple[int, int], int] = {}
-    last_at: dict[tuple[int, int], int] = {}
-    for node in cpu[np.lexsort((c["order"][cpu],))].tolist():
-        key = (int(c["lane"][node]), int(start[node]))
-        first_at.setdefault(key, node)
-        last_at[(int(c["lane"][node]), int(end[node]))] = node
-    srcs, dsts, ws = [], [], []
-    for f, b in pairs.tolist():
-        rank = int(table.rank[f])
-        if rank not in origin:
-            continue
-        lf = lane_of.get((rank, int(table.pid[f]), int(table.tid[f])))
-        lb = lane_of.get((rank, int(table.pid[b]), int(table.tid[b])))
-        if lf is None or lb is None:
-            continue
-        src = last_at.get((lf, int(table.ts[f] + table.dur[f]) - origin[rank]))
-        dst = first_at.get((lb, int(table.ts[b]) - origin[rank]))
-        if src is None or dst is None or src == dst:
-            continue
-        srcs.append(src)
-        dsts.append(dst)
+    f, b = pairs[:, 0], pairs[:, 1]
+    # Each pair's lanes and the rank's clock origin; pairs on ranks or threads the graph
+    # lacks are dropped.
+    rank_ids, rank_inv = np.unique(table.rank[f], return_inverse=True)
+    origin = np.array([graph.rank_origin_ns.get(int(r), 0) for r in rank_ids], dtype=np.int64)
+    known = np.isin(rank_ids, list(graph.rank_origin_ns))[rank_inv]
+    lf = _lanes(graph, table.rank[f], table.pid[f], table.tid[f])
+    lb = _lanes(graph, table.rank[f], table.pid[b], table.tid[b])
+    keep = known & (lf >= 0) & (lb >= 0)
+    f, b, lf, lb = f[keep], b[keep], lf[keep], lb[keep]
+    at = origin[rank_inv[keep]]
+    # Nodes found by (lane, measured time) exactly: the forward op's node by its end (the
+    # last such node in lane order), the backward op's by its start (the first such node).
+    by_order = cpu[np.argsort(c["order"][cpu], kind="stable")]
+    n, m = by_order.size, f.size
+    times = np.concatenate(
+        [start[by_order], end[by_order], table.ts[f] + table.dur[f] - at, table.ts[b] - at]
+    )
+    uniq, code = np.unique(times, return_inverse=True)
+    code = code.reshape(-1)
+    lanes = c["lane"][by_order].astype(np.int64)
+    width = np.int64(uniq.size)
+    starts_key = lanes * width + code[:n]
+    ends_key = lanes * width + code[n : 2 * n]
+    src = _lookup(ends_key[::-1], by_order[::-1], lf * width + code[2 * n : 2 * n + m])
+    dst = _lookup(starts_key, by_order, lb * width + code[2 * n + m :])
+    ok = (src >= 0) & (dst >= 0) & (src != dst)
+    src, dst = src[ok], dst[ok]
+    if src.size:
         # Never more than the measured slack, so the replay still reproduces the trace.
-        ws.append(min(0, int(start[dst] - end[src])))
-    if srcs:
-        edges.append((np.array(srcs), np.array(dsts), np.array(ws), int(EdgeType.DATA), False))
+        w = np.minimum(0, start[dst] - end[src])
+        edges.append((src, dst, w, int(EdgeType.DATA), False))
+
+
+def _lanes(graph: Graph, rank: np.ndarray, pid: np.ndarray, tid: np.ndarray) -> np.ndarray:
+    """CPU lane of each (rank, pid, tid), -1 where the graph has none."""
+    codes, rows = combine_codes(rank.astype(np.int64), pid.astype(np.int64), tid.astype(np.int64))
+    lane_of = graph.lane_index(gpu=False)
+    per_row = np.array(
+        [lane_of.get((int(r), int(p), int(t)), -1) for r, p, t in rows.tolist()], dtype=np.int64
+    )
+    return per_row[codes] if codes.size else np.zeros(0, dtype=np.int64)
+
+
+def _lookup(keys: np.ndarray, nodes: np.ndarray, queries: np.ndarray) -> np.ndarray:
+    """For each query, the node at the first position of `keys` equal to it, else -1."""
+    uniq, first = np.unique(keys, return_index=True)
+    if uniq.size == 0:
+        return np.full(queries.size, -1, dtype=np.int64)
+    pos = np.minimum(np.searchsorted(uniq, queries), uniq.size - 1)
+    return np.where(uniq[pos] == queries, nodes[first[pos]], -1)
