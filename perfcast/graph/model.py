@@ -224,6 +224,20 @@ class Graph:
         """(rank, pid or device, tid or stream) -> lane, for GPU or CPU lanes."""
         return {(ln.rank, ln.pid, ln.tid): i for i, ln in enumerate(self.lanes) if ln.is_gpu == gpu}
 
+    def cpu_lanes_of(self, rank: np.ndarray, pid: np.ndarray, tid: np.ndarray) -> np.ndarray:
+        """The CPU lane of each (rank, pid, tid), -1 where the graph has none; one dict lookup
+        per distinct thread, not per row."""
+        from perfcast.arrays import combine_codes
+
+        if rank.size == 0:
+            return np.zeros(0, dtype=np.int64)
+        codes, rows = combine_codes(
+            rank.astype(np.int64), pid.astype(np.int64), tid.astype(np.int64)
+        )
+        lane_of = self.lane_index(gpu=False)
+        per_thread = [lane_of.get((int(r), int(p), int(t)), -1) for r, p, t in rows.tolist()]
+        return np.array(per_thread, dtype=np.int64)[codes]
+
     def name_of(self, node: int) -> str:
         return self.names[int(self.cols["name"][node])]
 

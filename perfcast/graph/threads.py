@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from perfcast.arrays import combine_codes, split_by
+from perfcast.arrays import split_by
 from perfcast.events import EventTable, Kind
 from perfcast.graph.model import NO_RELEASE, EdgeType, Graph, NodeKind
 
@@ -162,8 +162,8 @@ def forward_backward_edges(
     rank_ids, rank_inv = np.unique(table.rank[f], return_inverse=True)
     origin = np.array([graph.rank_origin_ns.get(int(r), 0) for r in rank_ids], dtype=np.int64)
     known = np.isin(rank_ids, list(graph.rank_origin_ns))[rank_inv]
-    lf = _lanes(graph, table.rank[f], table.pid[f], table.tid[f])
-    lb = _lanes(graph, table.rank[f], table.pid[b], table.tid[b])
+    lf = graph.cpu_lanes_of(table.rank[f], table.pid[f], table.tid[f])
+    lb = graph.cpu_lanes_of(table.rank[f], table.pid[b], table.tid[b])
     keep = known & (lf >= 0) & (lb >= 0)
     f, b, lf, lb = f[keep], b[keep], lf[keep], lb[keep]
     at = origin[rank_inv[keep]]
@@ -188,16 +188,6 @@ def forward_backward_edges(
         # Never more than the measured slack, so the replay still reproduces the trace.
         w = np.minimum(0, start[dst] - end[src])
         edges.append((src, dst, w, int(EdgeType.DATA), False))
-
-
-def _lanes(graph: Graph, rank: np.ndarray, pid: np.ndarray, tid: np.ndarray) -> np.ndarray:
-    """CPU lane of each (rank, pid, tid), -1 where the graph has none."""
-    codes, rows = combine_codes(rank.astype(np.int64), pid.astype(np.int64), tid.astype(np.int64))
-    lane_of = graph.lane_index(gpu=False)
-    per_row = np.array(
-        [lane_of.get((int(r), int(p), int(t)), -1) for r, p, t in rows.tolist()], dtype=np.int64
-    )
-    return per_row[codes] if codes.size else np.zeros(0, dtype=np.int64)
 
 
 def _lookup(keys: np.ndarray, nodes: np.ndarray, queries: np.ndarray) -> np.ndarray:

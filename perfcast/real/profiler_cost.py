@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from perfcast.arrays import combine_codes, split_by
+from perfcast.arrays import split_by
 from perfcast.events import EventTable, Kind
 from perfcast.graph.model import Graph, NodeKind, Source
 from perfcast.ingest.input_dims import parse_input_dims
@@ -160,9 +160,7 @@ def remove_profiler_cost(graph: Graph, cost: ProfilerCost) -> tuple[Graph, Remov
     # Nodes of each CPU lane in order, to find the segments around an event's boundaries.
     host = np.flatnonzero((c["kind"] != NodeKind.GPU) & g.alive)
     host = host[np.lexsort((c["order"][host], c["lane"][host]))]
-    lane_of = g.lane_index(gpu=False)
-    keys, thread = _threads(table)
-    lane_key = np.array([lane_of.get(k, -1) for k in keys], dtype=np.int64)
+    row_lane = g.cpu_lanes_of(table.rank, table.pid, table.tid)
     origin = np.array([g.rank_origin_ns.get(r, 0) for r in range(_max_rank(table) + 1)])
 
     def boundary_cuts(rows: np.ndarray, enter_ns: np.ndarray, exit_ns: np.ndarray, kind: str):
@@ -170,7 +168,7 @@ def remove_profiler_cost(graph: Graph, cost: ProfilerCost) -> tuple[Graph, Remov
         to the segment starting at its end (on its own thread)."""
         if rows.size == 0:
             return
-        lane = lane_key[thread[rows]]
+        lane = row_lane[rows]
         ok = lane >= 0
         rows, lane, enter_ns, exit_ns = rows[ok], lane[ok], enter_ns[ok], exit_ns[ok]
         t0 = table.ts[rows] - origin[table.rank[rows]]
@@ -239,7 +237,7 @@ def remove_profiler_cost(graph: Graph, cost: ProfilerCost) -> tuple[Graph, Remov
 
     mem = np.flatnonzero(table.kind == Kind.MEMORY)
     if mem.size and cost.memory_ns:
-        _memory_cuts(g, table, mem, cost.memory_ns, host, cut, origin, lane_key[thread[mem]])
+        _memory_cuts(g, table, mem, cost.memory_ns, host, cut, origin, row_lane[mem])
         per_kind["memory events"] = float(mem.size * cost.memory_ns)
 
     new = np.maximum(c["dur"] - np.rint(cut).astype(np.int64), 0)
@@ -285,9 +283,3 @@ def _memory_cuts(
 
 def _max_rank(table: EventTable) -> int:
     return int(table.rank.max()) if len(table) else 0
-
-
-def _threads(table: EventTable) -> tuple[list[tuple[int, int, int]], np.ndarray]:
-    """Distinct (rank, pid, tid) of all rows, and each row's index into them."""
-    inv, uniq = combine_codes(table.rank.astype(np.int64), table.pid, table.tid)
-    return [(int(r), int(p), int(t)) for r, p, t in uniq.tolist()], inv
