@@ -382,22 +382,18 @@ def copy_kind(name: str) -> str:
     return f"Memcpy {direction}" if direction else "Memcpy other"
 
 
+# Copy kinds that stay in the GPU's memory (bounded by its DRAM bandwidth).
+_ON_GPU = ("Memset", "Memcpy DtoD")
+
+
 def _note_beyond_dram(
-    table: EventTable,
-    out: Memory,
-    rank: int,
-    rows: np.ndarray,
-    bw: np.ndarray,
-    device: DeviceSpec | None,
+    out: Memory, rank: int, on_gpu: np.ndarray, bw: np.ndarray, device: DeviceSpec | None
 ) -> None:
     """Say so where copies or memsets on the GPU ran faster than its memory can: bytes over
     time above the DRAM's bandwidth (a copy within the GPU moves twice its bytes) are small
     buffers in L2 cache, or durations at the trace's resolution, not DRAM's speed."""
     if device is None or not device.mem_bw_gbs:
         return
-    uniq, inv = np.unique(table.name[rows], return_inverse=True)
-    inside = [copy_kind(table.names[i]) in ("Memset", "Memcpy DtoD") for i in uniq.tolist()]
-    on_gpu = np.array(inside, dtype=bool)[inv.reshape(-1)]
     fast = on_gpu & (bw > device.mem_bw_gbs)
     if fast.any():
         out.notes.append(
@@ -424,7 +420,8 @@ def _copies(
     dur = np.where(table.dur[rows] > 0, table.dur[rows], 1000)
     nbytes = np.maximum(table.nbytes[rows], 0).astype(np.float64)  # unknown size: 0 bytes
     bw = nbytes / dur  # bytes per ns = GB/s
-    _note_beyond_dram(table, out, rank, rows, bw, device)
+    on_gpu = np.isin(k, [i for i, kind in enumerate(kinds) if kind in _ON_GPU])
+    _note_beyond_dram(out, rank, on_gpu, bw, device)
     lo, hi = int(ts.min()), int((ts + dur).max())
     edges = np.linspace(lo, hi, BANDWIDTH_BINS + 1)
     for ki, kind in enumerate(kinds):
