@@ -137,12 +137,12 @@ def _output(result: Any, render: str, args: argparse.Namespace, ui: Any) -> int:
     if args.json:
         ui.emit_json(result)
         return 0
+    from perfcast.display import render_summary
     from perfcast.report import terminal
 
     if render == "render_summary":
         # Every row the saved summary holds (it was cut to its own --top when saved).
-        top = max((len(rs.top_kernels) for rs in result.ranks), default=5)
-        terminal.render_summary(result, ui.out, top=max(top, 1))
+        render_summary(result, ui.out)
         return 0
     getattr(terminal, render)(result, ui.out)
     return 0
