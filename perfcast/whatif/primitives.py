@@ -215,6 +215,10 @@ def remove_gpu_work(graph: Graph, gpu_nodes: np.ndarray, remove_launches: bool =
     remove(graph, launches[~np.isin(launches, hit)])
 
 
+# Attribution columns a new node copies from the node it stands in for.
+LIKE_KEYS = ("op", "op_name", "scope", "phase", "iteration", "rank", "klass", "gpu_kind")
+
+
 def insert(
     graph: Graph,
     *,
@@ -252,13 +256,13 @@ def insert(
     else:
         lo = float(orders[-1]) if orders.size else 0.0
         hi = lo + 1.0
-    frac = np.arange(1, count + 1) / (count + 1)
-    if near and after is not None:
-        pos = lo + (hi - lo) * 1e-3 * frac
-    elif near and before is not None:
-        pos = hi - (hi - lo) * 1e-3 * (1 - frac)
-    else:
-        pos = lo + (hi - lo) * frac
+    pos = _spread(
+        np.array([lo]),
+        np.array([hi]),
+        count,
+        near_lo=near and after is not None,
+        near_hi=near and before is not None,
+    )[0]
     values: dict[str, np.ndarray | int | float] = {
         "kind": int(kind),
         "lane": lane,
@@ -269,7 +273,7 @@ def insert(
         "rank": graph.lanes[lane].rank,
     }
     if like is not None:
-        for key in ("op", "op_name", "scope", "phase", "iteration", "rank", "klass", "gpu_kind"):
+        for key in LIKE_KEYS:
             values[key] = int(c[key][like])
     values.update(cols)
     if "launch_order" not in values:
@@ -318,9 +322,6 @@ def median_launch_ns(graph: Graph, default: int = 5_000) -> int:
     return int(np.median(c["dur_measured"][launches]))
 
 
-LIKE_KEYS = ("op", "op_name", "scope", "phase", "iteration", "rank", "klass", "gpu_kind")
-
-
 def like_columns(graph: Graph, nodes: np.ndarray) -> dict[str, np.ndarray]:
     """Attribution columns copied from existing nodes (as `primitives.insert(like=...)`)."""
     return {k: graph.cols[k][nodes].copy() for k in LIKE_KEYS}
@@ -337,7 +338,6 @@ def order_slots(
     alive = graph.alive
     out = np.empty((anchors.size, k), dtype=np.float64)
     lanes = c["lane"][anchors]
-    frac = np.arange(1, k + 1) / (k + 1)
     for lane in np.unique(lanes).tolist():
         orders = np.sort(c["order"][np.flatnonzero((c["lane"] == lane) & alive)])
         sel = np.flatnonzero(lanes == lane)
@@ -350,10 +350,18 @@ def order_slots(
             i = np.searchsorted(orders, at, side="left") - 1
             lo = np.where(i >= 0, orders[np.maximum(i, 0)], at - 1.0)
             hi = at
-        if near and after:
-            out[sel] = lo[:, None] + (hi - lo)[:, None] * 1e-3 * frac[None, :]
-        elif near:
-            out[sel] = hi[:, None] - (hi - lo)[:, None] * 1e-3 * (1 - frac)[None, :]
-        else:
-            out[sel] = lo[:, None] + (hi - lo)[:, None] * frac[None, :]
+        out[sel] = _spread(lo, hi, k, near_lo=near and after, near_hi=near and not after)
     return out
+
+
+def _spread(lo: np.ndarray, hi: np.ndarray, k: int, *, near_lo: bool, near_hi: bool) -> np.ndarray:
+    """k evenly spaced keys inside each (lo, hi) gap, one row per gap: across the whole gap,
+    or within its thousandth next to lo (`near_lo`) or next to hi (`near_hi`), so that the
+    new nodes' order (a time in ns, compared across lanes) stays the anchor's."""
+    frac = np.arange(1, k + 1) / (k + 1)
+    width = (hi - lo)[:, None]
+    if near_lo:
+        return lo[:, None] + width * 1e-3 * frac[None, :]
+    if near_hi:
+        return hi[:, None] - width * 1e-3 * (1 - frac)[None, :]
+    return lo[:, None] + width * frac[None, :]
