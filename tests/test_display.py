@@ -76,3 +76,13 @@ def test_repr_says_what_a_result_holds_not_all_of_it(table) -> None:
         text = repr(result)
         assert len(text) < 600 and "\n" not in text, name
         assert text.startswith(type(result).__name__ + "("), name
+
+
+def test_counts_per_step_print_whole_when_whole() -> None:
+    from perfcast.report.analyses_terminal import _cell
+
+    # A mean count over steps is whole when every step had the same count: no "53.00".
+    assert _cell(53.0, column="a_count") == "53"
+    assert _cell(12_345.0, column="count") == "12,345"
+    assert _cell(2.5, column="b_count") == "2.5"
+    assert _cell(53.0, column="a_ms") == "53.00"  # times keep their decimals

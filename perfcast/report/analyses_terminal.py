@@ -42,11 +42,14 @@ COLUMNS: dict[str, tuple[str, ...]] = {
 TEXT_COLUMNS = {"name", "op", "sequence", "shapes", "kernel", "runtime", "kinds", "group"}
 
 
-def _cell(v: Any, width: int = 60) -> str:
+def _cell(v: Any, width: int = 60, column: str = "") -> str:
     if v is None:
         return "-"
     if isinstance(v, bool):
         return "yes" if v else ""
+    if isinstance(v, float) and "count" in column:
+        # Counts per step are means over steps: whole when every step had the same count.
+        return _cell(int(v)) if v.is_integer() else f"{v:,.1f}"
     if isinstance(v, float):
         a = abs(v)
         if a == 0:
@@ -78,7 +81,7 @@ def render_table(
             overflow="fold" if c in TEXT_COLUMNS else "ellipsis",
         )
     for i in range(min(n, rows)):
-        t.add_row(*(Text(_cell(cols[c][i])) for c in names))
+        t.add_row(*(Text(_cell(cols[c][i], column=c)) for c in names))
     console.print(t)
     if n > rows:
         console.print(
