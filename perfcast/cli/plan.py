@@ -46,6 +46,9 @@ def register(sub: Any, add_common: Callable[[Any], None], table: dict[str, Any])
         metavar="ADDRESS",
         help="load the rank files on a Ray cluster (a local one when no address is given)",
     )
+    from perfcast.cli.commands import add_correction_option
+
+    add_correction_option(p)
     add_common(p)
     table["plan"] = cmd_plan
 
@@ -92,6 +95,7 @@ def cmd_plan(args: argparse.Namespace, ui: Any) -> int:
             batch=args.batch,
             gpus_per_node=args.gpus_per_node,
             top=args.top,
+            keep_profiler_cost=not args.correct,
         )
     if args.json:
         ui.emit_json(result)
@@ -109,17 +113,17 @@ def render(result: Any, console: Any) -> None:
     console.print(result.cluster, style="dim")
     tokens = any(r.tokens_per_s for r in result.best)
     t = Table(show_edge=False, pad_edge=False, box=None)
-    for col in (
-        "#",
-        "plan",
-        "step",
-        "tokens/s" if tokens else "samples/s",
-        "GiB",
-        "W/G/O/A GiB",
-        "bubble",
-        "comm",
-    ):
-        t.add_column(col, justify="left" if col == "plan" else "right", no_wrap=True)
+    # On a narrow terminal the memory split gives the plan label its room (--json has it,
+    # and "why the best plan" prints it for the best).
+    split = console.width >= 110
+    cols = ["#", "plan", "step", "tokens/s" if tokens else "samples/s", "GiB"]
+    cols += ["W/G/O/A GiB"] if split else []
+    for col in [*cols, "bubble", "comm"]:
+        # The plan label wraps; the figures never shrink into "676…" on a narrow terminal.
+        if col == "plan":
+            t.add_column(col, justify="left", overflow="fold", min_width=12)
+        else:
+            t.add_column(col, justify="right", no_wrap=True, min_width=len(col))
     rows = ([result.baseline] if result.baseline else []) + list(result.best)
     for r in rows:
         rate = r.tokens_per_s if tokens else r.samples_per_s
@@ -129,14 +133,21 @@ def render(result: Any, console: Any) -> None:
             _time(r.step_ms),
             _count(rate) if rate else "-",
             f"{r.peak_gib:.1f}",
-            f"{r.weights_gib:.1f}/{r.grads_gib:.1f}/{r.optimizer_gib:.1f}/{r.activations_gib:.1f}",
+            *(
+                [
+                    f"{r.weights_gib:.1f}/{r.grads_gib:.1f}/{r.optimizer_gib:.1f}/"
+                    f"{r.activations_gib:.1f}"
+                ]
+                if split
+                else []
+            ),
             f"{r.bubble_pct:.0f}%",
             _time(r.exposed_comm_ms),
         )
     console.print(t)
     console.print(
-        "plan: dp x tp x pp GPUs (/v: interleaved stages), mb: micro-batch x count; "
-        "W/G/O/A: weights, gradients, optimizer state, activations",
+        "plan: dp x tp x pp GPUs (/v: interleaved stages), mb: micro-batch x count"
+        + ("; W/G/O/A: weights, gradients, optimizer state, activations" if split else ""),
         style="dim",
     )
     if result.best:

@@ -56,13 +56,15 @@ class Cluster:
         return self.inter.bw_gbs_per_direction * self.nics_per_node / self.gpus_per_node
 
     def describe(self) -> str:
-        nv = ", NVLS" if self.nvls else ""
+        nv = ", all-reduce by NVLS inside a node" if self.nvls else ""
         cal = f"; {self.calibration}" if self.calibration else ""
         return (
             f"{self.device.name} x {self.gpus_per_node} per node over {self.intra.name} "
             f"({self.intra.bw_gbs_per_direction:g} GB/s, {self.intra_eff:.0%} reached{nv}), "
             f"nodes over {self.inter.name} ({self.nic_gbs_per_gpu:g} GB/s per GPU, "
-            f"{self.inter_eff:.0%} reached){cal}"
+            f"{self.inter_eff:.0%} reached); {self.base_us:g} µs per collective besides "
+            f"{self.intra.latency_us:g} / {self.inter.latency_us:g} µs per algorithm step "
+            f"inside / between nodes{cal}"
         )
 
 

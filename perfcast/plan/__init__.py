@@ -24,7 +24,13 @@ from perfcast.plan.analytic import AnalyticWorkload
 from perfcast.plan.desc import PRESETS, ModelDesc, load_desc
 from perfcast.plan.plans import Plans
 from perfcast.plan.search import PlanResult, search
-from perfcast.plan.trace_workload import TraceWorkload, trace_workload
+from perfcast.plan.trace_workload import (
+    AmpEffect,
+    TraceWorkload,
+    amp_effect,
+    host_correction,
+    trace_workload,
+)
 
 __all__ = [
     "PRESETS",
@@ -145,9 +151,11 @@ def plan_trace(
     gpus_per_node: int = 8,
     top: int = 10,
     rank: int | None = None,
+    keep_profiler_cost: bool = False,
 ) -> PlanResult:
     """Best plans for running the traced step on `gpus` GPUs (default: weak scaling, the
-    trace's per-GPU batch on every GPU)."""
+    trace's per-GPU batch on every GPU). The trace's step and host time are taken without
+    the profiler's own cost, as `whatif` takes them, unless `keep_profiler_cost`."""
     refuse_counter_trace(table, "plan")
     if gpu is None and not table.is_gpu().any():
         raise PerfcastError(
@@ -155,13 +163,32 @@ def plan_trace(
         )
     cluster = _cluster_for(table, gpu, link, inter, gpus_per_node)
     cluster, cal, unused = calibrate_cluster(table, cluster)
-    w = trace_workload(table, cluster, rank=rank, batch=batch)
+    from perfcast.analysis.real_step import real_world
+    from perfcast.graph.build import build_graph
+    from perfcast.memory_model.facts import trace_facts
+
+    # One replay with and without the profiler's cost gives the host time whatif starts
+    # from, and the AMP what-if on that graph gives the AMP plans their scaling.
+    rw = real_world(build_graph(table), correct=not keep_profiler_cost)
+    host = None if keep_profiler_cost else host_correction(rw)
+    fp32 = trace_facts(table, rank).act_bytes_per_elem == 4
+    amp_or_why = amp_effect(rw.graph) if fp32 else "the trace already runs in 16 bits"
+    amp = amp_or_why if isinstance(amp_or_why, AmpEffect) else None
+    w = trace_workload(table, cluster, rank=rank, batch=batch, host=host, amp=amp)
+    if amp is not None:
+        w.assumptions.append(
+            f"AMP plans (bf16 autocast) scale forward and backward as `whatif amp:dtype=bf16` "
+            f"predicts on this trace: compute-bound GPU time x{amp.compute:.2f}, memory-bound "
+            f"x{amp.memory:.2f} (casts added), host x{amp.host:.2f}"
+        )
+    elif fp32:
+        w.assumptions.append(f"no AMP plans: {amp_or_why}")
     if cal:
         w.assumptions.append(f"intra-node bus bandwidth calibrated: {cal}")
     if unused:
         w.assumptions.append(f"the trace's own collectives: {unused}")
     gb = global_batch or w.batch * gpus
-    amp = (0, 1) if w.facts.act_bytes_per_elem == 4 else (0,)
+    amp_choices = (0, 1) if amp is not None else (0,)
     world = max((i.world_size or 1) for i in table.ranks)
     # The traced configuration itself: its predicted step checks the scaling against what
     # the trace measured.
@@ -174,7 +201,7 @@ def plan_trace(
         capacity_gib=memory_gb,
         top=top,
         fixed_s=w.fixed_s,
-        amp=amp,
+        amp=amp_choices,
         ckpt=(0, 2),
         baseline=base,
     )

@@ -348,9 +348,10 @@ class AnalyticWorkload:
         kernels_rec = n_mm_sac + k_rep - 1 + k_split
         # TP collectives: 2 all-reduces of the activations forward (or AG + RS with SP).
         nbytes = n_th * e
-        ar = collective_time_s(self.cluster, "allreduce", nbytes, t, np.minimum(t, 8))
-        ag = collective_time_s(self.cluster, "allgather", nbytes, t, np.minimum(t, 8))
-        rs = collective_time_s(self.cluster, "reducescatter", nbytes, t, np.minimum(t, 8))
+        local = np.minimum(t, self.cluster.gpus_per_node)
+        ar = collective_time_s(self.cluster, "allreduce", nbytes, t, local, algorithm="auto")
+        ag = collective_time_s(self.cluster, "allgather", nbytes, t, local)
+        rs = collective_time_s(self.cluster, "reducescatter", nbytes, t, local)
         comm_f = np.where(p.sp > 0, 2 * (ag + rs), 2 * ar)
         return {
             "mm": mm,
@@ -487,7 +488,10 @@ class AnalyticWorkload:
         d = self.desc
         return self.act_bytes * p.mb * d.seq * d.hidden / p.tp
 
-    def optimizer_s(self, params_gpu: np.ndarray) -> np.ndarray:
+    def optimizer_s(
+        self, params_gpu: np.ndarray, gpu_lag_s: np.ndarray | float = 0.0
+    ) -> np.ndarray:
+        """GPU time of the optimizer step (no host time modelled: `gpu_lag_s` is unused)."""
         return params_gpu * self.opt_update_bytes / (self.bw * E_MEM)
 
     def bytes_per_param(self) -> tuple[int, int, int]:

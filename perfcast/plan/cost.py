@@ -90,7 +90,9 @@ def evaluate(
     # node when a stage's tp x dp ranks fill it; then an all-gather inside the TP group.
     nbytes = w.p2p_bytes(p)  # type: ignore[attr-defined]
     cross = (p.tp * p.dp) >= cluster.gpus_per_node
-    p2p_gather = collective_time_s(cluster, "allgather", nbytes * tp, tp, np.minimum(tp, 8))
+    p2p_gather = collective_time_s(
+        cluster, "allgather", nbytes * tp, tp, np.minimum(tp, cluster.gpus_per_node)
+    )
     p2p = p2p_time_s(cluster, nbytes, cross) + p2p_gather
     pp_comm_mb = np.where(p.pp > 1, 2 * v * p2p, 0.0)
     slot = t_mb + pp_comm_mb
@@ -105,7 +107,7 @@ def evaluate(
     g_bytes = params * grad_wire
     w_bytes = params * wb
     gather = params * (getattr(w, "gather_bytes", 0) or wb)
-    ar = collective_time_s(cluster, "allreduce", g_bytes, dp, local)
+    ar = collective_time_s(cluster, "allreduce", g_bytes, dp, local, algorithm="auto")
     rs = collective_time_s(cluster, "reducescatter", g_bytes, dp, local)
     ag = collective_time_s(cluster, "allgather", gather, dp, local)
     z = p.zero
@@ -118,7 +120,11 @@ def evaluate(
     dp_exposed = np.where(p.dp > 1, exposed_once + exposed_fsdp, 0.0)
     dp_comm = np.where(p.dp > 1, dp_comm, 0.0)
     opt_params = np.where(z >= 1, params / dp, params)
-    optimizer = w.optimizer_s(opt_params)  # type: ignore[attr-defined]
+    # How far the GPU runs behind the host when backward's last launch is made: the work of
+    # the micro-batches the host enqueued faster than the GPU ran them (with a pipeline,
+    # the last one's).
+    gpu_lag = np.maximum(compute - st.host, 0.0) * np.where(p.pp > 1, 1.0, m)
+    optimizer = w.optimizer_s(opt_params, gpu_lag)  # type: ignore[attr-defined]
     step = pipeline + dp_exposed + optimizer + fixed_s
 
     # Memory of the worst stage.

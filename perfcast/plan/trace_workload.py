@@ -26,30 +26,36 @@ Read from the rank's steps (median step; kernels of the last complete step):
 Scaling rules a plan applies: tensor parallelism divides the linear layers' GEMM time by tp
 and adds an all-reduce of each paired linear layer's output forward and backward (Megatron
 pairs: column- then row-parallel); everything else stays replicated. AMP on an fp32 trace
-runs compute-bound kernels at the device's bf16 over its fp32/tf32 peak and memory-bound
-kernels at half their bytes. Another GPU (`--gpu`) scales compute-bound kernels by the peak
-ratio and memory-bound ones by the bandwidth ratio.
+scales compute-bound and memory-bound GPU time and the host time of forward and backward as
+`whatif amp:dtype=bf16` changes them on the trace's own graph (`AmpEffect`: achieved 16-bit
+efficiency, the casts and their CPU dispatch), so plan and whatif agree. Another GPU
+(`--gpu`) scales compute-bound kernels by the peak ratio and memory-bound ones by the
+bandwidth ratio.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from perfcast.analysis.common import traced_device
 from perfcast.errors import PerfcastError
 from perfcast.events import EventTable, Kind
+from perfcast.graph.model import Graph, NodeKind
 from perfcast.graph.phases import Phase, collective_kernel_mask, event_phases
-from perfcast.hardware.classify import KernelClass, classify_names, dtype_from_kernel_name
-from perfcast.hardware.devices import DeviceSpec
+from perfcast.hardware.classify import KernelClass, classify_names
 from perfcast.hardware.network import Cluster, collective_time_s
 from perfcast.memory_model.facts import TraceFacts, trace_facts
 from perfcast.memory_model.model import inputs_from_facts
 from perfcast.plan.analytic import StageTimes
 from perfcast.plan.plans import Plans
 from perfcast.whatif.models._parallel_common import balanced_max as _balanced_max
+
+if TYPE_CHECKING:
+    from perfcast.analysis.real_step import RealWorld
 
 _LINEAR_OP = re.compile(r"^aten::(linear|addmm|mm|matmul)$|^(Addmm|Mm|Linear|Matmul)Backward\d*$")
 _WEIGHT_OP = re.compile(r"^aten::(conv\d?d|convolution|linear|addmm|matmul|embedding)$")
@@ -83,8 +89,9 @@ class TraceWorkload:
     tp_pairs: int
     linear_share: float
     measured_comm_s: float
-    amp_ratio_cb: float
-    amp_ratio_mem: float = 0.5
+    amp_ratio_cb: float = 1.0  # AMP: compute-bound GPU time after / before (AmpEffect)
+    amp_ratio_mem: float = 1.0
+    amp_ratio_host: float = 1.0
     dev_ratio_cb: float = 1.0
     dev_ratio_mem: float = 1.0
     grad_bytes: int = 4
@@ -101,7 +108,7 @@ class TraceWorkload:
 
     @property
     def tp_max(self) -> int:
-        return 8 if self.tp_pairs > 0 else 1
+        return self.cluster.gpus_per_node if self.tp_pairs > 0 else 1  # TP inside a node
 
     def tp_ok(self, tp: np.ndarray) -> np.ndarray:
         return (tp == 1) | (self.tp_pairs > 0)
@@ -129,12 +136,13 @@ class TraceWorkload:
         fwd = f_fix + np.maximum(fvar - f_fix, 0.0) * frac
         bwd = b_fix + np.maximum(bvar - b_fix, 0.0) * frac
         nbytes = self.tp_bytes_per_sample * p.mb * np.where(p.amp > 0, 0.5, 1.0)
-        ar = collective_time_s(self.cluster, "allreduce", nbytes, p.tp, np.minimum(p.tp, 8))
+        local = np.minimum(p.tp, self.cluster.gpus_per_node)
+        ar = collective_time_s(self.cluster, "allreduce", nbytes, p.tp, local, algorithm="auto")
         comm = self.tp_pairs * ar * share
         fwd = fwd + comm
         bwd = bwd + comm
         rec = np.where(p.ckpt == 2, fwd, 0.0)
-        host = self.host_s * share * np.ones_like(fwd)
+        host = self.host_s * share * np.where(p.amp > 0, self.amp_ratio_host, 1.0)
         return StageTimes(fwd, bwd, rec, 2 * comm + np.where(p.ckpt == 2, comm, 0.0), host)
 
     def _stage_share(self, p: Plans) -> np.ndarray:
@@ -187,11 +195,17 @@ class TraceWorkload:
         mid = s[len(s) // 2].nbytes if s else 0
         return mid * p.mb / self.batch / p.tp
 
-    def optimizer_s(self, params_gpu: np.ndarray) -> np.ndarray:
-        """GPU time scales with the parameters a GPU updates; host time (a for-loop
-        optimizer's launches) with the parameter tensors, which sharding does not reduce."""
+    def optimizer_s(
+        self, params_gpu: np.ndarray, gpu_lag_s: np.ndarray | float = 0.0
+    ) -> np.ndarray:
+        """Time the optimizer adds after backward. GPU time scales with the parameters a GPU
+        updates; host time (a for-loop optimizer's launches) with the parameter tensors,
+        which sharding does not reduce. The host starts the optimizer while the GPU still
+        runs backward work queued `gpu_lag_s` ahead of it, so only its host time beyond
+        that lag adds to the step: max(GPU, host - lag)."""
         n = max(float(self.facts.params), 1.0)
-        return np.maximum(self.optimizer_s_measured * params_gpu / n, self.optimizer_host_s)
+        host = np.maximum(self.optimizer_host_s - gpu_lag_s, 0.0)
+        return np.maximum(self.optimizer_s_measured * params_gpu / n, host)
 
     def bytes_per_param(self) -> tuple[int, int, int]:
         from perfcast.memory_model.model import OPT_STATE_BYTES
@@ -202,6 +216,96 @@ class TraceWorkload:
     @property
     def fixed_bytes(self) -> float:
         return float(inputs_from_facts(self.facts).workspace_bytes)
+
+
+@dataclass(frozen=True)
+class HostCorrection:
+    """A trace's steps and host time without the profiler's own cost, from the replay of the
+    corrected graph (perfcast.analysis.real_step): the world `whatif` predicts in."""
+
+    step_ns: dict[int, float]  # iteration index -> the step replayed without the profiler
+    host_ns: dict[tuple[int, int], tuple[float, float]]  # (iteration, phase) -> (kept, traced)
+    assumption: str
+
+    def kept(self, iteration: int, phases: tuple[Phase, ...]) -> float:
+        """Share of the host time of `phases` in `iteration` left without the profiler."""
+        kept = traced = 0.0
+        for ph in phases:
+            k, t = self.host_ns.get((iteration, int(ph)), (0.0, 0.0))
+            kept, traced = kept + k, traced + t
+        return kept / traced if traced > 0 else 1.0
+
+
+def host_correction(rw: RealWorld) -> HostCorrection:
+    """The steps and host time of a trace replayed without the profiler's own cost."""
+    g = rw.graph
+    kept, traced, keys = _host_sums(g)
+    host_ns = {k: (a, b) for k, a, b in zip(keys, kept, traced, strict=True)}
+    step_ns = {
+        span.index: float(sim)
+        for span, (_, _, _, sim) in zip(g.iterations, rw.real.iteration_ns(), strict=True)
+    }
+    return HostCorrection(step_ns, host_ns, rw.correction.assumption())
+
+
+def _host_sums(g: Graph) -> tuple[list[float], list[float], list[tuple[int, int]]]:
+    """Host time per (iteration, phase): (durations now, durations as traced, keys)."""
+    c = g.cols
+    on_host = np.isin(c["kind"], [NodeKind.CPU, NodeKind.LAUNCH, NodeKind.RUNTIME]) & g.alive
+    nodes = np.flatnonzero(on_host & (c["iteration"] >= 0) & (c["phase"] >= 0))
+    key = c["iteration"][nodes].astype(np.int64) * 256 + c["phase"][nodes].astype(np.int64)
+    uniq, inv = np.unique(key, return_inverse=True)
+    now = np.bincount(inv, weights=c["dur"][nodes].astype(np.float64))
+    traced = np.bincount(inv, weights=c["dur_measured"][nodes].astype(np.float64))
+    keys = [(int(k) // 256, int(k) % 256) for k in uniq.tolist()]
+    return now.tolist(), traced.tolist(), keys
+
+
+@dataclass(frozen=True)
+class AmpEffect:
+    """What `whatif amp:dtype=bf16` does to the forward and backward of the trace: the plan
+    search scales by the same per-kernel model (achieved 16-bit efficiency, the casts and
+    their CPU dispatch), not by a datasheet peak ratio."""
+
+    compute: float  # compute-bound GPU time after / before
+    memory: float  # memory-bound GPU time (casts added) after / before
+    host: float  # forward + backward host time after / before
+    assumptions: list[str]
+
+
+def amp_effect(graph: Graph) -> AmpEffect | str:
+    """The AMP what-if's effect on `graph`, or why it does not apply."""
+    from perfcast.errors import NotApplicableError
+    from perfcast.whatif.registry import parse_spec
+    from perfcast.whatif.runner import apply_specs
+
+    try:
+        after, applied = apply_specs(graph, [parse_spec("amp:dtype=bf16")])
+    except NotApplicableError as exc:
+        return str(exc)
+    fb = (Phase.FORWARD, Phase.BACKWARD)
+
+    def gpu_ms(g: Graph) -> tuple[float, float]:
+        c = g.cols
+        on = (c["kind"] == NodeKind.GPU) & g.alive & np.isin(c["phase"], [int(p) for p in fb])
+        klass = c["klass"]
+        comm = klass == int(KernelClass.COMMUNICATION)
+        cb = np.isin(klass, [int(k) for k in _COMPUTE])
+        dur = c["dur"].astype(np.float64)
+        return float(dur[on & cb].sum()), float(dur[on & ~cb & ~comm].sum())
+
+    def host_ms(g: Graph) -> float:
+        now, _, keys = _host_sums(g)
+        return sum(v for v, (_, ph) in zip(now, keys, strict=True) if ph in fb)
+
+    (cb0, mem0), (cb1, mem1) = gpu_ms(graph), gpu_ms(after)
+    h0, h1 = host_ms(graph), host_ms(after)
+    return AmpEffect(
+        compute=cb1 / cb0 if cb0 else 1.0,
+        memory=mem1 / mem0 if mem0 else 1.0,
+        host=h1 / h0 if h0 else 1.0,
+        assumptions=[a for m in applied for a in m.assumptions],
+    )
 
 
 def _outermost_named(table: EventTable, rows: np.ndarray, pattern: re.Pattern[str]) -> np.ndarray:
@@ -224,8 +328,11 @@ def trace_workload(
     cluster: Cluster,
     rank: int | None = None,
     batch: int | None = None,
+    host: HostCorrection | None = None,
+    amp: AmpEffect | None = None,
 ) -> TraceWorkload:
-    """Read the workload of one rank (the first by default) from a loaded trace."""
+    """Read the workload of one rank (the first by default) from a loaded trace; with `host`,
+    its step and host times are taken without the profiler's own cost."""
     facts = trace_facts(table, rank)
     rank = facts.rank
     its = [it for it in table.iterations if it.rank == rank]
@@ -269,6 +376,7 @@ def trace_workload(
     picked = its[median_at]
     step = next(i for i, it in enumerate(table.iterations) if it is picked)
     step_s = float(durs[median_at]) / 1e9
+    traced_step_s = step_s
     phases = event_phases(table)
     in_step = (table.rank == rank) & (table.iteration == step)
     k = np.flatnonzero(in_step & table.is_gpu())
@@ -305,11 +413,18 @@ def trace_workload(
     ops = np.flatnonzero(in_step & np.isin(table.kind, [Kind.CPU_OP, Kind.USER_ANNOTATION]))
     host_fb = _host_busy(table, ops, phases, (Phase.FORWARD, Phase.BACKWARD))
     host_opt = _host_busy(table, ops, phases, (Phase.OPTIMIZER,))
+    if host is not None:
+        step_s = host.step_ns.get(step, step_s * 1e9) / 1e9
+        host_fb *= host.kept(step, (Phase.FORWARD, Phase.BACKWARD))
+        host_opt *= host.kept(step, (Phase.OPTIMIZER,))
     gpu_opt = float(dur[ph == Phase.OPTIMIZER].sum())
     opt_s = max(host_opt, gpu_opt)
     gpu_fb = fl + fc + fm + bl + bc + bm
     host_s = host_fb
-    fixed_step = max(0.0, step_s - max(gpu_fb, host_s) - opt_s - comm_s)
+    # As the plans count it (cost.evaluate): the optimizer's host time overlaps the GPU's lag
+    # behind the host at the end of backward.
+    opt_added = max(gpu_opt, host_opt - max(gpu_fb - host_s, 0.0))
+    fixed_step = max(0.0, step_s - max(gpu_fb, host_s) - opt_added - comm_s)
     # Layer groups: forward kernels by the latest weight op launched before them.
     fops = ops[phases[ops] == Phase.FORWARD]
     wmask = np.array([bool(_WEIGHT_OP.search(n)) for n in table.names], dtype=bool)
@@ -328,7 +443,6 @@ def trace_workload(
     pairs = len(lin_saved) // 2
     tp_bytes = float(np.mean([s.nbytes for s in lin_saved])) / b0 if lin_saved else 0.0
     spec, _, identified = traced_device(table)
-    amp_cb = _amp_ratio(table, k[cb], spec)
     dev_cb = dev_mem = 1.0
     assumptions = [identified] if identified else []
     if spec is not None and spec.name != cluster.device.name:
@@ -368,16 +482,25 @@ def trace_workload(
         tp_pairs=pairs,
         linear_share=facts.linear_param_numel / facts.params if facts.params else 0.0,
         measured_comm_s=comm_s,
-        amp_ratio_cb=amp_cb,
+        amp_ratio_cb=amp.compute if amp else 1.0,
+        amp_ratio_mem=amp.memory if amp else 1.0,
+        amp_ratio_host=amp.host if amp else 1.0,
         dev_ratio_cb=dev_cb,
         dev_ratio_mem=dev_mem,
         assumptions=assumptions,
     )
     w.assumptions.extend(notes)
+    if host is not None:
+        w.assumptions.append(host.assumption)
     w.assumptions.extend(
         [
             f"from rank {rank}'s trace: batch {b0} per GPU, step {step_s * 1e3:.1f} ms "
-            f"({picked.name}, the median of {len(its)}; every figure here from it), "
+            + (
+                f"without the profiler ({traced_step_s * 1e3:.1f} traced) "
+                if host is not None
+                else "as traced "
+            )
+            + f"({picked.name}, the median of {len(its)}; every figure here from it), "
             f"forward GPU {(fl + fc + fm) * 1e3:.1f} ms, backward "
             f"{(bl + bc + bm) * 1e3:.1f} ms (linear layers {(fl + bl) * 1e3:.1f} ms), host "
             f"forward+backward {host_s * 1e3:.1f} ms, optimizer {opt_s * 1e3:.1f} ms (host "
@@ -457,17 +580,3 @@ def _host_busy(
     )
     busy -= float(table.dur[rt].sum())
     return max(busy, 0.0) / 1e9
-
-
-def _amp_ratio(table: EventTable, rows: np.ndarray, spec: DeviceSpec | None) -> float:
-    """Time ratio of compute-bound kernels moved to bf16 tensor cores (duration-weighted)."""
-    if spec is None or rows.size == 0:
-        return 0.5
-    total = new = 0.0
-    for r in rows.tolist():
-        d = float(table.dur[r])
-        dt = dtype_from_kernel_name(table.names[int(table.name[r])]) or "fp32"
-        old_peak = spec.peak(dt if dt in ("fp32", "tf32", "bf16", "fp16") else "fp32")
-        total += d
-        new += d * min(1.0, old_peak / spec.peak("bf16"))
-    return new / total if total else 0.5
