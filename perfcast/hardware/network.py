@@ -7,7 +7,8 @@ The link table (`interconnects`) gives peaks; a cluster adds what a collective a
   `inter_eff`; nccl-tests convention, doc/PERFORMANCE.md: busbw = algbw x 2(n-1)/n for an
   all-reduce, x (n-1)/n for all-gather and reduce-scatter, x 1 for send/recv). Defaults:
   0.80 of NVLink (NVIDIA's published nccl-tests all-reduce busbw on DGX A100 / H100 is about
-  230 of 300 and 360-370 of 450 GB/s), 0.90 of an InfiniBand / RoCE port, 0.80 of PCIe. A
+  230 of 300 and 360-370 of 450 GB/s), 0.90 of an InfiniBand / RoCE port, 0.80 of PCIe and
+  AMD's links as well (an assumption: no published figure behind it, and said so). A
   trace with real collectives replaces the intra-node figure with its own measured bus
   bandwidth (`calibrated_from`).
 - a group inside one node moves at the intra-node bus bandwidth. A group that spans nodes

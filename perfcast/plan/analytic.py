@@ -51,7 +51,7 @@ from perfcast.plan.plans import Plans
 
 K_OVER_S = 2e-6  # fixed cost per kernel (launch gap, ramp-up, tail) when the GPU is busy
 E_MEM = 0.85  # share of peak HBM bandwidth streaming kernels reach
-TILE = 128
+TILE = 128  # output tile of a large GEMM (CUTLASS's usual 128x128 threadblock tile)
 F32 = 4  # bytes of the fp32 upcasts inside eager RMSNorm and RoPE
 
 
@@ -231,7 +231,8 @@ class AnalyticWorkload:
                 f"{self.desc.layers} layers, hidden {self.desc.hidden}, sequence {self.desc.seq}",
                 note,
                 f"memory-bound kernels at {E_MEM:.0%} of {dev.mem_bw_gbs:g} GB/s, "
-                f"{K_OVER_S * 1e6:g} us fixed cost per kernel",
+                f"{K_OVER_S * 1e6:g} us fixed cost per kernel, GEMMs in {TILE}x{TILE} output "
+                f"tiles run in waves over {self.sms} SMs (assumptions, the same for every GPU)",
                 "tensor-parallel collectives are not overlapped with compute (Megatron-LM)",
                 (
                     "norms, activations and rotary embeddings as eager PyTorch's kernel chains "

@@ -40,6 +40,19 @@ import numpy as np
 from perfcast.hardware.network import Cluster, collective_time_s, p2p_time_s
 from perfcast.plan.plans import Plans
 
+# Shares of compute that data-parallel traffic can hide behind. Assumptions, not measured:
+# DDP's first gradient bucket is ready only after the last layers' backward and the last
+# bucket's all-reduce starts when backward ends, so not all of backward covers the traffic;
+# FSDP's prefetched all-gathers and reduce-scatters share SMs and memory bandwidth with the
+# compute they overlap. Both are listed in every plan's assumptions.
+DP_HIDDEN_BY_BACKWARD = 0.8
+FSDP_HIDDEN_BY_COMPUTE = 0.9
+OVERLAP_ASSUMPTION = (
+    f"data-parallel traffic hides behind at most {DP_HIDDEN_BY_BACKWARD:.0%} of backward (DDP, "
+    f"ZeRO-1/2) or {FSDP_HIDDEN_BY_COMPUTE:.0%} of compute (FSDP prefetch), and one layer "
+    "unit's share of it is always exposed (assumed, not measured)"
+)
+
 GIB = float(1 << 30)
 
 
@@ -114,8 +127,12 @@ def evaluate(
     once = np.where(z == 0, ar, np.where(z <= 2, rs + ag, 0.0))
     per_mb_fsdp = np.where(z == 3, 2 * ag + rs, 0.0)
     units = max(1, int(getattr(w, "n_layers", 1)))
-    exposed_once = np.maximum(once - 0.8 * st.bwd, once / units) if overlap_dp else once
-    exposed_fsdp = m * (np.maximum(per_mb_fsdp - 0.9 * compute, 0.0) + per_mb_fsdp / units)
+    exposed_once = (
+        np.maximum(once - DP_HIDDEN_BY_BACKWARD * st.bwd, once / units) if overlap_dp else once
+    )
+    exposed_fsdp = m * (
+        np.maximum(per_mb_fsdp - FSDP_HIDDEN_BY_COMPUTE * compute, 0.0) + per_mb_fsdp / units
+    )
     dp_comm = once + m * per_mb_fsdp
     dp_exposed = np.where(p.dp > 1, exposed_once + exposed_fsdp, 0.0)
     dp_comm = np.where(p.dp > 1, dp_comm, 0.0)

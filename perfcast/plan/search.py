@@ -17,7 +17,7 @@ import numpy as np
 from perfcast.display import Displayed
 from perfcast.errors import PerfcastError
 from perfcast.hardware.network import Cluster
-from perfcast.plan.cost import GIB, PlanCosts, evaluate
+from perfcast.plan.cost import GIB, OVERLAP_ASSUMPTION, PlanCosts, evaluate
 from perfcast.plan.plans import CKPT_NAMES, Plans, describe
 
 MICRO_BATCHES = (1, 2, 4, 8, 16, 32, 64)
@@ -242,8 +242,10 @@ def search(
     )
     result.assumptions.append(
         f"a plan fits when its predicted peak is within {USABLE:.0%} of {cap_gib:g} GiB "
-        "(the rest for fragmentation, the CUDA context and NCCL buffers)"
+        "(the rest for fragmentation, the CUDA context and NCCL buffers; an assumption)"
     )
+    if overlap_dp:
+        result.assumptions.append(OVERLAP_ASSUMPTION)
     if not ranked.size:
         smallest = int(np.argmin(costs.peak_b))
         result.notes.append(

@@ -86,6 +86,8 @@ class CommModel:
                 else ", an assumption of the order rccl-tests reports"
                 if cl.device.vendor != "NVIDIA"
                 else ", NVIDIA's nccl-tests figures"
+                if cl.intra.name.startswith("nvlink")
+                else ", an assumption (nccl-tests figures are published for NVLink, not this link)"
             )
             + f"; alpha {cl.intra.latency_us:g} µs per algorithm step, {cl.base_us:g} µs per "
             f"collective; {self.why}" + (f"; {self.ignored}" if self.ignored else "") + ")"

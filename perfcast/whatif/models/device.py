@@ -207,6 +207,7 @@ def apply(graph: Graph, options: Options) -> Graph:
     comm_scaled = False
     measured_used: set[str] = set()
     achieved_used: set[str] = set()
+    peaks_used: set[tuple[str, float, float]] = set()
     for i, n in enumerate(gpu.tolist()):
         src = sources[int(c["rank"][n])]
         table = measured_ratio(src.name, target.name)
@@ -237,6 +238,7 @@ def apply(graph: Graph, options: Options) -> Graph:
                 ratio[i] = 1 / table.compute
             else:
                 ratio[i] = src.peak(d) / target.peak(d)
+                peaks_used.add((d, src.peak(d), target.peak(d)))
                 e_src, e_tgt = achieved_gemm(src.name), achieved_gemm(target.name)
                 if e_src or e_tgt:
                     # One side measured: the other by its vendor's measured part, so that a
@@ -276,6 +278,10 @@ def apply(graph: Graph, options: Options) -> Graph:
         else f"by datasheet peak FLOPS and DRAM bandwidth ({src_names} {_bw(sources)} -> "
         f"{target.mem_bw_gbs:g} GB/s)"
     )
+    if peaks_used:
+        how += "; datasheet peaks " + ", ".join(
+            f"{d} {old:g} -> {new:g} TFLOP/s" for d, old, new in sorted(peaks_used)
+        )
     if achieved_used:
         how += (
             "; compute-bound kernels by achieved, not peak, FLOPS (large bf16 GEMMs in the "
