@@ -40,6 +40,14 @@ _FP32_FMA = re.compile(r"sgemm|scudnn|simt|ffma")
 AUTOCAST_PREFIX = re.compile(r"^autocast\[(bf16|fp16)\] ")
 
 
+def fixed_cost_text(fixed_ns: int) -> str:
+    """The fixed per-kernel cost as a model's assumptions state it."""
+    return (
+        f"{fixed_ns / 1000:.1f} µs fixed cost per kernel (the {FIXED_PERCENTILE:g}th percentile "
+        "of the trace's kernel durations), not scaled"
+    )
+
+
 def fixed_cost_ns(durations: np.ndarray) -> int:
     """The fixed per-kernel (or per-op) cost: 5th percentile of the durations, 0 if none."""
     d = np.asarray(durations)

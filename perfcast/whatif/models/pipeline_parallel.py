@@ -150,7 +150,8 @@ def apply(graph: Graph, options: Options) -> Graph:
         f"{f', interleaved x{o.virtual}' if o.virtual > 1 else ' (1F1B)'}: slowest stage "
         f"{share:.0%} of the forward work; bubble {bubble_ns / n_steps / 1e6:.2f} ms per step "
         f"({frac:.0%}: (pp-1)/v of m + (pp-1)/v slots); {p2p_text}; host work repeated per "
-        "micro-batch; kernels pay their fixed cost once per micro-batch"
+        "micro-batch; kernels pay their fixed cost once per micro-batch: "
+        + K.fixed_cost_text(fixed)
     )
     return graph
 

@@ -129,7 +129,8 @@ def apply(graph: Graph, options: Options) -> Graph:
         f"each pair's activations {where} on the compute stream, "
         f"{n_collectives / steps:g} collectives ({comm_ns / steps / 1e6:.2f} ms per step, over "
         f"{note}); consecutive linear layers paired in launch order (Megatron pairs attention's "
-        "QKV with its output projection and the MLP's two layers); everything else replicated"
+        "QKV with its output projection and the MLP's two layers); everything else replicated; "
+        + K.fixed_cost_text(fixed)
     )
     return graph
 

@@ -51,6 +51,7 @@ from perfcast.graph.phases import Phase, phase_names
 from perfcast.hardware import KernelClass
 from perfcast.whatif import primitives as P
 from perfcast.whatif.kernels import (
+    fixed_cost_text,
     is_library_helper,
     kernel_fixed_cost_ns,
     refuse_graph_replays,
@@ -378,7 +379,8 @@ def _compile(graph: Graph, options: Options) -> Graph:
         f"torch-compile ({compiled_phases}), {per_what}: {count(int(generated.sum()))} kernels "
         f"become {count(len(groups))} generated kernels ({gpu_before / per / 1e6:.2f} -> "
         f"{gpu_after / per / 1e6:.2f} ms of GPU time: adjacent pointwise kernels with the "
-        "reductions they feed, each group paying one kernel's fixed cost and its variable time "
+        f"reductions they feed, each group paying one kernel's fixed cost "
+        f"({fixed_cost_text(fixed)}) and its variable time "
         "x fused/unfused passes over memory, at ATen's bytes per second); "
         f"{count(int((~generated).sum()))} library kernels kept; "
         f"{removed_host / per / 1e6:.2f} ms of eager host work removed, "

@@ -139,7 +139,7 @@ def apply(graph: Graph, options: Options) -> Graph:
         f"{o.units} units; per step {total_rs / n_steps / 1e3:.2f} ms of reduce-scatter "
         f"({o.grad_bytes} B/element) and {total_ag / n_steps / 1e3:.2f} ms of all-gather "
         f"({o.param_bytes} B/element), ring, modelled over {comm.describe(o.gpus)}; "
-        f"optimizer GPU kernels at 1/{o.gpus} of their work"
+        f"optimizer GPU kernels at 1/{o.gpus} of their work, {K.fixed_cost_text(fixed)}"
         + (
             "; parameters gathered before each unit's forward and backward, "
             f"{o.prefetch} unit(s) ahead"
