@@ -387,3 +387,17 @@ def test_plan_on_the_rocm_trace_that_calls_its_gpu_radeon(shared_traces: Path) -
     r = plan_trace(perfcast.load(str(shared_traces / "hta_mi250_minitoy_train.json.gz")), 16)
     assert r.best
     assert any("those of the MI250-GCD" in a for a in r.assumptions)
+
+
+def test_one_ranks_graph_of_a_folder_is_that_ranks_files(shared_traces: Path) -> None:
+    """plan replays only the rank it plans: `build_graph(table, ranks=)` of a folder gives the
+    graph (and the replayed steps) of that rank's file loaded alone."""
+    from perfcast.sim.timeline import simulate
+
+    folder = perfcast.load(str(shared_traces / "hta_sampled_128rank"))
+    alone = perfcast.load(str(shared_traces / "hta_sampled_128rank" / "rank-0.json.gz"))
+    part = build_graph(folder, ranks={folder.ranks[0].rank})
+    whole = build_graph(alone)
+    assert len(part.lanes) == len(whole.lanes) and part.alive.sum() == whole.alive.sum()
+    steps = [(n, s) for _, n, _, s in simulate(part).iteration_ns()]
+    assert steps == [(n, s) for _, n, _, s in simulate(whole).iteration_ns()]

@@ -12,6 +12,8 @@ Weights are measured, so an untransformed replay reproduces the trace.
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 import numpy as np
 
 from perfcast.events import GPU_KINDS, NONE, EventTable, RankInfo
@@ -33,8 +35,10 @@ from perfcast.graph.syncs import (
 from perfcast.graph.threads import CROSS_THREAD_TOL_NS, cross_thread_waits, forward_backward_edges
 
 
-def build_graph(table: EventTable) -> Graph:
-    """The dependency graph of every rank in the table."""
+def build_graph(table: EventTable, ranks: Collection[int] | None = None) -> Graph:
+    """The dependency graph of every rank in the table, or of `ranks` only (their rows
+    alone become nodes: what one rank's host and GPU did, without the waits for the
+    others)."""
     phases = event_phases(table)
     scopes = enclosing_scopes(table)
     klass = _kernel_classes(table)
@@ -55,6 +59,8 @@ def build_graph(table: EventTable) -> Graph:
     lane_kinds = table.kind_mask((*CPU_LANE_KINDS, *GPU_KINDS))
     for info in table.ranks:
         rank = info.rank
+        if ranks is not None and rank not in ranks:
+            continue
         on_rank = table.rank_rows(rank)
         act = on_rank[lane_kinds[on_rank]]
         if act.size == 0:
