@@ -226,6 +226,11 @@ def test_plan_amp_follows_the_amp_whatif() -> None:
     assert gain == pytest.approx(whatif, abs=0.1)
     bf16 = plan_trace(perfcast.load(str(RECORDED / "r50_amp_bf16.json.gz")), 1, top=50)
     assert not any(r.plan["amp"] for r in bf16.best)
+    # A lead smaller than the AMP model's measured error is flagged, as advise leaves it
+    # unranked, with the best plan without AMP beside it.
+    eight = plan_trace(table, 8, top=3)
+    assert eight.best[0].plan["amp"]
+    assert any("best without it (dp8" in n and "measure one AMP step" in n for n in eight.notes)
 
 
 def test_collectives_stay_inside_nodes_of_any_size_and_use_nvls() -> None:

@@ -208,6 +208,10 @@ def plan_trace(
         ckpt=(0, 2),
         baseline=base,
     )
+    if amp is not None and result.best and result.best[0].plan["amp"]:
+        note = _amp_confidence(w, cluster, gpus, gb, memory_gb, result)
+        if note:
+            result.notes.append(note)
     if world > 1:
         result.notes.append(
             f"the trace ran on {world} ranks; its own collectives were replaced by modelled ones"
@@ -219,6 +223,44 @@ def plan_trace(
             "trace with record_shapes=True for a plan that prices them"
         )
     return result
+
+
+def _amp_confidence(
+    w: TraceWorkload,
+    cluster: Cluster,
+    gpus: int,
+    global_batch: int,
+    memory_gb: float | None,
+    result: PlanResult,
+) -> str | None:
+    """A note when the best plan owes its lead to AMP by less than the AMP model's measured
+    error (as `advise` leaves such a gain unranked): the best plan without AMP beside it."""
+    from perfcast.advisor.advisor import _band, _bands
+
+    band, pairs = _band("amp", _bands())
+    plain = search(
+        w,
+        cluster,
+        gpus,
+        global_batch,
+        capacity_gib=memory_gb,
+        top=1,
+        fixed_s=w.fixed_s,
+        amp=(0,),
+        ckpt=(0, 2),
+    )
+    if band is None or not plain.best:
+        return None
+    best, alt = result.best[0], plain.best[0]
+    gain = alt.step_ms / best.step_ms
+    if gain * (1.0 - band) >= 1.0:
+        return None
+    return (
+        f"the best plans use AMP, predicted {gain:.2f}x faster than the best without it "
+        f"({alt.label}: {alt.step_ms:.1f} ms); the AMP model has missed by up to "
+        f"{100 * band:.0f}% on the project's {pairs} measured pair(s), more than this gain: "
+        "measure one AMP step before relying on it"
+    )
 
 
 def plan_model(
