@@ -259,3 +259,33 @@ def test_hostile_whatif_options_are_clean_errors(capsys, spec, message):
     assert main(["whatif", str(EXAMPLE), "--apply", spec]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message in err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["report", str(EXAMPLE), "-o", "{dir}"],
+        ["whatif", str(EXAMPLE), "--apply", "batch-size:factor=2", "--export-trace", "{dir}"],
+        ["tree", str(EXAMPLE), "--speedscope", "{dir}"],
+        ["report", str(EXAMPLE), "-o", "{ro}/r.html"],
+        ["whatif", str(EXAMPLE), "--apply", "batch-size:factor=2", "--export-trace", "{ro}/t.json"],
+        ["tree", str(EXAMPLE), "--folded", "{ro}/t.folded"],
+    ],
+)
+def test_unwritable_outputs_are_one_line_errors(
+    argv: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An output that is a folder, or that the OS refuses, is a one-line error (exit 2); it
+    was an internal error (exit 3) that named the report's temporary file."""
+    import os
+
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o500)
+    if os.access(ro, os.W_OK):  # root writes anywhere: use a virtual file system instead
+        ro = Path("/proc")
+    args = [a.format(dir=tmp_path, ro=ro) for a in argv]
+    assert main([*args, "-q"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and ("is a folder" in err or "cannot write the output" in err)
+    assert ".perfcast-report-" not in err

@@ -4,7 +4,8 @@ by main)."""
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from rich.text import Text
@@ -117,9 +118,25 @@ def _check_output(path: str | None, inputs: str) -> None:
         raise PerfcastError(
             "refusing to overwrite the input trace", path=path, hint="choose another output file"
         )
+    if os.path.isdir(path):
+        raise PerfcastError("the output is a folder", path=path, hint="give a file name inside it")
     parent = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(parent):
         raise PerfcastError("output folder does not exist", path=path)
+
+
+@contextmanager
+def writing(path: str) -> Iterator[None]:
+    """An output that cannot be written (no permission, a read-only or virtual file system)
+    is a one-line error, not an internal one."""
+    try:
+        yield
+    except OSError as exc:
+        raise PerfcastError(
+            f"cannot write the output ({exc.strerror or exc})",
+            path=path,
+            hint="choose a file in a folder you can write to",
+        ) from None
 
 
 def _export(timelines: list[tuple[str, Any]], path: str | None, ui: Any) -> None:
@@ -128,7 +145,8 @@ def _export(timelines: list[tuple[str, Any]], path: str | None, ui: Any) -> None
         return
     from perfcast.report.perfetto import export_timelines
 
-    export_timelines(timelines, path)
+    with writing(path):
+        export_timelines(timelines, path)
     ui.note(f"wrote {path} (open it at ui.perfetto.dev)")
 
 
@@ -261,7 +279,8 @@ def cmd_report(args: argparse.Namespace, ui: Any) -> int:
 
     _check_output(args.output, args.path)
     table = ui.load(args.path)
-    write_report(table, args.output, correct=args.correct)
+    with writing(args.output):
+        write_report(table, args.output, correct=args.correct)
     ui.note(f"wrote {args.output}")
     if args.json:
         ui.emit_json({"output": args.output})

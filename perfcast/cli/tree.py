@@ -72,7 +72,7 @@ def _check_view(args: argparse.Namespace) -> None:
 def cmd_tree(args: argparse.Namespace, ui: Any) -> int:
     from perfcast.analysis.context import context_tree
     from perfcast.analysis.context_views import focus, library_frames, project, tree_result
-    from perfcast.cli.commands import _check_output
+    from perfcast.cli.commands import _check_output, writing
 
     _check_view(args)
     if args.top < 1:
@@ -89,11 +89,13 @@ def cmd_tree(args: argparse.Namespace, ui: Any) -> int:
         if not args.all_frames:
             shown = project(shown, ~library_frames(shown.index))
         if args.speedscope:
-            write_speedscope(shown, args.speedscope, name=_name(args.path))
+            with writing(args.speedscope):
+                write_speedscope(shown, args.speedscope, name=_name(args.path))
             ui.note(f"wrote {args.speedscope} (open it at www.speedscope.app)")
         if args.folded:
             m = metric or ("gpu_ns" if tree.coverage.gpu_ns else "cpu_ns")
-            write_folded(shown, args.folded, metric=m)
+            with writing(args.folded):
+                write_folded(shown, args.folded, metric=m)
             ui.note(f"wrote {args.folded} ({'GPU' if m == 'gpu_ns' else 'CPU'} ns per path)")
     result = tree_result(
         tree,
