@@ -289,3 +289,16 @@ def test_unwritable_outputs_are_one_line_errors(
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and ("is a folder" in err or "cannot write the output" in err)
     assert ".perfcast-report-" not in err
+
+
+@pytest.mark.parametrize("command", ["summary", "replay", "advise", "tree", "analyze"])
+def test_a_trace_without_events_is_refused(
+    command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every command printed empty tables and "step 0.00 ms" for an empty event list and
+    exited 0; it is an error now (the API still loads it as an empty table)."""
+    path = tmp_path / "empty.json"
+    path.write_text('{"traceEvents": [{"ph": "M", "name": "process_name", "pid": 1}]}')
+    assert main([command, str(path), "-q"]) == 2
+    err = capsys.readouterr().err
+    assert "holds no complete events" in err and err.count("\n") == 1

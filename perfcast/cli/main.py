@@ -33,7 +33,22 @@ class UI:
         sys.stdout.write("\n")
 
     def load(self, path: str):
-        """Load a trace; on a terminal, a progress bar when it may take a second or more."""
+        """Load a trace (refusing one without a single complete event: every command would
+        print empty tables and 0 ms); on a terminal, a progress bar when it may take a
+        second or more."""
+        table = self._load(path)
+        if len(table) == 0:
+            from perfcast.errors import PerfcastError
+
+            raise PerfcastError(
+                "the trace holds no complete events: nothing to analyse",
+                path=path,
+                hint="profile at least one step: torch.profiler with prof.step(), or "
+                "`perfcast profile`",
+            )
+        return table
+
+    def _load(self, path: str):
         from perfcast.ingest import load
 
         if self.quiet or not self.err.is_terminal or _input_size(path) < 2_000_000:
