@@ -302,3 +302,35 @@ def test_a_trace_without_events_is_refused(
     assert main([command, str(path), "-q"]) == 2
     err = capsys.readouterr().err
     assert "holds no complete events" in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["plan", str(EXAMPLE), "--gpus", "8", "--top", "-5"], "--top must be at least 1"),
+        (["plan", str(EXAMPLE), "--gpus", "8", "--global-batch", "0"], "--global-batch"),
+        (["summary", str(EXAMPLE), "--top", "-5"], "--top must be at least 1"),
+        (["analyze", str(EXAMPLE), "--rows", "-1"], "--rows must be at least 1"),
+        (
+            [
+                "whatif",
+                str(EXAMPLE),
+                "--apply",
+                "batch-size:factor=2",
+                "--tree",
+                "--min-pct",
+                "200",
+            ],
+            "--min-pct must be between 0 and 100",
+        ),
+        (["plan", "--model", "gpt-22b", "--gpus", "8", "--memory-gb", "0"], "--memory-gb"),
+    ],
+)
+def test_counts_below_one_are_refused_before_any_work(
+    argv: list[str], needle: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """These ran and printed a [:-5] slice of the plans, empty tables, or a whole prediction
+    before the option was checked."""
+    assert main([*argv, "-q"]) == 2
+    out = capsys.readouterr()
+    assert needle in out.err and out.out == ""

@@ -177,7 +177,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     subject = (
         getattr(args, "path", None) or getattr(args, "result", None) or getattr(args, "a", None)
     )
-    return _guard(lambda: COMMANDS[args.command](args, ui), debug=args.debug, subject=subject)
+
+    def run() -> int:
+        _check_counts(args)
+        return COMMANDS[args.command](args, ui)
+
+    return _guard(run, debug=args.debug, subject=subject)
+
+
+# Options that count something: at least 1 wherever a command has them. Checked before any
+# work, so a bad value never costs a load and a prediction first.
+_COUNTS = ("top", "rows", "gpus", "global_batch", "batch", "gpus_per_node", "workers")
+
+
+def _check_counts(args: argparse.Namespace) -> None:
+    for name in _COUNTS:
+        value = getattr(args, name, None)
+        if isinstance(value, int) and value < 1:
+            raise PerfcastError(f"--{name.replace('_', '-')} must be at least 1, not {value}")
+    depth = getattr(args, "depth", None)
+    if isinstance(depth, int) and depth < 0:
+        raise PerfcastError(f"--depth must be 0 or more, not {depth}")
+    min_pct = getattr(args, "min_pct", None)
+    if isinstance(min_pct, (int, float)) and not 0 <= min_pct <= 100:
+        raise PerfcastError(f"--min-pct must be between 0 and 100, not {min_pct:g}")
+    memory = getattr(args, "memory_gb", None)
+    if isinstance(memory, (int, float)) and memory <= 0:
+        raise PerfcastError(f"--memory-gb must be more than 0, not {memory:g}")
 
 
 def _guard(fn: Callable[[], int], *, debug: bool, subject: str | None) -> int:
