@@ -72,17 +72,42 @@ def render_table(
     n = len(cols[names[0]]) if names else 0
     if n == 0:
         return
+    shown = min(n, rows)
+    cells = {c: [_cell(cols[c][i], column=c) for i in range(shown)] for c in names}
+    # Figures are never cut ("2,1…"): each keeps its widest cell, text columns wrap into
+    # what is left, and when even that does not fit the rightmost figures are left out.
+    width = {c: max([len(c), *map(len, cells[c])]) for c in names}
+    text_min = 20
+
+    def needed(cs: list[str]) -> int:  # two spaces between columns
+        return sum(min(width[c], text_min) if c in TEXT_COLUMNS else width[c] for c in cs) + 2 * (
+            len(cs) - 1
+        )
+
+    dropped: list[str] = []
+    while len(names) > 1 and needed(names) > console.width:
+        figure_cols = [c for c in names if c not in TEXT_COLUMNS]
+        if not figure_cols:
+            break
+        dropped.insert(0, figure_cols[-1])
+        names.remove(figure_cols[-1])
     t = Table(title=Text(title), title_justify="left", box=None, pad_edge=False)
     for c in names:
-        t.add_column(
-            c,
-            justify="left" if c in TEXT_COLUMNS else "right",
-            no_wrap=c != "name",
-            overflow="fold" if c in TEXT_COLUMNS else "ellipsis",
-        )
-    for i in range(min(n, rows)):
-        t.add_row(*(Text(_cell(cols[c][i], column=c)) for c in names))
+        if c in TEXT_COLUMNS:
+            t.add_column(c, justify="left", overflow="fold", min_width=min(width[c], text_min))
+        else:
+            t.add_column(c, justify="right", no_wrap=True, min_width=width[c])
+    for i in range(shown):
+        t.add_row(*(Text(cells[c][i]) for c in names))
     console.print(t)
+    if dropped:
+        console.print(
+            Text(
+                f"  ({', '.join(dropped)} left out at this width: --json, --csv or a wider "
+                "terminal have them)",
+                style="dim",
+            )
+        )
     if n > rows:
         console.print(
             Text(f"  … {n - rows} more rows (--json, --csv or the API have them all)", style="dim")
