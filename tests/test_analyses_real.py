@@ -178,3 +178,19 @@ def test_diff_says_when_the_gpu_or_the_batch_differ(shared_traces: Path) -> None
     assert "B on Tesla V100-DGXS-32GB" in notes and "the batch differs (A 64, B 32" in notes
     same = perfcast.diff(a, GPU_TRUTH / "r50_fused.json.gz", real=False)
     assert not any("differs" in n or "two GPUs" in n for n in same.notes)
+
+
+def test_a_graph_launch_is_counted_once() -> None:
+    """A cudaGraphLaunch replays thousands of kernels: each carries its share of the call's
+    CPU time (the 14 ms CUDA-graph MLP trace reported 10,253 ms of launch CPU time, and
+    4,722 runtime outliers for its 3 graph launches)."""
+    import numpy as np
+
+    from perfcast.analysis.launches import launch_stats
+
+    path = Path(__file__).parents[1] / "benchmarks/accuracy/recorded/traces/h100/mlp_graph.json.gz"
+    table = perfcast.load(str(path))
+    s = launch_stats(table).summary[0]
+    calls = np.unique(table.launch[table.is_gpu() & (table.launch >= 0)])
+    assert s.cpu_ms == pytest.approx(table.dur[calls].sum() / 1e6)
+    assert s.runtime_outliers <= calls.size < 10
