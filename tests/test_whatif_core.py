@@ -312,7 +312,22 @@ def test_the_plan_takes_an_enabler_that_gains_only_with_others(monkeypatch):
     assert plan.enablers == ["remove-host-sync:reads=true"] and plan.predicted_ms == 1.5
 
 
-@pytest.mark.parametrize("spec", ["cuda-graphs", "fuse-elementwise", "torch-compile", "amp"])
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "cuda-graphs",
+        "fuse-elementwise",
+        "torch-compile",
+        "amp",
+        # These said "no parameter shapes" or "inference?" on a graphed training step.
+        "zero",
+        "ddp",
+        "tensor-parallel",
+        "pipeline-parallel",
+        "activation-checkpointing",
+        "fused-optimizer",
+    ],
+)
 def test_a_step_replayed_from_cuda_graphs_is_refused(tmp_path, spec):
     """Its kernels are captured already and carry no phase of their own."""
     b = TraceBuilder()

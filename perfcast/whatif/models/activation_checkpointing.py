@@ -54,6 +54,7 @@ from perfcast.graph.model import NONE, GpuKind, Graph, NodeKind, Source
 from perfcast.graph.phases import PHASE_RULES, Phase, in_phases, phase_names
 from perfcast.hardware.classify import HOST_COPY_PATTERN
 from perfcast.whatif import primitives as P
+from perfcast.whatif.kernels import refuse_graph_replays
 
 SUMMARY = (
     "recompute forward work in backward like torch.utils.checkpoint "
@@ -74,6 +75,7 @@ class Options:
 
 
 def apply(graph: Graph, options: Options) -> Graph:
+    refuse_graph_replays(graph, "activation-checkpointing")
     c = graph.cols
     bwd = P.select(graph, kind="host", phase="backward")
     bwd = bwd[c["iteration"][bwd] >= 0]

@@ -66,6 +66,7 @@ from perfcast.hardware.classify import KernelClass
 from perfcast.hardware.collectives import collective_from_kernel_name
 from perfcast.ingest.input_dims import is_shape, parse_input_dims
 from perfcast.whatif import primitives as P
+from perfcast.whatif.kernels import refuse_graph_replays
 from perfcast.whatif.models._parallel_common import CommModel, comm_model
 
 SUMMARY = (
@@ -112,6 +113,7 @@ class _Point:
 
 
 def apply(graph: Graph, options: Options) -> Graph:
+    refuse_graph_replays(graph, "ddp")
     _check_options(options)
     c = graph.cols
     if P.select(graph, kind="gpu").size == 0:

@@ -33,6 +33,7 @@ from perfcast.arrays import combine_codes, split_by
 from perfcast.errors import NotApplicableError
 from perfcast.graph.model import Graph, NodeKind
 from perfcast.whatif import primitives as P
+from perfcast.whatif.kernels import refuse_graph_replays
 
 SUMMARY = "for-loop optimizer -> foreach or fused multi-tensor kernels (kind=foreach|fused)"
 
@@ -83,6 +84,7 @@ def params_estimate(graph: Graph, nodes: np.ndarray) -> tuple[int, int]:
 
 
 def apply(graph: Graph, options: Options) -> Graph:
+    refuse_graph_replays(graph, "fused-optimizer")
     if options.kind not in TENSORS_PER_LAUNCH:
         raise NotApplicableError("fused-optimizer: kind must be foreach or fused")
     c = graph.cols
