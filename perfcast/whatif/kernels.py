@@ -21,6 +21,7 @@ from perfcast.hardware import (
     KernelClass,
     dtype_from_kernel_name,
     is_compute_bound_class,
+    list_devices,
     lookup_device,
     nearest_device,
 )
@@ -103,7 +104,7 @@ def resolve_device(name: str, model: str, what: str, graph: Graph | None = None)
     if near is None:
         raise NotApplicableError(
             f"{model}: unknown device '{name}' ({what})",
-            hint="perfcast.hardware.list_devices() lists the known devices",
+            hint="known: " + ", ".join(d.name for d in list_devices()),
         )
     if graph is not None:
         graph.assumptions.append(f"{model}: {near[1]}; taken as {near[0].name}")

@@ -87,7 +87,10 @@ from perfcast.whatif.kernels import (
 )
 from perfcast.whatif.registry import MAX_OPTION
 
-SUMMARY = "the same work on another GPU, per-kernel roofline scaling (target=h100, source=...)"
+SUMMARY = (
+    "the same work on another GPU, per-kernel roofline scaling (target=GPU, required: e.g. "
+    "target=h100; source= when the trace misnames its own; host=SPEED)"
+)
 
 
 @dataclass
@@ -195,7 +198,12 @@ def _host_ratio_from_calibration(path: Path, graph: Graph) -> tuple[float, str]:
 
 def apply(graph: Graph, options: Options) -> Graph:
     if not options.target:
-        raise PerfcastError("device needs a target GPU", hint="e.g. device:target=h100")
+        from perfcast.hardware.devices import list_devices
+
+        raise PerfcastError(
+            "device needs a target GPU",
+            hint="e.g. device:target=h100; known: " + ", ".join(d.name for d in list_devices()),
+        )
     host_speed, host_how = host_ratio(options.host, graph)
     target = resolve_device(options.target, "device", "target", graph)
     gpu = require_gpu(graph, "device")

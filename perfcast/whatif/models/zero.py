@@ -43,8 +43,9 @@ from perfcast.whatif.models import _parallel_common as C
 
 SUMMARY = (
     "ZeRO-1/2/3 / FSDP over N GPUs: sharded optimizer state, gradients and parameters; "
-    "reduce-scatter and all-gather per unit with prefetch (gpus=N, stage=1|2|3, units=, "
-    "link=, gpus_per_node=8, param_bytes=4, grad_bytes=4)"
+    "reduce-scatter and all-gather per unit with prefetch (gpus=8, stage=3, units=16, "
+    "prefetch=1, link=, gpus_per_node=8, param_bytes=4, grad_bytes=4, params_mb= when the "
+    "trace has no shapes)"
 )
 MIB = 1 << 20
 
