@@ -231,3 +231,11 @@ def test_amp_is_proposed_in_fp16_on_a_gpu_without_bf16() -> None:
     g.device_names = dict.fromkeys(g.device_names, "Tesla V100-SXM2-32GB")
     specs = adv._candidates_for(g)
     assert "amp:dtype=fp16" in specs and "amp:dtype=bf16" not in specs
+
+
+def test_not_applicable_reasons_do_not_repeat_the_name(shared_traces: Path) -> None:
+    """The list read 'cuda-graphs: cuda-graphs: the trace has no GPU work'."""
+    advice = perfcast.advise(str(shared_traces / "hta_cpu_only_gloo_rank34.json.gz"))
+    assert advice.not_applicable
+    for na in advice.not_applicable:
+        assert not na.reason.startswith(na.name.split(":")[0] + ":"), na

@@ -441,7 +441,9 @@ def advise(
             new_graph, applied = apply_specs(world.graph, [spec])
             tl = simulate(new_graph)
         except PerfcastError as exc:
-            return NotApplicable(text, str(exc))
+            reason = str(exc)
+            model = f"{text.split(':')[0]}: "  # the model names itself; the item does too
+            return NotApplicable(text, reason.removeprefix(model))
         _, predicted, _ = step_ms(tl)
         speedup = baseline_ms / predicted if predicted > 0 else float("inf")
         band, pairs = _band(text, bands)
