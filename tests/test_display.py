@@ -86,3 +86,6 @@ def test_counts_per_step_print_whole_when_whole() -> None:
     assert _cell(12_345.0, column="count") == "12,345"
     assert _cell(2.5, column="b_count") == "2.5"
     assert _cell(53.0, column="a_ms") == "53.00"  # times keep their decimals
+    assert _cell(1240, column="launches") == "1,240"  # as 26,770 beside it
+    assert _cell(131072, column="tid") == "131072"  # identifiers as the trace writes them
+    assert _cell(8e-06, column="total_ms") == "<0.001"  # not "8e-06" beside "1.32"

@@ -39,6 +39,7 @@ COLUMNS: dict[str, tuple[str, ...]] = {
     "idle.intervals": ("rank", "stream", "category", "count", "total_ms", "mean_us", "p50_us",
                        "max_us"),
 }  # fmt: skip
+ID_COLUMNS = {"rank", "device", "stream", "pid", "tid", "thread", "step", "iteration", "id"}
 TEXT_COLUMNS = {"name", "op", "sequence", "shapes", "kernel", "runtime", "kinds", "group"}
 
 
@@ -58,9 +59,12 @@ def _cell(v: Any, width: int = 60, column: str = "") -> str:
             return f"{v:,.0f}"
         if a >= 1:
             return f"{v:,.2f}"
+        if a < 0.001:  # no "8e-06" beside "1.32" (--json and --csv keep the value)
+            return "<0.001" if v > 0 else ">-0.001"
         return f"{v:.3g}"
     if isinstance(v, int):
-        return f"{v:,}" if abs(v) >= 10_000 else str(v)
+        # "1,240" beside "26,770"; identifiers stay as the trace writes them.
+        return str(v) if column in ID_COLUMNS else f"{v:,}"
     s = str(v)
     return s if len(s) <= width else s[: width - 1] + "…"
 
