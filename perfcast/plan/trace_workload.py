@@ -496,7 +496,7 @@ def trace_workload(
         [
             f"from rank {rank}'s trace: batch {b0} per GPU, step {step_s * 1e3:.1f} ms "
             + (
-                f"without the profiler ({traced_step_s * 1e3:.1f} traced) "
+                f"without the profiler, {traced_step_s * 1e3:.1f} traced "
                 if host is not None
                 else "as traced "
             )
