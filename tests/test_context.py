@@ -297,6 +297,8 @@ def test_views_project_focus_rows_and_hot_spots(hand: ContextTree) -> None:
     assert ops[0].name == "aten::linear" and ops[0].value == 120 * US and ops[0].calls == 2
     res = tree_result(hand, focus_re="gemm")
     assert res.rows[0].incl["gpu_ns"] == 100 * US
+    # The CPU column is the profiled run's; the result says so (whatif takes the cost out).
+    assert any("CPU ms are as traced" in n for n in res.notes)
 
 
 def test_labels_flops_and_library_frames() -> None:

@@ -452,6 +452,13 @@ class TreeResult:
     bottom_up: list[HotSpot] | None = None
 
 
+# The tree attributes the trace's own times: its CPU column is the profiled run's.
+CPU_AS_TRACED = (
+    "CPU ms are as traced, the profiler's own cost per op included (summary, whatif and "
+    "advise take it out); GPU ms are the kernels' own"
+)
+
+
 def tree_result(
     tree: ContextTree,
     metric: str | None = None,
@@ -491,7 +498,7 @@ def tree_result(
         unattributed_pct=cov.unattributed_pct,
         unattributed_launched_pct=cov.unattributed_launched_pct,
         compiled=tree.compiled,
-        notes=list(tree.notes),
+        notes=[*tree.notes, CPU_AS_TRACED],
         rows=rows,
         bottom_up=hot_spots(tree, metric=metric, top=top) if bottom_up else None,
     )
