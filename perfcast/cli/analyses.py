@@ -74,8 +74,6 @@ def cmd_analyze(args: argparse.Namespace, ui: Any) -> int:
     from perfcast.analysis.battery import analyze, parse_only
 
     only = parse_only(args.only)  # bad names fail before the trace is read
-    if args.top < 1:
-        raise PerfcastError("--top must be at least 1")
     table = ui.load(args.path)
     result = analyze(table, only=only, top=args.top)
     _write_exports(args, result.tables(), ui)
@@ -92,8 +90,6 @@ def cmd_diff(args: argparse.Namespace, ui: Any) -> int:
     from perfcast.api import diff
     from perfcast.frames import result_tables
 
-    if args.top < 1:
-        raise PerfcastError("--top must be at least 1")
     if args.apply:
         from perfcast.whatif.registry import parse_spec
 

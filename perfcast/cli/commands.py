@@ -310,8 +310,6 @@ def cmd_calibrate(args: argparse.Namespace, ui: Any) -> int:
 
     from perfcast import calibration
 
-    if args.workers < 1:
-        raise PerfcastError("--workers must be at least 1")
     worker_cpus = _cpu_list(args.worker_cpus)
     unknown = sorted(set(worker_cpus) - set(range(os.cpu_count() or 1)))
     if unknown:

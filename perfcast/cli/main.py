@@ -185,8 +185,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     return _guard(run, debug=args.debug, subject=subject)
 
 
-# Options that count something: at least 1 wherever a command has them. Checked before any
-# work, so a bad value never costs a load and a prediction first.
+# Options that count something: at least 1 wherever a command has them. Checked here, for
+# every command, before any work, so a bad value never costs a load and a prediction first.
 _COUNTS = ("top", "rows", "gpus", "global_batch", "batch", "gpus_per_node", "workers")
 
 

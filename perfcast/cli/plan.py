@@ -56,10 +56,6 @@ def register(sub: Any, add_common: Callable[[Any], None], table: dict[str, Any])
 def cmd_plan(args: argparse.Namespace, ui: Any) -> int:
     from perfcast.plan import plan_model, plan_trace
 
-    if args.gpus is not None and args.gpus < 1:
-        raise PerfcastError("--gpus must be at least 1")
-    if args.memory_gb is not None and args.memory_gb <= 0:
-        raise PerfcastError("--memory-gb must be positive")
     if args.model and args.path:
         raise PerfcastError("give a trace PATH or --model, not both")
     if args.model:

@@ -7,8 +7,6 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
-from perfcast.errors import PerfcastError
-
 
 def register(sub: Any, add_common: Callable[[Any], None], table: dict[str, Any]) -> None:
     p = sub.add_parser(
@@ -62,21 +60,11 @@ def add_view_options(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _check_view(args: argparse.Namespace) -> None:
-    if args.depth is not None and args.depth < 0:
-        raise PerfcastError("--depth must be 0 or more")
-    if not 0.0 <= args.min_pct <= 100.0:
-        raise PerfcastError("--min-pct must be between 0 and 100")
-
-
 def cmd_tree(args: argparse.Namespace, ui: Any) -> int:
     from perfcast.analysis.context import context_tree
     from perfcast.analysis.context_views import focus, library_frames, project, tree_result
     from perfcast.cli.commands import _check_output, writing
 
-    _check_view(args)
-    if args.top < 1:
-        raise PerfcastError("--top must be at least 1")
     for out in (args.speedscope, args.folded):
         _check_output(out, args.path)
     table = ui.load(args.path)
@@ -129,7 +117,6 @@ def whatif_tree(table: Any, base: Any, predicted: Any, args: argparse.Namespace,
     from perfcast.analysis.context_gain import attribute_gain
     from perfcast.analysis.context_views import focus, library_frames, project, tree_rows
 
-    _check_view(args)
     gain = attribute_gain(build_index(table), base, predicted)
     tree = gain.tree
     if args.focus:
