@@ -41,6 +41,11 @@ _FP32_FMA = re.compile(r"sgemm|scudnn|simt|ffma")
 AUTOCAST_PREFIX = re.compile(r"^autocast\[(bf16|fp16)\] ")
 
 
+def known_devices_text() -> str:
+    """The GPUs a device option accepts, for an error's hint."""
+    return "known: " + ", ".join(d.name for d in list_devices())
+
+
 def fixed_cost_text(fixed_ns: int) -> str:
     """The fixed per-kernel cost as a model's assumptions state it."""
     return (
@@ -104,7 +109,7 @@ def resolve_device(name: str, model: str, what: str, graph: Graph | None = None)
     if near is None:
         raise NotApplicableError(
             f"{model}: unknown device '{name}' ({what})",
-            hint="known: " + ", ".join(d.name for d in list_devices()),
+            hint=known_devices_text(),
         )
     if graph is not None:
         graph.assumptions.append(f"{model}: {near[1]}; taken as {near[0].name}")

@@ -80,6 +80,7 @@ from perfcast.whatif.kernels import (
     is_compute_kernel,
     kernel_dtype,
     kernel_fixed_cost_ns,
+    known_devices_text,
     rank_devices,
     require_gpu,
     resolve_device,
@@ -198,11 +199,8 @@ def _host_ratio_from_calibration(path: Path, graph: Graph) -> tuple[float, str]:
 
 def apply(graph: Graph, options: Options) -> Graph:
     if not options.target:
-        from perfcast.hardware.devices import list_devices
-
         raise PerfcastError(
-            "device needs a target GPU",
-            hint="e.g. device:target=h100; known: " + ", ".join(d.name for d in list_devices()),
+            "device needs a target GPU", hint=f"e.g. device:target=h100; {known_devices_text()}"
         )
     host_speed, host_how = host_ratio(options.host, graph)
     target = resolve_device(options.target, "device", "target", graph)

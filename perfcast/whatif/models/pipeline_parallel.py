@@ -37,7 +37,6 @@ from perfcast.graph.model import Graph
 from perfcast.graph.phases import Phase
 from perfcast.whatif import kernels as K
 from perfcast.whatif import primitives as P
-from perfcast.whatif.kernels import refuse_graph_replays
 from perfcast.whatif.models import _parallel_common as C
 
 SUMMARY = (
@@ -57,7 +56,7 @@ class Options:
 
 
 def apply(graph: Graph, options: Options) -> Graph:
-    refuse_graph_replays(graph, "pipeline-parallel")
+    K.refuse_graph_replays(graph, "pipeline-parallel")
     o = options
     if o.pp < 2:
         raise NotApplicableError("pipeline-parallel: pp must be at least 2")

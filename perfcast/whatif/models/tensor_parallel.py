@@ -36,7 +36,6 @@ from perfcast.graph.phases import Phase
 from perfcast.hardware.classify import KernelClass, dtype_from_kernel_name
 from perfcast.whatif import kernels as K
 from perfcast.whatif import primitives as P
-from perfcast.whatif.kernels import refuse_graph_replays
 from perfcast.whatif.models import _parallel_common as C
 
 SUMMARY = (
@@ -56,7 +55,7 @@ class Options:
 
 
 def apply(graph: Graph, options: Options) -> Graph:
-    refuse_graph_replays(graph, "tensor-parallel")
+    K.refuse_graph_replays(graph, "tensor-parallel")
     t = options.tp
     if t < 2:
         raise NotApplicableError("tensor-parallel: tp must be at least 2")

@@ -38,7 +38,6 @@ from perfcast.errors import NotApplicableError
 from perfcast.graph.model import Graph
 from perfcast.graph.phases import Phase
 from perfcast.whatif import kernels as K
-from perfcast.whatif.kernels import refuse_graph_replays
 from perfcast.whatif.models import _parallel_common as C
 
 SUMMARY = (
@@ -64,7 +63,7 @@ class Options:
 
 
 def apply(graph: Graph, options: Options) -> Graph:
-    refuse_graph_replays(graph, "zero")
+    K.refuse_graph_replays(graph, "zero")
     o = options
     if o.gpus < 2:
         raise NotApplicableError("zero: gpus must be at least 2")
