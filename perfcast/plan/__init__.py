@@ -13,6 +13,7 @@ vectorized pass, `search` prunes what does not fit and ranks the rest.
 from __future__ import annotations
 
 import math
+from functools import partial
 from typing import Any
 
 from perfcast.analysis.common import traced_device
@@ -23,7 +24,7 @@ from perfcast.hardware.network import Cluster, calibrated_from, make_cluster
 from perfcast.plan.analytic import AnalyticWorkload
 from perfcast.plan.desc import PRESETS, ModelDesc, load_desc
 from perfcast.plan.plans import Plans
-from perfcast.plan.search import PlanResult, search
+from perfcast.plan.search import PlanResult, PlanRow, search
 from perfcast.plan.trace_workload import (
     AmpEffect,
     TraceWorkload,
@@ -196,20 +197,13 @@ def plan_trace(
     # The traced configuration itself: its predicted step checks the scaling against what
     # the trace measured.
     base = Plans.single(dp=world if world <= max(gpus, world) else 1, mb=w.batch, m=1)
-    result = search(
-        w,
-        cluster,
-        gpus,
-        gb,
-        capacity_gib=memory_gb,
-        top=top,
-        fixed_s=w.fixed_s,
-        amp=amp_choices,
-        ckpt=(0, 2),
-        baseline=base,
+    searched = partial(
+        search, w, cluster, gpus, gb, capacity_gib=memory_gb, fixed_s=w.fixed_s, ckpt=(0, 2)
     )
+    result = searched(top=top, amp=amp_choices, baseline=base)
     if amp is not None and result.best and result.best[0].plan["amp"]:
-        note = _amp_confidence(w, cluster, gpus, gb, memory_gb, result)
+        plain = searched(top=1, amp=(0,)).best  # the best plan without AMP
+        note = _amp_confidence(result.best[0], plain[0]) if plain else None
         if note:
             result.notes.append(note)
     if world > 1:
@@ -225,33 +219,14 @@ def plan_trace(
     return result
 
 
-def _amp_confidence(
-    w: TraceWorkload,
-    cluster: Cluster,
-    gpus: int,
-    global_batch: int,
-    memory_gb: float | None,
-    result: PlanResult,
-) -> str | None:
-    """A note when the best plan owes its lead to AMP by less than the AMP model's measured
-    error (as `advise` leaves such a gain unranked): the best plan without AMP beside it."""
+def _amp_confidence(best: PlanRow, alt: PlanRow) -> str | None:
+    """A note when the best plan owes its lead over the best one without AMP (`alt`) to AMP
+    by less than the AMP model's measured error (as `advise` leaves such a gain unranked)."""
     from perfcast.advisor.advisor import _band, _bands
 
     band, pairs = _band("amp", _bands())
-    plain = search(
-        w,
-        cluster,
-        gpus,
-        global_batch,
-        capacity_gib=memory_gb,
-        top=1,
-        fixed_s=w.fixed_s,
-        amp=(0,),
-        ckpt=(0, 2),
-    )
-    if band is None or not plain.best:
+    if band is None:
         return None
-    best, alt = result.best[0], plain.best[0]
     gain = alt.step_ms / best.step_ms
     if gain * (1.0 - band) >= 1.0:
         return None

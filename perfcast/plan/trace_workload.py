@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -204,8 +204,9 @@ class TraceWorkload:
         runs backward work queued `gpu_lag_s` ahead of it, so only its host time beyond
         that lag adds to the step: max(GPU, host - lag)."""
         n = max(float(self.facts.params), 1.0)
-        host = np.maximum(self.optimizer_host_s - gpu_lag_s, 0.0)
-        return np.maximum(self.optimizer_s_measured * params_gpu / n, host)
+        return _optimizer_added(
+            self.optimizer_s_measured * params_gpu / n, self.optimizer_host_s, gpu_lag_s
+        )
 
     def bytes_per_param(self) -> tuple[int, int, int]:
         from perfcast.memory_model.model import OPT_STATE_BYTES
@@ -216,6 +217,12 @@ class TraceWorkload:
     @property
     def fixed_bytes(self) -> float:
         return float(inputs_from_facts(self.facts).workspace_bytes)
+
+
+def _optimizer_added(gpu_s: Any, host_s: float, gpu_lag_s: Any) -> np.ndarray:
+    """Time the optimizer adds after backward: its GPU time, or its host time beyond the
+    GPU's lag behind the host (the host starts it while backward's kernels drain)."""
+    return np.maximum(gpu_s, np.maximum(host_s - gpu_lag_s, 0.0))
 
 
 @dataclass(frozen=True)
@@ -285,7 +292,7 @@ def amp_effect(graph: Graph) -> AmpEffect | str:
         return str(exc)
     fb = (Phase.FORWARD, Phase.BACKWARD)
 
-    def gpu_ms(g: Graph) -> tuple[float, float]:
+    def gpu_ns(g: Graph) -> tuple[float, float]:
         c = g.cols
         on = (c["kind"] == NodeKind.GPU) & g.alive & np.isin(c["phase"], [int(p) for p in fb])
         klass = c["klass"]
@@ -294,12 +301,12 @@ def amp_effect(graph: Graph) -> AmpEffect | str:
         dur = c["dur"].astype(np.float64)
         return float(dur[on & cb].sum()), float(dur[on & ~cb & ~comm].sum())
 
-    def host_ms(g: Graph) -> float:
+    def host_ns(g: Graph) -> float:
         now, _, keys = _host_sums(g)
         return sum(v for v, (_, ph) in zip(now, keys, strict=True) if ph in fb)
 
-    (cb0, mem0), (cb1, mem1) = gpu_ms(graph), gpu_ms(after)
-    h0, h1 = host_ms(graph), host_ms(after)
+    (cb0, mem0), (cb1, mem1) = gpu_ns(graph), gpu_ns(after)
+    h0, h1 = host_ns(graph), host_ns(after)
     return AmpEffect(
         compute=cb1 / cb0 if cb0 else 1.0,
         memory=mem1 / mem0 if mem0 else 1.0,
@@ -421,9 +428,9 @@ def trace_workload(
     opt_s = max(host_opt, gpu_opt)
     gpu_fb = fl + fc + fm + bl + bc + bm
     host_s = host_fb
-    # As the plans count it (cost.evaluate): the optimizer's host time overlaps the GPU's lag
-    # behind the host at the end of backward.
-    opt_added = max(gpu_opt, host_opt - max(gpu_fb - host_s, 0.0))
+    # As the plans count it (TraceWorkload.optimizer_s): the optimizer's host time overlaps
+    # the GPU's lag behind the host at the end of backward.
+    opt_added = float(_optimizer_added(gpu_opt, host_opt, max(gpu_fb - host_s, 0.0)))
     fixed_step = max(0.0, step_s - max(gpu_fb, host_s) - opt_added - comm_s)
     # Layer groups: forward kernels by the latest weight op launched before them.
     fops = ops[phases[ops] == Phase.FORWARD]
