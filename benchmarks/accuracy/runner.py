@@ -179,6 +179,35 @@ def _time_windows(trainer: Any, timing: Timing, warmup: int) -> list[float]:
     return per_step
 
 
+def _gib(n_bytes: int) -> float:
+    return round(n_bytes / 2**30, 4)
+
+
+def peak_memory_gib(trainer: Any, steps: int = 2, resident_bytes: int = 0) -> float | None:
+    """``torch.cuda.max_memory_allocated()`` over ``steps`` steps of ``trainer``, less
+    ``resident_bytes`` (what other live trainers hold), in GiB; None off CUDA. Issue 17's
+    memory check compares perfcast's predicted peak with this."""
+    import torch
+
+    if trainer.device.type != "cuda":
+        return None
+    trainer.synchronize()
+    torch.cuda.reset_peak_memory_stats(trainer.device)
+    for _ in range(steps):
+        trainer.step()
+    trainer.synchronize()
+    return _gib(torch.cuda.max_memory_allocated(trainer.device) - resident_bytes)
+
+
+def _allocated_bytes(trainer: Any) -> int:
+    import torch
+
+    if trainer.device.type != "cuda":
+        return 0
+    trainer.synchronize()
+    return int(torch.cuda.memory_allocated(trainer.device))
+
+
 def _resume_warmup(trainer: Any) -> int:
     # While the other side ran, DataLoader workers filled their prefetch queue (2 batches
     # each); drain it so the timed steps see the steady state, not a burst of ready batches.
@@ -427,6 +456,8 @@ def run(
                 continue
             baseline = Trainer(workload, base_cfg)
             try:
+                # The baseline's peak alone, before any variant shares the device with it.
+                base_peak = peak_memory_gib(baseline, steps=timing.profile_warmup)
                 for name in opts:
                     if _past(deadline, longest_row_s):
                         print(f"[{workload}] time is up: {name} and later rows left", file=log)
@@ -434,6 +465,7 @@ def run(
                     trace_dir = traces_dir / device / workload / name
                     row_start = time.monotonic()
                     row = _run_row(workload, name, baseline, base_cfg, trace_dir, timing, log)
+                    row["baseline_peak_mem_gib"] = base_peak
                     row_s = time.monotonic() - row_start
                     longest_row_s = max(longest_row_s, row_s)
                     print(f"[{workload}] {name}: row took {row_s:.0f} s", file=log)
@@ -550,6 +582,8 @@ class Recorder:
             batch=batch,
             variant_batch=batch * 2 if name == "batch-size-x2" else batch,
             calibration=self.calibration if calibrated else None,
+            baseline_peak_mem_gib=row.get("baseline_peak_mem_gib"),
+            variant_peak_mem_gib=row.get("variant_peak_mem_gib"),
             notes=row["note"],
         )
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -582,12 +616,17 @@ def _run_row(
     variant = None
     traces: list[Path] = []
 
+    variant_peak: float | None = None
+
     def take_trace() -> None:
         traces.extend(profile_baseline(baseline, trace_dir, timing))
 
     try:
+        # What the baseline holds between steps, so the variant's peak can be told apart.
+        base_resident = _allocated_bytes(baseline)
         variant = Trainer(workload, OPTIMIZATIONS[name].apply(base_cfg))
         pair = measure_pair(baseline, variant, timing, midway=take_trace)
+        variant_peak = peak_memory_gib(variant, resident_bytes=base_resident)
         base_ms, opt_ms, noise = pair.baseline_ms, pair.optimized_ms, pair.noise
         windows = (list(pair.baseline_windows_ms), list(pair.optimized_windows_ms))
         if noise > NOISY:
@@ -619,6 +658,7 @@ def _run_row(
         spec,
     )
     row["baseline_windows_ms"], row["optimized_windows_ms"] = windows
+    row["variant_peak_mem_gib"] = variant_peak
     row["trace_paths"] = [str(p) for p in traces]
     row["baseline_traced_ms"] = _median_traced_ms(traces)
     print(
