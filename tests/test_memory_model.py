@@ -131,3 +131,60 @@ def _inputs(table: object) -> MemoryInputs:
 def test_whatif_result_carries_memory() -> None:
     r = perfcast.predict(str(RECORDED / "mlp_fused.json.gz"), "remove-host-sync")
     assert r.memory is not None and r.memory.peak_bytes > 0
+
+
+LIVE_H200 = RECORDED.parent / "live-h200-2026-11-26"
+
+
+def test_checkpoint_regions_have_equal_op_counts() -> None:
+    # A CNN-like step: early layers hold more bytes. Three regions of two saved tensors each
+    # keep their first tensor; backward recomputes the largest region (the first).
+    inp = MemoryInputs(param_numels=[1], saved_bytes=[64, 64, 32, 32, 16, 16], optimizer="none")
+    ck = apply_changes(inp, ["activation-checkpointing:regions=3"])
+    assert ck.saved_bytes == [64, 32, 16]
+    assert ck.transient_bytes == 128
+
+
+def test_autocast_dtypes_follow_the_op_lists() -> None:
+    """Under autocast a GEMM saves its 16-bit input copy, a norm its fp32 input, dropout a
+    one-byte mask, and an activation function the dtype of what it reads."""
+    facts = trace_facts(perfcast.load(str(LIVE_H200 / "transformer.amp.json.gz")))
+    by_op: dict[str, set[float]] = {}
+    for s in facts.saved:
+        by_op.setdefault(s.op, set()).add(s.autocast_nbytes / s.nbytes)
+    assert by_op["aten::linear"] == {0.5}
+    assert by_op["aten::layer_norm"] == {1.0}
+    assert by_op["aten::dropout"] == {1.0}
+    assert by_op["aten::gelu"] == {0.5}  # reads fc1's 16-bit output
+
+
+def test_autocast_activation_after_a_norm_stays_fp32(tmp_path: Path) -> None:
+    b = TraceBuilder()
+    b.step(1, 0, 1000)
+    for i, (op, dims) in enumerate(
+        [
+            ("aten::linear", [[32, 100], [100, 100], [100]]),
+            ("aten::layer_norm", [[32, 100], [100], [100], [100]]),
+            ("aten::gelu", [[32, 100]]),
+            ("aten::linear", [[32, 100], [100, 100], [100]]),
+        ]
+    ):
+        b.op(op, 10 + 30 * i, 10, **{"Input Dims": dims})
+    b.op("autograd::engine::evaluate_function: torch::autograd::AccumulateGrad", 200, 8, tid=2)
+    b.op("torch::autograd::AccumulateGrad", 201, 6, tid=2, **{"Input Dims": [[100, 100]]})
+    facts = trace_facts(perfcast.load(str(b.write(tmp_path / "t.json"))))
+    ratios = [(s.op, s.autocast_nbytes / s.nbytes) for s in facts.saved]
+    assert ("aten::gelu", 1.0) in ratios  # LayerNorm hands on fp32
+    assert ("aten::layer_norm", 1.0) in ratios
+    assert all(r == 0.5 for op, r in ratios if op == "aten::linear")
+
+
+def test_autocast_leaves_embedding_tables_uncast() -> None:
+    table = perfcast.load(str(LIVE_H200 / "dlrm.amp.json.gz"))
+    facts = trace_facts(table)
+    assert facts.embedding_param_numel > 0.9 * facts.params  # 26 tables: most parameters
+    base = predict_peak_memory(table)
+    amp = predict_peak_memory(table, ["amp:dtype=bf16"])
+    # Measured on the H200: 2.79 GiB without and with autocast; a copy of every table
+    # would have added 0.33 GiB.
+    assert abs(amp.peak_gib - base.peak_gib) < 0.02

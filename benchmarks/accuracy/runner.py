@@ -211,7 +211,11 @@ def _allocated_bytes(trainer: Any) -> int:
 def _resume_warmup(trainer: Any) -> int:
     # While the other side ran, DataLoader workers filled their prefetch queue (2 batches
     # each); drain it so the timed steps see the steady state, not a burst of ready batches.
-    return 2 + 2 * trainer.cfg.num_workers
+    # On the H200 a host-bound side that followed the other ran its first window slow: the
+    # transformer's bf16 variant measured [31.5, 26.3], [18.5, 17.6], [24.8, 21.6] ms in its
+    # three rounds, fast only where it ran first. Five steps there, not two.
+    settle = 5 if trainer.device.type == "cuda" else 2
+    return settle + 2 * trainer.cfg.num_workers
 
 
 def _let_workers_settle(trainer: Any, windows_ms: list[float]) -> None:

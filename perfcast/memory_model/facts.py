@@ -80,6 +80,21 @@ _ELEMENTWISE = re.compile(
 _RESULT_SAVERS = re.compile(
     r"^aten::(relu|sigmoid|tanh|elu|hardtanh|relu6|softmax|log_softmax|_softmax|_log_softmax)$"
 )
+# Autocast's op lists (torch.amp docs, "CUDA Ops that can autocast to float16" and "... to
+# float32"): the first cast their inputs to 16 bits (and save those copies), the second to
+# fp32. Any other op runs in the dtype of what it reads.
+_AUTOCAST_16 = re.compile(
+    r"^aten::(conv\d?d|convolution|_convolution|conv_transpose\d?d|linear|addmm|mm|matmul|bmm|"
+    r"baddbmm|addbmm|einsum|prelu|scaled_dot_product_attention|_scaled_dot_product\w*|"
+    r"_flash_attention\w*)$"
+)
+_AUTOCAST_32 = re.compile(
+    r"^aten::(layer_norm|native_layer_norm|group_norm|rms_norm|softmax|log_softmax|_softmax|"
+    r"_log_softmax|cross_entropy(_loss)?|nll_loss\w*|mse_loss|l1_loss|smooth_l1_loss|"
+    r"binary_cross_entropy_with_logits|sum|cumsum|prod|exp|log|pow|rsqrt|norm|"
+    r"embedding|embedding_bag|_embedding_bag)$"
+)
+_EMBEDDING = re.compile(r"^aten::(embedding|embedding_bag|_embedding_bag)$")
 _FUSED_ADAM = re.compile(r"_fused_adamw?_?$|_fused_adam")
 _FOREACH_ADAM = re.compile(r"^aten::_foreach_(addcdiv|lerp|sqrt)")
 _LOOP_ADAM = re.compile(r"^aten::(addcdiv_|lerp_)$")
@@ -94,6 +109,9 @@ class SavedTensor:
     numel: int
     nbytes: int
     linear: bool  # saved by a linear layer (what tensor parallelism splits)
+    # Its bytes under bf16/fp16 autocast (an fp32 trace's forward replayed in autocast), by
+    # autocast's op lists and the dtype of what the op reads.
+    autocast_nbytes: int = 0
 
 
 @dataclass
@@ -104,6 +122,7 @@ class TraceFacts:
     step: str | None
     param_numels: list[int] = field(default_factory=list)
     linear_param_numel: int = 0  # parameters of linear layers (2-D weights of linear/addmm)
+    embedding_param_numel: int = 0  # weights of embedding tables
     optimizer: str = "adam"  # adam | sgd | none
     optimizer_impl: str = "for-loop"  # for-loop | foreach | fused
     saved: list[SavedTensor] = field(default_factory=list)
@@ -272,10 +291,15 @@ def _saved(table: EventTable, ops: np.ndarray, phases: np.ndarray, facts: TraceF
         # Only a plain shape keys the walk: hostile or nested dims (a list of lists) are no
         # tensor to follow.
         firsts.append(tuple(d[0]) if d and is_shape(d[0]) and d[0] else None)
+    reads_16 = False  # under autocast, whether the tensor the chain hands on is 16-bit
     for i, r in enumerate(rows):
         name = table.names[int(table.name[r])]
         d, key = dims_of[i], firsts[i]
         rule = next((s for pat, s in _SAVES if pat.search(name)), None)
+        casts_16, casts_32 = bool(_AUTOCAST_16.search(name)), bool(_AUTOCAST_32.search(name))
+        amp_width = 2 if casts_16 or (reads_16 and not casts_32) else 4
+        if casts_16 or casts_32:
+            reads_16 = casts_16
         if key is None:
             continue
         if rule is None:
@@ -289,20 +313,23 @@ def _saved(table: EventTable, ops: np.ndarray, phases: np.ndarray, facts: TraceF
         dup = rule != "mask" and seen.get(key) is False
         n = numel(list(key))
         first = 0 if dup else n * width
-        extra = 0
+        first_amp = 0 if dup else n * amp_width
+        extra = extra_amp = 0
         if rule == "in2" and d is not None and len(d) > 1:
-            extra = numel(d[1]) * width
+            extra, extra_amp = numel(d[1]) * width, numel(d[1]) * amp_width
         elif rule == "mask":
-            first = n  # one byte per element
+            first = first_amp = n  # one byte per element
         elif rule == "attn":
-            extra = 3 * n * width
+            extra, extra_amp = 3 * n * width, 3 * n * amp_width
         elif rule == "in+idx":
             # Max pooling also keeps int64 indices of its output (2x2, stride 2 assumed: a
             # quarter of the input's elements).
-            extra = n // 4 * 8
+            extra = extra_amp = n // 4 * 8
         if first + extra > 0:
             linear = bool(re.search(r"::(linear|addmm|mm)$", name))
-            facts.saved.append(SavedTensor(name, n, first + extra, linear=linear))
+            facts.saved.append(
+                SavedTensor(name, n, first + extra, linear, autocast_nbytes=first_amp + extra_amp)
+            )
         # The op's output is taken to be what the next op reads (a chain). An op whose
         # output has its input's shape hands on a new tensor of that shape: a later save of
         # the shape is not this one.
@@ -328,6 +355,13 @@ def _saved(table: EventTable, ops: np.ndarray, phases: np.ndarray, facts: TraceF
                 b = d[2] if name.endswith("linear") and len(d) > 2 else (d[0] if d else [])
                 lin += numel(w) + (numel(b) if isinstance(b, list) and len(b) == 1 else 0)
         facts.linear_param_numel = min(lin, facts.params)
+        # Embedding tables: autocast leaves them fp32 (no 16-bit copy of the weight).
+        emb = 0
+        for r in top.tolist():
+            if _EMBEDDING.search(table.names[int(table.name[r])]):
+                d = row_input_dims(table, r)
+                emb += numel(d[0]) if d and is_shape(d[0]) else 0
+        facts.embedding_param_numel = min(emb, facts.params)
 
 
 def _threads(table: EventTable, in_step: np.ndarray, facts: TraceFacts) -> None:

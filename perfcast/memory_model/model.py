@@ -57,6 +57,10 @@ class MemoryInputs:
 
     param_numels: list[int]
     saved_bytes: list[int]  # activations kept for backward, forward order
+    # The same tensors under 16-bit autocast (an fp32 trace's facts), else None: what the
+    # AMP what-if uses instead of halving every one of them.
+    saved_bytes_autocast: list[int] | None = None
+    castable_params: int | None = None  # parameters autocast copies to 16 bits (None: all)
     optimizer: str = "adam"
     optimizer_impl: str = "for-loop"
     param_bytes: int = 4  # bytes per stored parameter
@@ -148,13 +152,15 @@ def inputs_from_facts(facts: TraceFacts) -> MemoryInputs:
     extra = 0
     if facts.act_bytes_per_elem == 2 and facts.params:
         # An autocast trace: the 16-bit weight copies autocast caches for the forward pass
-        # are kept by the layers for backward.
-        extra = facts.params * 2
+        # are kept by the layers for backward (embedding tables are not cast).
+        extra = (facts.params - facts.embedding_param_numel) * 2
         notes.append(f"autocast's 16-bit weight copies: {extra / MIB:.0f} MiB")
     return MemoryInputs(
         extra_bytes=extra,
         param_numels=list(facts.param_numels),
         saved_bytes=[s.nbytes for s in facts.saved],
+        saved_bytes_autocast=[s.autocast_nbytes for s in facts.saved],
+        castable_params=facts.params - facts.embedding_param_numel,
         optimizer=facts.optimizer,
         optimizer_impl=facts.optimizer_impl,
         act_bytes_per_elem=facts.act_bytes_per_elem,
@@ -253,9 +259,11 @@ def _opt(options: Mapping[str, Any], key: str, default: Any, cast: type = float)
 def _batch(inp: MemoryInputs, o: Mapping[str, Any]) -> MemoryInputs:
     f = _opt(o, "factor", 2.0)
     note = f"batch x{f:g}: saved activations scale with the batch"
+    auto = inp.saved_bytes_autocast
     return replace(
         inp,
         saved_bytes=[int(x * f) for x in inp.saved_bytes],
+        saved_bytes_autocast=None if auto is None else [int(x * f) for x in auto],
         assumptions=[*inp.assumptions, note],
     )
 
@@ -263,17 +271,29 @@ def _batch(inp: MemoryInputs, o: Mapping[str, Any]) -> MemoryInputs:
 def _amp(inp: MemoryInputs, o: Mapping[str, Any]) -> MemoryInputs:
     if inp.act_bytes_per_elem <= 2:
         return replace(inp, assumptions=[*inp.assumptions, "amp: activations already 16-bit"])
-    r = 2 / inp.act_bytes_per_elem
-    # Autocast caches a 16-bit copy of every weight it casts for the forward pass; the
-    # layers keep it for backward.
-    copies = inp.params * 2
+    auto = inp.saved_bytes_autocast
+    if auto is not None and len(auto) == len(inp.saved_bytes):
+        saved = list(auto)
+        what = (
+            "activations by autocast's op lists (GEMM and convolution inputs 16-bit, norms "
+            "and softmax fp32, other ops in the dtype they read, dropout masks 1 byte)"
+        )
+    else:
+        r = 2 / inp.act_bytes_per_elem
+        saved = [int(x * r) for x in inp.saved_bytes]
+        what = "activations 16-bit (half the bytes)"
+    # Autocast caches a 16-bit copy of every weight it casts for the forward pass (not the
+    # embedding tables); the layers keep it for backward.
+    castable = inp.params if inp.castable_params is None else inp.castable_params
+    copies = castable * 2
     note = (
-        "amp: activations 16-bit (half the bytes); parameters, gradients and optimizer stay "
-        f"fp32; autocast's 16-bit weight copies add {copies / MIB:.0f} MiB"
+        f"amp: {what}; parameters, gradients and optimizer stay fp32; autocast's 16-bit "
+        f"weight copies add {copies / MIB:.0f} MiB"
     )
     return replace(
         inp,
-        saved_bytes=[int(x * r) for x in inp.saved_bytes],
+        saved_bytes=saved,
+        saved_bytes_autocast=None,
         act_bytes_per_elem=2,
         extra_bytes=inp.extra_bytes + copies,
         assumptions=[*inp.assumptions, note],
@@ -286,17 +306,17 @@ def _checkpoint(inp: MemoryInputs, o: Mapping[str, Any]) -> MemoryInputs:
         return inp
     regions = int(_opt(o, "regions", 0, int) or max(1, round(math.sqrt(len(s)))))
     regions = max(1, min(regions, len(s)))
-    total = sum(s)
-    # Contiguous regions of about equal bytes; a region keeps only its input, and backward
-    # recomputes one region at a time.
-    bounds, acc, cut = [0], 0.0, total / regions
-    for i, x in enumerate(s):
-        acc += x
-        if acc >= cut * len(bounds) and len(bounds) < regions:
-            bounds.append(i + 1)
-    bounds.append(len(s))
+    # Contiguous regions of about equal op counts (people checkpoint repeated blocks, which
+    # have the same layers; a CNN's early stages hold more bytes, not more layers); a region
+    # keeps only its input, and backward recomputes one region at a time. Equal-bytes
+    # regions had put a CNN's high-resolution stage into several small regions: on the H200
+    # rows (cnn, 3 stages) they predicted 0.63 GiB where 0.86 was measured.
+    n = len(s)
+    bounds = [round(i * n / regions) for i in range(regions + 1)]
+    starts = [a for a, b in itertools.pairwise(bounds) if b > a]
     chunks = [s[a:b] for a, b in itertools.pairwise(bounds) if b > a]
     kept = [c[0] for c in chunks]
+    auto = inp.saved_bytes_autocast
     biggest = max(sum(c) for c in chunks)
     note = (
         f"activation checkpointing, {len(chunks)} regions: each keeps its input; backward "
@@ -305,6 +325,7 @@ def _checkpoint(inp: MemoryInputs, o: Mapping[str, Any]) -> MemoryInputs:
     return replace(
         inp,
         saved_bytes=kept,
+        saved_bytes_autocast=None if auto is None else [auto[a] for a in starts],
         transient_bytes=inp.transient_bytes + biggest,
         assumptions=[*inp.assumptions, note],
     )
@@ -365,7 +386,10 @@ def _tp(inp: MemoryInputs, o: Mapping[str, Any], linear_share: float) -> MemoryI
         shard_weights=inp.shard_weights * scale,
         shard_grads=inp.shard_grads * scale,
         shard_optimizer=inp.shard_optimizer * scale,
-        saved_bytes=[int(x * ((1 - lin) + lin / t)) for x in inp.saved_bytes],
+        saved_bytes=[int(x * scale) for x in inp.saved_bytes],
+        saved_bytes_autocast=None
+        if inp.saved_bytes_autocast is None
+        else [int(x * scale) for x in inp.saved_bytes_autocast],
         assumptions=[*inp.assumptions, note],
     )
 
@@ -386,6 +410,9 @@ def _pp(inp: MemoryInputs, o: Mapping[str, Any]) -> MemoryInputs:
     return replace(
         inp,
         saved_bytes=scaled,
+        saved_bytes_autocast=None
+        if inp.saved_bytes_autocast is None
+        else [int(x * inflight / m) for x in inp.saved_bytes_autocast[:per]],
         shard_weights=inp.shard_weights / p,
         shard_grads=inp.shard_grads / p,
         shard_optimizer=inp.shard_optimizer / p,

@@ -117,7 +117,7 @@ from perfcast.hardware import (
     gemm_flops_bytes,
     roofline_time_us,
 )
-from perfcast.hardware.measured import AchievedGemm, achieved_gemm
+from perfcast.hardware.measured import AchievedGemm, achieved_gemm_or_stand_in
 from perfcast.whatif import primitives as P
 from perfcast.whatif.kernels import (
     convs_in_tf32,
@@ -536,7 +536,7 @@ def apply(graph: Graph, options: Options) -> Graph:
             new = roofline_time_us(flops, bytes_new, dev, dtype)
             ratio[i] = new / old
             n_roofline += 1
-            best = achieved_gemm(dev.name)
+            best = achieved_gemm_or_stand_in(dev.name, dev.vendor)
             variable_ns = float(c["dur"][n]) - min(float(c["dur"][n]), float(fixed))
             if best is not None and variable_ns > 0:
                 floor = new * 1000 / best.efficiency / variable_ns
