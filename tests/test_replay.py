@@ -230,3 +230,22 @@ def test_a_busy_thread_with_many_idle_gaps_builds_in_linear_time(tmp_path):
     tl = simulate(build_graph(table))
     assert time.perf_counter() - start < 10
     assert [sim for *_, sim in tl.iteration_ns()] == [(29_999 * 40 + 10) * US]
+
+
+def test_a_thread_woken_late_still_waited_for_the_hand_off(tmp_path):
+    """The autograd thread wakes 700 µs after the main thread hands backward over (the H200
+    host took up to 743 µs): a wait the replay resolves, not fixed idle time, so a faster
+    forward moves backward and the step earlier."""
+    b = TraceBuilder(device=None)
+    b.step(1, 0, 1600)
+    b.op("autograd::engine::evaluate_function: AddBackward0", 0, 5, tid=2)
+    b.op("aten::ones_like", 10, 100)  # main thread, ends at 110, then idles
+    b.op("autograd::engine::evaluate_function: MulBackward0", 810, 590, tid=2)  # to 1400
+    b.op("aten::add", 1500, 50)
+    path = b.write(tmp_path / "late_wake.json")
+    assert _steps_us(path) == pytest.approx([1600.0])
+
+    def faster_forward(g):
+        P.scale(g, P.select(g, name="ones_like"), 0.5)
+
+    assert _steps_us(path, faster_forward) == pytest.approx([1550.0])
