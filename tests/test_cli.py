@@ -334,3 +334,30 @@ def test_counts_below_one_are_refused_before_any_work(
     assert main([*argv, "-q"]) == 2
     out = capsys.readouterr()
     assert needle in out.err and out.out == ""
+
+
+H200_TRACE = (
+    Path(__file__).resolve().parents[1]
+    / "benchmarks/accuracy/recorded/traces/live-h200-2026-11-26/mlp.amp.json.gz"
+)
+
+
+def test_every_json_result_names_the_traced_real_and_measured_step(capsys):
+    """Issue 11: each iteration carries traced_ms, real_ms, measured_real_ms and the
+    correction's source; the advice carries the measured unprofiled step too."""
+    for command in ("summary", "replay"):
+        doc = _json(capsys, command, str(H200_TRACE), "--json")
+        for it in doc["ranks"][0]["iterations"]:
+            assert it["traced_ms"] == it["measured_ms"] > 0
+            assert it["real_ms"] > 0 and it["measured_real_ms"] > 0 and it["source"] == "fit"
+    doc = _json(capsys, "whatif", str(H200_TRACE), "--apply", "remove-host-sync", "--json")
+    for it in doc["iterations"]:
+        assert {"traced_ms", "real_ms", "measured_real_ms", "source"} <= set(it)
+    doc = _json(capsys, "advise", str(H200_TRACE), "--json")
+    assert doc["measured_real_ms"] > 0 and doc["traced_ms"] > 0
+
+
+def test_a_trace_without_collectives_says_so(capsys):
+    assert main(["analyze", str(H200_TRACE), "--only", "collectives"]) == 0
+    out = capsys.readouterr().out
+    assert "no collective kernels" in out and "collectives: collectives" not in out

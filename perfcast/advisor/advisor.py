@@ -103,6 +103,7 @@ class Advice(Displayed):
     not_applicable: list[NotApplicable] = field(default_factory=list)
     facts: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)  # about the input (salvage, no steps)
+    measured_real_ms: float | None = None  # mean unprofiled step the trace carries, if any
 
 
 CANDIDATES = [
@@ -474,6 +475,7 @@ def advise(
     suggestions.sort(key=lambda s: s.predicted_ms)
     ranked = [s for s in suggestions if not s.uncertain]
     uncertain = [s for s in suggestions if s.uncertain]
+    measured = [st.measured_real_ms for st in world.steps if st.measured_real_ms is not None]
     return Advice(
         baseline_ms=baseline_ms,
         traced_ms=traced_ms,
@@ -485,6 +487,7 @@ def advise(
         not_applicable=skipped,
         facts=facts,
         notes=input_notes(table) + graph_notes(world.traced_graph, steps_ns(world.traced)),
+        measured_real_ms=float(np.mean(measured)) if measured else None,
     )
 
 

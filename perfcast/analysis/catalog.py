@@ -13,7 +13,7 @@ TITLES: dict[str, str] = {
     "queue": "launch-queue length and blocked launches",
     "memory": "memory timeline and copy bandwidth",
     "stragglers": "stragglers across ranks",
-    "collectives": "collectives: size, algorithm, bus bandwidth",
+    "collectives": "size, algorithm and bus bandwidth of each collective",
     "roofline": "per-op roofline from shapes",
     "scopes": "record_function and module scopes",
     "ops": "kernels by launching ATen op",

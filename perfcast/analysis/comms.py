@@ -187,6 +187,7 @@ def collectives(table: EventTable, link: str | None = None) -> Collectives:
     out = Collectives([], [], notes=input_notes(table))
     rows = np.flatnonzero(collective_kernel_mask(table))
     if rows.size == 0:
+        out.notes.append("no collective kernels (NCCL/RCCL) in the trace: nothing to measure")
         return out
     link_spec = lookup_link(link) if link else None
     if link and link_spec is None:

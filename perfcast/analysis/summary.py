@@ -62,6 +62,11 @@ class IterationSummary:
     real_ms: float | None = None  # estimated without the profiler (see Summary.correction)
     measured_real_ms: float | None = None  # measured without the profiler, if the trace says
     source: str | None = None  # where the profiler-cost correction came from
+    # The same as measured_ms, under the name every --json result uses for the traced step.
+    traced_ms: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.traced_ms = self.measured_ms
 
 
 @dataclass
