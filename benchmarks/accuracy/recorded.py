@@ -463,9 +463,24 @@ def ranking_markdown(rankings: Sequence[dict[str, Any]]) -> str:
                 if rhos_all
                 else "n/a"
             )
-            + f" over {len(rhos_all)}."
+            + f" over {len(rhos_all)}. "
+            + _top_pick_text(mine)
         )
     return "\n".join(lines)
+
+
+def _top_pick_text(groups: Sequence[dict[str, Any]]) -> str:
+    """How often the advisor's first suggestion is the change that measured fastest (and
+    gained): what a user who acts on the first line gets."""
+    picked = [g for g in groups if g["advisor_ranked"]]
+    right = 0
+    for g in picked:
+        best = max(range(len(g["changes"])), key=lambda i: g["measured"][i])
+        right += g["advisor_ranked"][0] == g["changes"][best] and g["measured"][best] > 1.0
+    return (
+        f"Its first suggestion is the measured best in {right} of the {len(picked)} "
+        "where it suggests something."
+    )
 
 
 def error_bands(summary: dict[str, Any]) -> dict[str, Any]:
