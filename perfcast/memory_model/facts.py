@@ -82,7 +82,8 @@ _RESULT_SAVERS = re.compile(
 )
 # Autocast's op lists (torch.amp docs, "CUDA Ops that can autocast to float16" and "... to
 # float32"): the first cast their inputs to 16 bits (and save those copies), the second to
-# fp32. Any other op runs in the dtype of what it reads.
+# fp32. Embedding lookups are on neither list; they are in the second here because they read
+# fp32 tables and hand on fp32. Any other op runs in the dtype of what it reads.
 _AUTOCAST_16 = re.compile(
     r"^aten::(conv\d?d|convolution|_convolution|conv_transpose\d?d|linear|addmm|mm|matmul|bmm|"
     r"baddbmm|addbmm|einsum|prelu|scaled_dot_product_attention|_scaled_dot_product\w*|"
