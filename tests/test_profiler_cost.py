@@ -283,6 +283,22 @@ def test_the_fit_can_be_held_out(tmp_path: Path) -> None:
     assert np.mean([s.real_ms for s in held_out.steps]) != pytest.approx(15.5, rel=0.01)
 
 
+def test_unprofiled_steps_slower_than_the_traced_ones_are_set_aside(tmp_path: Path) -> None:
+    # mlp_base traced at about 25.5 ms: unprofiled steps of 40 ms contradict the trace (the
+    # profiler cannot make a step faster), so the default stays and the note says why;
+    # 26 ms (within 5%) is taken at its word: nothing is taken out.
+    slow = perfcast.predict(_with_measured(H100 / "mlp_base.json.gz", tmp_path, [40.0]), [])
+    default = perfcast.predict(H100 / "mlp_base.json.gz", [])
+    assert slow.correction.source == "default"
+    assert slow.baseline_ms == pytest.approx(default.baseline_ms)
+    assert "set aside" in slow.correction.note
+    (tmp_path / "near").mkdir()
+    near = _with_measured(H100 / "mlp_base.json.gz", tmp_path / "near", [1.02 * slow.traced_ms])
+    kept = perfcast.predict(near, [])
+    assert kept.correction.source == "fit"
+    assert kept.baseline_ms == pytest.approx(kept.traced_ms, rel=0.01)
+
+
 def test_a_gpu_bound_step_keeps_its_base_cost_when_fitted(tmp_path: Path) -> None:
     # Any cost fits a GPU-bound step: the fit does not move the documented default.
     path = _with_measured(H100 / "r50_bs128.json.gz", tmp_path, [73.8])
