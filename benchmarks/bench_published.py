@@ -243,13 +243,13 @@ def live_memory() -> list[dict[str, Any]]:
 
 def _live_row(r: Any, predicted: float | None, note: str) -> dict[str, Any]:
     measured = float(r.variant_peak_mem_gib)
-    comparable = predicted is not None and r.variant not in _NOT_A_PEAK
+    scored = predicted is not None and r.variant not in _NOT_A_PEAK
     return {
         "config": f"{r.workload} {r.variant}",
         "device": r.device,
         "measured_gib": measured,
         "predicted_gib": predicted,
-        "error_pct": _err(predicted, measured) if comparable and predicted is not None else None,
+        "error_pct": _err(predicted, measured) if scored and predicted is not None else None,
         "note": note,
     }
 
@@ -381,6 +381,28 @@ def _summary(errors: list[float]) -> str:
     return f"median {statistics.median(errors):.1f}%, max {max(errors):.1f}%"
 
 
+def _memory_table(
+    title: str, rows: list[dict[str, Any]], digits: int, caveat: str = ""
+) -> list[str]:
+    """Measured against predicted peak memory, one row per configuration, and how many are
+    within 10%."""
+    lines = [
+        title,
+        "",
+        "| configuration | measured GiB | predicted GiB | error | note |",
+        "|---|---|---|---|---|",
+    ]
+    for r in rows:
+        pred = f"{r['predicted_gib']:.{digits}f}" if r["predicted_gib"] is not None else "-"
+        err = f"{r['error_pct']:.1f}%" if r["error_pct"] is not None else "-"
+        lines.append(
+            f"| {r['config']} | {r['measured_gib']:.{digits}f} | {pred} | {err} | {r['note']} |"
+        )
+    errs = [r["error_pct"] for r in rows if r["error_pct"] is not None]
+    within = sum(e <= 10 for e in errs)
+    return [*lines, "", f"{within} of {len(errs)} within 10% ({_summary(errs)}).{caveat}", ""]
+
+
 def markdown(res: dict[str, Any]) -> str:
     lines = []
     meg = res["megatron"]
@@ -427,47 +449,24 @@ def markdown(res: dict[str, Any]) -> str:
             f"{r['mem_error_pct']:.1f}% |"
         )
     lines += [""]
-    rec = res["recorded_memory"]
-    lines += [
+    lines += _memory_table(
         "**Memory model vs `torch.cuda.max_memory_allocated()`** (recorded H100 runs, each "
         "predicted from its own trace):",
-        "",
-        "| configuration | measured GiB | predicted GiB | error | note |",
-        "|---|---|---|---|---|",
-    ]
-    for r in rec:
-        pred = f"{r['predicted_gib']:.2f}" if r["predicted_gib"] is not None else "-"
-        err = f"{r['error_pct']:.1f}%" if r["error_pct"] is not None else "-"
-        lines.append(f"| {r['config']} | {r['measured_gib']:.2f} | {pred} | {err} | {r['note']} |")
-    errs = [r["error_pct"] for r in rec if r["error_pct"] is not None]
-    within = sum(e <= 10 for e in errs)
-    lines += ["", f"{within} of {len(errs)} within 10% ({_summary(errs)}).", ""]
+        res["recorded_memory"],
+        digits=2,
+    )
     live = res["live_memory"]
     if live:
-        lines += [
+        lines += _memory_table(
             "**Memory what-ifs vs `torch.cuda.max_memory_allocated()`** (live rows on "
             f"{live[0]['device']}: each variant's steady-state peak against the peak the "
             "what-if predicts from the baseline's trace):",
-            "",
-            "| configuration | measured GiB | predicted GiB | error | note |",
-            "|---|---|---|---|---|",
-        ]
-        for r in live:
-            pred = f"{r['predicted_gib']:.3f}" if r["predicted_gib"] is not None else "-"
-            err = f"{r['error_pct']:.1f}%" if r["error_pct"] is not None else "-"
-            lines.append(
-                f"| {r['config']} | {r['measured_gib']:.3f} | {pred} | {err} | {r['note']} |"
-            )
-        errs = [r["error_pct"] for r in live if r["error_pct"] is not None]
-        within = sum(e <= 10 for e in errs)
-        lines += [
-            "",
-            f"{within} of {len(errs)} within 10% ({_summary(errs)}). A variant's peak is "
-            "measured less what the baseline held between steps; buffers the two share in "
-            "one process (the cuBLAS workspaces, 64 MiB predicted here) may be inside that "
-            "part, so these peaks can be low by up to that much.",
-            "",
-        ]
+            live,
+            digits=3,
+            caveat=" A variant's peak is measured less what the baseline held between steps; "
+            "buffers the two share in one process (the cuBLAS workspaces, 64 MiB predicted "
+            "here) may be inside that part, so these peaks can be low by up to that much.",
+        )
     mt = res["memtracker"]
     if mt:
         lines += [
