@@ -225,7 +225,7 @@ class _FakeTrainer:
     """Steps that take no time; only the DataLoader worker count matters here."""
 
     def __init__(self, num_workers: int) -> None:
-        self.cfg = type("Cfg", (), {"num_workers": num_workers})()
+        self.cfg = type("Cfg", (), {"num_workers": num_workers, "device": "cpu"})()
         self.steps = 0
 
     def step(self) -> None:

@@ -214,7 +214,7 @@ def _resume_warmup(trainer: Any) -> int:
     # On the H200 a host-bound side that followed the other ran its first window slow: the
     # transformer's bf16 variant measured [31.5, 26.3], [18.5, 17.6], [24.8, 21.6] ms in its
     # three rounds, fast only where it ran first. Five steps there, not two.
-    settle = 5 if getattr(trainer.cfg, "device", "cpu") == "cuda" else 2
+    settle = 5 if trainer.cfg.device == "cuda" else 2
     return settle + 2 * trainer.cfg.num_workers
 
 

@@ -475,7 +475,6 @@ def advise(
     suggestions.sort(key=lambda s: s.predicted_ms)
     ranked = [s for s in suggestions if not s.uncertain]
     uncertain = [s for s in suggestions if s.uncertain]
-    measured = [st.measured_real_ms for st in world.steps if st.measured_real_ms is not None]
     return Advice(
         baseline_ms=baseline_ms,
         traced_ms=traced_ms,
@@ -487,7 +486,7 @@ def advise(
         not_applicable=skipped,
         facts=facts,
         notes=input_notes(table) + graph_notes(world.traced_graph, steps_ns(world.traced)),
-        measured_real_ms=float(np.mean(measured)) if measured else None,
+        measured_real_ms=world.measured_real_ms,
     )
 
 

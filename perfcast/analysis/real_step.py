@@ -47,6 +47,12 @@ class RealWorld:
     correction: Correction
     steps: list[StepEstimate]
 
+    @property
+    def measured_real_ms(self) -> float | None:
+        """Mean of the unprofiled steps the trace carries (over its ranks), if any."""
+        measured = [s.measured_real_ms for s in self.steps if s.measured_real_ms is not None]
+        return float(np.mean(measured)) if measured else None
+
 
 def real_world(
     graph: Graph,

@@ -344,24 +344,19 @@ def _saved(table: EventTable, ops: np.ndarray, phases: np.ndarray, facts: TraceF
         if nxt is not None:
             seen[nxt] = True  # a shape-changing op's output: what the next op reads
     if facts.param_numels:
-        # Linear-layer parameters: the 2-D weights and their biases (what TP splits).
-        lin = 0
-        for r in top.tolist():
+        # Linear-layer parameters: the 2-D weights and their biases (what TP splits); and
+        # embedding tables, which autocast leaves fp32 (no 16-bit copy of the weight).
+        lin = emb = 0
+        for r, d in zip(rows, dims_of, strict=True):
             name = table.names[int(table.name[r])]
-            if not re.search(r"^aten::(linear|addmm)$", name):
-                continue
-            d = row_input_dims(table, r)
-            if d and len(d) > 1:
-                w = d[1] if name.endswith("linear") else (d[2] if len(d) > 2 else [])
-                b = d[2] if name.endswith("linear") and len(d) > 2 else (d[0] if d else [])
-                lin += numel(w) + (numel(b) if isinstance(b, list) and len(b) == 1 else 0)
+            if re.search(r"^aten::(linear|addmm)$", name):
+                if d and len(d) > 1:
+                    w = d[1] if name.endswith("linear") else (d[2] if len(d) > 2 else [])
+                    b = d[2] if name.endswith("linear") and len(d) > 2 else (d[0] if d else [])
+                    lin += numel(w) + (numel(b) if isinstance(b, list) and len(b) == 1 else 0)
+            elif _EMBEDDING.search(name) and d and is_shape(d[0]):
+                emb += numel(d[0])
         facts.linear_param_numel = min(lin, facts.params)
-        # Embedding tables: autocast leaves them fp32 (no 16-bit copy of the weight).
-        emb = 0
-        for r in top.tolist():
-            if _EMBEDDING.search(table.names[int(table.name[r])]):
-                d = row_input_dims(table, r)
-                emb += numel(d[0]) if d and is_shape(d[0]) else 0
         facts.embedding_param_numel = min(emb, facts.params)
 
 

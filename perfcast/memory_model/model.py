@@ -149,18 +149,19 @@ def inputs_from_facts(facts: TraceFacts) -> MemoryInputs:
         notes.append(
             f"cuBLAS workspace {per / MIB:g} MiB x {threads} thread(s) that launched GEMMs"
         )
+    castable = facts.params - facts.embedding_param_numel  # embedding tables are not cast
     extra = 0
     if facts.act_bytes_per_elem == 2 and facts.params:
         # An autocast trace: the 16-bit weight copies autocast caches for the forward pass
-        # are kept by the layers for backward (embedding tables are not cast).
-        extra = (facts.params - facts.embedding_param_numel) * 2
+        # are kept by the layers for backward.
+        extra = castable * 2
         notes.append(f"autocast's 16-bit weight copies: {extra / MIB:.0f} MiB")
     return MemoryInputs(
         extra_bytes=extra,
         param_numels=list(facts.param_numels),
         saved_bytes=[s.nbytes for s in facts.saved],
         saved_bytes_autocast=[s.autocast_nbytes for s in facts.saved],
-        castable_params=facts.params - facts.embedding_param_numel,
+        castable_params=castable,
         optimizer=facts.optimizer,
         optimizer_impl=facts.optimizer_impl,
         act_bytes_per_elem=facts.act_bytes_per_elem,
@@ -313,8 +314,8 @@ def _checkpoint(inp: MemoryInputs, o: Mapping[str, Any]) -> MemoryInputs:
     # rows (cnn, 3 stages) they predicted 0.63 GiB where 0.86 was measured.
     n = len(s)
     bounds = [round(i * n / regions) for i in range(regions + 1)]
-    starts = [a for a, b in itertools.pairwise(bounds) if b > a]
-    chunks = [s[a:b] for a, b in itertools.pairwise(bounds) if b > a]
+    spans = [(a, b) for a, b in itertools.pairwise(bounds) if b > a]
+    chunks = [s[a:b] for a, b in spans]
     kept = [c[0] for c in chunks]
     auto = inp.saved_bytes_autocast
     biggest = max(sum(c) for c in chunks)
@@ -325,7 +326,7 @@ def _checkpoint(inp: MemoryInputs, o: Mapping[str, Any]) -> MemoryInputs:
     return replace(
         inp,
         saved_bytes=kept,
-        saved_bytes_autocast=None if auto is None else [auto[a] for a in starts],
+        saved_bytes_autocast=None if auto is None else [auto[a] for a, _ in spans],
         transient_bytes=inp.transient_bytes + biggest,
         assumptions=[*inp.assumptions, note],
     )

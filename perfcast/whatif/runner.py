@@ -177,7 +177,6 @@ def run_whatif(
     _, p, pred_rows = step_ms(predicted)
     _, pt, traced_rows = step_ms(predicted_traced)
     traced, _, _ = step_ms(world.traced)
-    measured = [s.measured_real_ms for s in world.steps if s.measured_real_ms is not None]
     iterations = [
         IterationPrediction(
             rank=est.rank,
@@ -197,7 +196,7 @@ def run_whatif(
         speedup=b / p if p > 0 else float("inf"),
         traced_ms=traced,
         predicted_traced_ms=pt,
-        measured_real_ms=float(np.mean(measured)) if measured else None,
+        measured_real_ms=world.measured_real_ms,
         correction=world.correction,
         iterations=iterations,
         applied=applied,
