@@ -58,7 +58,8 @@ _SAVES: tuple[tuple[re.Pattern[str], str], ...] = tuple(
         ),
         (r"^aten::(max_pool\d?d|adaptive_max_pool\d?d)$", "in+idx"),
         (r"^aten::(avg_pool\d?d|adaptive_avg_pool\d?d)$", "in"),
-        (r"^aten::(softmax|log_softmax|_softmax|_log_softmax)$", "in"),
+        # cross_entropy keeps its log_softmax result, the size of its input.
+        (r"^aten::(softmax|log_softmax|_softmax|_log_softmax|cross_entropy_loss)$", "in"),
         (r"^aten::(dropout|feature_dropout|native_dropout)$", "mask"),
         (
             r"^aten::(scaled_dot_product_attention|_scaled_dot_product\w*|_flash_attention\w*)$",
@@ -113,6 +114,19 @@ class SavedTensor:
     # Its bytes under bf16/fp16 autocast (an fp32 trace's forward replayed in autocast), by
     # autocast's op lists and the dtype of what the op reads.
     autocast_nbytes: int = 0
+    op_index: int = 0  # the op that saved it, in `TraceFacts.forward_ops`
+
+
+@dataclass
+class ForwardOps:
+    """The step's outermost forward ops in order, as much as activation checkpointing needs
+    to find repeated blocks and what each block would keep (its input)."""
+
+    tokens: list[int] = field(default_factory=list)  # equal for ops of one name and shape
+    input_bytes: list[int] = field(default_factory=list)  # the op's first input
+    input_bytes_autocast: list[int] = field(default_factory=list)
+    # The first input is a tensor an earlier op saved already (not counted twice).
+    input_saved: list[bool] = field(default_factory=list)
 
 
 @dataclass
@@ -127,6 +141,10 @@ class TraceFacts:
     optimizer: str = "adam"  # adam | sgd | none
     optimizer_impl: str = "for-loop"  # for-loop | foreach | fused
     saved: list[SavedTensor] = field(default_factory=list)
+    forward_ops: ForwardOps = field(default_factory=ForwardOps)
+    # The optimizer's zero_grad runs after forward has started (the loop is forward,
+    # zero_grad, backward, step): the previous step's gradients are alive during forward.
+    grads_live_in_forward: bool = False
     act_bytes_per_elem: int = 4
     compute_dtype: str = "fp32"
     matmul_threads: int = 1  # CPU threads that ran GEMMs (each gets a cuBLAS workspace)
@@ -178,6 +196,8 @@ def trace_facts(table: EventTable, rank: int | None = None) -> TraceFacts:
     _optimizer(table, ops, facts)
     _dtype(table, in_step, phases, facts)
     _saved(table, ops, phases, facts)
+    notes = np.flatnonzero(in_step & (table.kind == Kind.USER_ANNOTATION))
+    _zero_grad(table, ops, notes, phases, facts)
     _threads(table, in_step, facts)
     facts.measured_peak_bytes = _measured_peak(table, rank)
     if not facts.param_numels:
@@ -293,14 +313,26 @@ def _saved(table: EventTable, ops: np.ndarray, phases: np.ndarray, facts: TraceF
         # tensor to follow.
         firsts.append(tuple(d[0]) if d and is_shape(d[0]) and d[0] else None)
     reads_16 = False  # under autocast, whether the tensor the chain hands on is 16-bit
+    fo = facts.forward_ops
     for i, r in enumerate(rows):
-        name = table.names[int(table.name[r])]
+        name_id = int(table.name[r])
+        name = table.names[name_id]
         d, key = dims_of[i], firsts[i]
         rule = next((s for pat, s in _SAVES if pat.search(name)), None)
         casts_16, casts_32 = bool(_AUTOCAST_16.search(name)), bool(_AUTOCAST_32.search(name))
         amp_width = 2 if casts_16 or (reads_16 and not casts_32) else 4
+        reads_16_before = reads_16
         if casts_16 or casts_32:
             reads_16 = casts_16
+        n_in = numel(list(key)) if key is not None else 0
+        fo.tokens.append(hash((name_id, key)))
+        fo.input_bytes.append(n_in * width)
+        # What the op reads is in the dtype the chain hands it (autocast's casts are inside
+        # the op that casts).
+        fo.input_bytes_autocast.append(n_in * (2 if reads_16_before else 4))
+        fo.input_saved.append(
+            key is not None and rule is not None and rule != "mask" and seen.get(key) is False
+        )
         if key is None:
             continue
         if rule is None:
@@ -329,7 +361,14 @@ def _saved(table: EventTable, ops: np.ndarray, phases: np.ndarray, facts: TraceF
         if first + extra > 0:
             linear = bool(re.search(r"::(linear|addmm|mm)$", name))
             facts.saved.append(
-                SavedTensor(name, n, first + extra, linear, autocast_nbytes=first_amp + extra_amp)
+                SavedTensor(
+                    name,
+                    n,
+                    first + extra,
+                    linear,
+                    autocast_nbytes=first_amp + extra_amp,
+                    op_index=i,
+                )
             )
         # The op's output is taken to be what the next op reads (a chain). An op whose
         # output has its input's shape hands on a new tensor of that shape: a later save of
@@ -358,6 +397,40 @@ def _saved(table: EventTable, ops: np.ndarray, phases: np.ndarray, facts: TraceF
                 emb += numel(d[0])
         facts.linear_param_numel = min(lin, facts.params)
         facts.embedding_param_numel = min(emb, facts.params)
+
+
+def _zero_grad(
+    table: EventTable,
+    ops: np.ndarray,
+    annotations: np.ndarray,
+    phases: np.ndarray,
+    facts: TraceFacts,
+) -> None:
+    """Whether the step's `Optimizer.zero_grad` (torch.optim's record_function range) runs
+    between forward and backward: then the last step's gradients live through forward."""
+    if ops.size == 0:
+        return
+    fwd = ops[phases[ops] == Phase.FORWARD]
+    if fwd.size == 0:
+        return
+    bwd = ops[phases[ops] == Phase.BACKWARD]
+    names = table.names
+    zg = [
+        r
+        for r in np.concatenate([ops, annotations]).tolist()
+        if names[int(table.name[r])].startswith("Optimizer.zero_grad")
+    ]
+    if not zg:
+        return
+    first_zg = min(int(table.ts[r]) for r in zg)
+    # Between forward and backward: zero_grad after the optimizer step frees them before
+    # the next forward.
+    if int(table.ts[fwd].min()) < first_zg < (int(table.ts[bwd].min()) if bwd.size else 0):
+        facts.grads_live_in_forward = True
+        facts.notes.append(
+            "zero_grad runs after forward starts: the previous step's gradients are alive "
+            "through forward"
+        )
 
 
 def _threads(table: EventTable, in_step: np.ndarray, facts: TraceFacts) -> None:

@@ -17,9 +17,13 @@ The estimate (PyTorch's caching allocator, `max_memory_allocated`, steady state)
     optimizer O = params x 8 (Adam/AdamW: exp_avg, exp_avg_sq), x 4 (SGD with momentum)
     saved activations s_1..s_n (forward order), freed in reverse order during backward
 
+    forward peak  = W + O + sum(s_1..s_n) + s_n + workspace, + G when the trace's zero_grad
+                    runs between forward and backward (the last step's gradients are alive)
     backward peak = max_k  W + O + sum(s_1..s_k) + G (n-k)/n + s_k + s_(k+1) + workspace
                     (layer k's gradient-of-output and gradient-of-input buffers are live while
-                    it runs; gradients are assumed to appear evenly over backward)
+                    it runs; gradients are assumed to appear evenly over backward); where
+                    activation checkpointing recomputes a region, r_k replaces s_k + s_(k+1):
+                    the region's own walk, its tensors and its worst layer's buffers
     optimizer peak = W + G + O + temporaries (for-loop Adam: 2 x the largest parameter;
                     foreach: one full-size list (sqrt of exp_avg_sq); fused: none)
     workspace = 32 MiB cuBLAS workspace per CPU thread that launched GEMMs on sm90+ GPUs
@@ -40,7 +44,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from perfcast.memory_model.facts import TraceFacts, trace_facts
+import numpy as np
+
+from perfcast.memory_model.facts import ForwardOps, TraceFacts, trace_facts
 
 MIB = 1 << 20
 GIB = 1 << 30
@@ -79,6 +85,17 @@ class MemoryInputs:
     shard_weights: float = 1.0  # fraction of W a rank keeps
     shard_grads: float = 1.0
     shard_optimizer: float = 1.0
+    # The previous step's gradients are alive through forward (zero_grad between forward
+    # and backward): the end of forward is a peak candidate with them.
+    grads_live_in_forward: bool = False
+    # The forward ops (a trace's), and the op that saved each of `saved_bytes`: where
+    # activation checkpointing looks for repeated blocks. None once a change reshaped them.
+    forward: ForwardOps | None = None
+    saved_at: list[int] | None = None
+    # Bytes recomputed while backward runs past each saved tensor (activation
+    # checkpointing's regions), aligned with `saved_bytes`; with its autocast twin.
+    recompute_bytes: list[int] | None = None
+    recompute_bytes_autocast: list[int] | None = None
 
     @property
     def params(self) -> int:
@@ -171,6 +188,9 @@ def inputs_from_facts(facts: TraceFacts) -> MemoryInputs:
         assumptions=notes,
         source="op shapes",
         measured_peak_bytes=facts.measured_peak_bytes,
+        grads_live_in_forward=facts.grads_live_in_forward,
+        forward=facts.forward_ops if facts.forward_ops.tokens else None,
+        saved_at=[t.op_index for t in facts.saved],
     )
 
 
@@ -199,17 +219,26 @@ def estimate(inputs: MemoryInputs) -> MemoryEstimate:
     live = a
     n = len(s)
     g_live = 0 if inputs.set_to_none else g
+    rec = inputs.recompute_bytes
+    if rec is not None and len(rec) != n:
+        rec = None
     for k in range(n, 0, -1):
         grads_so_far = g * (n - k) / n if n else 0.0
         if not inputs.set_to_none:
             grads_so_far = g
-        transient = s[k - 1] + (s[k] if k < n else 0)
-        total = base + live + grads_so_far + transient + inputs.transient_bytes
+        recomputed = rec[k - 1] if rec else 0
+        # A recomputed region brings its own gradient buffers (counted in `recomputed`).
+        transient = 0 if recomputed else s[k - 1] + (s[k] if k < n else 0)
+        total = base + live + grads_so_far + transient + recomputed + inputs.transient_bytes
         if total > best_bwd:
             best_bwd, k_best = int(total), k
         live -= s[k - 1]
     if n == 0:
         best_bwd = base + g_live + inputs.transient_bytes
+    # The end of forward: everything saved, the last output being written, and the last
+    # step's gradients when zero_grad has not run yet.
+    g_fwd = g if inputs.grads_live_in_forward or not inputs.set_to_none else 0
+    fwd_end = base + a + g_fwd + (s[-1] if s else 0)
     largest = max(inputs.param_numels) if inputs.param_numels else 0
     impl = inputs.optimizer_impl
     if inputs.optimizer == "none" or p == 0 or impl == "fused":
@@ -219,9 +248,12 @@ def estimate(inputs: MemoryInputs) -> MemoryEstimate:
     else:
         opt_tmp = 2 * largest * 4
     opt_peak = w + g + o + opt_tmp + inputs.extra_bytes + ws
-    if opt_peak > best_bwd:
+    if opt_peak > max(best_bwd, fwd_end):
         peak, at = opt_peak, "optimizer"
         temporaries = opt_tmp
+    elif fwd_end > best_bwd:
+        peak, at = fwd_end, "forward"
+        temporaries = max(0, fwd_end - base - a)
     else:
         peak, at = best_bwd, "backward"
         temporaries = max(0, best_bwd - base - a)
@@ -261,12 +293,26 @@ def _batch(inp: MemoryInputs, o: Mapping[str, Any]) -> MemoryInputs:
     f = _opt(o, "factor", 2.0)
     note = f"batch x{f:g}: saved activations scale with the batch"
     auto = inp.saved_bytes_autocast
+    fwd = inp.forward
     return replace(
         inp,
-        saved_bytes=[int(x * f) for x in inp.saved_bytes],
-        saved_bytes_autocast=None if auto is None else [int(x * f) for x in auto],
+        saved_bytes=_scaled(inp.saved_bytes, f),
+        saved_bytes_autocast=_scaled(auto, f),
+        recompute_bytes=_scaled(inp.recompute_bytes, f),
+        recompute_bytes_autocast=_scaled(inp.recompute_bytes_autocast, f),
+        forward=None
+        if fwd is None
+        else replace(
+            fwd,
+            input_bytes=_scaled(fwd.input_bytes, f),
+            input_bytes_autocast=_scaled(fwd.input_bytes_autocast, f),
+        ),
         assumptions=[*inp.assumptions, note],
     )
+
+
+def _scaled(xs: list[int] | None, f: float) -> Any:
+    return None if xs is None else [int(x * f) for x in xs]
 
 
 def _amp(inp: MemoryInputs, o: Mapping[str, Any]) -> MemoryInputs:
@@ -291,10 +337,17 @@ def _amp(inp: MemoryInputs, o: Mapping[str, Any]) -> MemoryInputs:
         f"amp: {what}; parameters, gradients and optimizer stay fp32; autocast's 16-bit "
         f"weight copies add {copies / MIB:.0f} MiB"
     )
+    fwd = inp.forward
+    rec = inp.recompute_bytes
+    if rec is not None:
+        rec = inp.recompute_bytes_autocast or [int(x * 2 / inp.act_bytes_per_elem) for x in rec]
     return replace(
         inp,
         saved_bytes=saved,
         saved_bytes_autocast=None,
+        recompute_bytes=rec,
+        recompute_bytes_autocast=None,
+        forward=None if fwd is None else replace(fwd, input_bytes=list(fwd.input_bytes_autocast)),
         act_bytes_per_elem=2,
         extra_bytes=inp.extra_bytes + copies,
         assumptions=[*inp.assumptions, note],
@@ -305,29 +358,173 @@ def _checkpoint(inp: MemoryInputs, o: Mapping[str, Any]) -> MemoryInputs:
     s = inp.saved_bytes
     if not s:
         return inp
-    regions = int(_opt(o, "regions", 0, int) or max(1, round(math.sqrt(len(s)))))
-    regions = max(1, min(regions, len(s)))
-    # Contiguous regions of about equal op counts (people checkpoint repeated blocks, which
-    # have the same layers; a CNN's early stages hold more bytes, not more layers); a region
-    # keeps only its input, and backward recomputes one region at a time. Equal-bytes
-    # regions had put a CNN's high-resolution stage into several small regions: on the H200
-    # rows (cnn, 3 stages) they predicted 0.63 GiB where 0.86 was measured.
+    asked = int(_opt(o, "regions", 0, int) or 0)
+    fwd, at = inp.forward, inp.saved_at
+    if fwd is not None and at is not None and len(at) == len(s):
+        b = repeated_blocks(fwd.tokens, asked or None, s, at)
+        if b is not None:
+            spans = [
+                (b.start + j * b.period, b.start + (j + 1) * b.period) for j in range(b.repeats)
+            ]
+            what = (
+                f"{b.repeats} repeated blocks ({b.period} forward ops each, from op {b.start}); "
+                "the ops outside them keep what they save"
+            )
+            return _checkpoint_spans(inp, spans, what)
+        # No repeated blocks: contiguous regions of about equal forward op counts (a CNN's
+        # stages have about as many layers each, its early ones more bytes).
+        n_ops = len(fwd.tokens)
+        regions = max(1, min(asked or round(math.sqrt(len(s))), n_ops))
+        bounds = [round(i * n_ops / regions) for i in range(regions + 1)]
+        spans = [(a, b) for a, b in itertools.pairwise(bounds) if b > a]
+        what = f"{len(spans)} regions of equal forward op counts (no repeated blocks found)"
+        return _checkpoint_spans(inp, spans, what)
+    # No forward ops to go by (a model description): regions of equal counts of saved
+    # tensors, each keeping its first.
+    regions = max(1, min(asked or round(math.sqrt(len(s))), len(s)))
     n = len(s)
     bounds = [round(i * n / regions) for i in range(regions + 1)]
-    spans = [(a, b) for a, b in itertools.pairwise(bounds) if b > a]
-    chunks = [s[a:b] for a, b in spans]
-    kept = [c[0] for c in chunks]
+    idx = [(a, b) for a, b in itertools.pairwise(bounds) if b > a]
     auto = inp.saved_bytes_autocast
-    biggest = max(sum(c) for c in chunks)
+    biggest = max(sum(s[a:b]) for a, b in idx)
     note = (
-        f"activation checkpointing, {len(chunks)} regions: each keeps its input; backward "
+        f"activation checkpointing, {len(idx)} regions of equal counts of saved tensors: each "
+        f"keeps its input; backward recomputes one region at a time ({biggest / GIB:.3f} GiB "
+        "at most)"
+    )
+    return replace(
+        inp,
+        saved_bytes=[s[a] for a, _ in idx],
+        saved_bytes_autocast=None if auto is None else [auto[a] for a, _ in idx],
+        recompute_bytes=[sum(s[a:b]) for a, b in idx],
+        recompute_bytes_autocast=None if auto is None else [sum(auto[a:b]) for a, b in idx],
+        forward=None,
+        saved_at=None,
+        assumptions=[*inp.assumptions, note],
+    )
+
+
+# Forward ops longer than this are not searched for repeats (the search is quadratic).
+_MAX_OPS_SEARCHED = 20_000
+
+
+@dataclass(frozen=True)
+class Blocks:
+    """`repeats` consecutive copies of the same `period` forward ops from op `start`."""
+
+    start: int
+    period: int
+    repeats: int
+
+
+def repeated_blocks(
+    tokens: list[int], count: int | None, saved: list[int], saved_at: list[int]
+) -> Blocks | None:
+    """The repeated blocks a user checkpoints: the longest run of identical consecutive op
+    sequences (same op names and input shapes) whose blocks hold at least half of the saved
+    bytes. With `count`, a run of at least that many blocks, the blocks as long as possible
+    (12 layers in 4 regions: 3 layers each); without, the run covering the most ops, in the
+    shortest blocks (one layer each, as Hugging Face's and torchtitan's per-layer
+    checkpointing do). None when there is no such run."""
+    a = np.asarray(tokens, dtype=np.int64)
+    n = int(a.size)
+    if n < 2 or n > _MAX_OPS_SEARCHED:
+        return None
+    saved_on = np.zeros(n, dtype=bool)
+    saved_on[np.asarray(saved_at, dtype=np.int64)] = True
+    total = float(sum(saved))
+    cum = np.concatenate([[0.0], np.cumsum(np.bincount(saved_at, weights=saved, minlength=n))])
+    best: tuple[tuple[int, int], Blocks] | None = None
+    for p in range(1, n // 2 + 1):
+        same = a[:-p] == a[p:]  # same[i]: op i repeats p ops later
+        # Runs of `same`: a run of length L from i means ops i .. i+L+p-1 have period p.
+        edges = np.flatnonzero(np.diff(np.concatenate([[0], same.astype(np.int8), [0]])))
+        for lo, hi in zip(edges[::2].tolist(), edges[1::2].tolist(), strict=True):
+            reps = (hi - lo + p) // p
+            if reps < 2 or (count is not None and reps < count):
+                continue
+            use = count or reps
+            if count is not None:
+                p_eff = p * (reps // count)  # fewer, longer blocks of several periods each
+                use = count
+            else:
+                p_eff = p
+            span = use * p_eff
+            # Align the blocks on an op that saves a tensor (a block starts where its input
+            # is first kept: a norm, convolution or linear layer).
+            slack = hi - lo + p - span
+            offs = [o for o in range(slack + 1) if saved_on[lo + o]] or [0]
+            start = lo + offs[0]
+            if (cum[start + span] - cum[start]) < 0.5 * total:
+                continue
+            key = (span, use) if count is None else (p_eff, span)
+            if best is None or key > best[0]:
+                best = (key, Blocks(start, p_eff, use))
+    return None if best is None else best[1]
+
+
+def _region_peak(saved: list[int]) -> int:
+    """What backward holds while it runs a recomputed region, by the same rule as the
+    whole step's walk: the region's tensors saved up to layer i, and layer i's gradient
+    buffers (s_i + s_(i+1)), at the worst layer."""
+    out, prefix = 0, 0
+    for i, x in enumerate(saved):
+        prefix += x
+        out = max(out, prefix + x + (saved[i + 1] if i + 1 < len(saved) else 0))
+    return out
+
+
+def _checkpoint_spans(inp: MemoryInputs, spans: list[tuple[int, int]], what: str) -> MemoryInputs:
+    """Checkpoint regions over forward op indices [lo, hi): each keeps its input; ops
+    outside them (embedding, head, loss) keep what they save; backward recomputes one
+    region at a time."""
+    fwd, at = inp.forward, inp.saved_at
+    assert fwd is not None and at is not None
+    s, auto = inp.saved_bytes, inp.saved_bytes_autocast
+    first, end = spans[0][0], spans[-1][1]
+    kept: list[int] = []
+    kept_auto: list[int] = []
+    rec: list[int] = []
+    rec_auto: list[int] = []
+
+    def keep(x: int, xa: int, r: int = 0, ra: int = 0) -> None:
+        kept.append(x)
+        kept_auto.append(xa)
+        rec.append(r)
+        rec_auto.append(ra)
+
+    for i, op in enumerate(at):
+        if op < first:
+            keep(s[i], auto[i] if auto else s[i])
+    for j, (lo, hi) in enumerate(spans):
+        inside = [i for i, op in enumerate(at) if lo <= op < hi]
+        # The region's input, unless the first region reads a tensor kept before it.
+        first_kept = j == 0 and fwd.input_saved[lo]
+        x_in = 0 if first_kept else fwd.input_bytes[lo]
+        xa_in = 0 if first_kept else fwd.input_bytes_autocast[lo]
+        sz = [s[i] for i in inside]
+        sza = [(auto[i] if auto else s[i]) for i in inside]
+        if inside and at[inside[0]] == lo:
+            # Its first op saves the region's input again while recomputing: one tensor.
+            sz[0] -= min(x_in, sz[0])
+            sza[0] -= min(xa_in, sza[0])
+        keep(x_in, xa_in, max(1, _region_peak(sz)), max(1, _region_peak(sza)))
+    for i, op in enumerate(at):
+        if op >= end:
+            keep(s[i], auto[i] if auto else s[i])
+    biggest = max(rec) if rec else 0
+    note = (
+        f"activation checkpointing of {what}: each region keeps its input; backward "
         f"recomputes one region at a time ({biggest / GIB:.3f} GiB at most)"
     )
     return replace(
         inp,
         saved_bytes=kept,
-        saved_bytes_autocast=None if auto is None else [auto[a] for a, _ in spans],
-        transient_bytes=inp.transient_bytes + biggest,
+        saved_bytes_autocast=kept_auto if auto is not None else None,
+        recompute_bytes=rec,
+        recompute_bytes_autocast=rec_auto if auto is not None else None,
+        forward=None,
+        saved_at=None,
         assumptions=[*inp.assumptions, note],
     )
 
@@ -387,10 +584,12 @@ def _tp(inp: MemoryInputs, o: Mapping[str, Any], linear_share: float) -> MemoryI
         shard_weights=inp.shard_weights * scale,
         shard_grads=inp.shard_grads * scale,
         shard_optimizer=inp.shard_optimizer * scale,
-        saved_bytes=[int(x * scale) for x in inp.saved_bytes],
-        saved_bytes_autocast=None
-        if inp.saved_bytes_autocast is None
-        else [int(x * scale) for x in inp.saved_bytes_autocast],
+        saved_bytes=_scaled(inp.saved_bytes, scale),
+        saved_bytes_autocast=_scaled(inp.saved_bytes_autocast, scale),
+        recompute_bytes=_scaled(inp.recompute_bytes, scale),
+        recompute_bytes_autocast=_scaled(inp.recompute_bytes_autocast, scale),
+        forward=None,
+        saved_at=None,
         assumptions=[*inp.assumptions, note],
     )
 
@@ -414,6 +613,12 @@ def _pp(inp: MemoryInputs, o: Mapping[str, Any]) -> MemoryInputs:
         saved_bytes_autocast=None
         if inp.saved_bytes_autocast is None
         else [int(x * inflight / m) for x in inp.saved_bytes_autocast[:per]],
+        recompute_bytes=None
+        if inp.recompute_bytes is None
+        else [int(x / m) for x in inp.recompute_bytes[:per]],  # one micro-batch's region
+        recompute_bytes_autocast=None,
+        forward=None,
+        saved_at=None,
         shard_weights=inp.shard_weights / p,
         shard_grads=inp.shard_grads / p,
         shard_optimizer=inp.shard_optimizer / p,
