@@ -270,3 +270,13 @@ def test_autocast_leaves_embedding_tables_uncast() -> None:
     # Measured on the H200: 2.79 GiB without and with autocast; a copy of every table
     # would have added 0.33 GiB.
     assert abs(amp.peak_gib - base.peak_gib) < 0.02
+
+
+def test_a_recomputed_region_holds_its_tensors_and_the_worst_layers_buffers() -> None:
+    from perfcast.memory_model.model import _region_peak
+
+    # Layer 2 of [4, 4]: both tensors, its own (4) and its output's gradient, which past
+    # the region's last layer is the region's output (2).
+    assert _region_peak([4, 4], 2) == 4 + 4 + 4 + 2
+    # A big early layer: its buffers and the next layer's.
+    assert _region_peak([10, 1, 1], 1) == 10 + 10 + 1

@@ -463,14 +463,15 @@ def repeated_blocks(
     return None if best is None else best[1]
 
 
-def _region_peak(saved: list[int]) -> int:
+def _region_peak(saved: list[int], output: int) -> int:
     """What backward holds while it runs a recomputed region, by the same rule as the
     whole step's walk: the region's tensors saved up to layer i, and layer i's gradient
-    buffers (s_i + s_(i+1)), at the worst layer."""
+    buffers (s_i + s_(i+1)), at the worst layer; past the region's last layer, the
+    gradient of the region's output (`output` bytes)."""
     out, prefix = 0, 0
     for i, x in enumerate(saved):
         prefix += x
-        out = max(out, prefix + x + (saved[i + 1] if i + 1 < len(saved) else 0))
+        out = max(out, prefix + x + (saved[i + 1] if i + 1 < len(saved) else output))
     return out
 
 
@@ -508,7 +509,11 @@ def _checkpoint_spans(inp: MemoryInputs, spans: list[tuple[int, int]], what: str
             # Its first op saves the region's input again while recomputing: one tensor.
             sz[0] -= min(x_in, sz[0])
             sza[0] -= min(xa_in, sza[0])
-        keep(x_in, xa_in, max(1, _region_peak(sz)), max(1, _region_peak(sza)))
+        # The region's output: what the next region or the first op after them reads.
+        nxt = hi if j + 1 == len(spans) else spans[j + 1][0]
+        y = fwd.input_bytes[nxt] if nxt < len(fwd.input_bytes) else 0
+        ya = fwd.input_bytes_autocast[nxt] if nxt < len(fwd.input_bytes) else 0
+        keep(x_in, xa_in, max(1, _region_peak(sz, y)), max(1, _region_peak(sza, ya)))
     for i, op in enumerate(at):
         if op >= end:
             keep(s[i], auto[i] if auto else s[i])
