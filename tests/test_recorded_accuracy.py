@@ -161,3 +161,22 @@ def test_ratchet_catches_a_regression_and_a_stale_figure() -> None:
     lost = recorded.check_ratchet(summary(1), {"gpu": ok})
     assert len(lost) == 1 and "no prediction" in lost[0]
     assert recorded.check_ratchet(summary(), {"gpu": ok, "cpu": ok})  # a group went missing
+
+
+def test_pairs_apart_are_the_orders_the_windows_vouch_for() -> None:
+    def row(name: str, base: list[float], variant: list[float]) -> RecordedRow:
+        return RecordedRow(
+            id=name, source="s", device="d", processor="cpu", workload="w", baseline="b",
+            variant=name, change=name, spec=name, baseline_trace="t", measured="unprofiled",
+            baseline_ms=statistics.median(base), variant_ms=statistics.median(variant),
+            baseline_windows_ms=base, variant_windows_ms=variant,
+        )  # fmt: skip
+
+    fast = row("fast", [10.0, 10.5], [5.0, 5.2])  # 1.92-2.10x
+    same = row("same", [10.0, 10.5], [9.8, 10.4])  # 0.96-1.07x
+    close = row("close", [10.0, 10.5], [9.5, 10.0])  # 1.00-1.11x: overlaps `same`
+    pairs = recorded._pairs_apart([fast, same, close])
+    assert pairs == [(0, 1), (0, 2)]
+    # [as measured, the other way, tied]
+    assert recorded._order_agreement([2.0, 1.0, 1.0], pairs) == [2, 0, 0]
+    assert recorded._order_agreement([1.0, 1.0, 1.5], pairs) == [0, 1, 1]

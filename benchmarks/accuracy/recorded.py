@@ -230,8 +230,10 @@ def advisor_rankings(rows: Sequence[RecordedRow]) -> list[dict[str, Any]]:
         measured = [r.speedup for r in group]
         rho = spearman(advised, measured)
         predicted = {s.name: s.speedup for s in [*advice.suggestions, *advice.uncertain]}
-        low = min(predicted.values(), default=1.0) - 1.0  # not applicable: tied last
-        rho_all = spearman([predicted.get(r.spec or "", low) for r in group], measured)
+        # Not applicable: perfcast's verdict that nothing changes (1.00x), as the rows score it.
+        every = [predicted.get(r.spec or "", 1.0) for r in group]
+        rho_all = spearman(every, measured)
+        apart = _pairs_apart(group)
         out.append(
             {
                 "baseline": trace,
@@ -243,9 +245,42 @@ def advisor_rankings(rows: Sequence[RecordedRow]) -> list[dict[str, Any]]:
                 # undefined when either side is all ties (the advisor ranks nothing)
                 "spearman": None if rho != rho else round(rho, 3),
                 "spearman_predicted": None if rho_all != rho_all else round(rho_all, 3),
+                # Pairs of changes measured apart (their speedup ranges do not overlap),
+                # each as (faster, slower) indices into `changes`.
+                "pairs_apart": apart,
+                "pairs_advisor": _order_agreement(advised, apart),
+                "pairs_predicted": _order_agreement(every, apart),
             }
         )
     return out
+
+
+def _speedup_range(r: RecordedRow) -> tuple[float, float]:
+    """The speedups the row's timing windows allow: slowest baseline window over fastest
+    variant window, and the other way round (its measured speedup when it has no windows)."""
+    b, v = r.baseline_windows_ms, r.variant_windows_ms
+    if not b or not v:
+        return r.speedup, r.speedup
+    return min(b) / max(v), max(b) / min(v)
+
+
+def _pairs_apart(group: Sequence[RecordedRow]) -> list[tuple[int, int]]:
+    """(faster, slower) for every two changes whose speedup ranges do not overlap: the
+    orders a measurement this noisy can vouch for."""
+    rng = [_speedup_range(r) for r in group]
+    out = []
+    for i in range(len(group)):
+        for j in range(len(group)):
+            if rng[i][0] > rng[j][1]:
+                out.append((i, j))
+    return out
+
+
+def _order_agreement(score: Sequence[float], pairs: Sequence[tuple[int, int]]) -> list[int]:
+    """[same order, other order, tied] of `score` over (faster, slower) pairs."""
+    same = sum(score[i] > score[j] for i, j in pairs)
+    other = sum(score[i] < score[j] for i, j in pairs)
+    return [same, other, len(pairs) - same - other]
 
 
 def change_kind(row: RecordedRow) -> str:
@@ -465,8 +500,25 @@ def ranking_markdown(rankings: Sequence[dict[str, Any]]) -> str:
             )
             + f" over {len(rhos_all)}. "
             + _top_pick_text(mine)
+            + _pairs_text(mine)
         )
     return "\n".join(lines)
+
+
+def _pairs_text(groups: Sequence[dict[str, Any]]) -> str:
+    """The orders the measurements vouch for: pairs of changes whose speedup ranges over
+    their timing windows do not overlap, and how the advisor and the predictions order them."""
+    n = sum(len(g.get("pairs_apart", [])) for g in groups)
+    if not n:
+        return " No two changes measured apart beyond their timing windows."
+    adv = [sum(g["pairs_advisor"][k] for g in groups) for k in range(3)]
+    pred = [sum(g["pairs_predicted"][k] for g in groups) for k in range(3)]
+    return (
+        f" Of the {n} pairs of changes measured apart (speedup ranges over their timing "
+        f"windows do not overlap), the advisor orders {adv[0]} as measured, {adv[1]} the "
+        f"other way and ties {adv[2]} (both unranked: neither offered as a gain); by "
+        f"predicted speedup, {pred[0]} as measured, {pred[1]} the other way, {pred[2]} tied."
+    )
 
 
 def _top_pick_text(groups: Sequence[dict[str, Any]]) -> str:
