@@ -361,3 +361,18 @@ def test_a_trace_without_collectives_says_so(capsys):
     assert main(["analyze", str(H200_TRACE), "--only", "collectives"]) == 0
     out = capsys.readouterr().out
     assert "no collective kernels" in out and "collectives: collectives" not in out
+
+
+def test_whatif_text_shows_peak_memory_before_and_after(capsys):
+    trace = (
+        Path(__file__).resolve().parents[1]
+        / "benchmarks/accuracy/recorded/traces/live-h200-2026-11-26/transformer.amp.json.gz"
+    )
+    assert main(["whatif", str(trace), "--apply", "activation-checkpointing"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    line = out[out.index("peak memory per rank") :]
+    before, after = (float(x) for x in line.split()[4:7:2])
+    assert after < before  # checkpointing frees activations
+    assert "fits" in line and "H200" in line
+    doc = _json(capsys, "whatif", str(trace), "--apply", "activation-checkpointing", "--json")
+    assert doc["baseline_memory"]["peak_bytes"] > doc["memory"]["peak_bytes"]

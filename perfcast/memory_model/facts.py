@@ -428,8 +428,8 @@ def _zero_grad(
     if int(table.ts[fwd].min()) < first_zg < (int(table.ts[bwd].min()) if bwd.size else 0):
         facts.grads_live_in_forward = True
         facts.notes.append(
-            "zero_grad runs after forward starts: the previous step's gradients are alive "
-            "through forward"
+            "zero_grad runs between forward and backward: the previous step's gradients are "
+            "alive through forward"
         )
 
 

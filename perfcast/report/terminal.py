@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.table import Table
@@ -214,11 +214,30 @@ def render_whatif(result: WhatIfResult, console: Console) -> None:
         "trace",
         highlight=False,
     )
+    if result.memory is not None:
+        console.print(Text(_memory_line(result.memory, result.baseline_memory)))
     for a in result.applied:
         for line in a.assumptions:
             console.print(Text(f"  assumes ({a.name}): {line}"))
     if result.correction.source != "off":
         console.print(Text(f"  assumes (profiler cost): {result.correction.assumption()}"))
+
+
+def _memory_line(after: Any, before: Any) -> str:
+    """Predicted peak memory per rank, before -> after, against the device's memory."""
+    gib = 1 << 30
+    was = f"{before.peak_bytes / gib:.2f} -> " if before is not None else ""
+    cap = after.capacity_bytes
+    of = (
+        f" of {cap / gib:.1f} GiB{' on ' + after.device if after.device else ''}: "
+        + ("fits" if after.fits else "DOES NOT FIT")
+        if cap
+        else " (device memory unknown)"
+    )
+    return (
+        f"  peak memory per rank        {was}{after.peak_bytes / gib:.2f} GiB{of}; the peak "
+        f"falls in {after.at} ({after.source})"
+    )
 
 
 def _real_line(real_ms: float, measured_real_ms: float | None, correction: Correction) -> str:

@@ -64,6 +64,7 @@ class WhatIfResult(Displayed):
     notes: list[str] = field(default_factory=list)  # about the input (salvage, no steps)
     # Predicted peak memory per rank after the optimizations (perfcast.memory_model), when known.
     memory: Any = None
+    baseline_memory: Any = None  # the same estimate before the optimizations
     # When the batch changes: throughput per sample against the baseline (speedup x factor).
     per_sample_speedup: float | None = None
     # The speedup as a profiled run would show it (traced_ms / predicted_traced_ms): a field,
@@ -226,6 +227,7 @@ def run_whatif(
         assumptions=list(world.graph.assumptions),
         notes=input_notes(table) + graph_notes(world.traced_graph, steps_ns(world.traced)),
         memory=_memory(table, specs),
+        baseline_memory=_memory(table, []),
     )
     factor = 1.0
     for a in applied:

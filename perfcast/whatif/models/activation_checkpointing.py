@@ -36,7 +36,8 @@ that second forward:
   is one host node before the recompute's first backward launch.
 
 A trace that already checkpoints is refused unless `module` picks what else
-to checkpoint. Not modelled: the memory saved (and any larger batch it would allow).
+to checkpoint. The memory saved is `perfcast.memory_model`'s (repeated blocks, each keeping
+its input), reported with every result; not modelled here: a larger batch it would allow.
 """
 
 from __future__ import annotations
@@ -127,7 +128,7 @@ def apply(graph: Graph, options: Options) -> Graph:
         "with their measured durations (launches at most the median launch), placed as one "
         "block at the start of backward: torch.utils.checkpoint recomputes each segment just "
         "before its own backward, the same time in total but not the same overlap with other "
-        "work; memory saving not modelled (time only)"
+        "work; the memory it saves is the memory model's (the result's peak memory)"
     )
     if ck is not None and costs is not None:
         graph.assumptions.append(
