@@ -31,3 +31,12 @@ def test_removing_the_step_sync_is_scored_after_the_first_step() -> None:
     # The baseline stays the same for every what-if of the trace.
     assert result.baseline_ms == perfcast.predict(table, []).baseline_ms
     assert any("steady state" in a for a in result.applied[0].assumptions)
+
+
+def test_cuda_graphs_overlap_steps_only_when_the_syncs_move() -> None:
+    from perfcast.whatif.runner import AppliedModel, _steps_overlap
+
+    assert _steps_overlap(AppliedModel("cuda-graphs", {"syncs": "move"}, []))
+    assert not _steps_overlap(AppliedModel("cuda-graphs", {}, []))
+    assert not _steps_overlap(AppliedModel("fused-optimizer", {"kind": "fused"}, []))
+    assert _steps_overlap(AppliedModel("remove-host-sync", {}, []))

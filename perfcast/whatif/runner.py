@@ -94,6 +94,13 @@ def step_ms(tl: Timeline) -> tuple[float, float, list[tuple[int, str, float, flo
     return measured, simulated, rows
 
 
+def _steps_overlap(a: AppliedModel) -> bool:
+    """Whether the model, with the options it was applied with, removes the syncs that end
+    each step (its module's `steps_overlap(options)`; none: it does not)."""
+    fn = getattr(get_model(a.name), "steps_overlap", None)
+    return bool(fn(a.options)) if fn is not None else False
+
+
 def steady_ms(tl: Timeline) -> float:
     """Mean simulated step over the steps after the first (the slowest rank sets each)."""
     by_name: dict[str, float] = {}
@@ -187,7 +194,7 @@ def run_whatif(
     _, p, pred_rows = step_ms(predicted)
     _, pt, traced_rows = step_ms(predicted_traced)
     traced, _, _ = step_ms(world.traced)
-    overlapping = [a for a in applied if getattr(get_model(a.name), "STEPS_OVERLAP", False)]
+    overlapping = [a for a in applied if _steps_overlap(a)]
     if overlapping and len({name for _, name, _, _ in pred_rows}) >= 2:
         # Steps that no longer end in a sync run into each other; the trace's first step has
         # nothing before it to overlap with, so it would count a pipeline fill that a running

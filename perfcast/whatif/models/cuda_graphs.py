@@ -49,6 +49,13 @@ from perfcast.graph.phases import Phase, phase_names
 from perfcast.whatif import primitives as P
 from perfcast.whatif.kernels import refuse_graph_replays
 
+
+def steps_overlap(options: dict[str, object]) -> bool:
+    """With syncs=move the step no longer ends in a sync and runs into the next (the runner
+    then takes the speedup over the steps after the first)."""
+    return options.get("syncs") == "move"
+
+
 SUMMARY = (
     "replay each step's GPU work from captured CUDA graphs, split at host syncs "
     "(phases=forward+backward+..., syncs=split|move)"
