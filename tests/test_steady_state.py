@@ -40,3 +40,11 @@ def test_cuda_graphs_overlap_steps_only_when_the_syncs_move() -> None:
     assert not _steps_overlap(AppliedModel("cuda-graphs", {}, []))
     assert not _steps_overlap(AppliedModel("fused-optimizer", {"kind": "fused"}, []))
     assert _steps_overlap(AppliedModel("remove-host-sync", {}, []))
+
+
+def test_advisor_and_whatif_agree_on_a_steady_state_speedup() -> None:
+    table = perfcast.load(str(LIVE_H200 / "transformer.remove-item-sync.json.gz"))
+    advice = perfcast.advise(table, candidates=["remove-host-sync"])
+    found = [*advice.suggestions, *advice.uncertain]
+    assert found and found[0].name == "remove-host-sync"
+    assert abs(found[0].speedup - perfcast.predict(table, "remove-host-sync").speedup) < 1e-9

@@ -38,7 +38,13 @@ from perfcast.graph.phases import Phase
 from perfcast.real import Correction
 from perfcast.sim.timeline import Timeline, simulate
 from perfcast.whatif.registry import Spec
-from perfcast.whatif.runner import apply_specs, measured_share, step_ms, steps_ns
+from perfcast.whatif.runner import (
+    apply_specs,
+    measured_share,
+    predicted_step_ms,
+    step_ms,
+    steps_ns,
+)
 
 try:
     from perfcast.hardware.classify import KernelClass, dtype_from_kernel_name
@@ -445,7 +451,7 @@ def advise(
             reason = str(exc)
             model = f"{text.split(':')[0]}: "  # the model names itself; the item does too
             return NotApplicable(text, reason.removeprefix(model))
-        _, predicted, _ = step_ms(tl)
+        predicted = predicted_step_ms(base, tl, applied)
         speedup = baseline_ms / predicted if predicted > 0 else float("inf")
         band, pairs = _band(text, bands)
         s = Suggestion(
@@ -619,8 +625,7 @@ def _predict_together(suggestions: list[Suggestion], world: RealWorld) -> float 
 
     specs = [parse_spec(s.name) for s in _in_plan_order(suggestions)]
     try:
-        new_graph, _ = apply_specs(world.graph, specs)
+        new_graph, applied = apply_specs(world.graph, specs)
     except PerfcastError:
         return None
-    _, predicted, _ = step_ms(simulate(new_graph))
-    return float(predicted)
+    return float(predicted_step_ms(world.real, simulate(new_graph), applied))

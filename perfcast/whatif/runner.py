@@ -94,6 +94,35 @@ def step_ms(tl: Timeline) -> tuple[float, float, list[tuple[int, str, float, flo
     return measured, simulated, rows
 
 
+def steady_state_applies(applied: list[AppliedModel], predicted: Timeline) -> bool:
+    """Whether a model applied lets steps overlap and the trace has steps after the first."""
+    steps = {name for _, name, _, _ in predicted.iteration_ns()}
+    return len(steps) >= 2 and any(_steps_overlap(a) for a in applied)
+
+
+def predicted_step_ms(base: Timeline, predicted: Timeline, applied: list[AppliedModel]) -> float:
+    """The predicted mean step, on the baseline's scale.
+
+    Steps that no longer end in a sync run into each other; the trace's first step has
+    nothing before it to overlap with, so it would count a pipeline fill that a running job
+    pays once. Then the speedup is the steady state's, over the steps after the first, and
+    the step is the baseline's mean over it (said in the first such model's assumptions)."""
+    _, b, _ = step_ms(base)
+    _, p, _ = step_ms(predicted)
+    if not steady_state_applies(applied, predicted):
+        return p
+    note = (
+        "steps overlap once they no longer end in a sync: the speedup is the steady "
+        "state's, over the traced steps after the first (the first has no step before it "
+        "in the trace to overlap with)"
+    )
+    first = next(a for a in applied if _steps_overlap(a))
+    if note not in first.assumptions:
+        first.assumptions.append(note)
+    steady = steady_ms(predicted)
+    return b * steady / steady_ms(base) if steady > 0 else p
+
+
 def _steps_overlap(a: AppliedModel) -> bool:
     """Whether the model, with the options it was applied with, removes the syncs that end
     each step (its module's `steps_overlap(options)`; none: it does not)."""
@@ -191,22 +220,12 @@ def run_whatif(
     else:
         predicted_traced = simulate(apply_specs(world.traced_graph, specs)[0])
     _, b, _ = step_ms(world.real)
-    _, p, pred_rows = step_ms(predicted)
+    pred_rows = step_ms(predicted)[2]
     _, pt, traced_rows = step_ms(predicted_traced)
     traced, _, _ = step_ms(world.traced)
-    overlapping = [a for a in applied if _steps_overlap(a)]
-    if overlapping and len({name for _, name, _, _ in pred_rows}) >= 2:
-        # Steps that no longer end in a sync run into each other; the trace's first step has
-        # nothing before it to overlap with, so it would count a pipeline fill that a running
-        # job pays once. The speedup is the steady state's, over the steps after the first.
-        speedup = steady_ms(world.real) / steady_ms(predicted)
-        p = b / speedup
+    p = predicted_step_ms(world.real, predicted, applied)
+    if steady_state_applies(applied, predicted):
         pt = traced / (steady_ms(world.traced) / steady_ms(predicted_traced))
-        overlapping[0].assumptions.append(
-            "steps overlap once they no longer end in a sync: the speedup is the steady "
-            "state's, over the traced steps after the first (the first has no step before it "
-            "in the trace to overlap with)"
-        )
     iterations = [
         IterationPrediction(
             rank=est.rank,
