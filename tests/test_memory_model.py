@@ -280,3 +280,46 @@ def test_a_recomputed_region_holds_its_tensors_and_the_worst_layers_buffers() ->
     assert _region_peak([4, 4], 2) == 4 + 4 + 4 + 2
     # A big early layer: its buffers and the next layer's.
     assert _region_peak([10, 1, 1], 1) == 10 + 10 + 1
+
+
+def test_checkpointing_twice_changes_nothing_more(tmp_path: Path) -> None:
+    facts = trace_facts(perfcast.load(str(_block_facts_trace(tmp_path, 400))))
+    from perfcast.memory_model import inputs_from_facts
+
+    inp = inputs_from_facts(facts)
+    once = estimate(apply_changes(inp, ["activation-checkpointing"])).peak_bytes
+    twice = estimate(apply_changes(inp, ["activation-checkpointing"] * 2)).peak_bytes
+    assert once == twice
+
+
+def test_a_region_never_keeps_more_than_it_would_save() -> None:
+    """A region starting at a view of a large buffer keeps no copy of it (found on an A100
+    trace whose region edge fell on an as_strided of a 1.7 GB parameter buffer)."""
+    from perfcast.memory_model.facts import ForwardOps
+
+    fwd = ForwardOps(
+        tokens=[1, 2, 3, 4, 5, 6],
+        input_bytes=[10, 10, 10**9, 10, 10, 10],
+        input_bytes_autocast=[10] * 6,
+        input_saved=[False] * 6,
+    )
+    inp = MemoryInputs(
+        param_numels=[1], saved_bytes=[10, 10, 10], optimizer="none", forward=fwd,
+        saved_at=[0, 3, 5],
+    )  # fmt: skip
+    before = estimate(inp).peak_bytes
+    for regions in (2, 3):
+        ck = apply_changes(inp, [f"activation-checkpointing:regions={regions}"])
+        assert max(ck.saved_bytes) <= 20
+        assert estimate(ck).peak_bytes <= before
+
+
+def test_hand_made_saved_positions_out_of_range_fall_back() -> None:
+    from perfcast.memory_model.facts import ForwardOps
+
+    fwd = ForwardOps(tokens=[1, 2], input_bytes=[4, 4], input_bytes_autocast=[2, 2],
+                     input_saved=[False, False])  # fmt: skip
+    inp = MemoryInputs(param_numels=[1], saved_bytes=[4, 4], optimizer="none", forward=fwd,
+                       saved_at=[0, 7])  # fmt: skip
+    ck = apply_changes(inp, ["activation-checkpointing:regions=2"])
+    assert ck.saved_bytes == [4, 4] and ck.recompute_bytes == [4, 4]

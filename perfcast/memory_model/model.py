@@ -38,6 +38,7 @@ allocator).
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import math
 from collections.abc import Iterable, Mapping
@@ -298,8 +299,8 @@ def _batch(inp: MemoryInputs, o: Mapping[str, Any]) -> MemoryInputs:
         inp,
         saved_bytes=_scaled(inp.saved_bytes, f),
         saved_bytes_autocast=_scaled(auto, f),
-        recompute_bytes=_scaled(inp.recompute_bytes, f),
-        recompute_bytes_autocast=_scaled(inp.recompute_bytes_autocast, f),
+        recompute_bytes=_scaled_rec(inp.recompute_bytes, f),
+        recompute_bytes_autocast=_scaled_rec(inp.recompute_bytes_autocast, f),
         forward=None
         if fwd is None
         else replace(
@@ -313,6 +314,11 @@ def _batch(inp: MemoryInputs, o: Mapping[str, Any]) -> MemoryInputs:
 
 def _scaled(xs: list[int] | None, f: float) -> Any:
     return None if xs is None else [int(x * f) for x in xs]
+
+
+def _scaled_rec(xs: list[int] | None, f: float) -> Any:
+    # A recompute entry stays nonzero: zero means "no region here" to the backward walk.
+    return None if xs is None else [max(1, int(x * f)) if x else 0 for x in xs]
 
 
 def _amp(inp: MemoryInputs, o: Mapping[str, Any]) -> MemoryInputs:
@@ -358,9 +364,12 @@ def _checkpoint(inp: MemoryInputs, o: Mapping[str, Any]) -> MemoryInputs:
     s = inp.saved_bytes
     if not s:
         return inp
+    if inp.recompute_bytes is not None:
+        note = "activation checkpointing applied already: a second pass changes nothing"
+        return replace(inp, assumptions=[*inp.assumptions, note])
     asked = int(_opt(o, "regions", 0, int) or 0)
     fwd, at = inp.forward, inp.saved_at
-    if fwd is not None and at is not None and len(at) == len(s):
+    if fwd is not None and at is not None and len(at) == len(s) and _valid_at(at, fwd):
         b = repeated_blocks(fwd.tokens, asked or None, s, at)
         if b is not None:
             spans = [
@@ -376,7 +385,15 @@ def _checkpoint(inp: MemoryInputs, o: Mapping[str, Any]) -> MemoryInputs:
         n_ops = len(fwd.tokens)
         regions = max(1, min(asked or round(math.sqrt(len(s))), n_ops))
         bounds = [round(i * n_ops / regions) for i in range(regions + 1)]
-        spans = [(a, b) for a, b in itertools.pairwise(bounds) if b > a]
+        # Each region starts at a layer: an op that saves its input, or would but another
+        # op saved that tensor already (not a view or a copy on the way).
+        starts = sorted(set(at) | {i for i, dup in enumerate(fwd.input_saved) if dup})
+        snapped = [0]
+        for bound in bounds[1:-1]:
+            k = bisect.bisect_left(starts, bound)
+            snapped.append(starts[k] if k < len(starts) else n_ops)
+        snapped.append(n_ops)
+        spans = [(a, b) for a, b in itertools.pairwise(snapped) if b > a]
         what = f"{len(spans)} regions of equal forward op counts (no repeated blocks found)"
         return _checkpoint_spans(inp, spans, what)
     # No forward ops to go by (a model description): regions of equal counts of saved
@@ -404,8 +421,16 @@ def _checkpoint(inp: MemoryInputs, o: Mapping[str, Any]) -> MemoryInputs:
     )
 
 
-# Forward ops longer than this are not searched for repeats (the search is quadratic).
-_MAX_OPS_SEARCHED = 20_000
+# Forward ops longer than this are not searched for repeats (the search is quadratic: about
+# 0.2 s at this many ops with few distinct ones, on a 2-core VM).
+_MAX_OPS_SEARCHED = 5_000
+
+
+def _valid_at(at: list[int], fwd: ForwardOps) -> bool:
+    """Saved tensors' op indices sorted and inside the forward ops (a hand-made input may
+    not be)."""
+    n = len(fwd.tokens)
+    return all(0 <= a < n for a in at) and all(x <= y for x, y in itertools.pairwise(at))
 
 
 @dataclass(frozen=True)
@@ -453,8 +478,8 @@ def repeated_blocks(
             # Align the blocks on an op that saves a tensor (a block starts where its input
             # is first kept: a norm, convolution or linear layer).
             slack = hi - lo + p - span
-            offs = [o for o in range(slack + 1) if saved_on[lo + o]] or [0]
-            start = lo + offs[0]
+            on = np.flatnonzero(saved_on[lo : lo + slack + 1])
+            start = lo + (int(on[0]) if on.size else 0)
             if (cum[start + span] - cum[start]) < 0.5 * total:
                 continue
             key = (span, use) if count is None else (p_eff, span)
@@ -498,13 +523,15 @@ def _checkpoint_spans(inp: MemoryInputs, spans: list[tuple[int, int]], what: str
         if op < first:
             keep(s[i], auto[i] if auto else s[i])
     for j, (lo, hi) in enumerate(spans):
-        inside = [i for i, op in enumerate(at) if lo <= op < hi]
+        inside = range(bisect.bisect_left(at, lo), bisect.bisect_left(at, hi))
         # The region's input, unless the first region reads a tensor kept before it.
         first_kept = j == 0 and fwd.input_saved[lo]
-        x_in = 0 if first_kept else fwd.input_bytes[lo]
-        xa_in = 0 if first_kept else fwd.input_bytes_autocast[lo]
         sz = [s[i] for i in inside]
         sza = [(auto[i] if auto else s[i]) for i in inside]
+        # Never more than the region would have saved without checkpointing (a region
+        # starting at a view of a large buffer keeps no copy of it).
+        x_in = 0 if first_kept else min(fwd.input_bytes[lo], sum(sz))
+        xa_in = 0 if first_kept else min(fwd.input_bytes_autocast[lo], sum(sza))
         if inside and at[inside[0]] == lo:
             # Its first op saves the region's input again while recomputing: one tensor.
             sz[0] -= min(x_in, sz[0])
@@ -591,10 +618,15 @@ def _tp(inp: MemoryInputs, o: Mapping[str, Any], linear_share: float) -> MemoryI
         shard_optimizer=inp.shard_optimizer * scale,
         saved_bytes=_scaled(inp.saved_bytes, scale),
         saved_bytes_autocast=_scaled(inp.saved_bytes_autocast, scale),
-        recompute_bytes=_scaled(inp.recompute_bytes, scale),
-        recompute_bytes_autocast=_scaled(inp.recompute_bytes_autocast, scale),
-        forward=None,
-        saved_at=None,
+        recompute_bytes=_scaled_rec(inp.recompute_bytes, scale),
+        recompute_bytes_autocast=_scaled_rec(inp.recompute_bytes_autocast, scale),
+        forward=None
+        if inp.forward is None
+        else replace(
+            inp.forward,
+            input_bytes=_scaled(inp.forward.input_bytes, scale),
+            input_bytes_autocast=_scaled(inp.forward.input_bytes_autocast, scale),
+        ),
         assumptions=[*inp.assumptions, note],
     )
 
@@ -620,8 +652,10 @@ def _pp(inp: MemoryInputs, o: Mapping[str, Any]) -> MemoryInputs:
         else [int(x * inflight / m) for x in inp.saved_bytes_autocast[:per]],
         recompute_bytes=None
         if inp.recompute_bytes is None
-        else [int(x / m) for x in inp.recompute_bytes[:per]],  # one micro-batch's region
-        recompute_bytes_autocast=None,
+        else [max(1, int(x / m)) for x in inp.recompute_bytes[:per]],  # one micro-batch's
+        recompute_bytes_autocast=None
+        if inp.recompute_bytes_autocast is None
+        else [max(1, int(x / m)) for x in inp.recompute_bytes_autocast[:per]],
         forward=None,
         saved_at=None,
         shard_weights=inp.shard_weights / p,
@@ -728,9 +762,13 @@ def predict_peak_memory(
         # The trace measured its peak: keep it, and move it by what the changes move in the
         # estimate (the estimate's error on the parts it cannot see stays out).
         delta = after.peak_bytes - before.peak_bytes
+        # Floored at the measured peak scaled by the estimate's ratio: where the estimate is
+        # far above the measurement (an inference trace's forward counted as saved), its
+        # difference would take the peak below zero.
+        ratio = after.peak_bytes / before.peak_bytes if before.peak_bytes else 1.0
         after = replace(
             after,
-            peak_bytes=max(0, int(measured + delta)),
+            peak_bytes=max(int(measured * ratio), int(measured + delta)),
             source="[memory] events",
             assumptions=[
                 *after.assumptions,

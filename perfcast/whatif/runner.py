@@ -119,8 +119,8 @@ def predicted_step_ms(base: Timeline, predicted: Timeline, applied: list[Applied
     first = next(a for a in applied if _steps_overlap(a))
     if note not in first.assumptions:
         first.assumptions.append(note)
-    steady = steady_ms(predicted)
-    return b * steady / steady_ms(base) if steady > 0 else p
+    steady, steady_base = steady_ms(predicted), steady_ms(base)
+    return b * steady / steady_base if steady > 0 and steady_base > 0 else p
 
 
 def _steps_overlap(a: AppliedModel) -> bool:
@@ -225,7 +225,9 @@ def run_whatif(
     traced, _, _ = step_ms(world.traced)
     p = predicted_step_ms(world.real, predicted, applied)
     if steady_state_applies(applied, predicted):
-        pt = traced / (steady_ms(world.traced) / steady_ms(predicted_traced))
+        steady_traced = steady_ms(predicted_traced)
+        if steady_traced > 0 and steady_ms(world.traced) > 0:
+            pt = traced * steady_traced / steady_ms(world.traced)
     iterations = [
         IterationPrediction(
             rank=est.rank,
