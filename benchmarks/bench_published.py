@@ -289,7 +289,7 @@ def memtracker() -> list[dict[str, Any]]:
     try:
         import torch
         from torch import nn
-        from torch.distributed._tools.mem_tracker import MemTracker
+        from torch.distributed._tools import mem_tracker  # noqa: F401 (is the tool there?)
     except Exception:  # torch missing or without the tool
         return []
     import perfcast
@@ -336,12 +336,7 @@ def memtracker() -> list[dict[str, Any]]:
             opt.step()
             opt.zero_grad(set_to_none=True)
 
-        step()  # optimizer state exists from here on, as in a running job
-        mt = MemTracker()
-        mt.track_external(model, opt)
-        with mt:
-            step()
-        measured = mt.get_tracker_snapshot("peak")[torch.device("cpu")]["Total"]
+        measured = _memtracker_peak(model, opt, step, warmup=1)
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / "trace.json"
             sched = torch.profiler.schedule(wait=0, warmup=1, active=1)
@@ -367,28 +362,33 @@ def memtracker() -> list[dict[str, Any]]:
     return out
 
 
+def _memtracker_peak(model: Any, optimizer: Any, step: Any, warmup: int) -> float:
+    """torch's MemTracker peak on CPU of one `step()` after `warmup` untracked ones (the
+    optimizer's state exists by then, as in a running job)."""
+    import torch
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    for _ in range(warmup):
+        step()
+    mt = MemTracker()
+    mt.track_external(model, optimizer)
+    with mt:
+        step()
+    return float(mt.get_tracker_snapshot("peak")[torch.device("cpu")]["Total"])
+
+
 def memtracker_live() -> list[dict[str, Any]]:
     """The accuracy benchmark's four workloads at their CPU "quick" size, as they train
     there (DataLoader, for-loop Adam, zero_grad between forward and backward): MemTracker's
     peak of one step of the baseline and of its activation-checkpointing variant, against
     the memory model on a `perfcast.capture` trace of the baseline."""
     try:
-        import torch
-        from torch.distributed._tools.mem_tracker import MemTracker
-    except Exception:
+        from torch.distributed._tools import mem_tracker  # noqa: F401 (is the tool there?)
+    except Exception:  # torch missing or without the tool
         return []
     import perfcast
     from benchmarks.accuracy.workloads import TrainConfig, Trainer, checkpoint_regions
     from perfcast.capture import capture, step
-
-    def peak(trainer: Trainer) -> float:
-        for _ in range(2):
-            trainer.step()
-        mt = MemTracker()
-        mt.track_external(trainer.model, trainer.optimizer)
-        with mt:
-            trainer.step()
-        return float(mt.get_tracker_snapshot("peak")[torch.device("cpu")]["Total"])
 
     out = []
     for workload in ("mlp", "transformer", "cnn", "dlrm"):
@@ -415,7 +415,7 @@ def memtracker_live() -> list[dict[str, Any]]:
             est = perfcast.predict(table, [spec] if spec else []).memory
             assert est is not None
             trainer = Trainer(workload, cfg)
-            measured = peak(trainer)
+            measured = _memtracker_peak(trainer.model, trainer.optimizer, trainer.step, warmup=2)
             trainer.close()
             out.append(
                 {

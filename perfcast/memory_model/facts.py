@@ -196,8 +196,8 @@ def trace_facts(table: EventTable, rank: int | None = None) -> TraceFacts:
     _optimizer(table, ops, facts)
     _dtype(table, in_step, phases, facts)
     _saved(table, ops, phases, facts)
-    notes = np.flatnonzero(in_step & (table.kind == Kind.USER_ANNOTATION))
-    _zero_grad(table, ops, notes, phases, facts)
+    annotations = np.flatnonzero(in_step & (table.kind == Kind.USER_ANNOTATION))
+    _zero_grad(table, ops, annotations, phases, facts)
     _threads(table, in_step, facts)
     facts.measured_peak_bytes = _measured_peak(table, rank)
     if not facts.param_numels:

@@ -468,12 +468,10 @@ def repeated_blocks(
             reps = (hi - lo + p) // p
             if reps < 2 or (count is not None and reps < count):
                 continue
-            use = count or reps
             if count is not None:
-                p_eff = p * (reps // count)  # fewer, longer blocks of several periods each
-                use = count
+                p_eff, use = p * (reps // count), count  # fewer, longer blocks
             else:
-                p_eff = p
+                p_eff, use = p, reps
             span = use * p_eff
             # Align the blocks on an op that saves a tensor (a block starts where its input
             # is first kept: a norm, convolution or linear layer).

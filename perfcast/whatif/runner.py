@@ -100,17 +100,15 @@ def steady_state_applies(applied: list[AppliedModel], predicted: Timeline) -> bo
     return len(steps) >= 2 and any(_steps_overlap(a) for a in applied)
 
 
-def predicted_step_ms(base: Timeline, predicted: Timeline, applied: list[AppliedModel]) -> float:
-    """The predicted mean step, on the baseline's scale.
+def steady_ratio(base: Timeline, predicted: Timeline, applied: list[AppliedModel]) -> float | None:
+    """Predicted over baseline step, over the steps after the first, when a model applied
+    lets steps overlap; None otherwise (the plain means apply).
 
     Steps that no longer end in a sync run into each other; the trace's first step has
     nothing before it to overlap with, so it would count a pipeline fill that a running job
-    pays once. Then the speedup is the steady state's, over the steps after the first, and
-    the step is the baseline's mean over it (said in the first such model's assumptions)."""
-    _, b, _ = step_ms(base)
-    _, p, _ = step_ms(predicted)
+    pays once (said in the first such model's assumptions)."""
     if not steady_state_applies(applied, predicted):
-        return p
+        return None
     note = (
         "steps overlap once they no longer end in a sync: the speedup is the steady "
         "state's, over the traced steps after the first (the first has no step before it "
@@ -120,7 +118,14 @@ def predicted_step_ms(base: Timeline, predicted: Timeline, applied: list[Applied
     if note not in first.assumptions:
         first.assumptions.append(note)
     steady, steady_base = steady_ms(predicted), steady_ms(base)
-    return b * steady / steady_base if steady > 0 and steady_base > 0 else p
+    return steady / steady_base if steady > 0 and steady_base > 0 else None
+
+
+def predicted_step_ms(base: Timeline, predicted: Timeline, applied: list[AppliedModel]) -> float:
+    """The predicted mean step, on the baseline's scale: the baseline's mean times the
+    steady-state ratio where `steady_ratio` applies, else the predicted mean."""
+    ratio = steady_ratio(base, predicted, applied)
+    return step_ms(predicted)[1] if ratio is None else step_ms(base)[1] * ratio
 
 
 def _steps_overlap(a: AppliedModel) -> bool:
@@ -223,11 +228,11 @@ def run_whatif(
     pred_rows = step_ms(predicted)[2]
     _, pt, traced_rows = step_ms(predicted_traced)
     traced, _, _ = step_ms(world.traced)
+    memory, baseline_memory = _memory(table, specs)
     p = predicted_step_ms(world.real, predicted, applied)
-    if steady_state_applies(applied, predicted):
-        steady_traced = steady_ms(predicted_traced)
-        if steady_traced > 0 and steady_ms(world.traced) > 0:
-            pt = traced * steady_traced / steady_ms(world.traced)
+    ratio_traced = steady_ratio(world.traced, predicted_traced, applied)
+    if ratio_traced is not None:
+        pt = traced * ratio_traced
     iterations = [
         IterationPrediction(
             rank=est.rank,
@@ -254,8 +259,8 @@ def run_whatif(
         measured_share=measured_share(predicted),
         assumptions=list(world.graph.assumptions),
         notes=input_notes(table) + graph_notes(world.traced_graph, steps_ns(world.traced)),
-        memory=_memory(table, specs),
-        baseline_memory=_memory(table, []),
+        memory=memory,
+        baseline_memory=baseline_memory,
     )
     factor = 1.0
     for a in applied:
@@ -268,11 +273,13 @@ def run_whatif(
     return result, world.real, predicted
 
 
-def _memory(table: EventTable, specs: list[Spec]) -> Any:
-    """The memory model's peak after the specs; None when it cannot say (never fails)."""
+def _memory(table: EventTable, specs: list[Spec]) -> tuple[Any, Any]:
+    """The memory model's peak after the specs and before them, from one reading of the
+    trace's facts; (None, None) when it cannot say (never fails)."""
     try:
-        from perfcast.memory_model import predict_peak_memory
+        from perfcast.memory_model import predict_peak_memory, trace_facts
 
-        return predict_peak_memory(table, specs)
+        facts = trace_facts(table)
+        return predict_peak_memory(facts, specs), predict_peak_memory(facts, [])
     except Exception:  # an addition: a what-if never fails because of it (said in the notes)
-        return None
+        return None, None
