@@ -221,6 +221,22 @@ def test_import_live_copies_a_recorded_source(tmp_path: Any, monkeypatch: Any) -
     assert import_recorded.main(["live", str(run_dir)]) == 2  # already there: refused
 
 
+def test_a_resumed_run_keeps_the_first_calls_calibration(tmp_path: Any) -> None:
+    # Each call of a resumed GPU run calibrates again; the rows of the first call name the
+    # first calibration, so the second must not overwrite it (it did on 26 November 2026).
+    from benchmarks.accuracy.runner import Recorder
+
+    first, second = tmp_path / "first.json", tmp_path / "second.json"
+    first.write_text('{"call": 1}')
+    second.write_text('{"call": 2}')
+    Recorder("gpu-x", "NVIDIA H100 80GB HBM3", tmp_path / "rec").save_calibration(first)
+    resumed = Recorder("gpu-x", "NVIDIA H100 80GB HBM3", tmp_path / "rec")
+    resumed.save_calibration(second)
+    assert resumed.calibration == "calibrations/gpu-xb.json"
+    assert (tmp_path / "rec" / "calibrations" / "gpu-x.json").read_text() == '{"call": 1}'
+    assert (tmp_path / "rec" / resumed.calibration).read_text() == '{"call": 2}'
+
+
 class _FakeTrainer:
     """Steps that take no time; only the DataLoader worker count matters here."""
 

@@ -88,7 +88,7 @@ def test_readme_table_is_generated_from_the_rows(
     # Every trace that carries unprofiled steps is checked without its fit, with its
     # machine's calibration (the rows that carry none come from a source that has one).
     carrying = {r.baseline_trace for r in rows if r.source.startswith("live-")}
-    assert held_out["rows"] == len(carrying) == 100 and held_out["sources"] == ["calibration"]
+    assert held_out["rows"] == len(carrying) == 128 and held_out["sources"] == ["calibration"]
     table = (
         recorded.markdown(rows, scored, host_stated, held_out)
         + "\n\n"

@@ -200,12 +200,34 @@ def peak_memory_gib(trainer: Any, steps: int = 2, resident_bytes: int = 0) -> fl
 
 
 def _allocated_bytes(trainer: Any) -> int:
+    """What is allocated on the trainer's device now, after freeing the cuBLAS workspaces.
+
+    Trainers in one process share one cuBLAS handle per thread and stream, and with it one
+    workspace (64 MiB on Hopper). Freed here, it is allocated again by whichever trainer runs
+    next, so that trainer's peak counts it, as a process of its own would."""
     import torch
 
     if trainer.device.type != "cuda":
         return 0
     trainer.synchronize()
+    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    if clear is not None:
+        clear()
     return int(torch.cuda.memory_allocated(trainer.device))
+
+
+def _first_peak_gib(variant: Any, resident_bytes: int, steps: int = 2) -> float | None:
+    """The peak from `variant`'s construction through its first `steps` steps, less
+    `resident_bytes`: it includes what a first run allocates once (a CUDA graph's private
+    pool at capture, cuDNN autotuning, compilation), which a steady-state step does not."""
+    import torch
+
+    if variant.device.type != "cuda":
+        return None
+    for _ in range(steps):
+        variant.step()
+    variant.synchronize()
+    return _gib(torch.cuda.max_memory_allocated(variant.device) - resident_bytes)
 
 
 def _resume_warmup(trainer: Any) -> int:
@@ -547,7 +569,14 @@ class Recorder:
     def save_calibration(self, path: Path) -> None:
         import shutil
 
-        rel = f"calibrations/{self.source}.json"
+        # A resumed run calibrates again; its rows point at its own calibration, and the
+        # first call's (which its rows name) is kept: <source>.json, <source>b.json, ...
+        for suffix in ["", *"bcdefghijklmnopqrstuvwxyz"]:
+            rel = f"calibrations/{self.source}{suffix}.json"
+            if not (self.root / rel).exists():
+                break
+        else:
+            raise ValueError(f"{self.root / 'calibrations'}: too many calibrations of {self.source}")
         (self.root / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(path, self.root / rel)
         self.calibration = rel
@@ -588,6 +617,7 @@ class Recorder:
             calibration=self.calibration if calibrated else None,
             baseline_peak_mem_gib=row.get("baseline_peak_mem_gib"),
             variant_peak_mem_gib=row.get("variant_peak_mem_gib"),
+            variant_first_peak_mem_gib=row.get("variant_first_peak_mem_gib"),
             notes=row["note"],
         )
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -621,6 +651,7 @@ def _run_row(
     traces: list[Path] = []
 
     variant_peak: float | None = None
+    first_peak: float | None = None
 
     def take_trace() -> None:
         traces.extend(profile_baseline(baseline, trace_dir, timing))
@@ -628,8 +659,14 @@ def _run_row(
     try:
         # What the baseline holds between steps, so the variant's peak can be told apart.
         base_resident = _allocated_bytes(baseline)
+        if device == "cuda":
+            import torch
+
+            torch.cuda.reset_peak_memory_stats(baseline.device)
         variant = Trainer(workload, OPTIMIZATIONS[name].apply(base_cfg))
+        first_peak = _first_peak_gib(variant, base_resident)
         pair = measure_pair(baseline, variant, timing, midway=take_trace)
+        _allocated_bytes(baseline)  # frees the shared cuBLAS workspace for the variant to take
         variant_peak = peak_memory_gib(variant, resident_bytes=base_resident)
         base_ms, opt_ms, noise = pair.baseline_ms, pair.optimized_ms, pair.noise
         windows = (list(pair.baseline_windows_ms), list(pair.optimized_windows_ms))
@@ -663,6 +700,7 @@ def _run_row(
     )
     row["baseline_windows_ms"], row["optimized_windows_ms"] = windows
     row["variant_peak_mem_gib"] = variant_peak
+    row["variant_first_peak_mem_gib"] = first_peak
     row["trace_paths"] = [str(p) for p in traces]
     row["baseline_traced_ms"] = _median_traced_ms(traces)
     print(
