@@ -346,7 +346,27 @@ def held_out_baselines(rows: Sequence[RecordedRow], tables: _Tables) -> dict[str
                 }
             )
     stats = _stats([abs(x["error"]) for x in out])
-    return {**stats, "traces": out, "sources": sorted({x["source"] for x in out})}
+    return {
+        **stats,
+        "traces": out,
+        "sources": sorted({x["source"] for x in out}),
+        "drift": baseline_drift(rows, tables),
+    }
+
+
+def baseline_drift(rows: Sequence[RecordedRow], tables: _Tables) -> dict[str, dict[str, Any]]:
+    """Per source, the unprofiled steps timed beside each trace against the row's own
+    measured baseline (the median of its windows, minutes around it): how far the machine
+    drifted between the two. An estimate fitted to the first is scored against the second."""
+    from perfcast.real import measured_real_steps
+
+    drift: dict[str, list[float]] = {}
+    for row in rows:
+        beside = measured_real_steps(tables[row.baseline_trace])
+        if beside:
+            ms = statistics.fmean(beside.values())
+            drift.setdefault(row.source, []).append(abs(ms - row.baseline_ms) / row.baseline_ms)
+    return {source: _stats(errors) for source, errors in sorted(drift.items())}
 
 
 def summarize(rows: Sequence[RecordedRow], results: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -460,6 +480,12 @@ def markdown(
             f"| the same without the fit ({' / '.join(h['sources'])} only), vs the unprofiled "
             f"steps measured beside the trace ({h['rows']} traces that carry them) | "
             f"{h['rows']} | {_pct(h['median'])} | {_pct(h['max'])} |"
+        )
+    for source, d in (h or {}).get("drift", {}).items():
+        lines.append(
+            f"| unprofiled steps timed beside the trace vs the row's measured baseline "
+            f"({source}: how far the machine drifted between the two) | {d['rows']} "
+            f"| {_pct(d['median'])} | {_pct(d['max'])} |"
         )
     if s["unpredicted"]:
         lines.append(f"\n{s['unpredicted']} rows have no prediction (see their notes).")

@@ -576,7 +576,9 @@ class Recorder:
             if not (self.root / rel).exists():
                 break
         else:
-            raise ValueError(f"{self.root / 'calibrations'}: too many calibrations of {self.source}")
+            raise ValueError(
+                f"{self.root / 'calibrations'}: too many calibrations of {self.source}"
+            )
         (self.root / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(path, self.root / rel)
         self.calibration = rel
