@@ -180,3 +180,32 @@ def test_pairs_apart_are_the_orders_the_windows_vouch_for() -> None:
     # [as measured, the other way, tied]
     assert recorded._order_agreement([2.0, 1.0, 1.0], pairs) == [2, 0, 0]
     assert recorded._order_agreement([1.0, 1.0, 1.5], pairs) == [0, 1, 1]
+
+
+def test_rows_are_grouped_by_how_far_their_machine_drifted() -> None:
+    # A row whose machine ran its trace's unprofiled steps far from the row's own baseline
+    # is scored apart: the prediction is fitted to the first and scored against the second.
+    def row(name: str, processor: str) -> RecordedRow:
+        return RecordedRow(
+            id=name, source="s", device="d", processor=processor, workload="w", baseline="b",
+            variant=name, change=name, spec=name, baseline_trace="t", measured="unprofiled",
+            baseline_ms=10.0, variant_ms=5.0,
+        )  # fmt: skip
+
+    rows = [row("a", "gpu"), row("b", "gpu"), row("c", "gpu"), row("d", "cpu")]
+    results = [
+        {"speedup_error": 0.02, "drift": 0.01},
+        {"speedup_error": 0.30, "drift": 0.25},
+        {"speedup_error": 0.04, "drift": None},  # the trace carries no unprofiled steps
+        {"speedup_error": 0.01, "drift": recorded.DRIFT_LIMIT},
+    ]
+    groups = recorded.summarize(rows, results)["by_drift"]
+    assert {k: g["rows"] for k, g in groups.items()} == {
+        "cpu, held": 1,
+        "gpu, drifted": 1,
+        "gpu, held": 1,
+    }
+    assert groups["gpu, drifted"]["max"] == 0.30
+    assert "gpu rows whose trace's unprofiled steps are more than 10%" in recorded.markdown(
+        rows, results
+    )

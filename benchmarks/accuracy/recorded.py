@@ -92,7 +92,23 @@ def predict_row(row: RecordedRow, table: Any) -> dict[str, Any]:
         out["step_error"] = abs(result.predicted_ms - row.variant_ms) / row.variant_ms
         # The baseline estimated without the profiler, against its unprofiled measurement.
         out["baseline_error"] = (result.baseline_ms - row.baseline_ms) / row.baseline_ms
+        out["drift"] = _drift(row, table)
     return out
+
+
+DRIFT_LIMIT = 0.10  # beyond this, a row's machine changed speed between trace and windows
+
+
+def _drift(row: RecordedRow, table: Any) -> float | None:
+    """How far the unprofiled steps timed beside the trace are from the row's measured
+    baseline (None when the trace carries none): the machine's own drift, which the
+    prediction, fitted to the first, cannot follow."""
+    from perfcast.real import measured_real_steps
+
+    beside = measured_real_steps(table)
+    if not beside:
+        return None
+    return abs(statistics.fmean(beside.values()) - row.baseline_ms) / row.baseline_ms
 
 
 class _Tables(dict[str, Any]):
@@ -391,8 +407,14 @@ def summarize(rows: Sequence[RecordedRow], results: Sequence[dict[str, Any]]) ->
         if p.get("baseline_error") is not None:
             by_trace = baselines.setdefault(r.source, {})
             by_trace[f"{r.device} {r.baseline_trace}"] = abs(p["baseline_error"])
+    drift: dict[str, list[float]] = {}
+    for r, p in scored:
+        if p.get("drift") is not None:
+            held = "held" if p["drift"] <= DRIFT_LIMIT else "drifted"
+            drift.setdefault(f"{r.processor}, {held}", []).append(p["speedup_error"])
     return {
         "all": _stats([p["speedup_error"] for _, p in scored]),
+        "by_drift": {k: _stats(v) for k, v in sorted(drift.items())},
         "baseline_estimate": {k: _stats(list(v.values())) for k, v in sorted(baselines.items())},
         "unpredicted": len(pairs) - len(scored),
         "unpredicted_by_processor": unpredicted,
@@ -459,6 +481,14 @@ def markdown(
                 f"| {title}: {_short(name)} | {g['rows']} | {_pct(g['median'])} "
                 f"| {_pct(g['max'])} |"
             )
+    for name, g in s["by_drift"].items():
+        processor, held = name.split(", ")
+        how = "within" if held == "held" else "more than"
+        lines.append(
+            f"| {processor} rows whose trace's unprofiled steps are {how} "
+            f"{DRIFT_LIMIT:.0%} of the row's baseline | {g['rows']} | {_pct(g['median'])} "
+            f"| {_pct(g['max'])} |"
+        )
     if host_stated:
         h = host_stated
         hosts = f"{h['host_min']:g}" + (
