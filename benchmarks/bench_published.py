@@ -225,7 +225,7 @@ def live_memory() -> list[dict[str, Any]]:
     alone before any variant, is 0.4274 GiB; its variants that change neither memory nor
     workspaces measured 0.3639 GiB, 65 MiB less, where the model predicts 64 MiB of
     workspace. So for these rows the prediction scored is the what-if's peak less its
-    workspace. Rows measured from 27 November 2026 on (they carry
+    workspace. Rows from `live-h100-2026-11-26` on (they carry
     `variant_first_peak_mem_gib`) free the shared workspace before the variant's peak is
     taken, so the variant allocates its own, as a process of its own would: they are scored
     against the whole prediction, and a CUDA graph row against its first steps' peak, which
@@ -262,7 +262,7 @@ def _live_row(r: Any, predicted: float | None, note: str) -> dict[str, Any]:
         scored = scored and first is not None
         measured = measured if first is None else float(first)
     return {
-        "config": f"{r.workload} {r.variant}",
+        "config": f"{r.device.removeprefix('NVIDIA ').split()[0]} {r.workload} {r.variant}",
         "device": r.device,
         "measured_gib": measured,
         "predicted_gib": predicted,
@@ -485,6 +485,21 @@ def _memory_table(
     return [*lines, "", f"{within} of {len(errs)} within 10% ({_summary(errs)}).{caveat}", ""]
 
 
+def _per_device(rows: list[dict[str, Any]]) -> str:
+    """'H100: 27 of 27 within 10% (median ..., max ...); H200: ...' for live memory rows."""
+    parts = []
+    for device in sorted({r["config"].split()[0] for r in rows}):
+        errs = [
+            r["error_pct"]
+            for r in rows
+            if r["config"].split()[0] == device and r["error_pct"] is not None
+        ]
+        if errs:
+            within = sum(e <= 10 for e in errs)
+            parts.append(f"{device}: {within} of {len(errs)} within 10% ({_summary(errs)})")
+    return "; ".join(parts) + "."
+
+
 def markdown(res: dict[str, Any]) -> str:
     lines = []
     meg = res["megatron"]
@@ -541,14 +556,19 @@ def markdown(res: dict[str, Any]) -> str:
     if live:
         lines += _memory_table(
             "**Memory what-ifs vs `torch.cuda.max_memory_allocated()`** (live rows on "
-            f"{live[0]['device']}: each variant's steady-state peak against the peak the "
-            "what-if predicts from the baseline's trace):",
+            f"{', '.join(sorted({r['device'] for r in live}))}: each variant's steady-state "
+            "peak against the peak the what-if predicts from the baseline's trace; the "
+            "H100 rows are a hold-out):",
             live,
             digits=3,
-            caveat=" A variant's peak is measured less what the baseline held between steps, "
-            "which includes the cuBLAS workspaces the two share in one process; the "
-            "prediction is scored less its workspace (64 MiB here). The mlp rows show the "
-            "share: its baseline alone peaked 65 MiB above its unchanged variants.",
+            caveat=" A variant's peak is measured less what the baseline held between steps. "
+            "On the H200 that includes the cuBLAS workspaces the two share in one process, "
+            "so there the prediction is scored less its workspace (64 MiB here): its mlp "
+            "baseline alone peaked 65 MiB above its unchanged variants. The H100 rows free "
+            "the shared workspace first, so each variant allocates its own (its unchanged mlp "
+            "variants peak at the baseline's 0.4274 GiB) and the whole prediction is scored; "
+            "their CUDA-graph rows are scored on the peak of the capture's first steps. "
+            + _per_device(live),
         )
     mt = res["memtracker"]
     if mt:

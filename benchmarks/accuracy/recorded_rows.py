@@ -52,7 +52,7 @@ class RecordedRow(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True
     baseline_peak_mem_gib: float | None = None  # torch.cuda.max_memory_allocated()
     variant_peak_mem_gib: float | None = None
     # The variant's peak over its construction and first two steps (a CUDA graph's capture
-    # pool, cuDNN autotuning): live rows from 27 November 2026 on.
+    # pool, cuDNN autotuning): live rows from `live-h100-2026-11-26` on.
     variant_first_peak_mem_gib: float | None = None
     # `perfcast calibrate` output of the machine that ran the pair (relative to recorded/);
     # predictions of this row use it, as a user who calibrated would.
