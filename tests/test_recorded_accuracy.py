@@ -12,6 +12,7 @@ import json
 import statistics
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from benchmarks.accuracy import recorded
@@ -209,3 +210,11 @@ def test_rows_are_grouped_by_how_far_their_machine_drifted() -> None:
     assert "gpu rows whose trace's unprofiled steps are more than 10%" in recorded.markdown(
         rows, results
     )
+    # The advisor's error band for a change leaves its drifted rows out, and says how many.
+    same = [
+        RecordedRow(**{**msgspec.structs.asdict(r), "spec": "amp", "change": "amp"})
+        for r in rows
+    ]
+    bands = recorded.error_bands(recorded.summarize(same, results))["by_model"]
+    assert bands["amp"]["rows"] == 3 and bands["amp"]["max"] == 0.04
+    assert bands["amp"]["drifted_rows_set_aside"] == 1
