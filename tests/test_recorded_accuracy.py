@@ -212,8 +212,7 @@ def test_rows_are_grouped_by_how_far_their_machine_drifted() -> None:
     )
     # The advisor's error band for a change leaves its drifted rows out, and says how many.
     same = [
-        RecordedRow(**{**msgspec.structs.asdict(r), "spec": "amp", "change": "amp"})
-        for r in rows
+        RecordedRow(**{**msgspec.structs.asdict(r), "spec": "amp", "change": "amp"}) for r in rows
     ]
     bands = recorded.error_bands(recorded.summarize(same, results))["by_model"]
     assert bands["amp"]["rows"] == 3 and bands["amp"]["max"] == 0.04

@@ -422,8 +422,7 @@ def summarize(rows: Sequence[RecordedRow], results: Sequence[dict[str, Any]]) ->
         "by_device": group(target_device),
         "by_change": group(change_kind),
         "by_change_held": {
-            k: _stats(v)
-            for k, v in sorted(_errors_by_change(scored, drifted=False).items())
+            k: _stats(v) for k, v in sorted(_errors_by_change(scored, drifted=False).items())
         },
         "by_change_drifted": {
             k: len(v) for k, v in sorted(_errors_by_change(scored, drifted=True).items())
