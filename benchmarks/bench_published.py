@@ -262,7 +262,7 @@ def _live_row(r: Any, predicted: float | None, note: str) -> dict[str, Any]:
         scored = scored and first is not None
         measured = measured if first is None else float(first)
     return {
-        "config": f"{r.device.removeprefix('NVIDIA ').split()[0]} {r.workload} {r.variant}",
+        "config": f"{_gpu_model(r.device)} {r.workload} {r.variant}",
         "device": r.device,
         "measured_gib": measured,
         "predicted_gib": predicted,
@@ -485,18 +485,23 @@ def _memory_table(
     return [*lines, "", f"{within} of {len(errs)} within 10% ({_summary(errs)}).{caveat}", ""]
 
 
+def _gpu_model(device: str) -> str:
+    """'NVIDIA H100 80GB HBM3' -> 'H100'."""
+    return device.removeprefix("NVIDIA ").split()[0]
+
+
 def _per_device(rows: list[dict[str, Any]]) -> str:
     """'H100: 27 of 27 within 10% (median ..., max ...); H200: ...' for live memory rows."""
     parts = []
-    for device in sorted({r["config"].split()[0] for r in rows}):
+    for model in sorted({_gpu_model(r["device"]) for r in rows}):
         errs = [
             r["error_pct"]
             for r in rows
-            if r["config"].split()[0] == device and r["error_pct"] is not None
+            if _gpu_model(r["device"]) == model and r["error_pct"] is not None
         ]
         if errs:
             within = sum(e <= 10 for e in errs)
-            parts.append(f"{device}: {within} of {len(errs)} within 10% ({_summary(errs)})")
+            parts.append(f"{model}: {within} of {len(errs)} within 10% ({_summary(errs)})")
     return "; ".join(parts) + "."
 
 

@@ -374,14 +374,11 @@ def baseline_drift(rows: Sequence[RecordedRow], tables: _Tables) -> dict[str, di
     """Per source, the unprofiled steps timed beside each trace against the row's own
     measured baseline (the median of its windows, minutes around it): how far the machine
     drifted between the two. An estimate fitted to the first is scored against the second."""
-    from perfcast.real import measured_real_steps
-
     drift: dict[str, list[float]] = {}
     for row in rows:
-        beside = measured_real_steps(tables[row.baseline_trace])
-        if beside:
-            ms = statistics.fmean(beside.values())
-            drift.setdefault(row.source, []).append(abs(ms - row.baseline_ms) / row.baseline_ms)
+        moved = _drift(row, tables[row.baseline_trace])
+        if moved is not None:
+            drift.setdefault(row.source, []).append(moved)
     return {source: _stats(errors) for source, errors in sorted(drift.items())}
 
 
@@ -410,7 +407,7 @@ def summarize(rows: Sequence[RecordedRow], results: Sequence[dict[str, Any]]) ->
     drift: dict[str, list[float]] = {}
     for r, p in scored:
         if p.get("drift") is not None:
-            held = "held" if p["drift"] <= DRIFT_LIMIT else "drifted"
+            held = "drifted" if _drifted(p) else "held"
             drift.setdefault(f"{r.processor}, {held}", []).append(p["speedup_error"])
     return {
         "all": _stats([p["speedup_error"] for _, p in scored]),
@@ -438,10 +435,15 @@ def _errors_by_change(
     (rows whose trace carries no unprofiled steps count as held)."""
     out: dict[str, list[float]] = {}
     for r, p in scored:
-        moved = p.get("drift") is not None and p["drift"] > DRIFT_LIMIT
-        if moved == drifted:
+        if _drifted(p) == drifted:
             out.setdefault(change_kind(r), []).append(p["speedup_error"])
     return out
+
+
+def _drifted(result: dict[str, Any]) -> bool:
+    """Whether a scored row's machine drifted more than DRIFT_LIMIT (see `_drift`); a row
+    whose trace carries no unprofiled steps counts as held."""
+    return result.get("drift") is not None and result["drift"] > DRIFT_LIMIT
 
 
 def _fmt(x: float | None, spec: str, suffix: str = "") -> str:

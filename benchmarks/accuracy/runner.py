@@ -199,20 +199,27 @@ def peak_memory_gib(trainer: Any, steps: int = 2, resident_bytes: int = 0) -> fl
     return _gib(torch.cuda.max_memory_allocated(trainer.device) - resident_bytes)
 
 
-def _allocated_bytes(trainer: Any) -> int:
-    """What is allocated on the trainer's device now, after freeing the cuBLAS workspaces.
-
-    Trainers in one process share one cuBLAS handle per thread and stream, and with it one
+def _free_cublas_workspaces(trainer: Any) -> None:
+    """Trainers in one process share one cuBLAS handle per thread and stream, and with it one
     workspace (64 MiB on Hopper). Freed here, it is allocated again by whichever trainer runs
     next, so that trainer's peak counts it, as a process of its own would."""
     import torch
 
     if trainer.device.type != "cuda":
-        return 0
+        return
     trainer.synchronize()
     clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
     if clear is not None:
         clear()
+
+
+def _allocated_bytes(trainer: Any) -> int:
+    """What is allocated on the trainer's device now, after freeing the cuBLAS workspaces."""
+    import torch
+
+    if trainer.device.type != "cuda":
+        return 0
+    _free_cublas_workspaces(trainer)
     return int(torch.cuda.memory_allocated(trainer.device))
 
 
@@ -668,7 +675,7 @@ def _run_row(
         variant = Trainer(workload, OPTIMIZATIONS[name].apply(base_cfg))
         first_peak = _first_peak_gib(variant, base_resident)
         pair = measure_pair(baseline, variant, timing, midway=take_trace)
-        _allocated_bytes(baseline)  # frees the shared cuBLAS workspace for the variant to take
+        _free_cublas_workspaces(baseline)  # for the variant to allocate its own
         variant_peak = peak_memory_gib(variant, resident_bytes=base_resident)
         base_ms, opt_ms, noise = pair.baseline_ms, pair.optimized_ms, pair.noise
         windows = (list(pair.baseline_windows_ms), list(pair.optimized_windows_ms))
