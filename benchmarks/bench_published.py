@@ -14,6 +14,8 @@ Tables (numbers and sources in benchmarks/published/tables.json):
 2. Korthikanti et al. 2022, Table 5: iteration times, full recomputation and sequence
    parallelism + selective recomputation, configurations as Calculon encodes them.
 3. torchtitan's Llama 3.1 8B FSDP rows on H100 (Dec 2024): tokens/s per GPU and memory.
+   vTrain's 109 measured Megatron-LM iteration times (A100, 64 to 512 GPUs): per run and
+   per model, with the rank correlation of predicted and measured configurations.
 4. Memory: the memory model's peak from each recorded H100 trace (benchmarks/accuracy/
    recorded) against `torch.cuda.max_memory_allocated()` of that configuration; and against
    torch's MemTracker on CPU (when torch is installed) for small models profiled here.
@@ -42,7 +44,7 @@ from perfcast.hardware.devices import DeviceSpec  # noqa: E402
 from perfcast.hardware.network import make_cluster  # noqa: E402
 from perfcast.plan.analytic import AnalyticWorkload  # noqa: E402
 from perfcast.plan.cost import GIB, evaluate  # noqa: E402
-from perfcast.plan.desc import llama3_8b, megatron_gpt  # noqa: E402
+from perfcast.plan.desc import ModelDesc, llama3_8b, megatron_gpt  # noqa: E402
 from perfcast.plan.plans import Plans  # noqa: E402
 
 DATA = Path(__file__).resolve().parent / "published" / "tables.json"
@@ -125,6 +127,57 @@ def korthikanti(table: dict[str, Any]) -> list[dict[str, Any]]:
                 }
             )
     return out
+
+
+def vtrain(table: dict[str, Any]) -> dict[str, Any]:
+    """vTrain's measured Megatron-LM iteration times: per run the predicted time, and per
+    model whether the predicted ranking of its configurations is the measured one."""
+    from dataclasses import replace
+
+    from benchmarks.accuracy.recorded import spearman
+
+    # 800 Gb/s per node in vTrain's configurations: four HDR NICs for eight GPUs.
+    cl = replace(make_cluster("a100-80gb", intra="nvlink3", inter="ib-hdr"), nics_per_node=4)
+    runs = []
+    for pb, gpus, gbs, mb, h, heads, layers, seq, tp, dp, pp, measured in table["rows"]:
+        assert gpus == tp * dp * pp
+        w = AnalyticWorkload(ModelDesc(f"{pb}B", layers, h, heads, seq=seq, vocab=50304), cl)
+        p = Plans.single(dp=dp, tp=tp, pp=pp, mb=mb, m=gbs // (dp * mb), v=1, ckpt=2)
+        c = evaluate(w, p, cl, overlap_dp=False)
+        pred = float(c.step_s[0]) * 1e3
+        runs.append(
+            {
+                "model": f"{pb:g}B",
+                "gpus": gpus,
+                "config": f"tp{tp} dp{dp} pp{pp} mb{mb}",
+                "measured_ms": measured,
+                "predicted_ms": pred,
+                "error_pct": _err(pred, measured),
+                "peak_gib": float(c.peak_b[0]) / GIB,
+            }
+        )
+    models = []
+    for name in dict.fromkeys(r["model"] for r in runs):
+        sub = [r for r in runs if r["model"] == name]
+        fastest = min(sub, key=lambda r: r["measured_ms"])
+        pick = min(sub, key=lambda r: r["predicted_ms"])
+        models.append(
+            {
+                "model": name,
+                "gpus": sub[0]["gpus"],
+                "runs": len(sub),
+                "median_error_pct": statistics.median(r["error_pct"] for r in sub),
+                "max_error_pct": max(r["error_pct"] for r in sub),
+                "spearman": spearman(
+                    [r["measured_ms"] for r in sub], [r["predicted_ms"] for r in sub]
+                ),
+                "fastest": fastest,
+                "pick": pick,
+                # How much slower, as measured, the configuration perfcast ranks first is.
+                "regret_pct": (pick["measured_ms"] / fastest["measured_ms"] - 1) * 100,
+            }
+        )
+    return {"runs": runs, "models": models}
 
 
 # The Grand Teton H100: 96 GB HBM2e at 2.4 TB/s, 500 W. torchtitan's footnote puts its peak
@@ -540,6 +593,38 @@ def markdown(res: dict[str, Any]) -> str:
             f"{r['predicted']:.2f} | {r['error_pct']:.1f}% | {r['peak_gib']:.0f} |"
         )
     lines += ["", f"Error {_summary([r['error_pct'] for r in ko])}.", ""]
+    vt = res["vtrain"]
+    lines += [
+        "**vTrain's measured Megatron-LM runs** (Bang et al. 2024; 109 iteration times on 64 to "
+        "512 A100s, configurations from its validation files; A100 80GB and fp16 assumed): "
+        "per model, the error of each run's predicted time and whether the predicted order of "
+        "its configurations is the measured one:",
+        "",
+        "| model | GPUs | runs | median error | max error | Spearman ρ | fastest measured | "
+        "perfcast's first pick, as measured | regret |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for m in vt["models"]:
+        f, k = m["fastest"], m["pick"]
+        lines.append(
+            f"| {m['model']} | {m['gpus']} | {m['runs']} | {m['median_error_pct']:.1f}% | "
+            f"{m['max_error_pct']:.1f}% | {m['spearman']:.2f} | {f['config']}: "
+            f"{f['measured_ms'] / 1e3:.2f} s | {k['config']}: {k['measured_ms'] / 1e3:.2f} s | "
+            f"{m['regret_pct']:.1f}% |"
+        )
+    worst = sorted(vt["runs"], key=lambda r: -r["error_pct"])[:5]
+    lines += [
+        "",
+        f"Error over all {len(vt['runs'])} runs {_summary([r['error_pct'] for r in vt['runs']])}"
+        f" (mean {statistics.fmean(r['error_pct'] for r in vt['runs']):.1f}%). Largest misses: "
+        + "; ".join(
+            f"{r['model']} {r['config']} {r['measured_ms'] / 1e3:.2f} s measured, "
+            f"{r['predicted_ms'] / 1e3:.2f} s predicted"
+            for r in worst
+        )
+        + ".",
+        "",
+    ]
     tt = res["torchtitan"]
     lines += [
         "**torchtitan, Llama 3.1 8B FSDP on H100 96GB** (Dec 2024, Tables 1 and 3, eager):",
@@ -608,6 +693,7 @@ def run() -> dict[str, Any]:
     return {
         "megatron": megatron(data["megatron_weak_scaling"]),
         "korthikanti": korthikanti(data["korthikanti_iteration_times"]),
+        "vtrain": vtrain(data["vtrain_multi_node"]),
         "torchtitan": torchtitan(data["torchtitan_llama3_h100"]),
         "recorded_memory": recorded_memory(),
         "live_memory": live_memory(),

@@ -409,3 +409,19 @@ def test_one_ranks_graph_of_a_folder_is_that_ranks_files(shared_traces: Path) ->
     assert len(part.lanes) == len(whole.lanes) and part.alive.sum() == whole.alive.sum()
     steps = [(n, s) for _, n, _, s in simulate(part).iteration_ns()]
     assert steps == [(n, s) for _, n, _, s in simulate(whole).iteration_ns()]
+
+
+def test_vtrain_measured_runs_within_bounds() -> None:
+    """vTrain's 109 measured Megatron-LM runs: a ratchet on the plan model's error and on
+    how well it orders each model's configurations (numbers in the README)."""
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.bench_published import DATA, vtrain
+
+    res = vtrain(json.loads(DATA.read_text())["vtrain_multi_node"])
+    assert len(res["runs"]) == 109
+    errs = sorted(r["error_pct"] for r in res["runs"])
+    assert errs[len(errs) // 2] <= 8.0
+    for m in res["models"]:
+        assert m["spearman"] >= 0.6, m["model"]
+        # The configuration ranked first runs within 5% of the measured fastest.
+        assert m["regret_pct"] <= 5.0, m["model"]
