@@ -132,12 +132,10 @@ def korthikanti(table: dict[str, Any]) -> list[dict[str, Any]]:
 def vtrain(table: dict[str, Any]) -> dict[str, Any]:
     """vTrain's measured Megatron-LM iteration times: per run the predicted time, and per
     model whether the predicted ranking of its configurations is the measured one."""
-    from dataclasses import replace
-
     from benchmarks.accuracy.recorded import spearman
 
     # 800 Gb/s per node in vTrain's configurations: four HDR NICs for eight GPUs.
-    cl = replace(make_cluster("a100-80gb", intra="nvlink3", inter="ib-hdr"), nics_per_node=4)
+    cl = make_cluster("a100-80gb", intra="nvlink3", inter="ib-hdr", nics_per_node=4)
     runs = []
     for pb, gpus, gbs, mb, h, heads, layers, seq, tp, dp, pp, measured in table["rows"]:
         assert gpus == tp * dp * pp

@@ -320,10 +320,30 @@ def test_cli_plan_model(capsys: pytest.CaptureFixture[str]) -> None:
     assert data["best"][0]["tokens_per_s"] > 0
 
 
+def test_cli_plan_nics_per_node(capsys: pytest.CaptureFixture[str]) -> None:
+    """Fewer NICs than GPUs per node: the cluster says so, and data parallelism across nodes
+    gets no faster for it."""
+    steps = {}
+    for nics in ("8", "2"):
+        args = ["plan", "--model", "gpt-1.7b", "--gpus", "64", "--gpu", "a100-80gb", "--json"]
+        assert main([*args, "--nics-per-node", nics, "-q"]) == 0
+        data = json.loads(capsys.readouterr().out)
+        steps[nics] = data["best"][0]["step_ms"]
+        if nics == "2":
+            assert "2 x ib-hdr" in data["cluster"]
+    assert steps["2"] >= steps["8"]
+    assert make_cluster("h100", nics_per_node=4).nic_gbs_per_gpu == pytest.approx(
+        make_cluster("h100").nic_gbs_per_gpu / 2
+    )
+    with pytest.raises(perfcast.errors.PerfcastError):
+        make_cluster("h100", nics_per_node=0)
+
+
 @pytest.mark.parametrize(
     "args",
     [
         ["--gpus", "0"],
+        ["--gpus", "8", "--nics-per-node", "0"],
         ["--gpus", "8", "--memory-gb", "-1"],
         ["--gpus", "8", "--model", "gpt-1.7b"],  # both a trace and --model
         ["--gpus", "8", "--gpu", "no-such-gpu"],

@@ -187,7 +187,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 # Options that count something: at least 1 wherever a command has them. Checked here, for
 # every command, before any work, so a bad value never costs a load and a prediction first.
-_COUNTS = ("top", "rows", "gpus", "global_batch", "batch", "gpus_per_node", "workers")
+_COUNTS = (
+    "top",
+    "rows",
+    "gpus",
+    "global_batch",
+    "batch",
+    "gpus_per_node",
+    "nics_per_node",
+    "workers",
+)
 
 
 def _check_counts(args: argparse.Namespace) -> None:

@@ -27,6 +27,11 @@ def register(sub: Any, add_common: Callable[[Any], None], table: dict[str, Any])
     p.add_argument("--memory-gb", type=float, help="GPU memory to plan within (default: the GPU's)")
     p.add_argument("--gpus-per-node", type=int, default=8)
     p.add_argument(
+        "--nics-per-node",
+        type=int,
+        help="inter-node NICs per node, each an --inter link (default: one per GPU)",
+    )
+    p.add_argument(
         "--global-batch",
         type=int,
         help="samples per step over all GPUs (default: the trace's batch on every GPU; "
@@ -68,6 +73,7 @@ def cmd_plan(args: argparse.Namespace, ui: Any) -> int:
             memory_gb=args.memory_gb,
             global_batch=args.global_batch,
             gpus_per_node=args.gpus_per_node,
+            nics_per_node=args.nics_per_node,
             top=args.top,
         )
     else:
@@ -90,6 +96,7 @@ def cmd_plan(args: argparse.Namespace, ui: Any) -> int:
             global_batch=args.global_batch,
             batch=args.batch,
             gpus_per_node=args.gpus_per_node,
+            nics_per_node=args.nics_per_node,
             top=args.top,
             keep_profiler_cost=not args.correct,
         )

@@ -59,10 +59,11 @@ class Cluster:
     def describe(self) -> str:
         nv = ", all-reduce by NVLS inside a node" if self.nvls else ""
         cal = f"; {self.calibration}" if self.calibration else ""
+        nics = f"{self.nics_per_node} x " if self.nics_per_node != self.gpus_per_node else ""
         return (
             f"{self.device.name} x {self.gpus_per_node} per node over {self.intra.name} "
             f"({self.intra.bw_gbs_per_direction:g} GB/s, {self.intra_eff:.0%} reached{nv}), "
-            f"nodes over {self.inter.name} ({self.nic_gbs_per_gpu:g} GB/s per GPU, "
+            f"nodes over {nics}{self.inter.name} ({self.nic_gbs_per_gpu:g} GB/s per GPU, "
             f"{self.inter_eff:.0%} reached); {self.base_us:g} µs per collective besides "
             f"{self.intra.latency_us:g} / {self.inter.latency_us:g} µs per algorithm step "
             f"inside / between nodes{cal}"
@@ -75,9 +76,12 @@ def make_cluster(
     inter: str | None = None,
     gpus_per_node: int = 8,
     nvls: bool | None = None,
+    nics_per_node: int | None = None,
 ) -> Cluster:
     """A cluster of `device` GPUs. `intra` defaults to the device's usual intra-node link;
-    `inter` to 400 Gb/s InfiniBand NDR for Hopper and newer, 200 Gb/s HDR before."""
+    `inter` to 400 Gb/s InfiniBand NDR for Hopper and newer, 200 Gb/s HDR before, one NIC
+    per GPU unless `nics_per_node` says otherwise (e.g. 4 on nodes whose eight GPUs share
+    four NICs)."""
     from perfcast.errors import PerfcastError
 
     spec = lookup_device(device) if isinstance(device, str) else device
@@ -90,6 +94,11 @@ def make_cluster(
     link_out = lookup_link(inter) if inter else lookup_link("ib-ndr" if hopper else "ib-hdr")
     if link_out is None:
         raise PerfcastError(f"unknown link '{inter}'", hint="e.g. ib-ndr, ib-hdr, 400gbe")
+    if nics_per_node is not None and nics_per_node < 1:
+        raise PerfcastError(
+            f"NICs per node must be at least 1, not {nics_per_node}",
+            hint="the number of inter-node NICs each node has (default: one per GPU)",
+        )
     eff_in = 0.80  # NVLink and PCIe alike (see the module docstring)
     if nvls is None:
         nvls = spec.name.startswith(("H100-SXM", "H200", "B200")) and link_in.name.startswith(
@@ -100,7 +109,7 @@ def make_cluster(
         intra=link_in,
         inter=link_out,
         gpus_per_node=gpus_per_node,
-        nics_per_node=gpus_per_node,
+        nics_per_node=gpus_per_node if nics_per_node is None else nics_per_node,
         intra_eff=eff_in,
         nvls=bool(nvls),
     )

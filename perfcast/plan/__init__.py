@@ -55,10 +55,13 @@ def _cluster_for(
     link: str | None,
     inter: str | None,
     gpus_per_node: int,
+    nics_per_node: int | None = None,
 ) -> Cluster:
     """The cluster to plan on: `gpu`, else the trace's GPU."""
     if gpu is not None:
-        return make_cluster(gpu, intra=link, inter=inter, gpus_per_node=gpus_per_node)
+        return make_cluster(
+            gpu, intra=link, inter=inter, gpus_per_node=gpus_per_node, nics_per_node=nics_per_node
+        )
     spec, named, _ = traced_device(table) if table is not None else (None, None, None)
     if spec is None and named is None:
         raise PerfcastError(
@@ -69,7 +72,9 @@ def _cluster_for(
             f"GPU '{named}' is not in perfcast's device table",
             hint="pass --gpu with a known one (e.g. h100, a100-80gb, mi300x)",
         )
-    return make_cluster(spec, intra=link, inter=inter, gpus_per_node=gpus_per_node)
+    return make_cluster(
+        spec, intra=link, inter=inter, gpus_per_node=gpus_per_node, nics_per_node=nics_per_node
+    )
 
 
 def measured_busbw(
@@ -150,6 +155,7 @@ def plan_trace(
     global_batch: int | None = None,
     batch: int | None = None,
     gpus_per_node: int = 8,
+    nics_per_node: int | None = None,
     top: int = 10,
     rank: int | None = None,
     keep_profiler_cost: bool = False,
@@ -162,7 +168,7 @@ def plan_trace(
         raise PerfcastError(
             "the trace has no GPU work (CPU-only): there is nothing to plan over GPUs"
         )
-    cluster = _cluster_for(table, gpu, link, inter, gpus_per_node)
+    cluster = _cluster_for(table, gpu, link, inter, gpus_per_node, nics_per_node)
     cluster, cal, unused = calibrate_cluster(table, cluster)
     from perfcast.analysis.real_step import real_world
     from perfcast.graph.build import build_graph
@@ -248,13 +254,16 @@ def plan_model(
     memory_gb: float | None = None,
     global_batch: int | None = None,
     gpus_per_node: int = 8,
+    nics_per_node: int | None = None,
     top: int = 10,
     overlap_dp: bool = True,
     **workload_kw: Any,
 ) -> PlanResult:
     """Best plans for a described model (a preset name, JSON, or a `ModelDesc`)."""
     desc = load_desc(model) if isinstance(model, str) else model
-    cluster = make_cluster(gpu, intra=link, inter=inter, gpus_per_node=gpus_per_node)
+    cluster = make_cluster(
+        gpu, intra=link, inter=inter, gpus_per_node=gpus_per_node, nics_per_node=nics_per_node
+    )
     w = AnalyticWorkload(desc, cluster, **workload_kw)
     gb = global_batch or gpus
     return search(
