@@ -171,6 +171,13 @@ def test_ddp_beyond_one_node_is_bound_by_the_network(step_trace: Path) -> None:
     assert any("span nodes of 8" in a for a in across.applied[0].assumptions)
     wide, _ = predict(step_trace, "ddp:gpus=16,gpus_per_node=16")
     assert wide.predicted_ms < across.predicted_ms
+    # Four NICs for eight GPUs: half the bandwidth per GPU between nodes, said so.
+    fewer, _ = predict(step_trace, "ddp:gpus=16,nics_per_node=4")
+    assert fewer.predicted_ms > across.predicted_ms
+    assert any("4 x ib-hdr" in a or "12.5 GB/s per GPU" in a for a in fewer.applied[0].assumptions)
+    for spec in ("ddp:gpus=16,nics_per_node=0", "zero:gpus=16,nics_per_node=0,params_mb=100"):
+        with pytest.raises(NotApplicableError, match="nics_per_node"):
+            predict(step_trace, spec)
 
 
 def test_ddp_one_big_bucket_waits_for_the_last_gradient(step_trace: Path) -> None:

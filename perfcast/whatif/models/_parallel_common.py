@@ -107,6 +107,7 @@ def comm_model(
     model: str,
     gpus_per_node: int = 8,
     cache: dict[str | None, CommModel] | None = None,
+    nics_per_node: int | None = None,
 ) -> CommModel:
     """The communication model for `rank`: its device's cluster over link `name` (default: the
     device's usual intra-node link), with the bandwidth measured on the trace's own large
@@ -120,7 +121,11 @@ def comm_model(
     spec = (lookup_device(dev) if dev else None) or _UNKNOWN_DEVICE
     if gpus_per_node < 1:
         raise NotApplicableError(f"{model}: gpus_per_node must be at least 1")
-    cluster = make_cluster(spec, intra=link.name, gpus_per_node=gpus_per_node)
+    if nics_per_node is not None and nics_per_node < 1:
+        raise NotApplicableError(f"{model}: nics_per_node must be at least 1")
+    cluster = make_cluster(
+        spec, intra=link.name, gpus_per_node=gpus_per_node, nics_per_node=nics_per_node
+    )
     calibration = ignored = ""
     if graph.table is not None:
         from perfcast.plan import calibrate_cluster

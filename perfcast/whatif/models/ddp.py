@@ -71,7 +71,8 @@ from perfcast.whatif.models._parallel_common import CommModel, comm_model
 
 SUMMARY = (
     "data parallel on N GPUs: bucketed gradient all-reduce overlapping backward "
-    "(gpus=N, link=NAME, gpus_per_node=8, bucket_mb=25, params_mb=, algorithm=ring|tree)"
+    "(gpus=N, link=NAME, gpus_per_node=8, nics_per_node=, bucket_mb=25, params_mb=, "
+    "algorithm=ring|tree)"
 )
 
 MIB = 1 << 20
@@ -93,6 +94,7 @@ class Options:
     gpus: int = 8
     link: str | None = None  # default: the device's intra-node link
     gpus_per_node: int = 8  # beyond it, rings cross nodes over the network
+    nics_per_node: int | None = None  # inter-node NICs per node (default: one per GPU)
     bucket_mb: float = DEFAULT_BUCKET_MB
     first_bucket_mb: float = DEFAULT_FIRST_BUCKET_MB
     params_mb: float | None = None  # total gradient size, when the trace has no shapes
@@ -141,7 +143,10 @@ def apply(graph: Graph, options: Options) -> Graph:
     ranks = sorted({p.rank for p in points})
     cache: dict[str | None, CommModel] = {}
     comms = {
-        r: comm_model(graph, r, options.link, "ddp", options.gpus_per_node, cache) for r in ranks
+        r: comm_model(
+            graph, r, options.link, "ddp", options.gpus_per_node, cache, options.nics_per_node
+        )
+        for r in ranks
     }
     total_ns = 0
     n_buckets = 0

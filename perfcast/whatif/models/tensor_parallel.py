@@ -40,7 +40,7 @@ from perfcast.whatif.models import _parallel_common as C
 
 SUMMARY = (
     "tensor parallel over tp GPUs: linear layers split in column/row pairs with their "
-    "all-reduces (tp=N, link=NAME, gpus_per_node=8, sequence_parallel=false)"
+    "all-reduces (tp=N, link=NAME, gpus_per_node=8, nics_per_node=, sequence_parallel=false)"
 )
 _LINEAR_FWD = r"^aten::(linear|addmm|matmul|mm)$"
 _LINEAR_BWD = r"^(Addmm|Mm|Linear|Matmul)Backward\d*$"
@@ -52,6 +52,7 @@ class Options:
     link: str | None = None
     sequence_parallel: bool = False
     gpus_per_node: int = 8  # a group larger than a node crosses the network
+    nics_per_node: int | None = None  # inter-node NICs per node (default: one per GPU)
 
 
 def apply(graph: Graph, options: Options) -> Graph:
@@ -71,7 +72,13 @@ def apply(graph: Graph, options: Options) -> Graph:
     cache: dict[str | None, C.CommModel] = {}
     for rank, it in C.groups(graph):
         comm = C.comm_model(
-            graph, rank, options.link, "tensor-parallel", options.gpus_per_node, cache
+            graph,
+            rank,
+            options.link,
+            "tensor-parallel",
+            options.gpus_per_node,
+            cache,
+            options.nics_per_node,
         )
         link = comm.cluster.intra
         note = comm.describe(t)

@@ -43,8 +43,8 @@ from perfcast.whatif.models import _parallel_common as C
 SUMMARY = (
     "ZeRO-1/2/3 / FSDP over N GPUs: sharded optimizer state, gradients and parameters; "
     "reduce-scatter and all-gather per unit with prefetch (gpus=8, stage=3, units=16, "
-    "prefetch=1, link=, gpus_per_node=8, param_bytes=4, grad_bytes=4, params_mb= when the "
-    "trace has no shapes)"
+    "prefetch=1, link=, gpus_per_node=8, nics_per_node=, param_bytes=4, grad_bytes=4, "
+    "params_mb= when the trace has no shapes)"
 )
 MIB = 1 << 20
 
@@ -57,6 +57,7 @@ class Options:
     prefetch: int = 1
     link: str | None = None
     gpus_per_node: int = 8
+    nics_per_node: int | None = None  # inter-node NICs per node (default: one per GPU)
     param_bytes: int = 4  # bytes per element all-gathered (2: FSDP mixed precision, bf16)
     grad_bytes: int = 4  # bytes per element reduce-scattered
     params_mb: float | None = None  # total parameter MiB (fp32), when the trace has no shapes
@@ -90,7 +91,7 @@ def apply(graph: Graph, options: Options) -> Graph:
         if bwd.size == 0:
             continue
         n_steps += 1
-        comm = C.comm_model(graph, rank, o.link, "zero", o.gpus_per_node, cache)
+        comm = C.comm_model(graph, rank, o.link, "zero", o.gpus_per_node, cache, o.nics_per_node)
         link = comm.cluster.intra
         lane = C.comm_lane(graph, rank, f"modelled ZeRO-{o.stage} collectives")
         c = graph.cols
