@@ -13,13 +13,13 @@ Tables (numbers and sources in benchmarks/published/tables.json):
    (micro-batch 1, plain 1F1B) is printed beside it for reference.
 2. Korthikanti et al. 2022, Table 5: iteration times, full recomputation and sequence
    parallelism + selective recomputation, configurations as Calculon encodes them.
-3. torchtitan's Llama 3.1 8B FSDP rows on H100 (Dec 2024): tokens/s per GPU and memory.
-   vTrain's 109 measured Megatron-LM iteration times (A100, 64 to 512 GPUs): per run and
+3. vTrain's 109 measured Megatron-LM iteration times (A100, 64 to 512 GPUs): per run and
    per model, with the rank correlation of predicted and measured configurations.
-4. Memory: the memory model's peak from each recorded H100 trace (benchmarks/accuracy/
+4. torchtitan's Llama 3.1 8B FSDP rows on H100 (Dec 2024): tokens/s per GPU and memory.
+5. Memory: the memory model's peak from each recorded H100 trace (benchmarks/accuracy/
    recorded) against `torch.cuda.max_memory_allocated()` of that configuration; and against
    torch's MemTracker on CPU (when torch is installed) for small models profiled here.
-5. Plan-search speed: plans evaluated per second for a large search.
+6. Plan-search speed: plans evaluated per second for a large search.
 
 Error = |predicted - published| / published. Nothing here was fitted to these tables: the
 efficiency constants live in perfcast/plan/analytic.py and perfcast/hardware/network.py with
@@ -62,16 +62,20 @@ def megatron(table: dict[str, Any]) -> list[dict[str, Any]]:
     out = []
     for row in table["rows"]:
         pb, heads, h, layers, tp, pp, gpus, batch, pub = row[:9]
-        mb, layers_per_virtual, ddp_impl = row[11:14]
+        micro, layers_per_virtual, ddp_impl = row[11:14]
         w = AnalyticWorkload(megatron_gpt(f"{pb}B", layers, h, heads), cl)
         dp = gpus // (tp * pp)
-        v = (layers // pp) // layers_per_virtual if layers_per_virtual else 1
+        stages = 1
+        if layers_per_virtual:
+            assert (layers // pp) % layers_per_virtual == 0, pb
+            stages = (layers // pp) // layers_per_virtual
         shape = 1 + 2048 / (6 * h) + 51200 / (16 * layers * h)
         flops = 96 * batch * 2048 * layers * h * h * shape
 
         def tflops(
             mb: int,
             v: int,
+            overlap: bool,
             w: AnalyticWorkload = w,
             dp: int = dp,
             tp: int = tp,
@@ -79,27 +83,28 @@ def megatron(table: dict[str, Any]) -> list[dict[str, Any]]:
             batch: int = batch,
             gpus: int = gpus,
             flops: float = flops,
-            overlap: bool = ddp_impl == "torch",
         ) -> tuple[float, float]:
+            assert batch % (dp * mb) == 0 and (v == 1 or (batch // (dp * mb)) % pp == 0)
             p = Plans.single(dp=dp, tp=tp, pp=pp, mb=mb, m=batch // (dp * mb), v=v, ckpt=2)
-            # PyTorch DDP overlaps the all-reduce with the last micro-batch's backward;
-            # Megatron's own ("local") DDP of 2021 all-reduces after backward.
             c = evaluate(w, p, cl, overlap_dp=overlap)
             return flops / (float(c.step_s[0]) * gpus) / 1e12, float(c.peak_b[0]) / GIB
 
-        pred, mem = tflops(mb, v)
+        # PyTorch DDP overlaps the all-reduce with the last micro-batch's backward;
+        # Megatron's own ("local") DDP of 2021 all-reduces after backward.
+        pred, mem = tflops(micro, stages, overlap=ddp_impl == "torch")
         out.append(
             {
                 "model": f"{pb}B",
-                "config": f"tp{tp} pp{pp} dp{dp}, mb {mb}"
-                + (f", interleaved x{v}" if v > 1 else "")
+                "config": f"tp{tp} pp{pp} dp{dp}, mb {micro}"
+                + (f", interleaved x{stages}" if stages > 1 else "")
                 + f", batch {batch}",
                 "published": pub,
                 "predicted": pred,
                 "error_pct": _err(pred, pub),
                 # What the table alone suggests (Megatron-LM's defaults: micro-batch 1, plain
-                # 1F1B), printed beside it to show how much the stated settings matter.
-                "mb1_plain": tflops(1, 1)[0],
+                # 1F1B, the all-reduce after backward), to show how much the stated settings
+                # matter; these were the rows' predictions before 27 November.
+                "mb1_plain": tflops(1, 1, overlap=False)[0],
                 "peak_gib": mem,
             }
         )
@@ -132,13 +137,14 @@ def korthikanti(table: dict[str, Any]) -> list[dict[str, Any]]:
 def vtrain(table: dict[str, Any]) -> dict[str, Any]:
     """vTrain's measured Megatron-LM iteration times: per run the predicted time, and per
     model whether the predicted ranking of its configurations is the measured one."""
-    from benchmarks.accuracy.recorded import spearman
+    # mypy resolves `recorded` to the data folder beside recorded.py.
+    from benchmarks.accuracy.recorded import spearman  # type: ignore[attr-defined]
 
     # 800 Gb/s per node in vTrain's configurations: four HDR NICs for eight GPUs.
     cl = make_cluster("a100-80gb", intra="nvlink3", inter="ib-hdr", nics_per_node=4)
     runs = []
     for pb, gpus, gbs, mb, h, heads, layers, seq, tp, dp, pp, measured in table["rows"]:
-        assert gpus == tp * dp * pp
+        assert gpus == tp * dp * pp and gbs % (dp * mb) == 0
         w = AnalyticWorkload(ModelDesc(f"{pb}B", layers, h, heads, seq=seq, vocab=50304), cl)
         p = Plans.single(dp=dp, tp=tp, pp=pp, mb=mb, m=gbs // (dp * mb), v=1, ckpt=2)
         c = evaluate(w, p, cl, overlap_dp=False)
@@ -568,7 +574,8 @@ def markdown(res: dict[str, Any]) -> str:
         "teraFLOP/s per GPU; micro-batch, schedule and DDP as the authors' "
         "`examples/sc21/run_table_1.sh` sets them):",
         "",
-        "| model | configuration | published | predicted | error | mb 1, plain 1F1B | peak GiB |",
+        "| model | configuration | published | predicted | error | as assumed before: mb 1, plain "
+        "1F1B, all-reduce after backward | peak GiB |",
         "|---|---|---|---|---|---|---|",
     ]
     for r in meg:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import statistics
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -159,11 +160,11 @@ def test_published_rows_within_bounds() -> None:
     ko = korthikanti(data["korthikanti_iteration_times"])
     assert max(r["error_pct"] for r in ko) <= 10.0
     meg = megatron(data["megatron_weak_scaling"])
-    errs = sorted(r["error_pct"] for r in meg)
+    errs = [r["error_pct"] for r in meg]
     # With the authors' micro-batches, schedules and DDP (examples/sc21/run_table_1.sh) the
     # model is 9-19% optimistic on the 2021 runs (median 14.2%, max 18.5%): the goal of 10%
     # is not met, and this bound only keeps it from getting worse.
-    assert errs[len(errs) // 2] <= 14.5
+    assert statistics.median(errs) <= 14.5
     assert max(errs) <= 19.0
 
 
@@ -439,8 +440,7 @@ def test_vtrain_measured_runs_within_bounds() -> None:
 
     res = vtrain(json.loads(DATA.read_text())["vtrain_multi_node"])
     assert len(res["runs"]) == 109
-    errs = sorted(r["error_pct"] for r in res["runs"])
-    assert errs[len(errs) // 2] <= 8.0
+    assert statistics.median(r["error_pct"] for r in res["runs"]) <= 8.0
     for m in res["models"]:
         assert m["spearman"] >= 0.6, m["model"]
         # The configuration ranked first runs within 5% of the measured fastest.
