@@ -9,8 +9,9 @@ Tables (numbers and sources in benchmarks/published/tables.json):
 1. Megatron-LM weak scaling (Narayanan et al. 2021, Table 1): predicted against published
    teraFLOP/s per GPU. The table does not give the micro-batch size, the pipeline schedule or
    the DDP implementation; the authors' script for it (Megatron-LM examples/sc21/
-   run_table_1.sh) does, and those are used. The prediction with Megatron-LM's defaults
-   (micro-batch 1, plain 1F1B) is printed beside it for reference.
+   run_table_1.sh) does, and those are used. The prediction as these rows assumed before
+   (Megatron-LM's defaults: micro-batch 1, plain 1F1B, the all-reduce after backward) is
+   printed beside it for reference.
 2. Korthikanti et al. 2022, Table 5: iteration times, full recomputation and sequence
    parallelism + selective recomputation, configurations as Calculon encodes them.
 3. vTrain's 109 measured Megatron-LM iteration times (A100, 64 to 512 GPUs): per run and
