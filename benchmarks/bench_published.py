@@ -15,7 +15,8 @@ Tables (numbers and sources in benchmarks/published/tables.json):
 2. Korthikanti et al. 2022, Table 5: iteration times, full recomputation and sequence
    parallelism + selective recomputation, configurations as Calculon encodes them.
 3. vTrain's 109 measured Megatron-LM iteration times (A100, 64 to 512 GPUs): per run and
-   per model, with the rank correlation of predicted and measured configurations.
+   per model, with the rank correlation of predicted and measured configurations; and its
+   1,440 single-node runs of small models, where the host's launch time sets the pace.
 4. torchtitan's Llama 3.1 8B FSDP rows on H100 (Dec 2024): tokens/s per GPU and memory.
 5. Memory: the memory model's peak from each recorded H100 trace (benchmarks/accuracy/
    recorded) against `torch.cuda.max_memory_allocated()` of that configuration; and against
@@ -135,9 +136,10 @@ def korthikanti(table: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def vtrain(table: dict[str, Any]) -> dict[str, Any]:
+def vtrain(table: dict[str, Any], host_us_per_kernel: float | None = None) -> dict[str, Any]:
     """vTrain's measured Megatron-LM iteration times: per run the predicted time, and per
-    model whether the predicted ranking of its configurations is the measured one."""
+    model whether the predicted ranking of its configurations is the measured one (with the
+    default host cost per kernel unless `host_us_per_kernel`)."""
     # mypy resolves `recorded` to the data folder beside recorded.py.
     from benchmarks.accuracy.recorded import spearman  # type: ignore[attr-defined]
 
@@ -146,7 +148,9 @@ def vtrain(table: dict[str, Any]) -> dict[str, Any]:
     runs = []
     for pb, gpus, gbs, mb, h, heads, layers, seq, tp, dp, pp, measured in table["rows"]:
         assert gpus == tp * dp * pp and gbs % (dp * mb) == 0
-        w = AnalyticWorkload(ModelDesc(f"{pb}B", layers, h, heads, seq=seq, vocab=50304), cl)
+        host = {} if host_us_per_kernel is None else {"host_us_per_kernel": host_us_per_kernel}
+        desc = ModelDesc(f"{pb}B", layers, h, heads, seq=seq, vocab=50304)
+        w = AnalyticWorkload(desc, cl, **host)
         p = Plans.single(dp=dp, tp=tp, pp=pp, mb=mb, m=gbs // (dp * mb), v=1, ckpt=2)
         c = evaluate(w, p, cl, overlap_dp=False)
         pred = float(c.step_s[0]) * 1e3
@@ -183,6 +187,56 @@ def vtrain(table: dict[str, Any]) -> dict[str, Any]:
             }
         )
     return {"runs": runs, "models": models}
+
+
+# Host time per kernel of Megatron-DeepSpeed on vTrain's A100 hosts: the value, in steps of
+# 5 us, with the smallest median error over vTrain's single-node runs. Fitted on those rows, so
+# their errors with it are a fit, not a test; the multi-node runs are scored with it too.
+MEGATRON_DS_HOST_US = 60.0
+
+
+def vtrain_single(table: dict[str, Any]) -> dict[str, Any]:
+    """vTrain's single-node runs (small models, 2-8 GPUs), where the GPU work per layer can be
+    shorter than the host's launches: scored with no host model, the default host cost per
+    kernel, and the cost fitted on these rows (`MEGATRON_DS_HOST_US`)."""
+    from perfcast.plan.analytic import HOST_S_PER_KERNEL
+
+    cl = make_cluster("a100-80gb", intra="nvlink3", inter="ib-hdr", nics_per_node=4)
+    settings = {
+        "none": 0.0,
+        "default": HOST_S_PER_KERNEL * 1e6,
+        "fitted": MEGATRON_DS_HOST_US,
+    }
+    runs = []
+    for gpus, gbs, mb, h, heads, layers, seq, tp, dp, pp, measured in table["rows"]:
+        assert gpus == tp * dp * pp and gbs % (dp * mb) == 0
+        p = Plans.single(dp=dp, tp=tp, pp=pp, mb=mb, m=gbs // (dp * mb), v=1, ckpt=2)
+        row: dict[str, Any] = {"hidden": h, "tp": tp, "mb": mb, "measured_ms": measured}
+        for name, host_us in settings.items():
+            w = AnalyticWorkload(
+                ModelDesc("vtrain", layers, h, heads, seq=seq, vocab=50304),
+                cl,
+                host_us_per_kernel=host_us,
+            )
+            pred = float(evaluate(w, p, cl, overlap_dp=False).step_s[0]) * 1e3
+            row[f"error_{name}_pct"] = _err(pred, measured)
+            row[f"signed_{name}_pct"] = (pred / measured - 1) * 100
+        runs.append(row)
+    groups = []
+    for h, tp in sorted({(r["hidden"], r["tp"]) for r in runs}):
+        sub = [r for r in runs if r["hidden"] == h and r["tp"] == tp]
+        groups.append(
+            {
+                "hidden": h,
+                "tp": tp,
+                "runs": len(sub),
+                **{
+                    f"median_{name}_pct": statistics.median(r[f"error_{name}_pct"] for r in sub)
+                    for name in settings
+                },
+            }
+        )
+    return {"settings_us": settings, "runs": runs, "groups": groups}
 
 
 # The Grand Teton H100: 96 GB HBM2e at 2.4 TB/s, 500 W. torchtitan's footnote puts its peak
@@ -631,6 +685,42 @@ def markdown(res: dict[str, Any]) -> str:
         + ".",
         "",
     ]
+    vs = res["vtrain_single"]
+    us = vs["settings_us"]
+    lines += [
+        "**vTrain's single-node runs** (1,440 Megatron-DeepSpeed iteration times on 2 to 8 "
+        "A100s; hidden 1024 or 2048, 12 to 24 layers, sequence 1024): small models, where a "
+        "layer's GPU work can take less time than the host needs to launch it. Median error "
+        "per hidden size and tensor-parallel degree, with no host time, with the default host "
+        f"time per kernel ({us['default']:g} µs, measured on this project's own eager "
+        f"traces), and with {us['fitted']:g} µs, the value fitted on these rows (so a fit, "
+        "not a test):",
+        "",
+        f"| hidden | tp | runs | no host time | {us['default']:g} µs per kernel (default) | "
+        f"{us['fitted']:g} µs per kernel (fitted here) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for g in vs["groups"]:
+        lines.append(
+            f"| {g['hidden']} | {g['tp']} | {g['runs']} | {g['median_none_pct']:.1f}% | "
+            f"{g['median_default_pct']:.1f}% | {g['median_fitted_pct']:.1f}% |"
+        )
+    overall = "; ".join(
+        f"{label}: {_summary([r[f'error_{name}_pct'] for r in vs['runs']])}, "
+        f"{sum(r[f'signed_{name}_pct'] < 0 for r in vs['runs'])} of {len(vs['runs'])} too fast"
+        for name, label in (
+            ("none", "no host time"),
+            ("default", f"{us['default']:g} µs"),
+            ("fitted", f"{us['fitted']:g} µs"),
+        )
+    )
+    multi = [r["error_pct"] for r in res["vtrain_fitted_host"]["runs"]]
+    lines += [
+        "",
+        f"All runs: {overall}. With {us['fitted']:g} µs the multi-node runs above score "
+        f"{_summary(multi)}: their GPU work hides the host time.",
+        "",
+    ]
     tt = res["torchtitan"]
     lines += [
         "**torchtitan, Llama 3.1 8B FSDP on H100 96GB** (Dec 2024, Tables 1 and 3, eager; "
@@ -702,6 +792,8 @@ def run() -> dict[str, Any]:
         "megatron": megatron(data["megatron_weak_scaling"]),
         "korthikanti": korthikanti(data["korthikanti_iteration_times"]),
         "vtrain": vtrain(data["vtrain_multi_node"]),
+        "vtrain_fitted_host": vtrain(data["vtrain_multi_node"], MEGATRON_DS_HOST_US),
+        "vtrain_single": vtrain_single(data["vtrain_single_node"]),
         "torchtitan": torchtitan(data["torchtitan_llama3_h100"]),
         "recorded_memory": recorded_memory(),
         "live_memory": live_memory(),

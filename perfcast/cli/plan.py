@@ -43,6 +43,12 @@ def register(sub: Any, add_common: Callable[[Any], None], table: dict[str, Any])
         help="plan a described model instead of a trace: a preset (gpt-175b, llama3-8b, ...), "
         "a JSON file or inline JSON with layers, hidden, heads, seq, vocab",
     )
+    p.add_argument(
+        "--host-us-per-kernel",
+        type=float,
+        help="with --model: host (CPU) time per kernel launched, in us (default 26, the "
+        "median of eager PyTorch steps on H100/H200 hosts; heavier frameworks cost more)",
+    )
     p.add_argument("--top", type=int, default=10, help="how many plans to list")
     p.add_argument(
         "--ray",
@@ -63,7 +69,16 @@ def cmd_plan(args: argparse.Namespace, ui: Any) -> int:
 
     if args.model and args.path:
         raise PerfcastError("give a trace PATH or --model, not both")
+    if args.host_us_per_kernel is not None and not args.model:
+        raise PerfcastError(
+            "--host-us-per-kernel applies to --model only: a trace's own host time is measured"
+        )
     if args.model:
+        host = (
+            {}
+            if args.host_us_per_kernel is None
+            else {"host_us_per_kernel": args.host_us_per_kernel}
+        )
         result = plan_model(
             args.model,
             args.gpus,
@@ -75,6 +90,7 @@ def cmd_plan(args: argparse.Namespace, ui: Any) -> int:
             gpus_per_node=args.gpus_per_node,
             nics_per_node=args.nics_per_node,
             top=args.top,
+            **host,
         )
     else:
         if not args.path:

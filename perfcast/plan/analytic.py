@@ -29,6 +29,12 @@ keeps the outputs of the attention kernel and of every other matmul (the 1st, 3r
 reruns everything else of the layer's forward, up to the last tensor backward needs (torch's
 non-reentrant checkpoint stops early: the layer's final residual add is not rerun).
 
+Host time: a micro-batch takes at least the host (CPU) time of the kernels it launches
+(forward, recomputation, backward, the TP collectives, the stage's ends), at
+`host_us_per_kernel` each (`HOST_S_PER_KERNEL` by default); cost.evaluate takes the larger of
+that and the GPU work. It decides small models split over many GPUs (vTrain's single-node
+runs) and leaves large ones, whose GPU work hides it, unchanged.
+
 Fused and eager memory-bound work (`ModelDesc.kernels`, the table in `chains`): "fused"
 counts one kernel per norm, activation and rotary embedding, backward twice the forward's
 traffic and kernels; "eager" counts the ATen kernels an eager PyTorch model launches for the
@@ -44,12 +50,22 @@ from typing import Any
 
 import numpy as np
 
+from perfcast.errors import PerfcastError
 from perfcast.hardware.devices import DeviceSpec
 from perfcast.hardware.network import Cluster, collective_time_s
 from perfcast.plan.desc import ModelDesc
 from perfcast.plan.plans import Plans
 
 K_OVER_S = 2e-6  # fixed cost per kernel (launch gap, ramp-up, tail) when the GPU is busy
+# Host (CPU) time per kernel an eager PyTorch training step launches, its Python, dispatch and
+# launch cost together: the median over 45 baseline traces of the project's own workloads on
+# H100 and H200 hosts (benchmarks/accuracy/recorded, live-h100/h200-2026-11-26 and the
+# gpu-truth H100 bases), forward + backward host time with the profiler's cost removed,
+# divided by the kernels launched: 25.6 us, 8-55 us, interquartile 18-40 us
+# (benchmarks/experiments/host_per_kernel.py). A framework with more
+# Python per kernel costs more (Megatron-DeepSpeed on vTrain's A100 hosts: about 60 us per
+# kernel counted here, see benchmarks/bench_published.py); `host_us_per_kernel` sets it.
+HOST_S_PER_KERNEL = 26e-6
 E_MEM = 0.85  # share of peak HBM bandwidth streaming kernels reach
 TILE = 128  # output tile of a large GEMM (CUTLASS's usual 128x128 threadblock tile)
 F32 = 4  # bytes of the fp32 upcasts inside eager RMSNorm and RoPE
@@ -216,10 +232,15 @@ class AnalyticWorkload:
     opt_state_bytes: int = 8  # Adam exp_avg and exp_avg_sq in fp32
     opt_update_bytes: int = 34  # bytes an Adam step reads and writes per parameter
     gather_bytes: int = 0  # bytes per parameter an FSDP all-gather moves (0: param_bytes)
+    host_us_per_kernel: float = HOST_S_PER_KERNEL * 1e6  # see HOST_S_PER_KERNEL
     source: str = "model description"
     assumptions: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
+        if not (self.host_us_per_kernel >= 0 and np.isfinite(self.host_us_per_kernel)):
+            raise PerfcastError(
+                f"host time per kernel must be a number >= 0 us, not {self.host_us_per_kernel}"
+            )
         dev = self.cluster.device
         self.e_mm, self.e_flash, note = gemm_efficiency(dev)
         self.peak = dev.peak("bf16") * 1e12
@@ -234,6 +255,14 @@ class AnalyticWorkload:
                 f"{K_OVER_S * 1e6:g} us fixed cost per kernel, GEMMs in {TILE}x{TILE} output "
                 f"tiles run in waves over {self.sms} SMs (assumptions, the same for every GPU)",
                 "tensor-parallel collectives are not overlapped with compute (Megatron-LM)",
+                f"host time {self.host_us_per_kernel:g} us per kernel launched (Python, dispatch "
+                "and launch; "
+                + (
+                    "the median of the project's eager PyTorch traces on H100/H200 hosts"
+                    if self.host_us_per_kernel == HOST_S_PER_KERNEL * 1e6
+                    else "given"
+                )
+                + "): a micro-batch takes at least its kernels' host time, however fast the GPU",
                 (
                     "norms, activations and rotary embeddings as eager PyTorch's kernel chains "
                     "(unfused)"
@@ -377,7 +406,14 @@ class AnalyticWorkload:
         ag = collective_time_s(self.cluster, "allgather", nbytes, t, local)
         rs = collective_time_s(self.cluster, "reducescatter", nbytes, t, local)
         comm_f = np.where(p.sp > 0, 2 * (ag + rs), 2 * ar)
+        ones = np.ones_like(b)
         return {
+            # Kernels launched (host work): forward, backward, op-level-selective recompute,
+            # and the TP collectives of one forward.
+            "k": ones * kernels,
+            "k_b": ones * kernels_b,
+            "k_rec": ones * kernels_rec,
+            "k_comm": np.where(t > 1, np.where(p.sp > 0, 4.0, 2.0), 0.0),
             "mm": mm,
             "mm_sac": mm_sac,
             "attn_core": attn_core,
@@ -444,7 +480,28 @@ class AnalyticWorkload:
         bwd = per_stage * (bwd_layer + comm_b) + ends_b
         rec = per_stage * recompute_layer
         tp_comm = per_stage * (lay["comm_f"] + comm_b + np.where(full, lay["comm_f"], 0.0))
-        return StageTimes(fwd, bwd, rec, tp_comm, np.zeros_like(fwd))
+        return StageTimes(fwd, bwd, rec, tp_comm, self._host(p, lay, per_stage))
+
+    def _host(self, p: Plans, lay: dict[str, np.ndarray], per_stage: np.ndarray) -> np.ndarray:
+        """Host time of one micro-batch on the slowest stage: every kernel it launches (the
+        layers' forward, backward and recomputation, their TP collectives, the stage's ends)
+        at `host_us_per_kernel`. The GPU cannot run ahead of it (cost.evaluate takes the
+        larger of the two per micro-batch)."""
+        comm_b = lay["k_comm"] + np.where(p.sp > 0, 2.0, 0.0)
+        n_attn = 1.0 if self.desc.flash_attention else 4.0
+        rec = np.where(
+            p.ckpt == 2,
+            lay["k"] + lay["k_comm"],
+            np.where(p.ckpt == 1, lay["k_rec"] if self.desc.flash_attention else n_attn, 0.0),
+        )
+        per_layer = lay["k"] + lay["k_comm"] + lay["k_b"] + comm_b + rec
+        norm = chains(self.desc.kernels if self.desc.norm == "rmsnorm" else "fused", 2)["norm"]
+        # Embedding (3 kernels, backward 6); final norm, LM head and cross-entropy (5 + the
+        # norm's forward, 10 + its backward), as _ends counts their fixed costs.
+        pre = 9.0
+        post = 15.0 + norm.fwd_kernels + norm.bwd_kernels
+        ends = np.where(p.pp > 1, max(pre, post), pre + post)
+        return (per_stage * per_layer + ends) * self.host_us_per_kernel * 1e-6
 
     def layer_params(self) -> float:
         return float(self.desc.layer_params())

@@ -70,6 +70,7 @@ class PlanCosts:
     dp_exposed_s: np.ndarray  # the part of it the step waits for
     recompute_s: np.ndarray
     optimizer_s: np.ndarray
+    host_exposed_s: np.ndarray  # step time the host's launches add beyond the GPU's work
     weights_b: np.ndarray
     grads_b: np.ndarray
     optimizer_b: np.ndarray
@@ -173,6 +174,7 @@ def evaluate(
         dp_exposed_s=dp_exposed,
         recompute_s=(m + bubble_slots) * st.recompute,
         optimizer_s=optimizer,
+        host_exposed_s=(m + bubble_slots) * (t_mb - compute),
         weights_b=w_mem,
         grads_b=g_mem,
         optimizer_b=o_mem,

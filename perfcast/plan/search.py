@@ -169,6 +169,12 @@ def _reasons(i: int, p: Plans, c: PlanCosts, best_step: float) -> list[str]:
             f"gradient traffic {1e3 * c.dp_comm_s[i]:.1f} ms, "
             f"{1e3 * c.dp_exposed_s[i]:.1f} ms of it exposed"
         )
+    if c.host_exposed_s[i] > 0.005 * step:
+        out.append(
+            f"host-bound: launching the kernels takes {1e3 * c.host_exposed_s[i]:.1f} ms longer "
+            "than the GPU needs to run them (more work per GPU, a larger micro-batch or CUDA "
+            "graphs would hide it)"
+        )
     if r["ckpt"]:
         out.append(
             f"{CKPT_NAMES[r['ckpt']]} recomputation {1e3 * c.recompute_s[i]:.1f} ms buys "
