@@ -168,6 +168,22 @@ def test_show_renders_a_saved_result_again(capsys, tmp_path, command):
     assert json.loads(capsys.readouterr().out) == json.loads(saved.read_text())
 
 
+def test_show_renders_a_saved_whatif_with_its_memory(capsys, tmp_path):
+    """A what-if's memory estimate survives the JSON round trip (it came back a dict and
+    crashed the renderer)."""
+    saved = tmp_path / "whatif.json"
+    args = ["whatif", str(EXAMPLE), "--apply", "cuda-graphs"]
+    assert main([*args, "--json", "-q"]) == 0
+    saved.write_text(capsys.readouterr().out)
+    assert json.loads(saved.read_text())["memory"]["peak_bytes"] > 0
+    assert main([*args, "-q"]) == 0
+    live = capsys.readouterr().out
+    assert main(["show", str(saved), "-q"]) == 0
+    shown = capsys.readouterr().out
+    assert "peak memory per rank" in shown
+    assert shown == live
+
+
 def test_show_of_a_summary_prints_what_the_summary_printed(capsys, tmp_path):
     saved = tmp_path / "summary.json"
     assert main(["summary", str(EXAMPLE), "--json"]) == 0

@@ -983,6 +983,13 @@ class TraceReader:
             return None
         share = 100.0 * lost / size
         sizes = "about " if src.gz else ""
+        if cut_off and not spans and not self._gave_up:
+            # Only the unfinished event at the cut was dropped from what the file holds; how
+            # much was never written is said above ("unknown"), not counted as a share.
+            return (
+                f"{'; '.join(parts)}; kept {self._kept:,} complete events (the unfinished one "
+                f"at the cut, {sizes}{lost:,} bytes, dropped)"
+            )
         return (
             f"{'; '.join(parts)}; kept {self._kept:,} complete events; lost {sizes}{lost:,} "
             f"of the file's {src.size:,} bytes ({share:.1f}%)"

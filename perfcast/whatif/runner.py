@@ -18,6 +18,7 @@ from perfcast.graph.acyclic import break_cycles, cyclic_node_count
 from perfcast.graph.build import build_graph
 from perfcast.graph.lower import lower
 from perfcast.graph.model import Graph, Source
+from perfcast.memory_model.model import MemoryEstimate
 from perfcast.real import Correction
 from perfcast.sim.timeline import Timeline, backlog_nodes, simulate
 from perfcast.whatif.registry import Spec, build_options, get_model
@@ -63,8 +64,8 @@ class WhatIfResult(Displayed):
     assumptions: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # about the input (salvage, no steps)
     # Predicted peak memory per rank after the optimizations (perfcast.memory_model), when known.
-    memory: Any = None
-    baseline_memory: Any = None  # the same estimate before the optimizations
+    memory: MemoryEstimate | None = None
+    baseline_memory: MemoryEstimate | None = None  # the same estimate before the optimizations
     # When the batch changes: throughput per sample against the baseline (speedup x factor).
     per_sample_speedup: float | None = None
     # The speedup as a profiled run would show it (traced_ms / predicted_traced_ms): a field,
