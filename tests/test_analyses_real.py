@@ -194,3 +194,26 @@ def test_a_graph_launch_is_counted_once() -> None:
     calls = np.unique(table.launch[table.is_gpu() & (table.launch >= 0)])
     assert s.cpu_ms == pytest.approx(table.dur[calls].sum() / 1e6)
     assert s.runtime_outliers <= calls.size < 10
+
+
+def test_summary_cpu_phases_follow_each_steps_own_ops(shared_traces: Path) -> None:
+    """On the MI300X ResNet trace the host runs a step ahead of the GPU and backward runs on
+    the autograd thread: each step's CPU time by phase comes from its own ops (each step has
+    its backward), the innermost event's phase (the train_step frame spanning forward and
+    backward is not forward time), and stops where its ProfilerStep does (the profiler's
+    flush after the last step is not forward time)."""
+    s = perfcast.summary(
+        shared_traces / "tracelens_mi300x_resnet_act_ckpt_rank0.json.gz", correct=False
+    )
+    cpus = [it.cpu for it in s.ranks[0].iterations]
+    assert len(cpus) == 3
+    for c in cpus:
+        assert c.backward_ms > 15 and c.optimizer_ms > 0.2
+        assert 3 < c.forward_ms < 10  # about 6 ms; the whole ProfilerStep is about 16 ms
+
+
+def test_summary_marks_only_stragglers_that_made_others_wait(shared_traces: Path) -> None:
+    """HTA's candidates on the DLRM set are ranks 7 and 2, but rank 2 was never the last to
+    arrive: the summary labels rank 7 only."""
+    s = perfcast.summary(shared_traces / "dlrm_v100_8rank", correct=False)
+    assert s.stragglers == [7]

@@ -172,7 +172,12 @@ def test_show_renders_a_saved_whatif_with_its_memory(capsys, tmp_path):
     """A what-if's memory estimate survives the JSON round trip (it came back a dict and
     crashed the renderer)."""
     saved = tmp_path / "whatif.json"
-    args = ["whatif", str(EXAMPLE), "--apply", "cuda-graphs"]
+    shaped = (
+        Path(__file__).resolve().parents[1]
+        / "benchmarks/accuracy/recorded/traces"
+        / ("live-h200-2026-11-26/mlp.amp.json.gz")
+    )
+    args = ["whatif", str(shaped), "--apply", "cuda-graphs"]
     assert main([*args, "--json", "-q"]) == 0
     saved.write_text(capsys.readouterr().out)
     assert json.loads(saved.read_text())["memory"]["peak_bytes"] > 0
@@ -182,6 +187,21 @@ def test_show_renders_a_saved_whatif_with_its_memory(capsys, tmp_path):
     shown = capsys.readouterr().out
     assert "peak memory per rank" in shown
     assert shown == live
+
+
+def test_advise_refuses_an_unknown_device_before_loading(capsys):
+    assert main(["advise", str(EXAMPLE), "--device", "tpu", "-q"]) == 2
+    err = capsys.readouterr().err
+    assert "--device 'tpu': unknown device" in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_whatif_without_shapes_says_memory_is_not_estimated(capsys):
+    """No op shapes and no [memory] events: no near-zero peak that 'fits' anything."""
+    assert main(["whatif", str(EXAMPLE), "--apply", "batch-size:factor=2", "--json", "-q"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["memory"] is None
+    assert any("memory: not estimated" in n for n in data["notes"])
 
 
 def test_show_of_a_summary_prints_what_the_summary_printed(capsys, tmp_path):

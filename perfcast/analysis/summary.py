@@ -112,7 +112,11 @@ def summarize(table: EventTable, top: int = 10, real: bool = True) -> Summary:
     if len(table.ranks) > 1:
         from perfcast.analysis.stragglers import stragglers
 
-        out.stragglers = list(stragglers(table).candidates)
+        late = stragglers(table)
+        # HTA's candidates (latest on average) that were also the last to arrive somewhere: a
+        # rank late on average but never last made nobody wait.
+        caused = {r.rank: r.wait_caused_ms for r in late.by_rank}
+        out.stragglers = [r for r in late.candidates if caused.get(r, 0.0) > 0]
     if real:
         from perfcast.analysis.real_step import real_world
         from perfcast.graph.build import build_graph
@@ -178,7 +182,15 @@ def _summarize(table: EventTable, top: int) -> Summary:
             gpu = None
             if g.size:
                 gpu = _gpu_breakdown(g_start, g_end, g_coll, g_copy, lo, hi)
-            cpu = _cpu_breakdown(table, phases, cpu_rows, lo, hi)
+            # The host runs ahead of the GPU: within a step's GPU window it is already
+            # running the next step's forward. CPU time goes to the step its ops belong to.
+            # The step's own host span (its ProfilerStep), which also leaves out what the
+            # profiler does after the last step.
+            if info.has_steps:
+                own = cpu_rows[table.iteration[cpu_rows] == it_idx]
+                cpu = _cpu_breakdown(table, phases, own, it.start_ns, it.cpu_end_ns)
+            else:
+                cpu = _cpu_breakdown(table, phases, cpu_rows, lo, hi)
             n_kern = int(((kind[g] == Kind.KERNEL) & (table.iteration[g] == it_idx)).sum())
             its.append(
                 IterationSummary(
@@ -251,32 +263,34 @@ def _gpu_breakdown(
 def _cpu_breakdown(
     table: EventTable, phases: np.ndarray, cpu_rows: np.ndarray, lo: int, hi: int
 ) -> CpuBreakdown:
-    """CPU time per phase: the outermost events of each phase, clipped to the window."""
+    """CPU time per phase: every stretch of a thread's time goes to the phase of the innermost
+    event covering it (an event's self time: its span less its children's, clipped to the
+    window), so a Python frame spanning forward and backward counts only its own time."""
     s = table.ts[cpu_rows]
-    inside = (s < hi) & (s + table.dur[cpu_rows] > lo)
+    e = s + table.dur[cpu_rows]
+    inside = (s < hi) & (e > lo)
     rows = cpu_rows[inside]
-    ph = phases[rows]
+    st = np.maximum(table.ts[rows], lo)
+    span = (np.minimum(table.ts[rows] + table.dur[rows], hi) - st).astype(np.float64)
+    # Children's clipped spans, subtracted from their direct parent when it is in the window.
+    pos = np.full(len(table), -1, dtype=np.int64)
+    pos[rows] = np.arange(rows.size)
     parent = table.parent[rows]
-    parent_phase = np.where(parent >= 0, phases[np.maximum(parent, 0)], Phase.NONE)
-    outermost = ph != parent_phase
-    result = {}
-    for p in (
-        Phase.DATALOADER,
-        Phase.FORWARD,
-        Phase.BACKWARD,
-        Phase.OPTIMIZER,
-        Phase.COMMUNICATION,
-    ):
-        sel = rows[outermost & (ph == p)]
-        st = np.maximum(table.ts[sel], lo)
-        en = np.minimum(table.ts[sel] + table.dur[sel], hi)
-        # Per thread union: two threads busy at once count twice (CPU time, not wall time).
-        total = 0
-        threads = table.tid[sel]
-        for t in np.unique(threads):
-            m = threads == t
-            total += iv.union_length(st[m], en[m])
-        result[p] = total / NS_PER_MS
+    at = np.where(parent >= 0, pos[np.maximum(parent, 0)], -1)
+    has = at >= 0
+    children = np.bincount(at[has], weights=span[has], minlength=rows.size)
+    own = np.maximum(span - children, 0.0)
+    ph = phases[rows]
+    result = {
+        p: float(own[ph == p].sum()) / NS_PER_MS
+        for p in (
+            Phase.DATALOADER,
+            Phase.FORWARD,
+            Phase.BACKWARD,
+            Phase.OPTIMIZER,
+            Phase.COMMUNICATION,
+        )
+    }
     return CpuBreakdown(
         dataloader_ms=result[Phase.DATALOADER],
         forward_ms=result[Phase.FORWARD],

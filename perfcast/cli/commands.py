@@ -182,7 +182,7 @@ def cmd_replay(args: argparse.Namespace, ui: Any) -> int:
 
 
 def cmd_whatif(args: argparse.Namespace, ui: Any) -> int:
-    from perfcast.whatif.registry import describe_models, parse_spec
+    from perfcast.whatif.registry import build_options, describe_models, parse_spec
     from perfcast.whatif.runner import run_whatif
 
     if args.list:
@@ -196,6 +196,8 @@ def cmd_whatif(args: argparse.Namespace, ui: Any) -> int:
             "nothing to apply", hint="add --apply NAME, see `perfcast whatif --list`"
         )
     specs = [parse_spec(s) for s in args.apply]
+    for spec in specs:
+        build_options(spec.name, spec.options)  # unknown options and bad types before the load
     _check_output(args.export_trace, args.path)
     table = ui.load(args.path)
     result, base_tl, pred_tl = run_whatif(table, specs, correct=args.correct)
@@ -215,6 +217,15 @@ def cmd_whatif(args: argparse.Namespace, ui: Any) -> int:
 def cmd_advise(args: argparse.Namespace, ui: Any) -> int:
     from perfcast.advisor.advisor import advise
 
+    if args.device:
+        from perfcast.hardware.devices import lookup_device, nearest_device
+        from perfcast.whatif.kernels import known_devices_text
+
+        # A typo here would only show as a "not applicable" line deep in the advice.
+        if lookup_device(args.device) is None and nearest_device(args.device) is None:
+            raise PerfcastError(
+                f"--device {args.device!r}: unknown device", hint=known_devices_text()
+            )
     advice = advise(ui.load(args.path), target_device=args.device, correct=args.correct)
     return _output(advice, "render_advice", args, ui)
 

@@ -177,11 +177,19 @@ def render_diff(result: TraceDiff, console: Console, rows: int = 15) -> None:
         p = result.prediction
         console.print(
             Text(
-                f"predicted from A with {', '.join(p.applied)}: {p.predicted_ms:,.3f} ms per step "
-                f"(speedup {p.predicted_speedup:.3f}×), measured in B {p.measured_ms:,.3f} ms "
-                f"(speedup {p.measured_speedup:.3f}×): error {p.error_pct:+.1f}%",
+                f"predicted from A with {', '.join(p.applied)}, as a profiled run (B is one): "
+                f"{p.predicted_ms:,.3f} ms per step (speedup {p.predicted_speedup:.3f}×), "
+                f"measured in B {p.measured_ms:,.3f} ms (speedup {p.measured_speedup:.3f}×): "
+                f"error {p.error_pct:+.1f}%",
                 style="bold",
             )
         )
+        if p.predicted_real_ms is not None and p.real_speedup is not None:
+            console.print(
+                Text(
+                    f"  without the profiler (as `whatif` reports it): {p.predicted_real_ms:,.3f} "
+                    f"ms per step (speedup {p.real_speedup:.3f}×)"
+                )
+            )
     for tname, cols in result_tables(result).items():
         render_table(console, tname, cols, None, rows)

@@ -55,7 +55,8 @@ def _render_rank_overview(summary: Summary, console: Console) -> None:
         console.print(
             Text(
                 "stragglers (the ranks that arrive latest at collectives on average, as HTA "
-                "ranks them; the waiting each caused: perfcast analyze --only stragglers): "
+                "ranks them, and made others wait; the waiting each caused: perfcast analyze "
+                "--only stragglers): "
                 + ", ".join(str(r) for r in summary.stragglers)
             )
         )

@@ -55,9 +55,9 @@ def rank_steps(graph: Graph, nodes: np.ndarray) -> tuple[int, str]:
     pairs = np.unique(c["rank"][nodes].astype(np.int64) << 32 | c["iteration"][nodes])
     ranks = np.unique(c["rank"][nodes]).size
     if ranks > 1:
-        return pairs.size, f"per step and rank ({ranks:,} ranks, {pairs.size:,} rank-steps)"
+        return pairs.size, f"per step and rank (mean of {ranks:,} ranks, {pairs.size:,} rank-steps)"
     if pairs.size > 1:
-        return pairs.size, f"per step ({pairs.size} steps)"
+        return pairs.size, f"per step (mean of {pairs.size} steps)"
     return 1, "in the step"
 
 

@@ -269,6 +269,11 @@ def run_whatif(
             factor *= float(a.options.get("factor", 1.0))  # type: ignore[arg-type]
     if factor != 1.0:
         result.per_sample_speedup = result.speedup * factor
+    if memory is None:
+        result.notes.append(
+            "memory: not estimated: the trace records no op shapes (record_shapes=True) "
+            "and no [memory] events (profile_memory=True)"
+        )
     if result.memory is not None and result.memory.fits is False:
         result.notes.append("memory: " + result.memory.verdict())
     return result, world.real, predicted
@@ -281,6 +286,13 @@ def _memory(table: EventTable, specs: list[Spec]) -> tuple[Any, Any]:
         from perfcast.memory_model import predict_peak_memory, trace_facts
 
         facts = trace_facts(table)
-        return predict_peak_memory(facts, specs), predict_peak_memory(facts, [])
+        if not facts.params and not facts.saved and facts.measured_peak_bytes is None:
+            # No op shapes and no [memory] events: the estimate would count only workspaces
+            # and call nearly any plan a fit.
+            return None, None
+        after, before = predict_peak_memory(facts, specs), predict_peak_memory(facts, [])
+        if not facts.params and not facts.saved and specs:
+            after.source += "; no op shapes, so the change's effect on it is not modelled"
+        return after, before
     except Exception:  # an addition: a what-if never fails because of it (said in the notes)
         return None, None

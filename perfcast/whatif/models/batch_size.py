@@ -57,7 +57,10 @@ from perfcast.whatif.kernels import (
     scale_variable,
 )
 
-SUMMARY = "batch size x factor: kernels scale with their waves, data loading with the batch"
+SUMMARY = (
+    "batch size x factor (factor=K): kernels scale with their work, small ones with their "
+    "waves; data loading with the batch"
+)
 
 _STEP_PHASES = (int(Phase.FORWARD), int(Phase.BACKWARD))
 _WHOLE_STEPS = (

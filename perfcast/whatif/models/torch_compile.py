@@ -195,8 +195,10 @@ def _refuse_compiled(graph: Graph) -> None:
     used = used[used >= 0]
     for i in used.tolist():
         if _COMPILED.search(graph.names[i]):
+            name = graph.names[i]
+            name = name if len(name) <= 60 else "…" + name[-59:]  # the end names the op
             raise NotApplicableError(
-                f"torch-compile: the trace is compiled already ({graph.names[i][:60]!r} runs in it)"
+                f"torch-compile: the trace is compiled already ({name!r} runs in it)"
             )
 
 
