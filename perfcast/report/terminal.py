@@ -56,8 +56,7 @@ def _render_rank_overview(summary: Summary, console: Console) -> None:
             Text(
                 "stragglers (the ranks that arrive latest at collectives on average, as HTA "
                 "ranks them, and made others wait; the waiting each caused: perfcast analyze "
-                "--only stragglers): "
-                + ", ".join(str(r) for r in summary.stragglers)
+                "--only stragglers): " + ", ".join(str(r) for r in summary.stragglers)
             )
         )
 
