@@ -495,3 +495,14 @@ def test_vtrain_single_node_runs_within_bounds() -> None:
     # The default host cost never makes a run worse than no host time: every run was
     # predicted too fast without it.
     assert max(default) <= max(none) and statistics.median(default) <= 28.5
+
+
+def test_plan_says_when_the_traced_configuration_misses_the_trace(shared_traces: Path) -> None:
+    """The V100 DDP rank's own collectives exposed ~60 ms a step; the plans model them again
+    and its own configuration lands 4.6% under the trace's step: a note says so and why."""
+    table = perfcast.load(str(shared_traces / "hta_ddp_v100_rank1_memory.json.gz"))
+    result = plan_trace(table, 8)
+    assert result.baseline is not None
+    note = next(n for n in result.notes if n.startswith("the traced configuration"))
+    assert "the trace's own collectives exposed" in note and "-4." in note
+    assert any("every plan fits" in n for n in result.notes)

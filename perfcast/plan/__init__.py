@@ -216,11 +216,25 @@ def plan_trace(
         result.notes.append(
             f"the trace ran on {world} ranks; its own collectives were replaced by modelled ones"
         )
+    b = result.baseline
+    off = b.step_ms / (w.step_s * 1e3) - 1 if b is not None and w.step_s > 0 else 0.0
+    if b is not None and abs(off) > 0.02:
+        why = (
+            f": the trace's own collectives exposed {w.measured_comm_s * 1e3:.1f} ms per step "
+            "(waiting for other ranks included), which the plans model afresh "
+            f"({b.exposed_comm_ms:.1f} ms exposed here)"
+            if w.measured_comm_s > 0
+            else ""
+        )
+        result.notes.append(
+            f"the traced configuration ({b.label}) is planned at {b.step_ms:.1f} ms, where the "
+            f"trace's step is {w.step_s * 1e3:.1f} ms ({100 * off:+.1f}%)" + why
+        )
     if not w.facts.params:
         result.notes.append(
             "the model's parameters are unknown (no shapes, no sized all-reduces): gradient "
-            "traffic, weights and optimizer state count as 0, so data parallelism looks free; "
-            "trace with record_shapes=True for a plan that prices them"
+            "traffic, weights and optimizer state count as 0, so data parallelism looks free "
+            "and every plan fits; trace with record_shapes=True for a plan that prices them"
         )
     return result
 
