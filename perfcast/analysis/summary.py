@@ -212,6 +212,12 @@ def _summarize(table: EventTable, top: int) -> Summary:
         # Outermost ops only, so nested calls are not counted twice.
         parent = table.parent[ops]
         outer = ops[(parent < 0) | (kind[np.maximum(parent, 0)] != Kind.CPU_OP)]
+        # 2021-era traces record the ProfilerStep#N wrapper as a CPU op: it is the step, not
+        # an op of it (the table above has the steps), so its children stand in for it.
+        wrapper = _step_wrappers(table)[table.name[outer]]
+        if wrapper.any():
+            inner = ops[np.isin(parent, outer[wrapper])]
+            outer = np.concatenate([outer[~wrapper], inner])
         out.ranks.append(
             RankSummary(
                 rank=rank,
@@ -298,6 +304,11 @@ def _cpu_breakdown(
         optimizer_ms=result[Phase.OPTIMIZER],
         communication_ms=result[Phase.COMMUNICATION],
     )
+
+
+def _step_wrappers(table: EventTable) -> np.ndarray:
+    """Per name id: is it a ProfilerStep#N wrapper."""
+    return np.array([n.startswith("ProfilerStep#") for n in table.names], dtype=bool)
 
 
 def _top_by_name(table: EventTable, rows: np.ndarray, top: int) -> list[NamedTime]:

@@ -4,6 +4,7 @@ and `perfcast whatif --tree`: where a prediction's gain lands."""
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -60,6 +61,9 @@ def add_view_options(p: argparse.ArgumentParser) -> None:
     )
 
 
+PIPED_WIDTH = 160  # columns when the output is not a terminal and COLUMNS is unset
+
+
 def cmd_tree(args: argparse.Namespace, ui: Any) -> int:
     from perfcast.analysis.context import context_tree
     from perfcast.analysis.context_views import focus, library_frames, project, tree_result
@@ -67,6 +71,9 @@ def cmd_tree(args: argparse.Namespace, ui: Any) -> int:
 
     for out in (args.speedscope, args.folded):
         _check_output(out, args.path)
+    if not ui.out.is_terminal and "COLUMNS" not in os.environ:
+        # Piped to a file or a pager: rich's 80 columns would cut the call paths to "v…".
+        ui.out.width = PIPED_WIDTH
     table = ui.load(args.path)
     tree = context_tree(table, rank=args.rank, phase=args.phase, step=args.step)
     metric = {"gpu": "gpu_ns", "cpu": "cpu_ns", None: None}[args.metric]

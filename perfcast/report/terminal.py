@@ -275,7 +275,7 @@ def render_advice(advice: Advice, console: Console) -> None:
     t.add_column("optimization", overflow="fold", ratio=1)
     for col in ("predicted ms", "speedup"):
         t.add_column(col, justify="right", no_wrap=True, min_width=len(col))
-    t.add_column("measured error", justify="right")
+    t.add_column("range (measured error)", justify="right")
     t.add_column("from trace", justify="right", no_wrap=True, min_width=5)
     for i, s in enumerate(advice.suggestions, 1):
         t.add_row(
@@ -338,9 +338,9 @@ def render_advice(advice: Advice, console: Console) -> None:
         console.print(Text(f"not applicable: {na.name}: {na.reason}", style="dim"))
     console.print(
         Text(
-            "'measured error': the largest error of this model on the project's measured pairs "
-            "(speedup range); 'from trace': the share of the predicted critical path whose "
-            "durations come from the trace",
+            "'range (measured error)': the speedup widened by the largest error of this model "
+            "on the project's measured pairs; 'from trace': the share of the predicted critical "
+            "path whose durations come from the trace",
             style="dim",
         )
     )
