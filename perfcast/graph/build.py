@@ -57,6 +57,7 @@ def build_graph(table: EventTable, ranks: Collection[int] | None = None) -> Grap
     }
 
     lane_kinds = table.kind_mask((*CPU_LANE_KINDS, *GPU_KINDS))
+    renamed: set[tuple[str, str]] = set()  # (the trace's device name, the table's part)
     for info in table.ranks:
         rank = info.rank
         if ranks is not None and rank not in ranks:
@@ -68,6 +69,8 @@ def build_graph(table: EventTable, ranks: Collection[int] | None = None) -> Grap
         origin = int(table.ts[act].min())
         origins[rank] = origin
         devices[rank] = known_device_name(info)
+        if info.device_name and devices[rank] and devices[rank] != info.device_name:
+            renamed.add((info.device_name, devices[rank]))
         build_cpu_lanes(table, rank, origin, phases, acc, lanes, row_to_node)
         build_gpu_lanes(table, rank, origin, phases, klass, acc, lanes, row_to_node)
 
@@ -114,6 +117,11 @@ def build_graph(table: EventTable, ranks: Collection[int] | None = None) -> Grap
             f"a synchronization that did not wait costs {SYNC_MIN_NS / 1000:.0f} µs of CPU time",
             "a CPU thread that resumed within "
             f"{CROSS_THREAD_TOL_NS / 1000:.0f} µs of another thread's work ending waited for it",
+        ]
+        + [
+            f"the trace's GPU '{name}' is the device table's {part} (by name, or by compute "
+            "units and memory)"
+            for name, part in sorted(renamed)
         ]
     )
     return graph

@@ -219,6 +219,9 @@ def render_whatif(result: WhatIfResult, console: Console) -> None:
     for a in result.applied:
         for line in a.assumptions:
             console.print(Text(f"  assumes ({a.name}): {line}"))
+    for line in result.assumptions:
+        if line.startswith("the trace's GPU "):  # the part its peaks and bandwidth are read for
+            console.print(Text(f"  assumes: {line}"))
     if result.correction.source != "off":
         console.print(Text(f"  assumes (profiler cost): {result.correction.assumption()}"))
 
