@@ -68,9 +68,9 @@ def build_graph(table: EventTable, ranks: Collection[int] | None = None) -> Grap
             continue
         origin = int(table.ts[act].min())
         origins[rank] = origin
-        devices[rank] = known_device_name(info)
-        if info.device_name and devices[rank] and devices[rank] != info.device_name:
-            renamed.add((info.device_name, devices[rank]))
+        part = devices[rank] = known_device_name(info)
+        if info.device_name and part and part != info.device_name:
+            renamed.add((info.device_name, part))
         build_cpu_lanes(table, rank, origin, phases, acc, lanes, row_to_node)
         build_gpu_lanes(table, rank, origin, phases, klass, acc, lanes, row_to_node)
 
