@@ -412,3 +412,21 @@ def test_whatif_text_shows_peak_memory_before_and_after(capsys):
     assert "fits" in line and "H200" in line
     doc = _json(capsys, "whatif", str(trace), "--apply", "activation-checkpointing", "--json")
     assert doc["baseline_memory"]["peak_bytes"] > doc["memory"]["peak_bytes"]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["summary", "x.json", "--top", "abc"],
+        ["plan", "--gpus", "abc"],
+        ["replay", "x.json", "--engine", "turbo"],
+        ["summary"],
+        ["no-such-command"],
+    ],
+)
+def test_option_errors_are_one_line(capsys, argv):
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "error:" in err and "usage:" not in err

@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import msgspec
 from rich.console import Console
@@ -113,8 +113,15 @@ _DEBUG_HELP = "show the full traceback of an error (for bug reports)"
 COMMANDS: dict[str, Callable[[argparse.Namespace, UI], int]] = {"summary": cmd_summary}
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors: the message and where to look, not the usage block."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="perfcast",
         description="Predict how much faster a PyTorch training step gets, from its profiler "
         "trace (Kineto JSON, one file per rank).",
