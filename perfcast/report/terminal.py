@@ -81,10 +81,12 @@ def render_summary(summary: Summary, console: Console, top: int = 5) -> None:
         for col in cols:
             table.add_column(col, justify="left" if col == "step" else "right")
         cpu = Table(
-            title="CPU time by phase (ms, summed over the host threads: can exceed the step)",
+            title="CPU time by phase (ms, summed over the host threads: can exceed the step; "
+            "kernels: how many the step launched)",
             title_justify="left",
         )
-        for col in ("step", "data loading", "forward", "backward", "optimizer", "comm", "kernels"):
+        cpu_cols = ("step", "data loading", "forward", "backward", "optimizer", "comm", "kernels #")
+        for col in cpu_cols:
             cpu.add_column(col, justify="left" if col == "step" else "right")
         for it in rs.iterations:
             g = it.gpu
