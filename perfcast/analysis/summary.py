@@ -164,6 +164,7 @@ def _summarize(table: EventTable, top: int) -> Summary:
         (Kind.CPU_OP, Kind.USER_ANNOTATION, Kind.PYTHON_FUNCTION, Kind.RUNTIME)
     )
     out = Summary(ranks=[])
+    wrappers = _step_wrappers(table)
     for info in table.ranks:
         rank = info.rank
         notes = rank_notes(info)
@@ -214,7 +215,7 @@ def _summarize(table: EventTable, top: int) -> Summary:
         outer = ops[(parent < 0) | (kind[np.maximum(parent, 0)] != Kind.CPU_OP)]
         # 2021-era traces record the ProfilerStep#N wrapper as a CPU op: it is the step, not
         # an op of it (the table above has the steps), so its children stand in for it.
-        wrapper = _step_wrappers(table)[table.name[outer]]
+        wrapper = wrappers[table.name[outer]]
         if wrapper.any():
             inner = ops[np.isin(parent, outer[wrapper])]
             outer = np.concatenate([outer[~wrapper], inner])
@@ -278,11 +279,16 @@ def _cpu_breakdown(
     rows = cpu_rows[inside]
     st = np.maximum(table.ts[rows], lo)
     span = (np.minimum(table.ts[rows] + table.dur[rows], hi) - st).astype(np.float64)
-    # Children's clipped spans, subtracted from their direct parent when it is in the window.
-    pos = np.full(len(table), -1, dtype=np.int64)
-    pos[rows] = np.arange(rows.size)
+    # Children's clipped spans, subtracted from their direct parent when it is in the window
+    # (found by a sorted search: a table-sized index per step would cost ranks x steps x
+    # events on a large folder).
+    order = np.argsort(rows, kind="stable")
+    srt = rows[order]
     parent = table.parent[rows]
-    at = np.where(parent >= 0, pos[np.maximum(parent, 0)], -1)
+    hit = np.searchsorted(srt, parent)
+    hit_ok = (parent >= 0) & (hit < srt.size)
+    hit_ok[hit_ok] = srt[hit[hit_ok]] == parent[hit_ok]
+    at = np.where(hit_ok, order[np.minimum(hit, srt.size - 1)], -1)
     has = at >= 0
     children = np.bincount(at[has], weights=span[has], minlength=rows.size)
     own = np.maximum(span - children, 0.0)
