@@ -490,19 +490,21 @@ def test_vtrain_single_node_runs_within_bounds() -> None:
     assert len(res["runs"]) == 1440
     fitted = [r["error_fitted_pct"] for r in res["runs"]]
     assert statistics.median(fitted) <= 7.5 and max(fitted) <= 30.0
+    # The default host cost makes no run worse than no host time (1,297 of the 1,440 are
+    # predicted too fast without it, and the floor only lengthens a prediction where the
+    # host's launches outlast the GPU work).
+    for r in res["runs"]:
+        assert r["error_default_pct"] <= r["error_none_pct"] + 1e-9, r
     default = [r["error_default_pct"] for r in res["runs"]]
-    none = [r["error_none_pct"] for r in res["runs"]]
-    # The default host cost never makes a run worse than no host time: every run was
-    # predicted too fast without it.
-    assert max(default) <= max(none) and statistics.median(default) <= 28.5
+    assert statistics.median(default) <= 28.5 and max(default) <= 68.0
 
 
 def test_plan_says_when_the_traced_configuration_misses_the_trace(shared_traces: Path) -> None:
-    """The V100 DDP rank's own collectives exposed ~60 ms a step; the plans model them again
+    """The V100 DDP rank's own collectives ran ~60 ms a step; the plans model them again
     and its own configuration lands 4.6% under the trace's step: a note says so and why."""
     table = perfcast.load(str(shared_traces / "hta_ddp_v100_rank1_memory.json.gz"))
     result = plan_trace(table, 8)
     assert result.baseline is not None
     note = next(n for n in result.notes if n.startswith("the traced configuration"))
-    assert "the trace's own collectives exposed" in note and "-4." in note
+    assert "ms of collective kernels per step" in note and "-4." in note
     assert any("every plan fits" in n for n in result.notes)

@@ -5,11 +5,14 @@ source of the analytic plan model's default (perfcast.plan.analytic.HOST_S_PER_K
 
 For every baseline trace of the recorded H100 and H200 runs (benchmarks/accuracy/recorded:
 live-h100-2026-11-26, live-h200-2026-11-26, and the gpu-truth H100 `*_base` traces), read
-the way `perfcast plan` reads a trace: forward + backward host time (first forward op to last
-backward op) with the profiler's own cost removed, divided by the forward and backward
-kernels of the step. Traces whose step is not eager (CUDA graphs, torch.compile) and those
-recorded beside a DataLoader-workers variant are left out. Prints one line per trace and the
-median with its interquartile range (27 Nov 2026: 45 traces, median 25.6 us, 18.4-40.1).
+the way `perfcast plan` reads a trace: the busy time of forward and backward's top-level
+ops less their blocking syncs, with the profiler's own cost removed, divided by the forward
+and backward GPU tasks of the step (kernels, copies and memsets; collectives are not in the
+count). The 45 traces are 9 workload and host pairs, each traced about five times (one
+baseline trace per recorded row). Traces whose step is not eager (CUDA graphs,
+torch.compile) and those recorded beside a DataLoader-workers variant are left out. Prints
+one line per trace and the median with its interquartile range (27 Nov 2026: 45 traces,
+median 25.6 us, 18.4-40.1).
 """
 
 from __future__ import annotations

@@ -116,8 +116,15 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, UI], int]] = {"summary": cmd_s
 class _Parser(argparse.ArgumentParser):
     """argparse with one-line errors: the message and where to look, not the usage block."""
 
+    # The command the arguments name, for errors the top-level parser reports about a
+    # command's options (unrecognized arguments): its help is the one to read.
+    command: str | None = None
+
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+        where = (
+            f"perfcast {self.command}" if self.prog == "perfcast" and self.command else self.prog
+        )
+        self.exit(2, f"{self.prog}: error: {message} (see `{where} --help`)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -174,6 +181,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         rest = argv[debug + 1 :]
         return _guard(lambda: run_profile(rest), debug=debug, subject=None)
     parser = build_parser()
+    if isinstance(parser, _Parser):
+        parser.command = next((a for a in argv if a in COMMANDS or a == "profile"), None)
     args = parser.parse_args(argv)
     if not args.command:
         parser.print_help()

@@ -57,7 +57,7 @@ def build_graph(table: EventTable, ranks: Collection[int] | None = None) -> Grap
     }
 
     lane_kinds = table.kind_mask((*CPU_LANE_KINDS, *GPU_KINDS))
-    renamed: set[tuple[str, str]] = set()  # (the trace's device name, the table's part)
+    renamed: set[tuple[str, str, str]] = set()  # (the trace's device name, the part, how)
     for info in table.ranks:
         rank = info.rank
         if ranks is not None and rank not in ranks:
@@ -70,7 +70,7 @@ def build_graph(table: EventTable, ranks: Collection[int] | None = None) -> Grap
         origins[rank] = origin
         part = devices[rank] = known_device_name(info)
         if info.device_name and part and part != info.device_name:
-            renamed.add((info.device_name, part))
+            renamed.add((info.device_name, part, _matched_how(info.device_name)))
         build_cpu_lanes(table, rank, origin, phases, acc, lanes, row_to_node)
         build_gpu_lanes(table, rank, origin, phases, klass, acc, lanes, row_to_node)
 
@@ -119,9 +119,8 @@ def build_graph(table: EventTable, ranks: Collection[int] | None = None) -> Grap
             f"{CROSS_THREAD_TOL_NS / 1000:.0f} µs of another thread's work ending waited for it",
         ]
         + [
-            f"the trace's GPU '{name}' is the device table's {part} (by name, or by compute "
-            "units and memory)"
-            for name, part in sorted(renamed)
+            f"the trace's GPU '{name}' is read as the device table's {part} ({how})"
+            for name, part, how in sorted(renamed)
         ]
     )
     return graph
@@ -139,6 +138,14 @@ def collectives_across_ranks(graph: Graph, unresolved: dict[str, int]) -> None:
         graph.unresolved["collectives_unmatched"] = (
             graph.unresolved.get("collectives_unmatched", 0) + 1
         )
+
+
+def _matched_how(name: str) -> str:
+    from perfcast.hardware.devices import lookup_device
+
+    if lookup_device(name) is not None:
+        return "by its name"
+    return "by its compute units and memory: the name matches no part"
 
 
 def known_device_name(info: RankInfo) -> str | None:

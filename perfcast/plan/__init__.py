@@ -220,7 +220,7 @@ def plan_trace(
     off = b.step_ms / (w.step_s * 1e3) - 1 if b is not None and w.step_s > 0 else 0.0
     if b is not None and abs(off) > 0.02:
         why = (
-            f": the trace's own collectives exposed {w.measured_comm_s * 1e3:.1f} ms per step "
+            f": the trace ran {w.measured_comm_s * 1e3:.1f} ms of collective kernels per step "
             "(waiting for other ranks included), which the plans model afresh "
             f"({b.exposed_comm_ms:.1f} ms exposed here)"
             if w.measured_comm_s > 0

@@ -59,9 +59,11 @@ from perfcast.plan.plans import Plans
 K_OVER_S = 2e-6  # fixed cost per kernel (launch gap, ramp-up, tail) when the GPU is busy
 # Host (CPU) time per kernel an eager PyTorch training step launches, its Python, dispatch and
 # launch cost together: the median over 45 baseline traces of the project's own workloads on
-# H100 and H200 hosts (benchmarks/accuracy/recorded, live-h100/h200-2026-11-26 and the
-# gpu-truth H100 bases), forward + backward host time with the profiler's cost removed,
-# divided by the kernels launched: 25.6 us, 8-55 us, interquartile 18-40 us
+# H100 and H200 hosts (9 workload and host pairs, each traced about five times:
+# benchmarks/accuracy/recorded, live-h100/h200-2026-11-26 and the gpu-truth H100 bases), the
+# busy time of forward and backward's top-level ops less their blocking syncs, with the
+# profiler's cost removed, divided by the GPU tasks launched (kernels, copies and memsets;
+# no collectives): 25.6 us, 8-55 us, interquartile 18-40 us
 # (benchmarks/experiments/host_per_kernel.py). A framework with more
 # Python per kernel costs more (Megatron-DeepSpeed on vTrain's A100 hosts: about 60 us per
 # kernel counted here, see benchmarks/bench_published.py); `host_us_per_kernel` sets it.
@@ -487,7 +489,7 @@ class AnalyticWorkload:
         layers' forward, backward and recomputation, their TP collectives, the stage's ends)
         at `host_us_per_kernel`. The GPU cannot run ahead of it (cost.evaluate takes the
         larger of the two per micro-batch)."""
-        comm_b = lay["k_comm"] + np.where(p.sp > 0, 2.0, 0.0)
+        comm_b = lay["k_comm"] + np.where((p.sp > 0) & (p.tp > 1), 2.0, 0.0)
         n_attn = 1.0 if self.desc.flash_attention else 4.0
         rec = np.where(
             p.ckpt == 2,

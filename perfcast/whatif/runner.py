@@ -229,7 +229,7 @@ def run_whatif(
     pred_rows = step_ms(predicted)[2]
     _, pt, traced_rows = step_ms(predicted_traced)
     traced, _, _ = step_ms(world.traced)
-    memory, baseline_memory = _memory(table, specs)
+    memory, baseline_memory, no_memory = _memory(table, specs)
     p = predicted_step_ms(world.real, predicted, applied)
     ratio_traced = steady_ratio(world.traced, predicted_traced, applied)
     if ratio_traced is not None:
@@ -269,19 +269,16 @@ def run_whatif(
             factor *= float(a.options.get("factor", 1.0))  # type: ignore[arg-type]
     if factor != 1.0:
         result.per_sample_speedup = result.speedup * factor
-    if memory is None:
-        result.notes.append(
-            "memory: not estimated: the trace records no op shapes (record_shapes=True) "
-            "and no [memory] events (profile_memory=True)"
-        )
+    if no_memory:
+        result.notes.append(f"memory: not estimated: {no_memory}")
     if result.memory is not None and result.memory.fits is False:
         result.notes.append("memory: " + result.memory.verdict())
     return result, world.real, predicted
 
 
-def _memory(table: EventTable, specs: list[Spec]) -> tuple[Any, Any]:
+def _memory(table: EventTable, specs: list[Spec]) -> tuple[Any, Any, str | None]:
     """The memory model's peak after the specs and before them, from one reading of the
-    trace's facts; (None, None) when it cannot say (never fails)."""
+    trace's facts; (None, None, why) when it cannot say (never fails)."""
     try:
         from perfcast.memory_model import predict_peak_memory, trace_facts
 
@@ -289,10 +286,15 @@ def _memory(table: EventTable, specs: list[Spec]) -> tuple[Any, Any]:
         if not facts.params and not facts.saved and facts.measured_peak_bytes is None:
             # No op shapes and no [memory] events: the estimate would count only workspaces
             # and call nearly any plan a fit.
-            return None, None
+            return (
+                None,
+                None,
+                "the trace records no op shapes (record_shapes=True) and no [memory] events "
+                "(profile_memory=True)",
+            )
         after, before = predict_peak_memory(facts, specs), predict_peak_memory(facts, [])
         if not facts.params and not facts.saved and specs:
             after.source += "; no op shapes, so the change's effect on it is not modelled"
-        return after, before
-    except Exception:  # an addition: a what-if never fails because of it (said in the notes)
-        return None, None
+        return after, before, None
+    except Exception as exc:  # an addition: a what-if never fails because of it (a note says)
+        return None, None, f"the memory model failed on this trace ({type(exc).__name__})"
