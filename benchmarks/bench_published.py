@@ -236,7 +236,49 @@ def vtrain_single(table: dict[str, Any]) -> dict[str, Any]:
                 },
             }
         )
-    return {"settings_us": settings, "runs": runs, "groups": groups}
+    return {
+        "settings_us": settings,
+        "runs": runs,
+        "groups": groups,
+        "ranking": _single_node_ranking(table["rows"], runs, list(settings)),
+    }
+
+
+def _single_node_ranking(
+    rows: list[list[float]], runs: list[dict[str, Any]], settings: list[str]
+) -> dict[str, dict[str, float]]:
+    """What plan search is for, on the single-node runs: among the configurations of one
+    model on the same GPUs and global batch (groups of 3 or more), does the predicted order
+    follow the measured one (Spearman ρ), and how much slower than the measured fastest is
+    the configuration predicted fastest (regret)?"""
+    from benchmarks.accuracy.recorded import spearman  # type: ignore[attr-defined]
+
+    groups: dict[tuple[float, ...], list[int]] = {}
+    for i, (gpus, gbs, _mb, h, _heads, layers, *_rest) in enumerate(rows):
+        groups.setdefault((h, layers, gpus, gbs), []).append(i)
+    out: dict[str, dict[str, float]] = {}
+    for name in settings:
+        rhos, regrets, hits = [], [], 0
+        for idx in groups.values():
+            if len(idx) < 3:
+                continue
+            measured = [runs[i]["measured_ms"] for i in idx]
+            predicted = [
+                runs[i]["measured_ms"] * (1 + runs[i][f"signed_{name}_pct"] / 100) for i in idx
+            ]
+            rhos.append(spearman(measured, predicted))
+            pick = measured[predicted.index(min(predicted))]
+            regrets.append((pick / min(measured) - 1) * 100)
+            hits += pick == min(measured)
+        out[name] = {
+            "groups": len(rhos),
+            "rho_median": statistics.median(rhos),
+            "rho_min": min(rhos),
+            "regret_median_pct": statistics.median(regrets),
+            "regret_max_pct": max(regrets),
+            "first_pick_fastest": hits,
+        }
+    return out
 
 
 # The Grand Teton H100: 96 GB HBM2e at 2.4 TB/s, 500 W. torchtitan's footnote puts its peak
@@ -715,10 +757,27 @@ def markdown(res: dict[str, Any]) -> str:
         )
     )
     multi = [r["error_pct"] for r in res["vtrain_fitted_host"]["runs"]]
+    rk = vs["ranking"]
     lines += [
         "",
         f"All runs: {overall}. With {us['fitted']:g} µs the multi-node runs above score "
         f"{_summary(multi)}: their GPU work hides the host time.",
+        "",
+        f"Ranking, what plan search is for ({rk['none']['groups']} groups of 3 or more "
+        "configurations of one model on the same GPUs and global batch): "
+        + "; ".join(
+            f"{label}: Spearman ρ median {rk[name]['rho_median']:.2f} (min "
+            f"{rk[name]['rho_min']:.2f}), the configuration predicted fastest "
+            f"{rk[name]['regret_median_pct']:.1f}% slower than the measured fastest at the "
+            f"median (max {rk[name]['regret_max_pct']:.1f}%), the fastest itself in "
+            f"{rk[name]['first_pick_fastest']:.0f} groups"
+            for name, label in (
+                ("none", "no host time"),
+                ("default", f"{us['default']:g} µs"),
+                ("fitted", f"{us['fitted']:g} µs"),
+            )
+        )
+        + ".",
         "",
     ]
     tt = res["torchtitan"]
