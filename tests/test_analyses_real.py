@@ -133,6 +133,8 @@ def test_diff_on_a_measured_pair() -> None:
     assert d.prediction is not None
     assert d.prediction.predicted_ms < d.prediction.baseline_ms
     assert any(row.kind == "kernel" for row in d.predicted)
+    # A phase is no count of things: its rows carry none (they printed 0 before).
+    assert d.phases and all(r.a_count is None and r.b_count is None for r in d.phases)
 
 
 def test_diff_says_the_speedup_without_the_profiler() -> None:

@@ -51,8 +51,8 @@ class StepDelta:
 class DeltaRow:
     kind: str  # "op" (CPU time of the op), "kernel", "phase"
     name: str
-    a_count: float  # per step
-    b_count: float
+    a_count: float | None  # per step; None for phases (a phase is no count of things)
+    b_count: float | None
     a_ms: float  # per step
     b_ms: float
     delta_ms: float
@@ -232,9 +232,9 @@ def _profile(table: EventTable, summary: Summary | None = None) -> _Profile:
 
 def _rows(
     kind: str,
-    a_n: dict[str, float],
+    a_n: dict[str, float] | None,
     a_t: dict[str, float],
-    b_n: dict[str, float],
+    b_n: dict[str, float] | None,
     b_t: dict[str, float],
     step_delta: float,
     top: int,
@@ -247,15 +247,15 @@ def _rows(
             DeltaRow(
                 kind=kind,
                 name=nm,
-                a_count=a_n.get(nm, 0.0),
-                b_count=b_n.get(nm, 0.0),
+                a_count=None if a_n is None else a_n.get(nm, 0.0),
+                b_count=None if b_n is None else b_n.get(nm, 0.0),
                 a_ms=a,
                 b_ms=b,
                 delta_ms=b - a,
                 share_pct=100.0 * (b - a) / step_delta if step_delta else None,
             )
         )
-    rows.sort(key=lambda r: (-abs(r.delta_ms), -abs(r.b_count - r.a_count), r.name))
+    rows.sort(key=lambda r: (-abs(r.delta_ms), -abs((r.b_count or 0) - (r.a_count or 0)), r.name))
     return rows[:top]
 
 
@@ -292,7 +292,7 @@ def diff(a: EventTable, b: EventTable, top: int = 20, real: bool = True) -> Trac
         kernels=_rows(
             "kernel", pa.kernel_count, pa.kernel_ms, pb.kernel_count, pb.kernel_ms, delta, top
         ),
-        phases=_rows("phase", {}, pa.phase_ms, {}, pb.phase_ms, delta, top),
+        phases=_rows("phase", None, pa.phase_ms, None, pb.phase_ms, delta, top),
         a_files=[r.path for r in a.ranks],
         b_files=[r.path for r in b.ranks],
         notes=[f"A: {n}" for n in input_notes(a)] + [f"B: {n}" for n in input_notes(b)],
