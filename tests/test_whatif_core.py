@@ -247,11 +247,11 @@ def test_cuda_graphs_split_at_a_host_sync(tmp_path):
     table = perfcast.load(path)
     split, _, pred = run_whatif(table, [parse_spec("cuda-graphs")], correct=False)
     said = " ".join(pred.graph.assumptions)
-    assert "20 GPU tasks replayed from 2 CUDA graph launches" in said
+    assert "20 GPU tasks of the captured phases replayed from 2 CUDA graph launches" in said
     assert "1 host synchronization in the step inside the captured phases cannot be" in said
     moved, _, pred = run_whatif(table, [parse_spec("cuda-graphs:syncs=move")], correct=False)
     said = " ".join(pred.graph.assumptions)
-    assert "20 GPU tasks replayed from 1 CUDA graph launch," in said
+    assert "20 GPU tasks of the captured phases replayed from 1 CUDA graph launch," in said
     assert "assumed moved out" in said
     # Both remove the launches' host time; keeping the sync costs the wait and a second launch.
     assert moved.predicted_ms < split.predicted_ms < split.baseline_ms

@@ -378,7 +378,8 @@ def _explain(spec: str, f: dict[str, float]) -> str:
     if name == "cuda-graphs":
         return (
             f"host work sets {host:.0f}% of the critical path; "
-            f"{f['kernels_per_step']:.0f} GPU tasks launched one by one per step"
+            f"{f['kernels_per_step']:.0f} GPU tasks (kernels, copies, memsets) launched one by "
+            "one per step"
         )
     if name == "fused-optimizer":
         if f.get("gpu_ms", 0.0) == 0.0:

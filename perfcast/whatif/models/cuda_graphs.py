@@ -209,7 +209,8 @@ def apply(graph: Graph, options: Options) -> Graph:
     per, where = P.rank_steps(graph, host)
     graphs = P.per_count(n_graphs, per)
     graph.assumptions.append(
-        f"{where}: {P.per_count(n_kernels, per)} GPU tasks replayed from {graphs} CUDA graph "
+        f"{where}: {P.per_count(n_kernels, per)} GPU tasks of the captured phases replayed "
+        f"from {graphs} CUDA graph "
         f"launch{'es' * (graphs != '1')}, {IN_GRAPH_GAP_NS / 1000:.2f} µs apart (measured on an "
         f"H100); {removed_cpu / per / 1e6:.2f} ms of CPU work and launches removed (summed over "
         f"the host threads); graph "
