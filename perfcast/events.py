@@ -171,6 +171,11 @@ class EventTable:
         self._memo[key] = (cols, value)
         return value
 
+    def step_marker_names(self) -> np.ndarray:
+        """Per name id: is it a ProfilerStep#N step marker (the profiler's step ranges, which
+        span every phase of a step; 2021-era traces record them as CPU ops)."""
+        return np.array([n.startswith("ProfilerStep#") for n in self.names], dtype=bool)
+
     def kind_mask(self, kinds: Any) -> np.ndarray:
         """Read-only mask of the rows whose kind is one of `kinds` (ints or Kinds)."""
         codes = tuple(sorted({int(k) for k in np.atleast_1d(np.asarray(kinds)).tolist()}))

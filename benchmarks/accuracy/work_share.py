@@ -71,7 +71,7 @@ def baselines() -> tuple[list[Baseline], _Tables]:
         has = parent >= 0
         nested[has] = table.kind[parent[has]] == int(Kind.CPU_OP)
         top = rows_in[~nested & (table.kind[rows_in] == int(Kind.CPU_OP))]
-        is_step = np.array([n.startswith("ProfilerStep#") for n in table.names], dtype=bool)
+        is_step = table.step_marker_names()
         step_rows = is_step[table.name] & (table.kind == int(Kind.USER_ANNOTATION))
         traced = float(table.dur[step_rows].mean()) / 1e6
         real = float(statistics.median(measured.values()))

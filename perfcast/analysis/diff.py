@@ -208,7 +208,7 @@ def _profile(table: EventTable, summary: Summary | None = None) -> _Profile:
     ops = np.flatnonzero(inside & (table.kind == Kind.CPU_OP))
     # 2021-era traces record the ProfilerStep#N ranges as CPU ops: each is a whole step, and
     # its name differs between the traces (so it read as an op gone and another new).
-    marker = np.array([n.startswith("ProfilerStep#") for n in table.names], dtype=bool)
+    marker = table.step_marker_names()
     ops = ops[~marker[table.name[ops]]]
     op_count, op_ms = _per_name(table, ops, table.name[ops], steps)
     gpu = np.flatnonzero(inside & table.is_gpu())

@@ -58,7 +58,7 @@ def scopes(table: EventTable, top: int = 30) -> Scopes:
     """
     out = Scopes([], notes=input_notes(table))
     names = table.names
-    is_step = np.array([n.startswith("ProfilerStep#") for n in names], dtype=bool)
+    is_step = table.step_marker_names()
     is_module = np.array([n.startswith(MODULE_PREFIX) for n in names], dtype=bool)
     kind = table.kind
     annot = (kind == Kind.USER_ANNOTATION) & ~is_step[table.name]

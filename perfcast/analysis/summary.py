@@ -164,7 +164,7 @@ def _summarize(table: EventTable, top: int) -> Summary:
         (Kind.CPU_OP, Kind.USER_ANNOTATION, Kind.PYTHON_FUNCTION, Kind.RUNTIME)
     )
     out = Summary(ranks=[])
-    wrappers = _step_wrappers(table)
+    wrappers = table.step_marker_names()
     for info in table.ranks:
         rank = info.rank
         notes = rank_notes(info)
@@ -279,8 +279,8 @@ def _cpu_breakdown(
     e = s + table.dur[cpu_rows]
     inside = (s < hi) & (e > lo)
     rows = cpu_rows[inside]
-    st = np.maximum(table.ts[rows], lo)
-    span = (np.minimum(table.ts[rows] + table.dur[rows], hi) - st).astype(np.float64)
+    st = np.maximum(s[inside], lo)
+    span = (np.minimum(e[inside], hi) - st).astype(np.float64)
     # Children's clipped spans, subtracted from their direct parent when it is in the window
     # (found by a sorted search: a table-sized index per step would cost ranks x steps x
     # events on a large folder).
@@ -317,11 +317,6 @@ def _cpu_breakdown(
         optimizer_ms=result[Phase.OPTIMIZER],
         communication_ms=result[Phase.COMMUNICATION],
     )
-
-
-def _step_wrappers(table: EventTable) -> np.ndarray:
-    """Per name id: is it a ProfilerStep#N wrapper."""
-    return np.array([n.startswith("ProfilerStep#") for n in table.names], dtype=bool)
 
 
 def _top_by_name(table: EventTable, rows: np.ndarray, top: int) -> list[NamedTime]:

@@ -123,7 +123,7 @@ def event_phases(table: EventTable) -> np.ndarray:
     phase[collective_kernel_mask(table)] = Phase.COMMUNICATION
     # Inside a step, CPU work that names nothing is forward (the model's own code);
     # the step markers themselves span every phase and take none.
-    is_step = np.array([n.startswith("ProfilerStep#") for n in table.names], dtype=bool)
+    is_step = table.step_marker_names()
     in_step = (phase == Phase.NONE) & (table.iteration != NONE) & ~is_step[table.name]
     phase[in_step] = Phase.FORWARD
     return phase
@@ -156,7 +156,7 @@ def enclosing_scopes(table: EventTable) -> np.ndarray:
     if n == 0:
         return np.zeros(0, np.int32)
     is_module = np.array([nm.startswith("nn.Module: ") for nm in table.names], dtype=bool)
-    is_step = np.array([nm.startswith("ProfilerStep#") for nm in table.names], dtype=bool)
+    is_step = table.step_marker_names()
     is_scope = ((table.kind == Kind.PYTHON_FUNCTION) & is_module[table.name]) | (
         (table.kind == Kind.USER_ANNOTATION) & ~is_step[table.name]
     )

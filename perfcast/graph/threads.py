@@ -49,7 +49,7 @@ def cross_thread_waits(
     start = c["start_measured"]
     end = start + c["dur"]
     op = c["op"]
-    is_marker = np.array([n.startswith("ProfilerStep#") for n in table.names], dtype=bool)
+    is_marker = table.step_marker_names()
     op_row = np.maximum(op, 0)
     in_no_op = (
         (op < 0) | (table.kind[op_row] == Kind.USER_ANNOTATION) | is_marker[table.name[op_row]]

@@ -302,7 +302,7 @@ def _measured_group(
     ts = table.ts
     end = ts + table.dur
     rows = np.flatnonzero((table.rank == rank) & np.isin(kind, wanted) & (ts < hi) & (end > lo))
-    step_name = np.array([n.startswith("ProfilerStep#") for n in table.names], dtype=bool)
+    step_name = table.step_marker_names()
     annotation = (kind == Kind.USER_ANNOTATION) & ~step_name[table.name]
     rows = rows[(kind[rows] != Kind.USER_ANNOTATION) | annotation[rows]]
     k = kind[rows]
