@@ -219,6 +219,7 @@ def vtrain_single(table: dict[str, Any]) -> dict[str, Any]:
                 host_us_per_kernel=host_us,
             )
             pred = float(evaluate(w, p, cl, overlap_dp=False).step_s[0]) * 1e3
+            row[f"predicted_{name}_ms"] = pred
             row[f"error_{name}_pct"] = _err(pred, measured)
             row[f"signed_{name}_pct"] = (pred / measured - 1) * 100
         runs.append(row)
@@ -263,9 +264,7 @@ def _single_node_ranking(
             if len(idx) < 3:
                 continue
             measured = [runs[i]["measured_ms"] for i in idx]
-            predicted = [
-                runs[i]["measured_ms"] * (1 + runs[i][f"signed_{name}_pct"] / 100) for i in idx
-            ]
+            predicted = [runs[i][f"predicted_{name}_ms"] for i in idx]
             rhos.append(spearman(measured, predicted))
             pick = measured[predicted.index(min(predicted))]
             regrets.append((pick / min(measured) - 1) * 100)

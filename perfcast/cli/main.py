@@ -127,7 +127,7 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see `{where} --help`)\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> _Parser:
     parser = _Parser(
         prog="perfcast",
         description="Predict how much faster a PyTorch training step gets, from its profiler "
@@ -181,8 +181,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         rest = argv[debug + 1 :]
         return _guard(lambda: run_profile(rest), debug=debug, subject=None)
     parser = build_parser()
-    if isinstance(parser, _Parser):
-        parser.command = next((a for a in argv if a in COMMANDS or a == "profile"), None)
+    parser.command = next((a for a in argv if a in COMMANDS or a == "profile"), None)
     args = parser.parse_args(argv)
     if not args.command:
         parser.print_help()

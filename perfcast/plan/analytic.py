@@ -71,6 +71,10 @@ HOST_S_PER_KERNEL = 26e-6
 E_MEM = 0.85  # share of peak HBM bandwidth streaming kernels reach
 TILE = 128  # output tile of a large GEMM (CUTLASS's usual 128x128 threadblock tile)
 F32 = 4  # bytes of the fp32 upcasts inside eager RMSNorm and RoPE
+# Kernels of a stage's ends besides the final norm's: the embedding's forward (its backward
+# twice as many), and the LM head and cross-entropy forward (backward twice as many).
+EMBED_KERNELS = 3
+HEAD_KERNELS = 5
 
 
 @dataclass(frozen=True)
@@ -438,13 +442,13 @@ class AnalyticWorkload:
         tokens = b * d.seq
         n_th = tokens * d.hidden
         bw = self.bw * E_MEM
-        pre = 3 * self.act_bytes * n_th / bw + 3 * K_OVER_S
+        pre = 3 * self.act_bytes * n_th / bw + EMBED_KERNELS * K_OVER_S
         head = self._gemm(tokens, d.vocab / t, d.hidden)
         # Vocabulary-parallel cross-entropy in fp32: about four passes over the logits.
         ce = 4 * 4 * tokens * d.vocab / t / bw
         # The final norm as the layers' norms; the rest: LM head, cross-entropy (5 kernels).
         norm = chains(d.kernels if d.norm == "rmsnorm" else "fused", self.act_bytes)["norm"]
-        rest = head + ce + 5 * K_OVER_S
+        rest = head + ce + HEAD_KERNELS * K_OVER_S
         post = rest + norm.fwd_bytes * n_th / bw + norm.fwd_kernels * K_OVER_S
         post_b = 2 * rest + norm.bwd_bytes * n_th / bw + norm.bwd_kernels * K_OVER_S
         return pre, post, 2 * pre, post_b
@@ -498,10 +502,9 @@ class AnalyticWorkload:
         )
         per_layer = lay["k"] + lay["k_comm"] + lay["k_b"] + comm_b + rec
         norm = chains(self.desc.kernels if self.desc.norm == "rmsnorm" else "fused", 2)["norm"]
-        # Embedding (3 kernels, backward 6); final norm, LM head and cross-entropy (5 + the
-        # norm's forward, 10 + its backward), as _ends counts their fixed costs.
-        pre = 9.0
-        post = 15.0 + norm.fwd_kernels + norm.bwd_kernels
+        # The ends' kernels forward and backward, as _ends counts their fixed costs.
+        pre = 3.0 * EMBED_KERNELS
+        post = 3.0 * HEAD_KERNELS + norm.fwd_kernels + norm.bwd_kernels
         ends = np.where(p.pp > 1, max(pre, post), pre + post)
         return (per_stage * per_layer + ends) * self.host_us_per_kernel * 1e-6
 
