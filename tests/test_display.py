@@ -89,3 +89,17 @@ def test_counts_per_step_print_whole_when_whole() -> None:
     assert _cell(1240, column="launches") == "1,240"  # as 26,770 beside it
     assert _cell(131072, column="tid") == "131072"  # identifiers as the trace writes them
     assert _cell(8e-06, column="total_ms") == "<0.001"  # not "8e-06" beside "1.32"
+
+
+def test_top_kernels_are_one_line_each_without_void(table) -> None:
+    """A kernel's `void` return type is dropped and a long name is cut to the width the
+    figures leave, so each top kernel is one line in an 80-column terminal."""
+    summary = perfcast.summary(table, correct=False)
+    names = [k.name for k in summary.ranks[0].top_kernels[:5]]
+    assert any(n.startswith("void ") for n in names)  # the example's kernels do have it
+    text = summary.text(width=80)
+    block = text.split("top kernels", 1)[1].split("top CPU ops", 1)[0].splitlines()
+    rows = [line for line in block[2:] if line.strip()]
+    assert len(rows) >= 5
+    assert all(len(line.rstrip()) <= 80 and "void" not in line for line in rows)
+    assert all(line.split()[0].replace(".", "").replace(",", "").isdigit() for line in rows)

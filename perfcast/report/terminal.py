@@ -8,6 +8,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from perfcast.report import display_name
+
 if TYPE_CHECKING:  # types only: importing the simulator here would load numba for `summary`
     from perfcast.advisor.advisor import Advice, Suggestion
     from perfcast.analysis.replay import ReplayResult
@@ -22,6 +24,7 @@ def _ms(x: float | None) -> str:
 
 
 def _short(name: str, width: int = 70) -> str:
+    name = display_name(name)
     return name if len(name) <= width else name[: width - 1] + "…"
 
 
@@ -136,12 +139,16 @@ def _render_top(console: Console, title: str, rows: list[NamedTime]) -> None:
     if not rows:
         return
     t = Table(title=title, title_justify="left", show_header=True, box=None, pad_edge=False)
-    t.add_column("total ms", justify="right")
-    t.add_column("%", justify="right")
-    t.add_column("count", justify="right")
-    t.add_column("name")
-    for r in rows:
-        t.add_row(_ms(r.total_ms), f"{r.pct:.1f}", str(r.count), Text(_short(r.name)))
+    cells = [(_ms(r.total_ms), f"{r.pct:.1f}", str(r.count)) for r in rows]
+    heads = ("total ms", "%", "count")
+    widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(heads)]
+    for head, width in zip(heads, widths, strict=True):
+        t.add_column(head, justify="right", no_wrap=True, min_width=width)
+    # One line per row: a long name is cut ("…") to what the figures leave, not wrapped.
+    room = max(20, min(70, console.width - sum(widths) - 2 * len(widths)))
+    t.add_column("name", no_wrap=True)
+    for c, r in zip(cells, rows, strict=True):
+        t.add_row(*c, Text(_short(r.name, room)))
     console.print(t)
 
 
