@@ -43,6 +43,11 @@ class PerfcastError(Exception):
         super().__init__(one_line(text))
 
 
+class OptionError(PerfcastError):
+    """A command-line option out of range or unknown: the message names the option, and the
+    command line does not put the trace's path in front of it (the trace is not at fault)."""
+
+
 class TraceFormatError(PerfcastError):
     """The file is not a usable Kineto / Chrome trace."""
 

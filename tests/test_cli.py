@@ -370,6 +370,8 @@ def test_counts_below_one_are_refused_before_any_work(
     assert main([*argv, "-q"]) == 2
     out = capsys.readouterr()
     assert needle in out.err and out.out == ""
+    # The option is at fault, not the trace: the message does not start with its path.
+    assert out.err.startswith(f"perfcast: error: {needle}")
 
 
 H200_TRACE = (

@@ -10,7 +10,7 @@ from typing import Any
 
 from rich.text import Text
 
-from perfcast.errors import PerfcastError
+from perfcast.errors import NotApplicableError, OptionError, PerfcastError
 
 
 def add_correction_option(p: Any) -> None:
@@ -218,14 +218,14 @@ def cmd_advise(args: argparse.Namespace, ui: Any) -> int:
     from perfcast.advisor.advisor import advise
 
     if args.device:
-        from perfcast.hardware.devices import lookup_device, nearest_device
-        from perfcast.whatif.kernels import known_devices_text
+        from perfcast.whatif.kernels import resolve_device
 
-        # A typo here would only show as a "not applicable" line deep in the advice.
-        if lookup_device(args.device) is None and nearest_device(args.device) is None:
-            raise PerfcastError(
-                f"--device {args.device!r}: unknown device", hint=known_devices_text()
-            )
+        # Checked before loading: a typo would only show as a "not applicable" line deep in
+        # the advice.
+        try:
+            resolve_device(args.device, "advise", "--device")
+        except NotApplicableError as e:
+            raise OptionError(f"--device {args.device!r}: unknown device", hint=e.hint) from None
     advice = advise(ui.load(args.path), target_device=args.device, correct=args.correct)
     return _output(advice, "render_advice", args, ui)
 

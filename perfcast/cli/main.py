@@ -12,7 +12,13 @@ import msgspec
 from rich.console import Console
 
 from perfcast import __version__
-from perfcast.errors import InternalError, PerfcastError, describe_internal, one_line
+from perfcast.errors import (
+    InternalError,
+    OptionError,
+    PerfcastError,
+    describe_internal,
+    one_line,
+)
 
 
 class UI:
@@ -218,16 +224,16 @@ def _check_counts(args: argparse.Namespace) -> None:
     for name in _COUNTS:
         value = getattr(args, name, None)
         if isinstance(value, int) and value < 1:
-            raise PerfcastError(f"--{name.replace('_', '-')} must be at least 1, not {value}")
+            raise OptionError(f"--{name.replace('_', '-')} must be at least 1, not {value}")
     depth = getattr(args, "depth", None)
     if isinstance(depth, int) and depth < 0:
-        raise PerfcastError(f"--depth must be 0 or more, not {depth}")
+        raise OptionError(f"--depth must be 0 or more, not {depth}")
     min_pct = getattr(args, "min_pct", None)
     if isinstance(min_pct, (int, float)) and not 0 <= min_pct <= 100:
-        raise PerfcastError(f"--min-pct must be between 0 and 100, not {min_pct:g}")
+        raise OptionError(f"--min-pct must be between 0 and 100, not {min_pct:g}")
     memory = getattr(args, "memory_gb", None)
     if isinstance(memory, (int, float)) and memory <= 0:
-        raise PerfcastError(f"--memory-gb must be more than 0, not {memory:g}")
+        raise OptionError(f"--memory-gb must be more than 0, not {memory:g}")
 
 
 def _guard(fn: Callable[[], int], *, debug: bool, subject: str | None) -> int:
@@ -242,8 +248,10 @@ def _guard(fn: Callable[[], int], *, debug: bool, subject: str | None) -> int:
     except PerfcastError as exc:
         _print_traceback(debug)
         text = str(exc)
-        if exc.path is None and subject and subject not in text:
-            text = f"{subject}: {text}"  # e.g. a what-if that does not apply to this trace
+        # A what-if that does not apply names the trace; a bad option does not.
+        named = exc.path is not None or isinstance(exc, OptionError)
+        if not named and subject and subject not in text:
+            text = f"{subject}: {text}"
         print(f"perfcast: error: {text}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:

@@ -15,7 +15,7 @@ from typing import ClassVar
 import numpy as np
 
 from perfcast.display import Displayed
-from perfcast.errors import PerfcastError
+from perfcast.errors import OptionError, PerfcastError
 from perfcast.hardware.network import Cluster
 from perfcast.plan.cost import GIB, OVERLAP_ASSUMPTION, PlanCosts, evaluate
 from perfcast.plan.plans import CKPT_NAMES, Plans, describe
@@ -205,7 +205,7 @@ def search(
 ) -> PlanResult:
     """Enumerate, cost, prune by memory and rank plans for `workload` on `gpus` GPUs."""
     if gpus < 1:
-        raise PerfcastError("--gpus must be at least 1")
+        raise OptionError("--gpus must be at least 1")
     if global_batch < 1:
         raise PerfcastError("the global batch must be at least 1 sample")
     t0 = time.perf_counter()
