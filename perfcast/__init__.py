@@ -4,6 +4,7 @@ from perfcast.api import (
     advise,
     analyze,
     collectives,
+    dependency_graph,
     diff,
     gpu_counters,
     idle_time,
@@ -20,7 +21,13 @@ from perfcast.api import (
     summary,
     tree,
 )
-from perfcast.errors import NotApplicableError, PerfcastError, TraceFormatError
+from perfcast.errors import (
+    InternalError,
+    NotApplicableError,
+    OptionError,
+    PerfcastError,
+    TraceFormatError,
+)
 from perfcast.events import EventTable, Kind
 from perfcast.ingest import load
 
@@ -28,14 +35,17 @@ __version__ = "0.1.0"
 
 __all__ = [
     "EventTable",
+    "InternalError",
     "Kind",
     "NotApplicableError",
+    "OptionError",
     "PerfcastError",
     "TraceFormatError",
     "__version__",
     "advise",
     "analyze",
     "collectives",
+    "dependency_graph",
     "diff",
     "gpu_counters",
     "idle_time",

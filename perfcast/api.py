@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
+from perfcast.errors import OptionError
 from perfcast.events import EventTable
 from perfcast.ingest import load
 
@@ -23,13 +24,46 @@ if TYPE_CHECKING:
     from perfcast.analysis.context import ContextTree
     from perfcast.analysis.replay import ReplayResult
     from perfcast.analysis.summary import Summary
+    from perfcast.graph.model import Graph
     from perfcast.whatif.runner import WhatIfResult
 
 TraceLike = EventTable | str | os.PathLike[str]
 
 
 def _table(trace: TraceLike) -> EventTable:
-    return trace if isinstance(trace, EventTable) else load(trace)
+    if isinstance(trace, EventTable):
+        return trace
+    if not isinstance(trace, (str, os.PathLike)):
+        raise OptionError(
+            f"trace must be a path (str or pathlib.Path) or a loaded EventTable, not "
+            f"{type(trace).__name__}"
+        )
+    return load(trace)
+
+
+def _count(name: str, value: object, minimum: int = 1) -> None:
+    """An integer argument (a count, a size) at least `minimum`: a wrong type or value stops
+    here with its name, instead of as a slice that means something else (top=-1: all but
+    one) or a TypeError from deep inside."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise OptionError(f"{name} must be an integer, not {value!r}")
+    if value < minimum:
+        raise OptionError(f"{name} must be at least {minimum}, not {value}")
+
+
+def _specs(value: object, name: str) -> list[str]:
+    """What-if specs given as one string or a list of strings; at least one."""
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)) or not all(isinstance(s, str) for s in items):
+        raise OptionError(
+            f'{name} must be a what-if spec or a list of them (e.g. "amp:dtype=bf16"), '
+            f"not {value!r}"
+        )
+    if not items:
+        from perfcast.whatif.registry import MODEL_MODULES
+
+        raise OptionError(f"{name} is empty: name at least one of {', '.join(MODEL_MODULES)}")
+    return list(items)
 
 
 def summary(trace: TraceLike, top: int = 10, correct: bool = True) -> Summary:
@@ -40,6 +74,7 @@ def summary(trace: TraceLike, top: int = 10, correct: bool = True) -> Summary:
     """
     from perfcast.analysis.summary import summarize
 
+    _count("top", top)
     return summarize(_table(trace), top=top, real=correct)
 
 
@@ -57,6 +92,24 @@ def replay(trace: TraceLike, correct: bool = True) -> ReplayResult:
     return replay_result(world.traced, world)
 
 
+def dependency_graph(trace: TraceLike, correct: bool = True) -> Graph:
+    """The dependency graph of a trace, for custom what-ifs with `perfcast.whatif.primitives`
+    and `perfcast.sim.simulate`. With `correct` (the default) the profiler's own host cost
+    is taken out first, as every prediction does: on a host-bound trace the graph as traced
+    can hide any GPU gain behind the profiler's overhead. `correct=False`: as traced.
+    Returns a copy, so a custom what-if can change it freely.
+
+    >>> g = perfcast.dependency_graph("trace.json.gz")                       # doctest: +SKIP
+    """
+    from perfcast.analysis.real_step import real_world
+    from perfcast.graph import build_graph
+
+    built = build_graph(_table(trace))
+    if not correct:
+        return built.copy()
+    return real_world(built, correct=True).graph.copy()
+
+
 def predict(trace: TraceLike, apply: list[str] | str, correct: bool = True) -> WhatIfResult:
     """Predicted step time after the optimizations in `apply` (composed in order).
 
@@ -71,7 +124,7 @@ def predict(trace: TraceLike, apply: list[str] | str, correct: bool = True) -> W
     from perfcast.whatif.registry import parse_spec
     from perfcast.whatif.runner import run_whatif
 
-    specs = [parse_spec(s) for s in ([apply] if isinstance(apply, str) else apply)]
+    specs = [parse_spec(s) for s in _specs(apply, "apply")]
     result, _, _ = run_whatif(_table(trace), specs, correct=correct)
     return result
 
@@ -80,16 +133,30 @@ def advise(
     trace: TraceLike,
     device: str | None = None,
     correct: bool = True,
-    candidates: list[str] | None = None,
+    candidates: list[str] | str | None = None,
 ) -> Advice:
     """Every applicable optimization (or the `candidates` specs), ranked by predicted step
     time without the profiler; gains within a model's measured error are listed unranked.
+    An unknown candidate name or option, or an unknown `device`, raises before any work.
 
     >>> perfcast.advise("trace.json.gz").suggestions[0].name              # doctest: +SKIP
     """
     from perfcast.advisor.advisor import advise as _advise
+    from perfcast.whatif.registry import build_options, parse_spec
 
-    return _advise(_table(trace), target_device=device, correct=correct, candidates=candidates)
+    named = None
+    if candidates is not None:
+        named = _specs(candidates, "candidates")
+        for text in named:
+            spec = parse_spec(text)
+            build_options(spec.name, spec.options)
+    if device is not None:
+        from perfcast.whatif.kernels import resolve_device
+
+        if not isinstance(device, str):
+            raise OptionError(f"device must be a GPU name such as 'h100', not {device!r}")
+        resolve_device(device, "advise", "device")
+    return _advise(_table(trace), target_device=device, correct=correct, candidates=named)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -121,6 +188,7 @@ def analyze(trace: TraceLike, only: str | list[str] | None = None, top: int = 10
     """
     from perfcast.analysis.battery import analyze as _analyze
 
+    _count("top", top)
     return _analyze(_table(trace), only=only, top=top)
 
 
@@ -131,6 +199,7 @@ def kernel_breakdown(trace: TraceLike, top: int = 10) -> KernelBreakdown:
     """
     from perfcast.analysis.kernels import kernel_breakdown as fn
 
+    _count("top", top)
     return fn(_table(trace), top=top)
 
 
@@ -141,6 +210,7 @@ def idle_time(trace: TraceLike, kernel_gap_ns: int = 30_000) -> IdleTime:
     """
     from perfcast.analysis.idle import idle_time as fn
 
+    _count("kernel_gap_ns", kernel_gap_ns, minimum=0)
     return fn(_table(trace), kernel_gap_ns=kernel_gap_ns)
 
 
@@ -151,6 +221,7 @@ def launch_stats(trace: TraceLike, top: int = 20) -> LaunchStats:
     """
     from perfcast.analysis.launches import launch_stats as fn
 
+    _count("top", top)
     return fn(_table(trace), top=top)
 
 
@@ -161,6 +232,8 @@ def launch_queue(trace: TraceLike, max_depth: int | None = None) -> LaunchQueue:
     """
     from perfcast.analysis.launch_queue import launch_queue as fn
 
+    if max_depth is not None:
+        _count("max_depth", max_depth)
     return fn(_table(trace), max_depth=max_depth)
 
 
@@ -181,6 +254,7 @@ def stragglers(trace: TraceLike, candidates: int = 2) -> Stragglers:
     """
     from perfcast.analysis.stragglers import stragglers as fn
 
+    _count("candidates", candidates)
     return fn(_table(trace), candidates=candidates)
 
 
@@ -201,6 +275,7 @@ def roofline(trace: TraceLike, top: int = 30) -> Roofline:
     """
     from perfcast.analysis.roofline import roofline as fn
 
+    _count("top", top)
     return fn(_table(trace), top=top)
 
 
@@ -211,6 +286,7 @@ def scopes(trace: TraceLike, top: int = 30) -> Scopes:
     """
     from perfcast.analysis.scopes import scopes as fn
 
+    _count("top", top)
     return fn(_table(trace), top=top)
 
 
@@ -221,6 +297,7 @@ def gpu_counters(trace: TraceLike, top: int = 30) -> GpuCounters:
     """
     from perfcast.analysis.counters import gpu_counters as fn
 
+    _count("top", top)
     return fn(_table(trace), top=top)
 
 
@@ -231,6 +308,7 @@ def op_kernels(trace: TraceLike, top: int = 30) -> OpKernelResult:
     """
     from perfcast.analysis.op_kernels import op_kernels as fn
 
+    _count("top", top)
     return fn(_table(trace), top=top)
 
 
@@ -253,9 +331,10 @@ def diff(
     from perfcast.analysis.diff import compare_prediction
     from perfcast.analysis.diff import diff as _diff
 
+    _count("top", top)
+    specs = [] if apply is None else _specs(apply, "apply")
     ta, tb = _table(a), _table(b)
     out = _diff(ta, tb, top=top, real=real)
-    specs = [apply] if isinstance(apply, str) else list(apply or [])
     if specs:
         from perfcast.whatif.registry import parse_spec
         from perfcast.whatif.runner import run_whatif

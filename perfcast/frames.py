@@ -188,7 +188,10 @@ def event_columns(table: EventTable) -> dict[str, Any]:
 
 
 def events_to_pandas(table: EventTable) -> Any:
-    """One row per event; `kind` and the name columns are categoricals, times in ns."""
+    """One row per event; `kind` and the name columns are categoricals, times in ns. A copy:
+    editing the frame leaves the table (and what perfcast computes from it) unchanged.
+    Integer columns hold -1 where a value is absent (no correlation id, no parent, no byte
+    count, ...), as the table does: filter on `>= 0` before summing."""
     pd = _need("pandas")
     from perfcast.events import Kind
 
@@ -203,7 +206,9 @@ def events_to_pandas(table: EventTable) -> Any:
             data[key] = pd.Categorical.from_codes(codes, categories=pd.Index(names))
         else:
             data[key] = col
-    return pd.DataFrame(data, copy=False)
+    # copy=True: pandas' copy-on-write guards frames from each other, not a numpy array
+    # the frame was built on, so an in-place edit (df.loc[:, "ts"] = 0) reached the table.
+    return pd.DataFrame(data, copy=True)
 
 
 def events_to_arrow(table: EventTable) -> Any:

@@ -15,7 +15,7 @@ def _python_blocks() -> list[str]:
 
 
 def test_api_examples_run(capsys):
-    blocks = [b for b in _python_blocks() if "perfcast.load(" in b or "build_graph" in b]
+    blocks = [b for b in _python_blocks() if "perfcast.load(" in b or "dependency_graph" in b]
     assert len(blocks) == 3, "the README's API, custom what-if and DataFrame examples"
     namespace: dict = {}
     for block in blocks:

@@ -1,0 +1,80 @@
+"""The Python API's arguments: a wrong type or value raises a perfcast error that names the
+argument (not a TypeError from deep inside, not a slice that means something else), and a
+DataFrame the API hands out is the user's to edit."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import perfcast
+from perfcast.errors import OptionError
+
+EXAMPLE = Path(__file__).parents[1] / "perfcast" / "examples" / "ddp_a100_rank0.json.gz"
+
+
+@pytest.fixture(scope="module")
+def table() -> perfcast.EventTable:
+    return perfcast.load(EXAMPLE)
+
+
+@pytest.mark.parametrize(
+    "call, needle",
+    [
+        (lambda t: perfcast.predict(t, 5), "apply must be a what-if spec"),
+        (lambda t: perfcast.predict(t, [5]), "apply must be a what-if spec"),
+        (lambda t: perfcast.predict(t, []), "apply is empty"),
+        (lambda t: perfcast.summary(t, top="x"), "top must be an integer"),
+        (lambda t: perfcast.summary(t, top=-1), "top must be at least 1"),
+        (lambda t: perfcast.scopes(t, top="a"), "top must be an integer"),
+        (lambda t: perfcast.idle_time(t, kernel_gap_ns="x"), "kernel_gap_ns must be an integer"),
+        (lambda t: perfcast.launch_queue(t, max_depth=0), "max_depth must be at least 1"),
+        (lambda t: perfcast.stragglers(t, candidates=-1), "candidates must be at least 1"),
+        (lambda t: perfcast.diff(t, t, top=-1), "top must be at least 1"),
+        (lambda t: perfcast.advise(t, candidates=[]), "candidates is empty"),
+        (lambda t: perfcast.summary(b"trace.json"), "trace must be a path"),
+    ],
+)
+def test_bad_arguments_raise_an_error_that_names_them(table, call, needle) -> None:
+    with pytest.raises(OptionError, match=needle):
+        call(table)
+
+
+def test_advise_checks_its_candidates_and_device_before_any_work(table) -> None:
+    """These returned an empty Advice with the problem in `not_applicable` ('nope'), or
+    with each letter of a string taken as a candidate ('a', 'm', 'p')."""
+    with pytest.raises(perfcast.PerfcastError, match="unknown optimization 'nope'"):
+        perfcast.advise(table, candidates="nope")
+    with pytest.raises(perfcast.PerfcastError, match="has no option 'dtyp'"):
+        perfcast.advise(table, candidates=["amp:dtyp=bf16"])
+    with pytest.raises(perfcast.PerfcastError, match="unknown device 'nonsense-gpu'"):
+        perfcast.advise(table, device="nonsense-gpu")
+    advice = perfcast.advise(table, candidates="remove-host-sync")
+    tried = [s.name for s in advice.suggestions] + [str(n) for n in advice.not_applicable]
+    assert "remove-host-sync" in advice.text() and not any(n in ("a", "m", "p") for n in tried)
+
+
+def test_editing_to_pandas_leaves_the_table_alone(table) -> None:
+    before = perfcast.summary(table, correct=False).ranks[0].iterations[0].measured_ms
+    ts, dur, name = table.ts.copy(), table.dur.copy(), table.name.copy()
+    df = table.to_pandas()
+    df.loc[:, "ts"] = 0
+    df.iloc[0, df.columns.get_loc("dur")] = 123_456_789
+    df.loc[0, "name"] = df.loc[5, "name"]
+    assert (table.ts == ts).all() and (table.dur == dur).all() and (table.name == name).all()
+    assert perfcast.summary(table, correct=False).ranks[0].iterations[0].measured_ms == before
+
+
+def test_dependency_graph_is_a_corrected_copy(table) -> None:
+    """The README's custom what-if starts here: the profiler's cost is out of the graph (the
+    replay of it is the step without the profiler), and each call gives a fresh copy."""
+    from perfcast.sim import simulate
+    from perfcast.whatif import primitives as P
+
+    traced = simulate(perfcast.dependency_graph(table, correct=False)).iteration_ns()
+    g = perfcast.dependency_graph(table)
+    real = simulate(g).iteration_ns()
+    assert all(r[3] < t[3] for r, t in zip(real, traced, strict=True))
+    P.scale(g, P.select(g, kind="gpu"), 2.0)
+    assert simulate(perfcast.dependency_graph(table)).iteration_ns() == real
