@@ -43,8 +43,9 @@ class Displayed:
         return short_repr(self)
 
     def text(self, width: int = 100) -> str:
-        """The result as the command line prints it, as plain text."""
-        return str(self._draw(width).export_text(styles=False))
+        """The result as the command line prints it, as plain text (no trailing spaces)."""
+        text = str(self._draw(width).export_text(styles=False))
+        return "\n".join(line.rstrip() for line in text.splitlines()) + "\n"
 
     def _repr_html_(self) -> str:
         console = self._draw(NOTEBOOK_WIDTH)

@@ -28,6 +28,7 @@ def _results(table: perfcast.EventTable) -> dict[str, Displayed]:
         "analyze": perfcast.analyze(table, only="idle"),
         "memory": perfcast.memory(table),
         "diff": perfcast.diff(EXAMPLE, EXAMPLE),
+        "tree": perfcast.tree(table),
     }
 
 
@@ -39,6 +40,7 @@ def test_every_result_draws_as_html_and_text(table) -> None:
         "analyze": "idle: GPU idle time per stream",
         "memory": "Memory · copies",
         "diff": "step time: A 222.409 ms → B 222.409 ms",
+        "tree": "calling context · all ranks",
     }
     for name, result in _results(table).items():
         text = result.text()
@@ -63,6 +65,7 @@ def test_text_follows_the_width_asked_for(table) -> None:
     result = perfcast.summary(table)
     assert max(len(line) for line in result.text(width=80).splitlines()) <= 80
     assert max(len(line) for line in result.text(width=140).splitlines()) > 80
+    assert not any(line.endswith(" ") for line in result.text(width=100).splitlines())
 
 
 def test_importing_perfcast_loads_no_renderer() -> None:

@@ -33,10 +33,12 @@ from __future__ import annotations
 import enum
 import re
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import numpy as np
 
 from perfcast.arrays import combine_codes
+from perfcast.display import Displayed
 from perfcast.events import NONE, EventTable, Kind
 from perfcast.graph.phases import PHASE_LABELS, Phase, event_phases
 from perfcast.ingest.input_dims import parse_input_dims, tensor_shapes
@@ -333,7 +335,7 @@ def node_context(
 # The structure
 
 
-@dataclass
+@dataclass(repr=False)
 class ContextIndex:
     """The calling-context tree of a table: its nodes and which node each event belongs to.
 
@@ -365,6 +367,9 @@ class ContextIndex:
 
     def __len__(self) -> int:
         return int(self.parent.shape[0])
+
+    def __repr__(self) -> str:  # the dataclass's would print every array and the table
+        return f"ContextIndex({len(self):,} nodes, level={self.level!r})"
 
     def name(self, node: int) -> str:
         return self.labels[int(self.label[node])]
@@ -831,9 +836,12 @@ class CompiledCode:
     top: list[tuple[str, list[str], int]]  # (kernel, fused ops from its name, ns)
 
 
-@dataclass
-class ContextTree:
-    """Metrics of a selection of events on the calling-context tree."""
+@dataclass(repr=False)
+class ContextTree(Displayed):
+    """Metrics of a selection of events on the calling-context tree. In a notebook it draws
+    itself as `perfcast tree` prints it (its default view); its repr is one line."""
+
+    RENDERER: ClassVar[tuple[str, str]] = ("perfcast.report.tree", "render_context_tree")
 
     index: ContextIndex
     excl: dict[str, np.ndarray]

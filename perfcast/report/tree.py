@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.text import Text
 
 if TYPE_CHECKING:
+    from perfcast.analysis.context import ContextTree
     from perfcast.analysis.context_gain import CallSite, GainAttribution
     from perfcast.analysis.context_views import HotSpot, TreeResult, TreeRow
 
@@ -265,3 +266,10 @@ def _signed_ms(x: float | None) -> str:
     if x is None or abs(x) < 500:  # below 0.5 µs: nothing to show
         return ""
     return f"{x / 1e6:+,.3f}"
+
+
+def render_context_tree(tree: ContextTree, console: Console) -> None:
+    """A ContextTree in a notebook: `perfcast tree`'s default view of it."""
+    from perfcast.analysis.context_views import tree_result
+
+    render_tree(tree_result(tree), console)
