@@ -106,3 +106,14 @@ def test_top_kernels_are_one_line_each_without_void(table) -> None:
     assert len(rows) >= 5
     assert all(len(line.rstrip()) <= 80 and "void" not in line for line in rows)
     assert all(line.split()[0].replace(".", "").replace(",", "").isdigit() for line in rows)
+
+
+def test_advice_to_pandas_and_a_suggestion_repr(table) -> None:
+    advice = perfcast.advise(table)
+    df = advice.to_pandas()
+    assert len(df) == len(advice.suggestions) + len(advice.uncertain) > 0
+    assert {"name", "status", "predicted_ms", "speedup", "speedup_low", "why"} <= set(df.columns)
+    first = (advice.suggestions + advice.uncertain)[0]
+    assert df.iloc[0]["name"] == first.name
+    text = repr(first)
+    assert text.startswith(f"Suggestion({first.name!r}") and len(text) < 160

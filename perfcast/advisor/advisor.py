@@ -16,7 +16,7 @@ applied together, and is predicted as one what-if.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -74,6 +74,18 @@ class Suggestion:
     speedup_high: float | None = None
     uncertain: str = ""  # why it is not ranked (empty when ranked)
 
+    def __repr__(self) -> str:  # the dataclass's printed every assumption and call site
+        band = (
+            f" [{self.speedup_low:.2f}-{self.speedup_high:.2f}]"
+            if self.speedup_low is not None and self.speedup_high is not None
+            else ""
+        )
+        state = "not ranked" if self.uncertain else "ranked"
+        return (
+            f"Suggestion({self.name!r}, {self.predicted_ms:,.2f} ms, "
+            f"{self.speedup:.2f}x{band}, {state})"
+        )
+
 
 @dataclass
 class NotApplicable:
@@ -110,6 +122,34 @@ class Advice(Displayed):
     facts: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)  # about the input (salvage, no steps)
     measured_real_ms: float | None = None  # mean unprofiled step the trace carries, if any
+
+    def to_pandas(self) -> Any:
+        """One row per predicted optimization, ranked ones first (status "ranked"), then
+        those within their error band ("not ranked", with `why`); times in ms."""
+        from perfcast.frames import _need
+
+        pd = _need("pandas")
+        rows = []
+        for status, items in (("ranked", self.suggestions), ("not ranked", self.uncertain)):
+            for s in items:
+                rows.append(
+                    {
+                        "name": s.name,
+                        "status": status,
+                        "predicted_ms": s.predicted_ms,
+                        "speedup": s.speedup,
+                        "speedup_low": s.speedup_low,
+                        "speedup_high": s.speedup_high,
+                        "gain_ms": s.gain_ms,
+                        "error_band_pct": s.error_band_pct,
+                        "band_pairs": s.band_pairs,
+                        "from_trace_share": s.measured_share,
+                        "code": s.code,
+                        "why": s.uncertain,
+                        "explanation": s.explanation,
+                    }
+                )
+        return pd.DataFrame(rows, columns=list(rows[0]) if rows else ["name", "status"])
 
 
 CANDIDATES = [
