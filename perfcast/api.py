@@ -317,12 +317,14 @@ def diff(
     b: TraceLike,
     apply: list[str] | str | None = None,
     top: int = 20,
-    real: bool = True,
+    correct: bool = True,
+    real: bool | None = None,
 ) -> TraceDiff:
     """What changed from trace A to trace B, per step, op, kernel and phase; with `apply`
-    (what-if specs) also the prediction from A next to what B measured. With `real` (the
-    default) the step times without the profiler are estimated too (`step.real_speedup`),
-    which replays both traces.
+    (what-if specs) also the prediction from A next to what B measured. With `correct` (the
+    default, as in every other function) the step times without the profiler are estimated
+    too (`step.real_speedup`), which replays both traces; `correct=False` skips that, and
+    the prediction's own estimate. `real` is the old name of `correct`.
 
     >>> d = perfcast.diff("mlp_base.json.gz", "mlp_fused.json.gz",
     ...                   apply="fused-optimizer:kind=fused")             # doctest: +SKIP
@@ -334,12 +336,14 @@ def diff(
     _count("top", top)
     specs = [] if apply is None else _specs(apply, "apply")
     ta, tb = _table(a), _table(b)
-    out = _diff(ta, tb, top=top, real=real)
+    if real is not None:
+        correct = real
+    out = _diff(ta, tb, top=top, real=correct)
     if specs:
         from perfcast.whatif.registry import parse_spec
         from perfcast.whatif.runner import run_whatif
 
-        result, _, predicted = run_whatif(ta, [parse_spec(s) for s in specs])
+        result, _, predicted = run_whatif(ta, [parse_spec(s) for s in specs], correct=correct)
         compare_prediction(out, ta, tb, specs, result, predicted, top=top)
     return out
 

@@ -175,10 +175,10 @@ def test_diff_says_when_the_gpu_or_the_batch_differ(shared_traces: Path) -> None
     a = GPU_TRUTH / "r50_base.json.gz"
     if not a.is_file():
         pytest.skip("no gpu-truth traces")
-    d = perfcast.diff(a, shared_traces / "resnet50_v100_nw0_2021.json.gz", real=False)
+    d = perfcast.diff(a, shared_traces / "resnet50_v100_nw0_2021.json.gz", correct=False)
     notes = " ".join(d.notes)
     assert "B on Tesla V100-DGXS-32GB" in notes and "the batch differs (A 64, B 32" in notes
-    same = perfcast.diff(a, GPU_TRUTH / "r50_fused.json.gz", real=False)
+    same = perfcast.diff(a, GPU_TRUTH / "r50_fused.json.gz", correct=False)
     assert not any("differs" in n or "two GPUs" in n for n in same.notes)
 
 

@@ -355,8 +355,9 @@ def compare_prediction(
         predicted_speedup=result.speedup_traced,
         measured_speedup=out.step.speedup,
         error_pct=100.0 * (pred_ms - b_ms) / b_ms if b_ms else 0.0,
-        predicted_real_ms=result.predicted_ms,
-        real_speedup=result.speedup,
+        # None when the profiler's cost was left in (correct=False): nothing to add.
+        predicted_real_ms=None if result.correction.source == "off" else result.predicted_ms,
+        real_speedup=None if result.correction.source == "off" else result.speedup,
         assumptions=[x for ap in result.applied for x in ap.assumptions],
     )
     rows: list[PredictedRow] = []
