@@ -51,15 +51,16 @@ def _count(name: str, value: object, minimum: int = 1) -> None:
         raise OptionError(f"{name} must be at least {minimum}, not {value}")
 
 
-def _specs(value: object, name: str) -> list[str]:
-    """What-if specs given as one string or a list of strings; at least one."""
+def _specs(value: object, name: str, allow_empty: bool = False) -> list[str]:
+    """What-if specs given as one string or a list of strings; at least one unless
+    `allow_empty`."""
     items = [value] if isinstance(value, str) else value
     if not isinstance(items, (list, tuple)) or not all(isinstance(s, str) for s in items):
         raise OptionError(
             f'{name} must be a what-if spec or a list of them (e.g. "amp:dtype=bf16"), '
             f"not {value!r}"
         )
-    if not items:
+    if not items and not allow_empty:
         from perfcast.whatif.registry import MODEL_MODULES
 
         raise OptionError(f"{name} is empty: name at least one of {', '.join(MODEL_MODULES)}")
@@ -116,7 +117,8 @@ def predict(trace: TraceLike, apply: list[str] | str, correct: bool = True) -> W
     Each item is `NAME[:key=value,...]`, e.g. "fused-optimizer:kind=foreach". The prediction
     is for the run without the profiler (its cost estimated and taken out of the trace; the
     result's `correction` says how); `predicted_traced_ms` keeps the profiler's cost in, and
-    `correct=False` predicts the profiled run only.
+    `correct=False` predicts the profiled run only. An empty list is the baseline: the
+    same result with nothing applied.
 
     >>> r = perfcast.predict("trace.json.gz", "fused-optimizer:kind=fused")  # doctest: +SKIP
     >>> r.baseline_ms, r.predicted_ms, r.speedup, r.correction.source       # doctest: +SKIP
@@ -124,7 +126,7 @@ def predict(trace: TraceLike, apply: list[str] | str, correct: bool = True) -> W
     from perfcast.whatif.registry import parse_spec
     from perfcast.whatif.runner import run_whatif
 
-    specs = [parse_spec(s) for s in _specs(apply, "apply")]
+    specs = [parse_spec(s) for s in _specs(apply, "apply", allow_empty=True)]
     result, _, _ = run_whatif(_table(trace), specs, correct=correct)
     return result
 

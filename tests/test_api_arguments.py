@@ -24,7 +24,6 @@ def table() -> perfcast.EventTable:
     [
         (lambda t: perfcast.predict(t, 5), "apply must be a what-if spec"),
         (lambda t: perfcast.predict(t, [5]), "apply must be a what-if spec"),
-        (lambda t: perfcast.predict(t, []), "apply is empty"),
         (lambda t: perfcast.summary(t, top="x"), "top must be an integer"),
         (lambda t: perfcast.summary(t, top=-1), "top must be at least 1"),
         (lambda t: perfcast.scopes(t, top="a"), "top must be an integer"),
