@@ -78,5 +78,5 @@ def refuse_counter_trace(table: EventTable, command: str) -> None:
             "profiler (profiler_metrics): its kernels were replayed for counters inside their "
             "launch calls, not timed",
             hint="record another trace without profiler_metrics for predictions; "
-            "`perfcast analyze --only counters` shows these counters",
+            "`perfcast analyze --only counters` (perfcast.gpu_counters()) shows these counters",
         )

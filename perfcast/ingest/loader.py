@@ -150,7 +150,8 @@ def _load_one(path: str, names: Interner, rank_hint: int | None) -> tuple[RankIn
                 if untimed
                 else ""
             )
-            + "; `perfcast analyze --only counters` lists the counters per kernel and op"
+            + "; `perfcast analyze --only counters` (perfcast.gpu_counters() in Python) lists "
+            "the counters per kernel and op"
         )
     return info, cols
 

@@ -185,7 +185,8 @@ def _no_forward(graph: Graph, module: str | None) -> NotApplicableError:
             f"work: its {ops.size:,} op name{'s' if ops.size != 1 else ''} and "
             f"{scopes.size:,} module/record_function scope{'s' if scopes.size != 1 else ''}",
             hint="module= is a regular expression searched within those names, e.g. "
-            "module=layer3 or module=aten::conv; `perfcast analyze --only scopes` lists the "
+            "module=layer3 or module=aten::conv; `perfcast analyze --only scopes` "
+            "(perfcast.scopes()) lists the "
             "scopes, and module scopes need a trace recorded with with_stack=True or "
             "with_modules=True",
         )

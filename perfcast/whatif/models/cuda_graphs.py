@@ -292,7 +292,7 @@ def _refuse_dynamic_shapes(graph: Graph, host: np.ndarray) -> None:
         f"shape depends on the data ({', '.join(named)}): the shapes change from step to step, "
         "and a CUDA graph replays fixed shapes",
         hint="make those shapes static first (torch.nonzero_static, a mask multiply, "
-        "padding); --apply remove-host-sync:shapes=true --apply cuda-graphs predicts that",
+        "padding); remove-host-sync:shapes=true then cuda-graphs predicts that",
     )
 
 

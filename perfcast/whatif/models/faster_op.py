@@ -68,7 +68,10 @@ def _nothing_matches(graph: Graph, options: Options) -> NotApplicableError:
     if all(n == 0 for n, _, _ in counts):
         what = " and no ".join(kind for _, kind, _ in counts)
         if options.module:
-            hint = "check module=; `perfcast analyze --only scopes` lists the trace's modules"
+            hint = (
+                "check module=; `perfcast analyze --only scopes` (perfcast.scopes() in "
+                "Python) lists the trace's modules"
+            )
         elif options.where == "gpu" and n_ops:
             hint = f"where=cpu or where=all searches the trace's {n_ops:,} CPU ops"
         elif options.where == "cpu" and n_gpu:
@@ -87,6 +90,7 @@ def _nothing_matches(graph: Graph, options: Options) -> NotApplicableError:
     return NotApplicableError(
         f"faster-op: pattern '{options.pattern}' matches none of the trace's {what}{inside}",
         hint="the pattern is a regular expression searched within each name, e.g. "
-        "pattern=gemm or pattern=aten::mm; `perfcast summary --top 50` lists the top kernels and "
+        "pattern=gemm or pattern=aten::mm; `perfcast summary --top 50` "
+        "(perfcast.summary(t, top=50)) lists the top kernels and "
         "ops by name",
     )
