@@ -12,6 +12,7 @@ perfcast.tree(table).incl["gpu_ns"][0]                # GPU time per call path (
 
 from __future__ import annotations
 
+import numbers
 import os
 from typing import TYPE_CHECKING
 
@@ -41,14 +42,16 @@ def _table(trace: TraceLike) -> EventTable:
     return load(trace)
 
 
-def _count(name: str, value: object, minimum: int = 1) -> None:
+def _count(name: str, value: object, minimum: int = 1) -> int:
     """An integer argument (a count, a size) at least `minimum`: a wrong type or value stops
     here with its name, instead of as a slice that means something else (top=-1: all but
     one) or a TypeError from deep inside."""
-    if isinstance(value, bool) or not isinstance(value, int):
+    # numbers.Integral: numpy's integers too (a count taken from an array).
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise OptionError(f"{name} must be an integer, not {value!r}")
     if value < minimum:
         raise OptionError(f"{name} must be at least {minimum}, not {value}")
+    return int(value)
 
 
 def _specs(value: object, name: str, allow_empty: bool = False) -> list[str]:
@@ -75,7 +78,7 @@ def summary(trace: TraceLike, top: int = 10, correct: bool = True) -> Summary:
     """
     from perfcast.analysis.summary import summarize
 
-    _count("top", top)
+    top = _count("top", top)
     return summarize(_table(trace), top=top, real=correct)
 
 
@@ -190,7 +193,7 @@ def analyze(trace: TraceLike, only: str | list[str] | None = None, top: int = 10
     """
     from perfcast.analysis.battery import analyze as _analyze
 
-    _count("top", top)
+    top = _count("top", top)
     return _analyze(_table(trace), only=only, top=top)
 
 
@@ -201,7 +204,7 @@ def kernel_breakdown(trace: TraceLike, top: int = 10) -> KernelBreakdown:
     """
     from perfcast.analysis.kernels import kernel_breakdown as fn
 
-    _count("top", top)
+    top = _count("top", top)
     return fn(_table(trace), top=top)
 
 
@@ -212,7 +215,7 @@ def idle_time(trace: TraceLike, kernel_gap_ns: int = 30_000) -> IdleTime:
     """
     from perfcast.analysis.idle import idle_time as fn
 
-    _count("kernel_gap_ns", kernel_gap_ns, minimum=0)
+    kernel_gap_ns = _count("kernel_gap_ns", kernel_gap_ns, minimum=0)
     return fn(_table(trace), kernel_gap_ns=kernel_gap_ns)
 
 
@@ -223,7 +226,7 @@ def launch_stats(trace: TraceLike, top: int = 20) -> LaunchStats:
     """
     from perfcast.analysis.launches import launch_stats as fn
 
-    _count("top", top)
+    top = _count("top", top)
     return fn(_table(trace), top=top)
 
 
@@ -235,7 +238,7 @@ def launch_queue(trace: TraceLike, max_depth: int | None = None) -> LaunchQueue:
     from perfcast.analysis.launch_queue import launch_queue as fn
 
     if max_depth is not None:
-        _count("max_depth", max_depth)
+        max_depth = _count("max_depth", max_depth)
     return fn(_table(trace), max_depth=max_depth)
 
 
@@ -256,7 +259,7 @@ def stragglers(trace: TraceLike, candidates: int = 2) -> Stragglers:
     """
     from perfcast.analysis.stragglers import stragglers as fn
 
-    _count("candidates", candidates)
+    candidates = _count("candidates", candidates)
     return fn(_table(trace), candidates=candidates)
 
 
@@ -277,7 +280,7 @@ def roofline(trace: TraceLike, top: int = 30) -> Roofline:
     """
     from perfcast.analysis.roofline import roofline as fn
 
-    _count("top", top)
+    top = _count("top", top)
     return fn(_table(trace), top=top)
 
 
@@ -288,7 +291,7 @@ def scopes(trace: TraceLike, top: int = 30) -> Scopes:
     """
     from perfcast.analysis.scopes import scopes as fn
 
-    _count("top", top)
+    top = _count("top", top)
     return fn(_table(trace), top=top)
 
 
@@ -299,7 +302,7 @@ def gpu_counters(trace: TraceLike, top: int = 30) -> GpuCounters:
     """
     from perfcast.analysis.counters import gpu_counters as fn
 
-    _count("top", top)
+    top = _count("top", top)
     return fn(_table(trace), top=top)
 
 
@@ -310,7 +313,7 @@ def op_kernels(trace: TraceLike, top: int = 30) -> OpKernelResult:
     """
     from perfcast.analysis.op_kernels import op_kernels as fn
 
-    _count("top", top)
+    top = _count("top", top)
     return fn(_table(trace), top=top)
 
 
@@ -335,7 +338,7 @@ def diff(
     from perfcast.analysis.diff import compare_prediction
     from perfcast.analysis.diff import diff as _diff
 
-    _count("top", top)
+    top = _count("top", top)
     specs = [] if apply is None else _specs(apply, "apply")
     ta, tb = _table(a), _table(b)
     if real is not None:

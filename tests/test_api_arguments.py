@@ -40,6 +40,13 @@ def test_bad_arguments_raise_an_error_that_names_them(table, call, needle) -> No
         call(table)
 
 
+def test_numpy_integers_are_counts_too(table) -> None:
+    import numpy as np
+
+    summary = perfcast.summary(table, top=np.int64(3), correct=False)
+    assert len(summary.ranks[0].top_kernels) == 3
+
+
 def test_advise_checks_its_candidates_and_device_before_any_work(table) -> None:
     """These returned an empty Advice with the problem in `not_applicable` ('nope'), or
     with each letter of a string taken as a candidate ('a', 'm', 'p')."""
