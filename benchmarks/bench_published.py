@@ -809,7 +809,7 @@ def markdown(res: dict[str, Any]) -> str:
                 f"{r['predicted_ms'] / 1e3:.2f} s predicted"
                 for r in worst_rest
             )
-            + " (at micro-batch 2 a fixed cost per micro-batch that grows with tp, not modelled).",
+            + " (at micro-batch 2 a fixed cost per micro-batch that varies with tp, not modelled).",
             "",
         ]
     vs = res["vtrain_single"]

@@ -16,7 +16,7 @@ import numbers
 import os
 from typing import TYPE_CHECKING
 
-from perfcast.errors import OptionError
+from perfcast.errors import OptionError, PerfcastError
 from perfcast.events import EventTable
 from perfcast.ingest import load
 
@@ -153,14 +153,15 @@ def advise(
     if candidates is not None:
         named = _specs(candidates, "candidates")
         for text in named:
-            spec = parse_spec(text)
-            build_options(spec.name, spec.options)
+            try:
+                spec = parse_spec(text)
+                build_options(spec.name, spec.options)
+            except PerfcastError as e:
+                raise OptionError(f"candidates: {e}") from None
     if device is not None:
-        from perfcast.whatif.kernels import resolve_device
+        from perfcast.whatif.kernels import check_device_name
 
-        if not isinstance(device, str):
-            raise OptionError(f"device must be a GPU name such as 'h100', not {device!r}")
-        resolve_device(device, "advise", "device")
+        check_device_name(device, "device=")
     return _advise(_table(trace), target_device=device, correct=correct, candidates=named)
 
 
@@ -339,9 +340,11 @@ def diff(
     from perfcast.analysis.diff import diff as _diff
 
     top = _count("top", top)
-    specs = [] if apply is None else _specs(apply, "apply")
+    specs = [] if apply is None else _specs(apply, "apply", allow_empty=True)
     ta, tb = _table(a), _table(b)
-    if real is not None:
+    if real is not None:  # the old name
+        if real != correct and correct is not True:
+            raise OptionError("diff: give correct= (real= is its old name), not both")
         correct = real
     out = _diff(ta, tb, top=top, real=correct)
     if specs:

@@ -44,8 +44,9 @@ class PerfcastError(Exception):
 
 
 class OptionError(PerfcastError):
-    """A command-line option out of range or unknown: the message names the option, and the
-    command line does not put the trace's path in front of it (the trace is not at fault)."""
+    """A command-line option or an API argument of the wrong type, out of range or unknown:
+    the message names it, and the command line does not put the trace's path in front of it
+    (the trace is not at fault)."""
 
 
 class TraceFormatError(PerfcastError):

@@ -40,6 +40,14 @@ def test_bad_arguments_raise_an_error_that_names_them(table, call, needle) -> No
         call(table)
 
 
+def test_diff_takes_an_empty_apply_and_correct_or_its_old_name(table) -> None:
+    assert perfcast.diff(table, table, apply=[], correct=False).prediction is None
+    old = perfcast.diff(table, table, apply="remove-host-sync", real=False).prediction
+    assert old is not None and old.predicted_real_ms is None  # nothing corrected: none
+    with pytest.raises(OptionError, match="not both"):
+        perfcast.diff(table, table, correct=False, real=True)
+
+
 def test_numpy_integers_are_counts_too(table) -> None:
     import numpy as np
 
@@ -50,11 +58,11 @@ def test_numpy_integers_are_counts_too(table) -> None:
 def test_advise_checks_its_candidates_and_device_before_any_work(table) -> None:
     """These returned an empty Advice with the problem in `not_applicable` ('nope'), or
     with each letter of a string taken as a candidate ('a', 'm', 'p')."""
-    with pytest.raises(perfcast.PerfcastError, match="unknown optimization 'nope'"):
+    with pytest.raises(OptionError, match="candidates: unknown optimization 'nope'"):
         perfcast.advise(table, candidates="nope")
-    with pytest.raises(perfcast.PerfcastError, match="has no option 'dtyp'"):
+    with pytest.raises(OptionError, match="has no option 'dtyp'"):
         perfcast.advise(table, candidates=["amp:dtyp=bf16"])
-    with pytest.raises(perfcast.PerfcastError, match="unknown device 'nonsense-gpu'"):
+    with pytest.raises(OptionError, match="device='nonsense-gpu': unknown GPU"):
         perfcast.advise(table, device="nonsense-gpu")
     advice = perfcast.advise(table, candidates="remove-host-sync")
     tried = [s.name for s in advice.suggestions] + [str(n) for n in advice.not_applicable]

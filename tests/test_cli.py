@@ -192,7 +192,7 @@ def test_show_renders_a_saved_whatif_with_its_memory(capsys, tmp_path):
 def test_advise_refuses_an_unknown_device_before_loading(capsys):
     assert main(["advise", str(EXAMPLE), "--device", "tpu", "-q"]) == 2
     err = capsys.readouterr().err
-    assert "--device 'tpu': unknown device" in err and "Traceback" not in err
+    assert err.startswith("perfcast: error: --device 'tpu': unknown GPU") and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1
 
 

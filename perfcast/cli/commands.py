@@ -10,7 +10,7 @@ from typing import Any
 
 from rich.text import Text
 
-from perfcast.errors import NotApplicableError, OptionError, PerfcastError
+from perfcast.errors import PerfcastError
 
 
 def add_correction_option(p: Any) -> None:
@@ -218,14 +218,11 @@ def cmd_advise(args: argparse.Namespace, ui: Any) -> int:
     from perfcast.advisor.advisor import advise
 
     if args.device:
-        from perfcast.whatif.kernels import resolve_device
+        from perfcast.whatif.kernels import check_device_name
 
         # Checked before loading: a typo would only show as a "not applicable" line deep in
         # the advice.
-        try:
-            resolve_device(args.device, "advise", "--device")
-        except NotApplicableError as e:
-            raise OptionError(f"--device {args.device!r}: unknown device", hint=e.hint) from None
+        check_device_name(args.device, "--device ")
     advice = advise(ui.load(args.path), target_device=args.device, correct=args.correct)
     return _output(advice, "render_advice", args, ui)
 

@@ -116,6 +116,15 @@ def resolve_device(name: str, model: str, what: str, graph: Graph | None = None)
     return near[0]
 
 
+def check_device_name(name: str, label: str) -> None:
+    """Refuse, before any work, a GPU name that `resolve_device` would refuse: an argument
+    error (OptionError) naming the argument, e.g. label "--device" or "device="."""
+    from perfcast.errors import OptionError
+
+    if not isinstance(name, str) or (lookup_device(name) is None and nearest_device(name) is None):
+        raise OptionError(f"{label}{name!r}: unknown GPU", hint=known_devices_text())
+
+
 def rank_devices(
     graph: Graph, ranks: np.ndarray, override: str | None, model: str
 ) -> dict[int, DeviceSpec]:
