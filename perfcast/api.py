@@ -31,12 +31,12 @@ if TYPE_CHECKING:
 TraceLike = EventTable | str | os.PathLike[str]
 
 
-def _table(trace: TraceLike) -> EventTable:
+def _table(trace: TraceLike, name: str = "trace") -> EventTable:
     if isinstance(trace, EventTable):
         return trace
     if not isinstance(trace, (str, os.PathLike)):
         raise OptionError(
-            f"trace must be a path (str or pathlib.Path) or a loaded EventTable, not "
+            f"{name} must be a path (str or pathlib.Path) or a loaded EventTable, not "
             f"{type(trace).__name__}"
         )
     return load(trace)
@@ -158,7 +158,7 @@ def advise(
                 build_options(spec.name, spec.options)
             except PerfcastError as e:
                 raise OptionError(f"candidates: {e}") from None
-    if device is not None:
+    if device:  # None or "": the trace's own GPU
         from perfcast.whatif.kernels import check_device_name
 
         check_device_name(device, "device=")
@@ -195,6 +195,11 @@ def analyze(trace: TraceLike, only: str | list[str] | None = None, top: int = 10
     from perfcast.analysis.battery import analyze as _analyze
 
     top = _count("top", top)
+    if only is not None and not (
+        isinstance(only, str)
+        or (isinstance(only, (list, tuple)) and all(isinstance(x, str) for x in only))
+    ):
+        raise OptionError(f"only must be an analysis name or a list of them, not {only!r}")
     return _analyze(_table(trace), only=only, top=top)
 
 
@@ -341,7 +346,7 @@ def diff(
 
     top = _count("top", top)
     specs = [] if apply is None else _specs(apply, "apply", allow_empty=True)
-    ta, tb = _table(a), _table(b)
+    ta, tb = _table(a, "a"), _table(b, "b")
     if real is not None:  # the old name
         if real != correct and correct is not True:
             raise OptionError("diff: give correct= (real= is its old name), not both")

@@ -33,6 +33,8 @@ def table() -> perfcast.EventTable:
         (lambda t: perfcast.diff(t, t, top=-1), "top must be at least 1"),
         (lambda t: perfcast.advise(t, candidates=[]), "candidates is empty"),
         (lambda t: perfcast.summary(b"trace.json"), "trace must be a path"),
+        (lambda t: perfcast.diff(t, 5), "b must be a path"),
+        (lambda t: perfcast.analyze(t, only=5), "only must be an analysis name"),
     ],
 )
 def test_bad_arguments_raise_an_error_that_names_them(table, call, needle) -> None:
