@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numbers
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from perfcast.errors import OptionError, PerfcastError
 from perfcast.events import EventTable
@@ -54,20 +54,27 @@ def _count(name: str, value: object, minimum: int = 1) -> int:
     return int(value)
 
 
+def _strings(value: object) -> bool:
+    """One string, or a list or tuple of strings."""
+    return isinstance(value, str) or (
+        isinstance(value, (list, tuple)) and all(isinstance(s, str) for s in value)
+    )
+
+
 def _specs(value: object, name: str, allow_empty: bool = False) -> list[str]:
     """What-if specs given as one string or a list of strings; at least one unless
     `allow_empty`."""
-    items = [value] if isinstance(value, str) else value
-    if not isinstance(items, (list, tuple)) or not all(isinstance(s, str) for s in items):
+    if not _strings(value):
         raise OptionError(
             f'{name} must be a what-if spec or a list of them (e.g. "amp:dtype=bf16"), '
             f"not {value!r}"
         )
+    items = [value] if isinstance(value, str) else list(cast("list[str]", value))
     if not items and not allow_empty:
         from perfcast.whatif.registry import MODEL_MODULES
 
         raise OptionError(f"{name} is empty: name at least one of {', '.join(MODEL_MODULES)}")
-    return list(items)
+    return items
 
 
 def summary(trace: TraceLike, top: int = 10, correct: bool = True) -> Summary:
@@ -147,17 +154,15 @@ def advise(
     >>> perfcast.advise("trace.json.gz").suggestions[0].name              # doctest: +SKIP
     """
     from perfcast.advisor.advisor import advise as _advise
-    from perfcast.whatif.registry import build_options, parse_spec
+    from perfcast.whatif.registry import checked_specs
 
     named = None
     if candidates is not None:
         named = _specs(candidates, "candidates")
-        for text in named:
-            try:
-                spec = parse_spec(text)
-                build_options(spec.name, spec.options)
-            except PerfcastError as e:
-                raise OptionError(f"candidates: {e}") from None
+        try:
+            checked_specs(named)
+        except PerfcastError as e:
+            raise OptionError(f"candidates: {e}") from None
     if device:  # None or "": the trace's own GPU
         from perfcast.whatif.kernels import check_device_name
 
@@ -195,10 +200,7 @@ def analyze(trace: TraceLike, only: str | list[str] | None = None, top: int = 10
     from perfcast.analysis.battery import analyze as _analyze
 
     top = _count("top", top)
-    if only is not None and not (
-        isinstance(only, str)
-        or (isinstance(only, (list, tuple)) and all(isinstance(x, str) for x in only))
-    ):
+    if only is not None and not _strings(only):
         raise OptionError(f"only must be an analysis name or a list of them, not {only!r}")
     return _analyze(_table(trace), only=only, top=top)
 
@@ -348,7 +350,7 @@ def diff(
     specs = [] if apply is None else _specs(apply, "apply", allow_empty=True)
     ta, tb = _table(a, "a"), _table(b, "b")
     if real is not None:  # the old name
-        if real != correct and correct is not True:
+        if real and not correct:
             raise OptionError("diff: give correct= (real= is its old name), not both")
         correct = real
     out = _diff(ta, tb, top=top, real=correct)

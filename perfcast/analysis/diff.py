@@ -347,6 +347,7 @@ def compare_prediction(
     b_ms = out.step.b_ms
     pred_k, pred_op = _predicted_gpu(predicted, pa.steps)
     pred_ms = result.predicted_traced_ms
+    corrected = result.correction.source != "off"
     out.prediction = Prediction(
         applied=list(applied),
         predicted_ms=pred_ms,
@@ -356,8 +357,8 @@ def compare_prediction(
         measured_speedup=out.step.speedup,
         error_pct=100.0 * (pred_ms - b_ms) / b_ms if b_ms else 0.0,
         # None when the profiler's cost was left in (correct=False): nothing to add.
-        predicted_real_ms=None if result.correction.source == "off" else result.predicted_ms,
-        real_speedup=None if result.correction.source == "off" else result.speedup,
+        predicted_real_ms=result.predicted_ms if corrected else None,
+        real_speedup=result.speedup if corrected else None,
         assumptions=[x for ap in result.applied for x in ap.assumptions],
     )
     rows: list[PredictedRow] = []

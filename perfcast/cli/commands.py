@@ -182,7 +182,7 @@ def cmd_replay(args: argparse.Namespace, ui: Any) -> int:
 
 
 def cmd_whatif(args: argparse.Namespace, ui: Any) -> int:
-    from perfcast.whatif.registry import build_options, describe_models, parse_spec
+    from perfcast.whatif.registry import checked_specs, describe_models
     from perfcast.whatif.runner import run_whatif
 
     if args.list:
@@ -195,9 +195,7 @@ def cmd_whatif(args: argparse.Namespace, ui: Any) -> int:
         raise PerfcastError(
             "nothing to apply", hint="add --apply NAME, see `perfcast whatif --list`"
         )
-    specs = [parse_spec(s) for s in args.apply]
-    for spec in specs:
-        build_options(spec.name, spec.options)  # unknown options and bad types before the load
+    specs = checked_specs(args.apply)  # unknown options and bad types before the load
     _check_output(args.export_trace, args.path)
     table = ui.load(args.path)
     result, base_tl, pred_tl = run_whatif(table, specs, correct=args.correct)

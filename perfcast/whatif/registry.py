@@ -80,6 +80,15 @@ def parse_spec(text: str) -> Spec:
     return Spec(name.strip(), options)
 
 
+def checked_specs(texts: list[str]) -> list[Spec]:
+    """Parse specs and build their options: unknown names, unknown options and values of
+    the wrong type fail here, before a trace is read."""
+    specs = [parse_spec(t) for t in texts]
+    for spec in specs:
+        build_options(spec.name, spec.options)
+    return specs
+
+
 def build_options(name: str, raw: dict[str, Any]) -> Any:
     """The model's Options dataclass from string (or typed) values."""
     module = get_model(name)
