@@ -59,6 +59,12 @@ def _err(pred: float, pub: float) -> float:
     return abs(pred - pub) / pub * 100
 
 
+def _eq3_flops(batch: int, layers: int, h: int) -> float:
+    """FLOPs of one iteration by Narayanan et al. 2021, Eq. 3 (sequence 2048, vocabulary
+    51,200, the recomputed forward counted): what both Megatron papers' teraFLOP/s mean."""
+    return 96 * batch * 2048 * layers * h * h * (1 + 2048 / (6 * h) + 51200 / (16 * layers * h))
+
+
 def megatron(table: dict[str, Any]) -> list[dict[str, Any]]:
     cl = make_cluster("a100-80gb", intra="nvlink3", inter="ib-hdr")
     out = []
@@ -71,8 +77,7 @@ def megatron(table: dict[str, Any]) -> list[dict[str, Any]]:
         if layers_per_virtual:
             assert (layers // pp) % layers_per_virtual == 0, pb
             stages = (layers // pp) // layers_per_virtual
-        shape = 1 + 2048 / (6 * h) + 51200 / (16 * layers * h)
-        flops = 96 * batch * 2048 * layers * h * h * shape
+        flops = _eq3_flops(batch, layers, h)
 
         def tflops(
             mb: int,
@@ -127,13 +132,10 @@ def same_pipelines(meg: dict[str, Any], kor: dict[str, Any]) -> list[dict[str, A
     steps. Each side's achieved teraFLOP/s per GPU by the 2021 paper's Eq. 3, so the two
     read alike: how much faster the same work ran a year later."""
 
-    def eq3(batch: int, layers: int, h: int) -> float:
-        return 96 * batch * 2048 * layers * h * h * (1 + 2048 / (6 * h) + 51200 / (16 * layers * h))
-
     k_runs = {}
     for name, heads, h, layers, tp, pp, gpus, batch, mb, v, full_s, _sel in kor["rows"]:
         key = _pipeline_key(layers, h, heads, tp, pp, mb, v, batch // mb)
-        k_runs[key] = (name, eq3(batch, layers, h) / (full_s * gpus) / 1e12)
+        k_runs[key] = (name, _eq3_flops(batch, layers, h) / (full_s * gpus) / 1e12)
     out = []
     for row in meg["rows"]:
         _pb, heads, h, layers, tp, pp, gpus, batch, pub = row[:9]
