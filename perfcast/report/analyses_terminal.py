@@ -9,7 +9,7 @@ from rich.table import Table
 from rich.text import Text
 
 from perfcast.frames import result_tables
-from perfcast.report import display_name
+from perfcast.report import display_name, shorten
 
 if TYPE_CHECKING:
     from perfcast.analysis.battery import Analyses
@@ -66,8 +66,7 @@ def _cell(v: Any, width: int = 60, column: str = "") -> str:
     if isinstance(v, int):
         # "1,240" beside "26,770"; identifiers stay as the trace writes them.
         return str(v) if column in ID_COLUMNS else f"{v:,}"
-    s = display_name(str(v))
-    return s if len(s) <= width else s[: width - 1] + "…"
+    return shorten(display_name(str(v)), width)
 
 
 def render_table(

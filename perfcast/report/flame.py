@@ -15,6 +15,7 @@ import numpy as np
 from perfcast.analysis.context import KIND_NAMES, LEVEL_TEXT, ContextTree, CtxKind, context_tree
 from perfcast.analysis.context_views import library_frames, project
 from perfcast.events import EventTable
+from perfcast.report import shorten
 
 MIN_SHARE = 1e-5  # of the total GPU (or CPU) time: smaller paths fold into their parent
 MAX_NAME_CHARS = 400
@@ -44,10 +45,7 @@ def flame_data(table: EventTable) -> dict[str, Any] | None:
     used = np.unique(index.label)
     remap = np.full(len(index.labels), -1, dtype=np.int64)
     remap[used] = np.arange(used.size)
-    names = [
-        s if len(s) <= MAX_NAME_CHARS else s[: MAX_NAME_CHARS - 1] + "…"
-        for s in (index.labels[i] for i in used.tolist())
-    ]
+    names = [shorten(index.labels[i], MAX_NAME_CHARS) for i in used.tolist()]
     cov = full.coverage
     return {
         "level": index.level,

@@ -32,6 +32,7 @@ from perfcast.errors import PerfcastError
 from perfcast.events import EventTable, Kind
 from perfcast.graph.model import NONE, GpuKind, Graph, NodeKind
 from perfcast.graph.phases import collective_kernel_mask
+from perfcast.report import shorten
 from perfcast.sim.timeline import Timeline
 
 CSP = "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:"
@@ -223,8 +224,7 @@ class _Names:
             i = self._index.get(n)
             if i is None:
                 i = len(self.names)
-                short = n if len(n) <= MAX_NAME_CHARS else n[: MAX_NAME_CHARS - 1] + "…"
-                self.names.append(short)
+                self.names.append(shorten(n, MAX_NAME_CHARS))
                 self._index[n] = i
             out.append(i)
         return out

@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from perfcast.report import display_name
+from perfcast.report import display_name, shorten
 
 if TYPE_CHECKING:  # types only: importing the simulator here would load numba for `summary`
     from perfcast.advisor.advisor import Advice, Suggestion
@@ -24,8 +24,7 @@ def _ms(x: float | None) -> str:
 
 
 def _short(name: str, width: int = 70) -> str:
-    name = display_name(name)
-    return name if len(name) <= width else name[: width - 1] + "…"
+    return shorten(display_name(name), width)
 
 
 # Beyond this many ranks, one overview row per rank, then details of the extremes only.

@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 from rich.text import Text
 
+from perfcast.report import shorten
+
 if TYPE_CHECKING:
     from perfcast.analysis.context import ContextTree
     from perfcast.analysis.context_gain import CallSite, GainAttribution
@@ -60,12 +62,6 @@ def _flop(x: float | None) -> str:
     return f"{x:.0f}"
 
 
-def _short(name: str, width: int) -> str:
-    if width <= 1:
-        return "…"
-    return name if len(name) <= width else name[: width - 1] + "…"
-
-
 def _render_rows(
     rows: Sequence[TreeRow],
     columns: Sequence[Column],
@@ -90,7 +86,7 @@ def _render_rows(
         guide = "" if top else prefix + ("└─ " if last else "├─ ")
         room = width - len(cells) - 2 - len(guide)
         line = Text(f"{cells}  {guide}")
-        line.append(_short(r.name, room), style=_KIND_STYLE.get(r.kind, ""))
+        line.append(shorten(r.name, room), style=_KIND_STYLE.get(r.kind, ""))
         console.print(line, no_wrap=True, overflow="crop")
         child_prefix = "" if top else prefix + ("   " if last else "│  ")
         mine = kids.get(i, [])
@@ -197,11 +193,11 @@ def render_hot_spots(spots: Sequence[HotSpot], metric: str, console: Console) ->
     width = max(console.width, 80)
     for s in spots:
         line = Text(f"{s.value / 1e6:10,.2f} ms  {s.kind:<6} {s.calls:>8,}×  ")
-        line.append(_short(s.name, width - len(line)), style=_KIND_STYLE.get(s.kind, ""))
+        line.append(shorten(s.name, width - len(line)), style=_KIND_STYLE.get(s.kind, ""))
         console.print(line, no_wrap=True, overflow="crop")
         for p in s.paths:
             text = Text(f"{p.value / 1e6:10,.2f} ms    ◂ ", style="dim")
-            text.append(_short(p.path, width - len(text)))
+            text.append(shorten(p.path, width - len(text)))
             console.print(text, no_wrap=True, overflow="crop")
 
 

@@ -121,8 +121,12 @@ def check_device_name(name: str, label: str) -> None:
     error (OptionError) naming the argument, e.g. label "--device" or "device="."""
     from perfcast.errors import OptionError
 
-    if not isinstance(name, str) or (lookup_device(name) is None and nearest_device(name) is None):
-        raise OptionError(f"{label}{name!r}: unknown GPU", hint=known_devices_text())
+    try:
+        if not isinstance(name, str):
+            raise NotApplicableError("not a name")
+        resolve_device(name, "", "")
+    except NotApplicableError:
+        raise OptionError(f"{label}{name!r}: unknown GPU", hint=known_devices_text()) from None
 
 
 def rank_devices(

@@ -877,25 +877,8 @@ def _insert_casts(
     if has_launch.any():
         anchors = launch[has_launch]
         slots = P.order_slots(graph, anchors, 2, after=False)
-        if cpu_ns > 0:
-            graph.append(
-                kind=int(NodeKind.CPU),
-                lane=c["lane"][anchors],
-                order=slots[:, 0],
-                dur=cpu_ns,
-                source=int(Source.MODELLED),
-                name=graph.intern("aten::_to_copy (autocast, modelled)"),
-                **P.like_columns(graph, anchors),
-            )
-        new_launch[has_launch] = graph.append(
-            kind=int(NodeKind.LAUNCH),
-            lane=graph.cols["lane"][anchors],
-            order=slots[:, 1],
-            dur=launch_ns,
-            dur_measured=launch_ns,
-            source=int(Source.MODELLED),
-            name=graph.intern("cudaLaunchKernel"),
-            **P.like_columns(graph, anchors),
+        new_launch[has_launch] = _append_cast_call(
+            graph, anchors, slots, cpu_ns, "aten::_to_copy (autocast, modelled)", launch_ns
         )
     c = graph.cols
     slots = P.order_slots(graph, first, 1, after=False)[:, 0]
@@ -986,24 +969,13 @@ def _insert_grad_casts(
     durs, nbytes = _grad_cast_sizes(c, h, forward)
     launch_ns = P.median_launch_ns(graph)
     slots = P.order_slots(graph, h, 2, after=True)
-    graph.append(
-        kind=int(NodeKind.CPU),
-        lane=c["lane"][h],
-        order=slots[:, 0],
-        dur=costs.node_ns + costs.cast_ns,
-        source=int(Source.MODELLED),
-        name=graph.intern("ToCopyBackward0 (autocast, modelled)"),
-        **P.like_columns(graph, h),
-    )
-    launches = graph.append(
-        kind=int(NodeKind.LAUNCH),
-        lane=graph.cols["lane"][h],
-        order=slots[:, 1],
-        dur=launch_ns,
-        dur_measured=launch_ns,
-        source=int(Source.MODELLED),
-        name=graph.intern("cudaLaunchKernel"),
-        **P.like_columns(graph, h),
+    launches = _append_cast_call(
+        graph,
+        h,
+        slots,
+        costs.node_ns + costs.cast_ns,
+        "ToCopyBackward0 (autocast, modelled)",
+        launch_ns,
     )
     c = graph.cols
     launch_order = c["order"][launches]
@@ -1085,3 +1057,32 @@ def _argmax_prefix(values: np.ndarray) -> np.ndarray:
     idx = np.arange(values.size)
     is_new_max = np.r_[True, values[1:] > np.maximum.accumulate(values)[:-1]]
     return np.maximum.accumulate(np.where(is_new_max, idx, 0))
+
+
+def _append_cast_call(
+    graph: Graph, anchors: np.ndarray, slots: np.ndarray, cpu_ns: int, name: str, launch_ns: int
+) -> np.ndarray:
+    """A modelled cast on the host beside each anchor: its op's CPU time (none when `cpu_ns`
+    is 0) in the first of two order slots, and the kernel launch in the second. Returns the
+    launches."""
+    lanes = graph.cols["lane"][anchors]
+    if cpu_ns > 0:
+        graph.append(
+            kind=int(NodeKind.CPU),
+            lane=lanes,
+            order=slots[:, 0],
+            dur=cpu_ns,
+            source=int(Source.MODELLED),
+            name=graph.intern(name),
+            **P.like_columns(graph, anchors),
+        )
+    return graph.append(
+        kind=int(NodeKind.LAUNCH),
+        lane=lanes,
+        order=slots[:, 1],
+        dur=launch_ns,
+        dur_measured=launch_ns,
+        source=int(Source.MODELLED),
+        name=graph.intern("cudaLaunchKernel"),
+        **P.like_columns(graph, anchors),
+    )
