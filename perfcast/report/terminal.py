@@ -224,6 +224,8 @@ def render_whatif(result: WhatIfResult, console: Console) -> None:
     )
     if result.memory is not None:
         console.print(Text(_memory_line(result.memory, result.baseline_memory)))
+        if result.memory.assumptions:
+            console.print(Text(f"  assumes (memory): {'; '.join(result.memory.assumptions)}"))
     for a in result.applied:
         for line in a.assumptions:
             console.print(Text(f"  assumes ({a.name}): {line}"))
