@@ -252,3 +252,118 @@ def test_a_loop_that_ends_before_the_window_after_the_trace_still_writes_it(
         assert cap.unprofiled_after == 0 and cap.schedule_steps == 3 + 4
         _train(7)
     assert len(cap.trace_paths) == 2
+
+
+_DDP_SCRIPT = """
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+dist.init_process_group("gloo")
+model = DistributedDataParallel(nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4)))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+x, y = torch.randn(8, 16), torch.randint(0, 4, (8,))
+for _ in range(40):
+    opt.zero_grad()
+    nn.functional.cross_entropy(model(x), y).backward()
+    opt.step()
+dist.destroy_process_group()
+"""
+
+
+def test_run_profile_through_torchrun_writes_one_trace_per_rank(tmp_path: Path) -> None:
+    """`perfcast profile -- torchrun ...` profiles every worker the launcher starts (a DDP
+    job on gloo here), and the folder is the multi-rank input the analyses take."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "train_ddp.py"
+    script.write_text(_DDP_SCRIPT)
+    out = tmp_path / "traces"
+    launcher = ["torchrun", "--standalone", "--nproc-per-node=2", str(script)]
+    cmd = [sys.executable, "-m", "perfcast", "profile", "-o", str(out), "--json", "--", *launcher]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    doc = json.loads(done.stdout)  # the parent's report alone: the workers' lines go to stderr
+    assert [Path(p).name for p in doc["traces"]] == ["rank0.json.gz", "rank1.json.gz"]
+    assert doc["launcher_exit_status"] == 0
+    import perfcast
+
+    summary = perfcast.summary(str(out))
+    assert [r.rank for r in summary.ranks] == [0, 1]
+    assert all(len(r.iterations) == 3 for r in summary.ranks)
+    names = {e.get("name") for e in _load(out / "rank1.json.gz")["traceEvents"]}
+    assert any("all_reduce" in str(n) or "allreduce" in str(n) for n in names)
+
+
+@pytest.mark.parametrize(
+    ("cmd", "expected"),
+    [
+        (
+            ["torchrun", "--nproc-per-node", "2", "--max-restarts=1", "train.py", "--lr", "3"],
+            [
+                "--nproc-per-node",
+                "2",
+                "--max-restarts=1",
+                "-m",
+                "perfcast",
+                "profile",
+                "-q",
+                "--",
+                "train.py",
+                "--lr",
+                "3",
+            ],
+        ),
+        (
+            ["python3", "-m", "torch.distributed.run", "--standalone", "-m", "pkg.train", "-x"],
+            [
+                "--standalone",
+                "-m",
+                "perfcast",
+                "profile",
+                "-q",
+                "--",
+                "python",
+                "-m",
+                "pkg.train",
+                "-x",
+            ],
+        ),
+    ],
+)
+def test_launcher_commands_run_perfcast_profile_as_every_worker(
+    cmd: list[str], expected: list[str]
+) -> None:
+    import sys
+
+    from perfcast.capture.launch import launcher_args, worker_command
+
+    launcher = launcher_args(cmd)
+    assert launcher is not None
+    assert worker_command(launcher, ["-q"]) == [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        *expected,
+    ]
+    assert launcher_args(["python", "train.py"]) is None
+    assert launcher_args(["train.py", "torchrun"]) is None
+
+
+@pytest.mark.parametrize(
+    ("launcher", "message"),
+    [
+        (["torchrun", "--nproc-per-node"], "torchrun: argument --nproc-per-node"),
+        (["torchrun", "--no-python", "train.sh"], "needs a Python script or module"),
+        (["python", "-m", "torch.distributed.launch", "t.py"], "use torchrun"),
+    ],
+)
+def test_launchers_perfcast_cannot_profile_through_are_one_line_errors(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], launcher: list[str], message: str
+) -> None:
+    assert run_profile(["-o", str(tmp_path / "t"), "--", *launcher]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "t").exists()

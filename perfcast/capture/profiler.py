@@ -24,6 +24,12 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from perfcast.capture.launch import (
+    is_launched_worker,
+    launcher_args,
+    run_launcher,
+    worker_command,
+)
 from perfcast.paths import native_stderr_to
 
 __all__ = ["Capture", "MaxStepsReached", "active_capture", "capture", "run_profile", "step"]
@@ -545,8 +551,10 @@ def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="perfcast profile",
         description="Run a training script in-process under the PyTorch profiler and write "
-        "one gzipped Kineto trace per rank.",
-        usage="perfcast profile [options] -- python train.py [args...]",
+        "one gzipped Kineto trace per rank. After '--' a torchrun command (or python -m "
+        "torch.distributed.run) profiles every worker it starts.",
+        usage="perfcast profile [options] -- python train.py [args...]\n"
+        "       perfcast profile [options] -- torchrun [torchrun options] train.py [args...]",
     )
     parser.add_argument("-o", "--out", default="./perfcast-traces", help="trace folder")
     parser.add_argument("--wait", type=int, default=1, help="steps skipped per cycle (default 1)")
@@ -630,7 +638,12 @@ def run_profile(argv: list[str]) -> int:
     except ValueError as exc:
         return _fail(str(exc))
 
-    problem = _prepare_out(Path(ns.out), ns.overwrite)
+    try:
+        launcher = launcher_args(cmd)
+    except ValueError as exc:
+        return _fail(str(exc))
+    # A launcher's workers share the folder their parent prepared.
+    problem = None if is_launched_worker() else _prepare_out(Path(ns.out), ns.overwrite)
     if problem:
         return _fail(problem)
     try:
@@ -655,6 +668,8 @@ def run_profile(argv: list[str]) -> int:
         # Stop at the first step boundary once every trace is written (documented).
         cap.max_steps = cap.schedule_steps
 
+    if launcher is not None:
+        return _profile_through_launcher(launcher, opt_argv, ns)
     if kind == "path":
         script = Path(target)
         if not script.is_file():
@@ -715,7 +730,7 @@ def run_profile(argv: list[str]) -> int:
     if not cap.trace_paths:
         need = cap.pre_steps + ns.wait + ns.warmup + 1
         return _fail(f"no trace written: only {cap.steps} step(s) ran, the schedule needs {need}+")
-    if ns.json:
+    if ns.json and not is_launched_worker():
         import json
 
         doc = {
@@ -729,7 +744,9 @@ def run_profile(argv: list[str]) -> int:
         names = ", ".join(p.name for p in cap.trace_paths)
         print(
             f"perfcast: {cap.steps} steps seen; wrote {len(cap.trace_paths)} trace(s) to {out}: "
-            f"{names}"
+            f"{names}",
+            # A launched worker's line is part of the launcher's log, not the command's output.
+            file=sys.stderr if is_launched_worker() else sys.stdout,
         )
     if stopped and ns.max_steps is None:
         print(
@@ -743,6 +760,34 @@ def run_profile(argv: list[str]) -> int:
             f"({cap.steps}/{cap.schedule_steps} steps); the last trace is partial",
             file=sys.stderr,
         )
+    return rc
+
+
+def _profile_through_launcher(launcher: list[str], opt_argv: list[str], ns: Any) -> int:
+    """Run torchrun with `perfcast profile` as every worker; report the traces they wrote."""
+    out = Path(ns.out)
+    # The workers take the same options; the parent alone prepares the folder and reports.
+    passed = [a for a in opt_argv if a not in ("--json", "--overwrite")]
+    try:
+        command = worker_command(launcher, [*passed, "-o", str(out.resolve())])
+    except ValueError as exc:
+        return _fail(str(exc))
+    rc = run_launcher(command)
+    traces = sorted(
+        (p for p in out.glob("rank*.json.gz") if _OWN_TRACE.fullmatch(p.name)),
+        key=lambda p: [int(x) for x in re.findall(r"\d+", p.name)],
+    )
+    if not traces:
+        return _fail(f"the launcher exited with status {rc} and no worker wrote a trace to {out}")
+    if ns.json:
+        import json
+
+        print(json.dumps({"traces": [str(p) for p in traces], "launcher_exit_status": rc}))
+    else:
+        names = ", ".join(p.name for p in traces)
+        print(f"perfcast: the workers wrote {len(traces)} trace(s) to {out}: {names}")
+    if rc != 0:
+        print(f"perfcast: warning: the launcher exited with status {rc}", file=sys.stderr)
     return rc
 
 
