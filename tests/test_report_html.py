@@ -278,6 +278,20 @@ def test_real_report_is_self_contained(real_report: Path) -> None:
     assert len(data["replay"]["critical_paths"]) == 3
 
 
+def test_timeline_windows_are_the_steps_own(shared_traces: Path) -> None:
+    """The simulated window of the drawn step is the step as the replay times it: on this
+    trace the drawn step is the first, whose predecessor completes when the GPU work left
+    from before the trace is done (it was drawn from 0 to 49.06 ms for an 18.98 ms step)."""
+    import perfcast
+
+    table = perfcast.load(str(shared_traces / "tracelens_mi300x_resnet_act_ckpt_rank0.json.gz"))
+    tl = report_html.report_data(table)["timeline"]
+    assert tl["iteration"] == "ProfilerStep#15"  # the first of its three steps
+    measured = tl["measured"]["window_ms"]
+    assert tl["simulated"]["window_ms"] == pytest.approx(measured, rel=1e-6)
+    assert min(tl["simulated"]["start"]) >= 0
+
+
 @browser_test
 def test_real_report_renders_in_chromium(real_report: Path, tmp_path: Path) -> None:
     if find_chromium() is None:

@@ -353,28 +353,13 @@ def _measured_group(
 
 
 def _sim_window(tl: Timeline, span_pos: int) -> tuple[int, int]:
-    """Simulated [begin, completion] of one iteration, as `Timeline.iteration_ns` counts it."""
-    g = tl.graph
-    c = g.cols
-    alive = g.alive
-    span = g.iterations[span_pos]
-    if span.start_node == NONE:
-        on_rank = (c["rank"] == span.rank) & alive
-        if not on_rank.any():  # a rank whose every event a damaged trace lost
-            return 0, 0
-        return int(tl.start[on_rank].min()), int(tl.end[on_rank].max())
-
-    def done(s: Any) -> int:
-        gpu = (c["kind"] == NodeKind.GPU) & alive & (c["iteration"] == s.index)
-        gpu_end = int(tl.end[gpu].max()) if gpu.any() else -1
-        return max(int(tl.end[s.end_node]), gpu_end)
-
-    begin = int(tl.start[span.start_node])
-    for prev in reversed(g.iterations[:span_pos]):
-        if prev.rank == span.rank and prev.start_node != NONE:
-            begin = done(prev)
-            break
-    return begin, done(span)
+    """Simulated [begin, completion] of one iteration, as `Timeline.iteration_ns` counts it
+    (the first step begins when the GPU work left from before the trace is done)."""
+    span = tl.graph.iterations[span_pos]
+    for w in tl.step_windows():
+        if w.span is span:
+            return w.begin, w.done
+    return 0, 0  # a rank whose every event a damaged trace lost
 
 
 def _simulated_group(
