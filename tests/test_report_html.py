@@ -226,8 +226,10 @@ def test_hostile_names_render_as_text_and_run_nothing(hostile: tuple[Path, str])
     page = load_page(out)
     root = browser_checks(page)
     assert root.find_all("i") == []
-    for b in root.find_all("b"):  # our own: the numbers in the advice headline
-        assert b.parent is not None and "headline" in b.parent.classes
+    for b in root.find_all("b"):  # our own: the numbers in the advice headline and verdict
+        assert b.parent is not None
+        ours = b.parent.classes | (b.parent.parent.classes if b.parent.parent else set())
+        assert {"headline", "verdict"} & ours
     cells = [td.text_content() for td in root.find_all("td")]
     assert PWN_KERNEL in cells
     assert BREAKOUT_OP in cells

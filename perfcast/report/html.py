@@ -48,6 +48,7 @@ CATEGORIES = ("annotation", "cpu op", "runtime", "wait", "kernel", "communicatio
 _CAT = {name: i for i, name in enumerate(CATEGORIES)}
 
 SECTIONS = (
+    ("verdict", "In short"),
     ("summary", "Step time per rank"),
     ("breakdown", "Where the step time goes"),
     ("timeline", "Timeline of one step: measured vs simulated"),

@@ -33,7 +33,9 @@
       if (Number.isInteger(v)) {
         return v.toLocaleString("en-US");
       }
-      return a >= 100 ? v.toFixed(0) : a >= 1 ? v.toFixed(2) : v.toPrecision(3);
+      // "232,070" beside "229,175": the same separators as the integers.
+      return a >= 100 ? Math.round(v).toLocaleString("en-US") : a >= 1 ? v.toFixed(2) :
+        a >= 0.001 || a === 0 ? v.toPrecision(3) : "<0.001";
     }
     if (typeof v === "boolean") {
       return v ? "yes" : "";
@@ -58,7 +60,15 @@
     rows.slice(0, ROWS).forEach(function (r) {
       var row = tb.appendChild(el("tr"));
       cols.forEach(function (c) {
-        row.appendChild(el("td", typeof r[c] === "number" ? "num" : "name", cell(r[c])));
+        var v = r[c];
+        // Long text (kernel, op and file names) in the narrow monospace style, with the
+        // whole of it as the tooltip; short words ("computation", "GPU 0") as plain text.
+        var long = typeof v === "string" && v.length > 24;
+        var td = row.appendChild(el("td", typeof v === "number" ? "num" : long ? "name" : null,
+          cell(v)));
+        if (long && v.length > 120) {
+          td.title = v;
+        }
       });
     });
     if (rows.length > ROWS) {

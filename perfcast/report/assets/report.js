@@ -18,7 +18,7 @@
     "idle": "#d0d4da",
     "data loading": "#9bbb59",
     "forward": "#4f81bd",
-    "backward": "#c0504d",
+    "backward": "#4bacc6",  // not communication's red: both can stand in one legend
     "optimizer": "#f79646",
     "sync wait": "#c9c9c9",
     "gpu compute": "#3d7f3d",
@@ -92,6 +92,36 @@
     return s.length <= n ? s : s.slice(0, n - 1) + "…";
   }
 
+  // A kernel or op name as a table shows it: CUDA's "void " dropped, and a long one with its
+  // template and parameter lists folded ("fbgemm_gpu::kernel<…>(…)"); the full name is the
+  // cell's tooltip.
+  function nameCell(name, n) {
+    var full = String(name);
+    var s = full.replace(/^void /, "");
+    if (s.length > n) {
+      var out = "";
+      var depth = 0;
+      for (var i = 0; i < s.length; i++) {
+        var ch = s[i];
+        if (ch === "<" || ch === "(") {
+          if (depth === 0) {
+            out += ch + "…";
+          }
+          depth += 1;
+        } else if ((ch === ">" || ch === ")") && depth > 0) {
+          depth -= 1;
+          if (depth === 0) {
+            out += ch;
+          }
+        } else if (depth === 0) {
+          out += ch;
+        }
+      }
+      s = out;
+    }
+    return el("span", { title: full }, shorten(s, n));
+  }
+
   function stepLabel(name) {
     return String(name).replace(/^ProfilerStep#/, "step ");
   }
@@ -161,9 +191,13 @@
   }
 
   function stackedStepChart(parent, id, x, traces, yTitle) {
-    return chart(parent, id, traces, {
+    // A series that is zero in every step only lengthens the legend.
+    var shown = traces.filter(function (t) {
+      return t.y.some(function (v) { return v > 0.0005; });
+    });
+    return chart(parent, id, shown.length ? shown : traces, {
       barmode: "stack",
-      bargap: x.length < 4 ? 0.6 : 0.2,
+      bargap: x.length === 1 ? 0.8 : x.length < 4 ? 0.6 : 0.2,
       yaxis: { title: { text: yTitle } },
       xaxis: { type: "category", automargin: true }
     });
@@ -287,6 +321,77 @@
         { label: "comm overlap", num: true }, { label: "kernels", num: true }
       ], rows2);
     });
+  }
+
+  // ---- verdict: the answers the rest of the page explains ----------------------------------
+
+  function renderVerdict() {
+    var root = body("verdict");
+    var A = DATA.advice;
+    var card = add(root, el("div", { "class": "verdict" }));
+    function line(label, parts) {
+      var p = add(card, el("p"));
+      add(p, el("span", { "class": "label" }, label));
+      parts.forEach(function (x) {
+        add(p, typeof x === "string" ? document.createTextNode(x) : x);
+      });
+      return p;
+    }
+    if (!A) {
+      var times = [];
+      RANKS.forEach(function (rs) {
+        rs.iterations.forEach(function (it) { times.push(it.measured_ms); });
+      });
+      line("step", [el("b", null, ms(median(times)) + " ms"),
+        " median as traced (the trace was not replayed: no estimate without the profiler, " +
+        "no advice)"]);
+      return;
+    }
+    var kept = A.correction.source === "off";
+    line("step", kept
+      ? [el("b", null, ms(A.traced_ms) + " ms"), " as traced (the profiler's cost kept in)"]
+      : [el("b", null, ms(A.baseline_ms) + " ms"), " without the profiler (" +
+        A.correction.source + " estimate); " + ms(A.traced_ms) + " ms as traced"]);
+    line("what bounds it", [A.bottleneck]);
+    var paths = DATA.replay ? DATA.replay.critical_paths : [];
+    if (paths.length) {
+      var by = {};
+      var total = 0;
+      paths.forEach(function (p) {
+        Object.keys(p.by_category_ms).forEach(function (c) {
+          by[c] = (by[c] || 0) + p.by_category_ms[c];
+          total += p.by_category_ms[c];
+        });
+      });
+      var cats = Object.keys(by).sort(function (a, b) { return by[b] - by[a]; })
+        .filter(function (c) { return total > 0 && by[c] / total >= 0.05; }).slice(0, 3);
+      if (cats.length) {
+        line("critical path", [cats.map(function (c) {
+          return pct(100 * by[c] / total, 0) + " " + c;
+        }).join(", ")]);
+      }
+    }
+    var S = A.suggestions.filter(function (s) { return s.gain_ms > 0; });
+    if (S.length) {
+      var best = S[0];
+      line("best change", [el("b", null, best.name), " → " + ms(best.predicted_ms) + " ms (" +
+        ms(best.speedup, 2) + "×" + (best.speedup_low !== null && best.speedup_low !== undefined
+          ? ", measured error range " + bandText(best) : "") + ")" +
+        (best.code ? ": " : ""), best.code ? el("code", null, best.code) : ""]);
+      if (A.plan && A.plan.specs.length > 1) {
+        line("best plan", [A.plan.specs.join(" + ") + " → ", el("b", null,
+          ms(A.plan.predicted_ms) + " ms (" + ms(A.plan.speedup, 2) + "×)")]);
+      }
+    } else {
+      line("best change", [A.uncertain && A.uncertain.length
+        ? "none gains more than its model's measured error (" + A.uncertain.length +
+          " predicted, not ranked: see Suggested optimizations)"
+        : "no optimization perfcast models applies to this trace"]);
+    }
+    if (DATA.replay) {
+      line("replay check", ["the unmodified trace replays within " +
+        pct(DATA.replay.max_abs_error_pct, 2) + " per step (worst step)"]);
+    }
   }
 
   // ---- breakdown -------------------------------------------------------------------------
@@ -470,7 +575,8 @@
       { label: "total ms", num: true }, { label: "%", num: true }, { label: "count", num: true },
       { label: "name", cls: "name" }
     ], rows.map(function (r) {
-      return [ms(r.total_ms), ms(r.pct, 1), r.count.toLocaleString("en-US"), r.name];
+      return [ms(r.total_ms, r.total_ms < 1 ? 3 : 2), ms(r.pct, 1),
+        r.count.toLocaleString("en-US"), nameCell(r.name, 100)];
     }));
   }
 
@@ -510,8 +616,11 @@
     });
     add(root, el("h3", null, "Time on the critical path, by category"));
     stackedStepChart(root, "chart-critical-path", x, traces, "ms");
-    caption(root, "The chain of work and waits that sets each simulated step's time: what " +
-      "would have to get faster for the step to get faster.");
+    var corrected = DATA.replay.correction && DATA.replay.correction.source !== "off";
+    caption(root, "The chain of work and waits that sets each simulated step's time" +
+      (corrected ? ", in the run without the profiler (its own host cost taken out, so the " +
+        "bars add up to the step without the profiler, not to the traced step)" : "") +
+      ": what would have to get faster for the step to get faster.");
     var agg = {};
     paths.forEach(function (p) {
       p.top_items.forEach(function (item) {
@@ -528,7 +637,8 @@
       { label: "ms per step", num: true }, { label: "in steps", num: true },
       { label: "category" }, { label: "name", cls: "name" }
     ], items.slice(0, 15).map(function (a) {
-      return [ms(a.ms / paths.length, 3), a.steps + " of " + paths.length, a.cat, a.name];
+      return [ms(a.ms / paths.length, 3), a.steps + " of " + paths.length, a.cat,
+        nameCell(a.name, 100)];
     }));
     caption(root, "From the top items of each step's path, averaged over " + paths.length +
       " step" + (paths.length === 1 ? "" : "s") + (MULTI ? " of all ranks" : "") + ".");
@@ -586,13 +696,12 @@
         { label: "#", num: true }, { label: "optimization" }, { label: "predicted ms", num: true },
         { label: "speedup", num: true }, { label: "measured error range", num: true },
         { label: "gain ms", num: true }, { label: "from trace", num: true },
-        { label: "why, where" }, { label: "change" }, { label: "assumptions" }
+        { label: "why, where, assumptions" }, { label: "change", cls: "code" }
       ], S.map(function (s, i) {
         return [
           String(i + 1), s.name, ms(s.predicted_ms),
           s.speedup === null ? "-" : ms(s.speedup, 2) + "×", bandText(s), ms(s.gain_ms),
-          pct(100 * s.measured_share, 0), whyAndWhere(s), s.code || "-",
-          s.assumptions.length ? list(s.assumptions) : "-"
+          pct(100 * s.measured_share, 0), whyAndWhere(s), s.code || "-"
         ];
       }), function (i) { return i === 0 && S[0].gain_ms > 0 ? "best" : null; });
       caption(root, "Measured error range: the speedup range this model's largest error on the " +
@@ -639,16 +748,22 @@
   }
 
   // The reason for a suggestion, then where its gain comes from (module · line · op).
+  // The model's assumptions fold under it: in a column of their own they made every row
+  // a screen tall and pushed the table past the page's width.
   function whyAndWhere(s) {
-    if (!s.where || !s.where.length) {
-      return s.explanation || "-";
+    var div = el("div", { "class": "why" }, s.explanation || (s.where && s.where.length ? "" : "-"));
+    if (s.where && s.where.length) {
+      var ul = add(div, el("ul", { "class": "where" }));
+      s.where.forEach(function (w) {
+        var place = [w.module, w.source, w.op].filter(function (x) { return x; }).join(" · ");
+        add(ul, el("li", null, pct(100 * w.share, 0) + " " + (place || w.path)));
+      });
     }
-    var div = el("div", null, s.explanation || "");
-    var ul = add(div, el("ul", { "class": "where" }));
-    s.where.forEach(function (w) {
-      var place = [w.module, w.source, w.op].filter(function (x) { return x; }).join(" · ");
-      add(ul, el("li", null, pct(100 * w.share, 0) + " " + (place || w.path)));
-    });
+    if (s.assumptions && s.assumptions.length) {
+      var det = add(div, el("details"));
+      add(det, el("summary", null, "assumptions (" + s.assumptions.length + ")"));
+      det.appendChild(list(s.assumptions));
+    }
     return div;
   }
 
@@ -718,7 +833,7 @@
   // ---- go --------------------------------------------------------------------------------
 
   var parts = [
-    ["summary", renderSummary], ["breakdown", renderBreakdown], ["timeline", renderTimeline],
+    ["verdict", renderVerdict], ["summary", renderSummary], ["breakdown", renderBreakdown], ["timeline", renderTimeline],
     ["top", renderTop], ["critical-path", renderCritical], ["advice", renderAdvice],
     ["ranks", renderRanks]
   ];
