@@ -240,3 +240,29 @@ def test_not_applicable_reasons_do_not_repeat_the_name(shared_traces: Path) -> N
     assert advice.not_applicable
     for na in advice.not_applicable:
         assert not na.reason.startswith(na.name.split(":")[0] + ":"), na
+
+
+def test_collectives_far_below_the_link_are_called_waiting(shared_traces: Path) -> None:
+    """A DDP rank whose step is mostly all-reduce at under 1% of the link's bus bandwidth:
+    GPU-bound, but by collectives, and they are waiting for other ranks, not moving data."""
+    trace = shared_traces / "tracelens_mi300x_resnet_act_ckpt_rank0.json.gz"
+    advice = perfcast.advise(str(trace))
+    assert advice.bottleneck.startswith("GPU-bound") and "collectives" in advice.bottleneck
+    assert len(advice.findings) == 1
+    finding = advice.findings[0]
+    assert "of the link's peak bus bandwidth" in finding and "waiting for other ranks" in finding
+    # Below the share that makes a finding, none is given.
+    facts = dict(advice.facts, comm_critical_pct=adv.COMM_FINDING_PCT - 1)
+    assert adv._communication_findings(perfcast.load(str(trace)), facts) == []
+
+
+def test_waiting_on_other_ranks_names_the_late_rank(shared_traces: Path) -> None:
+    advice = perfcast.advise(str(shared_traces / "dlrm_v100_8rank"))
+    assert advice.bottleneck.startswith("waiting on other ranks")
+    assert [f for f in advice.findings if f.startswith("ranks waiting")] == advice.findings
+    assert "rank 7 arrived last at 5 of its 8 collectives" in advice.findings[0]
+
+
+def test_a_host_bound_step_has_no_finding() -> None:
+    advice = perfcast.advise(str(EXAMPLE))
+    assert advice.bottleneck.startswith("host-bound") and advice.findings == []

@@ -122,6 +122,8 @@ class Advice(Displayed):
     facts: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)  # about the input (salvage, no steps)
     measured_real_ms: float | None = None  # mean unprofiled step the trace carries, if any
+    # What the trace shows that limits the step and no modelled optimization addresses.
+    findings: list[str] = field(default_factory=list)
 
     def to_pandas(self) -> Any:
         """One row per predicted optimization, ranked ones first (status "ranked"), then
@@ -334,6 +336,7 @@ def _facts(graph: Graph, tl: Timeline) -> dict[str, float]:
 
         facts["host_critical_pct"] = pct(HOST)
         facts["gpu_critical_pct"] = pct(GPU)
+        facts["comm_critical_pct"] = pct(("gpu communication",))
         facts["ranks_critical_pct"] = pct(("other ranks",))
         facts["latency_critical_pct"] = pct(("latency",))
         facts["idle_critical_pct"] = pct(("idle",))
@@ -398,6 +401,10 @@ def _bottleneck(f: dict[str, float]) -> str:
         "idle: delays the trace does not explain": f.get("idle_critical_pct", 0.0),
     }
     label, pct = max(shares.items(), key=lambda kv: kv[1])
+    comm = f.get("comm_critical_pct", 0.0)
+    if label.startswith("GPU-bound") and comm > pct / 2:
+        # Collectives are GPU work that no kernel optimization shortens: say so.
+        return f"GPU-bound: GPU work set {pct:.0f}% of the critical path, collectives {comm:.0f}%"
     return f"{label} set {pct:.0f}% of the critical path"
 
 
@@ -534,7 +541,74 @@ def advise(
         facts=facts,
         notes=input_notes(table) + graph_notes(world.traced_graph, steps_ns(world.traced)),
         measured_real_ms=world.measured_real_ms,
+        findings=_communication_findings(table, facts) + _waiting_findings(table, facts),
     )
+
+
+# Collectives on the critical path are worth a finding from this share on.
+COMM_FINDING_PCT = 25.0
+# Below this share of the link's peak bus bandwidth a collective is mostly not moving data.
+SLOW_COLLECTIVE_PCT = 20.0
+
+
+def _waiting_findings(table: EventTable, facts: dict[str, float]) -> list[str]:
+    """When ranks waiting for each other hold a large share of the critical path: which rank
+    they wait for, from the collectives' arrival times."""
+    waiting = facts.get("ranks_critical_pct", 0.0)
+    if waiting < COMM_FINDING_PCT or len(table.ranks) < 2:
+        return []
+    from perfcast.analysis.stragglers import stragglers
+
+    rows = sorted(stragglers(table).by_rank, key=lambda r: -r.wait_caused_ms)
+    head = f"ranks waiting for each other hold {waiting:.0f}% of the critical path"
+    if not rows or rows[0].wait_caused_ms <= 0:
+        return [f"{head}; the collectives' arrival times do not single out a rank"]
+    late = rows[0]
+    return [
+        f"{head}: rank {late.rank} arrived last at {late.times_last} of its {late.collectives} "
+        f"collectives and kept the others waiting {late.wait_caused_ms:.2f} ms in all; what "
+        f"makes rank {late.rank} late (its own step in 'perfcast summary': data loading, host "
+        "work) is what would shorten every rank's step, and the what-ifs change every rank "
+        "alike"
+    ]
+
+
+def _communication_findings(table: EventTable, facts: dict[str, float]) -> list[str]:
+    """What the collectives on the critical path say, when they hold a large share of it:
+    whether they ran near the link's bandwidth or far below it (then mostly waiting for other
+    ranks), since no modelled optimization shortens either."""
+    comm = facts.get("comm_critical_pct", 0.0)
+    if comm < COMM_FINDING_PCT:
+        return []
+    from perfcast.analysis.comms import collectives
+
+    rows = [r for r in collectives(table).by_op if r.size_bytes and r.pct_of_peak is not None]
+    head = f"collectives hold {comm:.0f}% of the critical path"
+    if not rows:
+        return [
+            f"{head}; the trace carries no collective sizes (record_shapes=True records them), "
+            "so whether they move data or wait for other ranks is unknown"
+        ]
+    # The share of peak the time-weighted collective reached (its fastest call).
+    weight = sum(r.total_ms for r in rows)
+    pct_peak = sum((r.pct_of_peak or 0.0) * r.total_ms for r in rows) / weight
+    link = rows[0].link
+    if pct_peak < SLOW_COLLECTIVE_PCT:
+        return [
+            f"{head}, and they reached {pct_peak:.1f}% of the link's peak bus bandwidth "
+            f"({link}, time-weighted over {len(rows)} kinds): far below what the link "
+            "carries, so most of their time is likely spent waiting for other ranks to "
+            "arrive (a slower rank, its input pipeline, or a slow network) rather than moving "
+            "data; trace every rank (perfcast profile -- torchrun ...) and run 'perfcast "
+            "analyze DIR --only stragglers' to see which. No modelled optimization shortens "
+            "that wait"
+        ]
+    return [
+        f"{head} and ran at {pct_peak:.0f}% of the link's peak bus bandwidth ({link}): they "
+        "are moving data, so fewer bytes (a bf16 gradient-compression hook, "
+        "model.register_comm_hook(None, bf16_compress_hook)), more overlap with backward "
+        "(smaller DDP buckets start earlier) or a faster link shorten them"
+    ]
 
 
 def _candidates_for(graph: Graph) -> list[str]:

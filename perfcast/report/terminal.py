@@ -278,6 +278,8 @@ def render_advice(advice: Advice, console: Console) -> None:
             f"({advice.correction.source}; traced {advice.traced_ms:.2f} ms)"
         )
     console.print(Text(f"{step} · {advice.bottleneck}", style="bold"))
+    for finding in advice.findings:
+        console.print(Text(f"finding: {finding}"))
     t = Table(
         title="optimizations ranked by predicted step time (gain beyond the model's error)",
         title_justify="left",

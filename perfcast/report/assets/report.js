@@ -353,6 +353,9 @@
       : [el("b", null, ms(A.baseline_ms) + " ms"), " without the profiler (" +
         A.correction.source + " estimate); " + ms(A.traced_ms) + " ms as traced"]);
     line("what bounds it", [A.bottleneck]);
+    (A.findings || []).forEach(function (f) {
+      line("finding", [f]);
+    });
     var paths = DATA.replay ? DATA.replay.critical_paths : [];
     if (paths.length) {
       var by = {};
@@ -665,6 +668,9 @@
       add(head, document.createTextNode(" (" + A.correction.source + ")"));
     }
     add(head, document.createTextNode(". Bottleneck: " + A.bottleneck + "."));
+    (A.findings || []).forEach(function (f) {
+      caption(root, "Finding: " + f + ".", "note");
+    });
     var S = A.suggestions;
     if (!S.length) {
       caption(root, A.uncertain && A.uncertain.length
