@@ -266,3 +266,18 @@ def test_waiting_on_other_ranks_names_the_late_rank(shared_traces: Path) -> None
 def test_a_host_bound_step_has_no_finding() -> None:
     advice = perfcast.advise(str(EXAMPLE))
     assert advice.bottleneck.startswith("host-bound") and advice.findings == []
+
+
+@pytest.mark.parametrize(
+    ("name", "says"),
+    [
+        ("hta_a100_rank0_of16.json.gz", "GPU tasks have no launch in the trace"),
+        ("tracelens_mi300x_sglang_qwen3_8b.json.gz", "neither the GPU nor a traced op was busy"),
+    ],
+)
+def test_unexplained_time_on_the_critical_path_is_a_finding(
+    shared_traces: Path, name: str, says: str
+) -> None:
+    advice = perfcast.advise(str(shared_traces / name))
+    assert advice.bottleneck.startswith("idle")
+    assert len(advice.findings) == 1 and says in advice.findings[0]

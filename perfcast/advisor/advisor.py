@@ -541,7 +541,11 @@ def advise(
         facts=facts,
         notes=input_notes(table) + graph_notes(world.traced_graph, steps_ns(world.traced)),
         measured_real_ms=world.measured_real_ms,
-        findings=_communication_findings(table, facts) + _waiting_findings(table, facts),
+        findings=(
+            _communication_findings(table, facts)
+            + _waiting_findings(table, facts)
+            + _idle_findings(world.traced_graph, facts)
+        ),
     )
 
 
@@ -549,6 +553,28 @@ def advise(
 COMM_FINDING_PCT = 25.0
 # Below this share of the link's peak bus bandwidth a collective is mostly not moving data.
 SLOW_COLLECTIVE_PCT = 20.0
+
+
+def _idle_findings(graph: Graph, facts: dict[str, float]) -> list[str]:
+    """When time no traced work explains holds a large share of the critical path: whether the
+    trace lost the launches of its GPU work (a trace without its CPU side) or the host was
+    busy outside any traced op."""
+    idle = facts.get("idle_critical_pct", 0.0)
+    if idle < COMM_FINDING_PCT:
+        return []
+    head = f"time no traced work explains holds {idle:.0f}% of the critical path"
+    orphans = graph.unresolved.get("gpu_without_launch", 0)
+    if orphans:
+        return [
+            f"{head}, and {orphans:,} GPU tasks have no launch in the trace: its CPU side is "
+            "incomplete (sampled or filtered, or the work was launched from a thread the "
+            "profiler did not record), so the replay cannot tell what delayed them; a trace "
+            "with CPU and CUDA activities of every thread says"
+        ]
+    return [
+        f"{head}: neither the GPU nor a traced op was busy (Python between ops, I/O, waiting "
+        "for input or requests); with_stack=True shows which Python lines ran there"
+    ]
 
 
 def _waiting_findings(table: EventTable, facts: dict[str, float]) -> list[str]:
