@@ -357,3 +357,16 @@ def test_largest_trace_report_stays_small(shared_traces: Path, tmp_path: Path) -
     tl = data["timeline"]
     assert tl["measured"]["total"] > tl["measured"]["shown"] == report_html.MAX_TIMELINE_BARS
     assert took < 120, took  # load + replay + advice; a few seconds on a laptop
+
+
+def test_timeline_cap_keeps_every_lanes_longest_bars() -> None:
+    """A lane of many short bars keeps an equal share of the cap beside lanes of long ones
+    (by length alone, a runtime lane of hundreds of launches kept 2-6 bars)."""
+    lane = np.array([0] * 10 + [1] * 3 + [2] * 100)
+    dur = np.arange(113, dtype=float)[::-1]  # lane 0 longest, lane 2 shortest
+    keep = report_html._capped(lane, dur, 20)
+    assert keep.size == 20 and np.unique(keep).size == 20
+    assert np.bincount(lane[keep], minlength=3).tolist() == [9, 3, 8]
+    # Within a lane, its longest bars.
+    assert set(keep[lane[keep] == 2].tolist()) == set(range(13, 21))
+    assert report_html._capped(lane, dur, 500).tolist() == list(range(113))

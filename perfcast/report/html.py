@@ -241,12 +241,10 @@ def _group(
     name_strs: list[str],
     origin: int,
 ) -> dict[str, Any]:
-    """One group of lanes: bars sorted by start, capped to the longest MAX_TIMELINE_BARS."""
+    """One group of lanes: bars sorted by start, capped to MAX_TIMELINE_BARS (see _capped)."""
     dur = end_ns - start_ns
     total = int(dur.size)
-    keep = np.arange(total)
-    if total > MAX_TIMELINE_BARS:
-        keep = np.argsort(-dur, kind="stable")[:MAX_TIMELINE_BARS]
+    keep = _capped(lane, dur, MAX_TIMELINE_BARS)
     keep = keep[np.argsort(start_ns[keep], kind="stable")]
     used = np.unique(lane[keep]) if keep.size else np.zeros(0, dtype=np.int64)
     # Keep every lane that has work, even if none of its bars survived the cap.
@@ -262,6 +260,33 @@ def _group(
         "total": total,
         "shown": int(keep.size),
     }
+
+
+def _capped(lane: np.ndarray, dur: np.ndarray, cap: int) -> np.ndarray:
+    """At most `cap` bars: each lane keeps its longest bars up to an equal quota (the largest
+    that fits), and the slots left go to the longest bars of all. Capping by length alone
+    left a runtime lane of hundreds of short launches with 2-6 bars beside whole kernels."""
+    n = int(dur.size)
+    if n <= cap:
+        return np.arange(n)
+    order = np.lexsort((-dur, lane))  # by lane, longest first within it
+    _, first, counts = np.unique(lane[order], return_index=True, return_counts=True)
+    rank_in_lane = np.arange(n) - np.repeat(first, counts)
+    # The largest equal quota q with sum(min(count, q)) <= cap.
+    lo, hi = 0, int(counts.max())
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if int(np.minimum(counts, mid).sum()) <= cap:
+            lo = mid
+        else:
+            hi = mid - 1
+    chosen = rank_in_lane < lo
+    keep = order[chosen]
+    rest = order[~chosen]
+    left = cap - keep.size
+    if left > 0 and rest.size:
+        keep = np.concatenate([keep, rest[np.argsort(-dur[rest], kind="stable")[:left]]])
+    return keep
 
 
 def _depth(table: EventTable, rows: np.ndarray, counted: np.ndarray) -> np.ndarray:

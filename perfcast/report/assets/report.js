@@ -446,7 +446,7 @@
     var ccol = {
       "data loading": COLORS["data loading"], forward: COLORS.forward,
       backward: COLORS.backward, optimizer: COLORS.optimizer,
-      communication: "#4bacc6"
+      communication: COLORS.communication  // red in every chart and the timeline
     };
     stackedStepChart(root, "chart-breakdown-cpu", x, Object.keys(cpu).map(function (k) {
       return stepBars(k, x, cpu[k], ccol[k]);
@@ -477,10 +477,11 @@
     var capped = groups.filter(function (g) { return g[1].shown < g[1].total; });
     if (capped.length) {
       add(root, el("p", { "class": "note" }, capped.map(function (g) {
-        return g[0] + ": showing the " + g[1].shown.toLocaleString("en-US") + " longest of " +
+        return g[0] + ": showing " + g[1].shown.toLocaleString("en-US") + " of " +
           g[1].total.toLocaleString("en-US") + " bars";
       }).join("; ") + " (at most " + T.max_bars.toLocaleString("en-US") +
-        " per group, so the page stays fast). Use Perfetto for every event."));
+        " per group, so the page stays fast: every lane keeps its longest bars up to an equal " +
+        "share, the rest go to the longest overall). Use Perfetto for every event."));
     }
     var traces = [];
     var seen = {};
@@ -681,6 +682,16 @@
       chart(root, "chart-advice", [{
         type: "bar", orientation: "h", y: names, x: S.map(function (s) { return s.predicted_ms; }),
         marker: { color: S.map(function (s) { return s.gain_ms > 0 ? "#3d7f3d" : "#c9c9c9"; }) },
+        // The step times the measured error range allows: baseline / speedup_high .. _low.
+        error_x: {
+          type: "data", symmetric: false, color: "#1d232b", thickness: 1.2, width: 4,
+          array: S.map(function (s) {
+            return s.speedup_low ? A.baseline_ms / s.speedup_low - s.predicted_ms : 0;
+          }),
+          arrayminus: S.map(function (s) {
+            return s.speedup_high ? s.predicted_ms - A.baseline_ms / s.speedup_high : 0;
+          })
+        },
         hovertemplate: "%{y}: %{x:.2f} ms<extra></extra>", name: "predicted"
       }], {
         yaxis: { type: "category", autorange: "reversed", automargin: true },
@@ -710,7 +721,8 @@
           pct(100 * s.measured_share, 0), whyAndWhere(s), s.code || "-"
         ];
       }), function (i) { return i === 0 && S[0].gain_ms > 0 ? "best" : null; });
-      caption(root, "Measured error range: the speedup range this model's largest error on the " +
+      caption(root, "Whiskers on the bars: the step times the measured error range allows. " +
+        "Measured error range: the speedup range this model's largest error on the " +
         "project's measured GPU pairs allows. From trace: how much of the predicted critical " +
         "path keeps durations from the trace (the rest is scaled or modelled).");
     }
