@@ -343,6 +343,9 @@ def test_multi_rank_report_compares_ranks(
     ticks = {t.text_content() for t in chart.find_all(cls="xtick")}
     assert ticks == {"rank 0", "rank 1"}
     assert "2 ranks" in ranks.text_content()
+    # Each rank's step split, so load imbalance tells apart from waiting.
+    assert ranks.by_id("chart-ranks-split") is not None
+    assert "Across ranks: compute" in ranks.text_content()
 
 
 @pytest.mark.slow

@@ -787,6 +787,42 @@
 
   // ---- ranks -----------------------------------------------------------------------------
 
+  // Each rank's mean step split as the breakdown splits it: a rank that computes longer
+  // than the others (load imbalance) tells apart from one that waits (exposed communication).
+  function renderRankSplit(root, x) {
+    var parts = [
+      ["compute", "compute_ms", COLORS.compute],
+      ["communication exposed", "communication_exposed_ms", COLORS.communication],
+      ["copies exposed", "memcpy_exposed_ms", COLORS.copy],
+      ["idle", "idle_ms", COLORS.idle]
+    ];
+    var withGpu = RANKS.filter(function (rs) {
+      return rs.iterations.some(function (it) { return it.gpu; });
+    });
+    if (withGpu.length !== RANKS.length) {
+      return;
+    }
+    var split = parts.map(function (p) {
+      return RANKS.map(function (rs) {
+        return mean(rs.iterations.filter(function (it) { return it.gpu; })
+          .map(function (it) { return it.gpu[p[1]]; }));
+      });
+    });
+    add(root, el("h3", null, "GPU time per rank, split (mean per step)"));
+    stackedStepChart(root, "chart-ranks-split", x, parts.map(function (p, k) {
+      return stepBars(p[0], x, split[k], p[2]);
+    }), "ms");
+    var spread = parts.slice(0, 2).map(function (p, k) {
+      var v = split[k];
+      var lo = Math.min.apply(null, v);
+      var hi = Math.max.apply(null, v);
+      return p[0] + " " + ms(lo) + "–" + ms(hi) + " ms (median " + ms(median(v)) + ", longest " +
+        x[v.indexOf(hi)] + ")";
+    });
+    caption(root, "Across ranks: " + spread.join("; ") + ". Ranks whose compute is longer " +
+      "make the others wait: their wait shows as exposed communication on the other ranks.");
+  }
+
   function renderRanks() {
     var root = body("ranks");
     if (!MULTI) {
@@ -827,6 +863,7 @@
       yaxis: { title: { text: "step time, ms" } },
       xaxis: { type: "category" }
     });
+    renderRankSplit(root, x);
     var slowest = 0;
     meas.forEach(function (m, i) {
       if (m !== null && m > meas[slowest]) {
