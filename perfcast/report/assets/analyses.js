@@ -40,8 +40,14 @@
     if (typeof v === "boolean") {
       return v ? "yes" : "";
     }
-    var s = String(v);
+    var s = String(v).replace(/^void /, "");  // as the terminal shows kernel names
     return s.length > 120 ? s.slice(0, 119) + "…" : s;
+  }
+
+  // "mean_op_to_launch_us" -> "mean op to launch µs" (the tooltip keeps the field name).
+  function heading(c) {
+    return c.replace(/_/g, " ").replace(/\bus\b/g, "µs").replace(/\bgbs\b/g, "GB/s")
+      .replace(/\bpct\b/g, "%").replace(/\bmb\b/g, "MB").replace(/\bms\b/g, "ms");
   }
 
   function rowsTable(parent, title, rows) {
@@ -54,7 +60,9 @@
     var cols = Object.keys(rows[0]);
     var tr = t.appendChild(el("thead")).appendChild(el("tr"));
     cols.forEach(function (c) {
-      tr.appendChild(el("th", typeof rows[0][c] === "number" ? "num" : null, c));
+      var th = tr.appendChild(el("th", typeof rows[0][c] === "number" ? "num" : null,
+        heading(c)));
+      th.title = c;  // the column's name in --json, --csv and the API
     });
     var tb = t.appendChild(el("tbody"));
     rows.slice(0, ROWS).forEach(function (r) {
@@ -137,7 +145,9 @@
     }
     Object.keys(res).forEach(function (k) {
       var v = res[k];
-      if (Array.isArray(v) && v.length && typeof v[0] === "object" && !SERIES[k]) {
+      // A comparison across ranks says nothing about one rank.
+      var oneRank = k === "across_ranks" && v.every(function (r) { return r.ranks === 1; });
+      if (Array.isArray(v) && v.length && typeof v[0] === "object" && !SERIES[k] && !oneRank) {
         rowsTable(det, name + " · " + k, v);
       }
     });
