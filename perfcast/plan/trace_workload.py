@@ -49,7 +49,7 @@ from perfcast.graph.phases import Phase, collective_kernel_mask, event_phases
 from perfcast.hardware.classify import KernelClass, classify_names
 from perfcast.hardware.network import Cluster, collective_time_s
 from perfcast.memory_model.facts import TraceFacts, trace_facts
-from perfcast.memory_model.model import inputs_from_facts
+from perfcast.memory_model.model import cudnn_autotune_note, inputs_from_facts
 from perfcast.plan.analytic import StageTimes
 from perfcast.plan.plans import Plans
 from perfcast.whatif.models._parallel_common import balanced_max as _balanced_max
@@ -530,6 +530,9 @@ def trace_workload(
         )
     elif pairs == 0:
         w.assumptions.append("no linear layers in the trace: tensor parallelism not offered")
+    autotune = cudnn_autotune_note(facts)
+    if autotune:
+        w.assumptions.append(f"memory: {autotune}")
     return w
 
 
