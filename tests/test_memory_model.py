@@ -133,6 +133,16 @@ def test_whatif_result_carries_memory() -> None:
     assert r.memory is not None and r.memory.peak_bytes > 0
 
 
+def test_cuda_graphs_keep_the_peak_and_say_why() -> None:
+    inp = MemoryInputs(param_numels=[1000], saved_bytes=[64, 32], optimizer="adam")
+    out = apply_changes(inp, ["cuda-graphs", "remove-host-sync"])
+    assert out.saved_bytes == inp.saved_bytes and out.param_numels == inp.param_numels
+    assert [a for a in out.assumptions if a.startswith("cuda-graphs:")] == [
+        a for a in out.assumptions if "private pool" in a
+    ]
+    assert len(out.assumptions) == len(inp.assumptions) + 1  # remove-host-sync says nothing
+
+
 LIVE_H200 = RECORDED.parent / "live-h200-2026-11-26"
 
 
