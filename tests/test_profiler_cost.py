@@ -270,6 +270,18 @@ def test_measured_unprofiled_steps_are_fitted(tmp_path: Path) -> None:
     assert all(it.measured_real_ms == pytest.approx(15.5) for it in r.iterations)
 
 
+def test_a_fit_at_its_bound_says_it_falls_short(tmp_path: Path) -> None:
+    """Unprofiled steps far shorter than any correction reaches: the fit stops at its bound,
+    and says how far the step stays from them instead of claiming a 5% fit."""
+    path = _with_measured(H100 / "mlp_base.json.gz", tmp_path, [3.0])
+    r = perfcast.predict(path, [])
+    assert r.correction.source == "fit"
+    assert "the most the fit allows" in r.correction.note
+    gap = r.baseline_ms / 3.0 - 1
+    assert gap > 0.5
+    assert r.correction.uncertainty_pct == pytest.approx(100 * gap, rel=0.05)
+
+
 def test_the_fit_can_be_held_out(tmp_path: Path) -> None:
     # fit=False chooses the cost as if the trace carried no unprofiled steps (the held-out
     # check in benchmarks.accuracy), and still reports the measured step beside the estimate.

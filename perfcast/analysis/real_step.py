@@ -174,15 +174,23 @@ def _fit(graph: Graph, base: ProfilerCost, measured: dict[int, float]) -> Profil
         )
     lo, hi = 0.0, FIT_MAX_SCALE
     if hi_err > 0:
-        scale = FIT_MAX_SCALE
-    else:
-        for _ in range(16):
-            mid = (lo + hi) / 2
-            if error(mid) > 0:
-                lo = mid
-            else:
-                hi = mid
-        scale = (lo + hi) / 2
+        # Even the most the fit allows leaves the step longer than measured: say so, and
+        # carry the gap as the estimate's uncertainty rather than a fit's 5%.
+        return replace(
+            base.scaled(FIT_MAX_SCALE),
+            source="fit",
+            uncertainty=max(0.05, hi_err),
+            note=f"the {base.source} costs x{FIT_MAX_SCALE:.2f}, the most the fit allows, still "
+            f"leave the step {hi_err:.0%} longer than the unprofiled steps the trace carries: "
+            "the traced and unprofiled steps differ by more than the profiler's cost explains",
+        )
+    for _ in range(16):
+        mid = (lo + hi) / 2
+        if error(mid) > 0:
+            lo = mid
+        else:
+            hi = mid
+    scale = (lo + hi) / 2
     return replace(
         base.scaled(scale),
         source="fit",
