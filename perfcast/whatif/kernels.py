@@ -121,12 +121,13 @@ def check_device_name(name: str, label: str) -> None:
     error (OptionError) naming the argument, e.g. label "--device" or "device="."""
     from perfcast.errors import OptionError
 
-    try:
-        if not isinstance(name, str):
-            raise NotApplicableError("not a name")
-        resolve_device(name, "", "")
-    except NotApplicableError:
-        raise OptionError(f"{label}{name!r}: unknown GPU", hint=known_devices_text()) from None
+    if isinstance(name, str):
+        try:
+            resolve_device(name, "", "")
+            return
+        except NotApplicableError:
+            pass
+    raise OptionError(f"{label}{name!r}: unknown GPU", hint=known_devices_text())
 
 
 def rank_devices(
