@@ -154,6 +154,13 @@ def _configured_path() -> Path | None:
     return Path(value) if value else default_path()
 
 
+def is_active_path(path: str | Path) -> bool:
+    """Whether the models read a calibration written to `path` (the default file, or the one
+    $PERFCAST_CALIBRATION names)."""
+    configured = _configured_path()
+    return configured is not None and Path(path).resolve() == configured.resolve()
+
+
 _cache: dict[tuple[str, float], Calibration] = {}
 
 

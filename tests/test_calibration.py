@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -125,6 +126,30 @@ def test_cli_calibrate_writes_the_file_models_read(
     monkeypatch.setenv("PERFCAST_CALIBRATION", str(out))
     active = calibration.active()
     assert active is not None and active.path == str(out)
+
+
+def test_calibrate_says_whether_the_models_read_its_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`-o FILE` elsewhere than the file the models read must not claim they use it."""
+    from rich.console import Console
+
+    from perfcast.report import terminal
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.delenv("PERFCAST_CALIBRATION", raising=False)
+    cal = Calibration(machine={}, created="2026-11-27T10:00:00Z", dataloader=None, checkpoint=None)
+
+    def said(path: Path) -> str:
+        console = Console(record=True, width=200)
+        terminal.calibration(replace(cal, path=str(path)), console)
+        return console.export_text()
+
+    assert "now uses these numbers" in said(calibration.default_path())
+    elsewhere = said(tmp_path / "other.json")
+    assert "now uses" not in elsewhere and "PERFCAST_CALIBRATION=" in elsewhere
+    monkeypatch.setenv("PERFCAST_CALIBRATION", str(tmp_path / "other.json"))
+    assert "now uses these numbers" in said(tmp_path / "other.json")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -430,10 +430,16 @@ def calibration(cal: Calibration, console: Console) -> None:
             + ", ".join(f"{k} ops {v:g} ms" for k, v in ck.samples.items())
             + ")"
         )
-    console.print(
-        Text(
-            "dataloader-overlap and activation-checkpointing now use these numbers; "
-            "set PERFCAST_CALIBRATION=off to ignore them",
-            style="dim",
+    from perfcast import calibration as cal_files
+
+    if cal.path and cal_files.is_active_path(cal.path):
+        said = (
+            "perfcast now uses these numbers for traces from this machine; set "
+            "PERFCAST_CALIBRATION=off to ignore them"
         )
-    )
+    else:
+        said = (
+            f"perfcast reads this file only where PERFCAST_CALIBRATION={cal.path} is set "
+            "(or as device:host=FILE)"
+        )
+    console.print(Text(said, style="dim"))

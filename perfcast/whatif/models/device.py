@@ -90,7 +90,8 @@ from perfcast.whatif.registry import MAX_OPTION
 
 SUMMARY = (
     "the same work on another GPU, per-kernel roofline scaling (target=GPU, required: e.g. "
-    "target=h100; source= when the trace misnames its own; host=SPEED)"
+    "target=h100; source= when the trace misnames its own; host=SPEED, or host=FILE: the new "
+    "machine's perfcast calibrate file)"
 )
 
 
