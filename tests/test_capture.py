@@ -316,6 +316,26 @@ def test_run_profile_through_torchrun_writes_one_trace_per_rank(tmp_path: Path) 
                 "3",
             ],
         ),
+        (  # a "--" right after the script is the script's, and torchrun's parser drops it
+            ["torchrun", "--nproc-per-node", "2", "train.py", "--", "--lr", "3"],
+            [
+                "--nproc-per-node",
+                "2",
+                "-m",
+                "perfcast",
+                "profile",
+                "-q",
+                "--",
+                "train.py",
+                "--",
+                "--lr",
+                "3",
+            ],
+        ),
+        (  # interpreter flags before -m
+            ["python", "-u", "-m", "torch.distributed.run", "--standalone", "t.py"],
+            ["--standalone", "-m", "perfcast", "profile", "-q", "--", "t.py"],
+        ),
         (
             ["python3", "-m", "torch.distributed.run", "--standalone", "-m", "pkg.train", "-x"],
             [
@@ -339,8 +359,12 @@ def test_launcher_commands_run_perfcast_profile_as_every_worker(
     import sys
 
     from perfcast.capture.launch import launcher_args, worker_command
+    from perfcast.capture.profiler import _parse_target
 
-    launcher = launcher_args(cmd)
+    def launcher_of(cmd: list[str]) -> list[str] | None:
+        return launcher_args(cmd, *_parse_target(cmd))
+
+    launcher = launcher_of(cmd)
     assert launcher is not None
     assert worker_command(launcher, ["-q"]) == [
         sys.executable,
@@ -348,8 +372,9 @@ def test_launcher_commands_run_perfcast_profile_as_every_worker(
         "torch.distributed.run",
         *expected,
     ]
-    assert launcher_args(["python", "train.py"]) is None
-    assert launcher_args(["train.py", "torchrun"]) is None
+    assert launcher_of(["python", "train.py"]) is None
+    assert launcher_of(["train.py", "torchrun"]) is None
+    assert launcher_of(["python", "-m", "pkg.train"]) is None
 
 
 @pytest.mark.parametrize(
@@ -358,6 +383,7 @@ def test_launcher_commands_run_perfcast_profile_as_every_worker(
         (["torchrun", "--nproc-per-node"], "torchrun: argument --nproc-per-node"),
         (["torchrun", "--no-python", "train.sh"], "needs a Python script or module"),
         (["python", "-m", "torch.distributed.launch", "t.py"], "use torchrun"),
+        (["torchrun", "--run-path", "t.py"], "drop it"),
     ],
 )
 def test_launchers_perfcast_cannot_profile_through_are_one_line_errors(

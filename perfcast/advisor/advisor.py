@@ -551,8 +551,12 @@ def advise(
 
 # Collectives on the critical path are worth a finding from this share on.
 COMM_FINDING_PCT = 25.0
-# Below this share of the link's peak bus bandwidth a collective is mostly not moving data.
-SLOW_COLLECTIVE_PCT = 20.0
+# Below this share of the intra-node link's peak bus bandwidth a collective is mostly not
+# moving data. Low enough that a job across nodes at its network's full speed (400 Gb/s
+# InfiniBand: about 10% of NVLink 4's bus bandwidth) is not called waiting.
+SLOW_COLLECTIVE_PCT = 5.0
+# GPU tasks without a launch beyond this share of all say the trace's CPU side is incomplete.
+ORPHAN_SHARE = 0.01
 
 
 def _idle_findings(graph: Graph, facts: dict[str, float]) -> list[str]:
@@ -564,7 +568,9 @@ def _idle_findings(graph: Graph, facts: dict[str, float]) -> list[str]:
         return []
     head = f"time no traced work explains holds {idle:.0f}% of the critical path"
     orphans = graph.unresolved.get("gpu_without_launch", 0)
-    if orphans:
+    tasks = int(((graph.cols["kind"] == NodeKind.GPU) & graph.alive).sum())
+    # A few kernels without a launch are ordinary (work enqueued just before the trace).
+    if orphans > ORPHAN_SHARE * max(tasks, 1):
         return [
             f"{head}, and {orphans:,} GPU tasks have no launch in the trace: its CPU side is "
             "incomplete (sampled or filtered, or the work was launched from a thread the "
@@ -585,17 +591,25 @@ def _waiting_findings(table: EventTable, facts: dict[str, float]) -> list[str]:
         return []
     from perfcast.analysis.stragglers import stragglers
 
-    rows = sorted(stragglers(table).by_rank, key=lambda r: -r.wait_caused_ms)
+    found = stragglers(table)
+    rows = sorted(found.by_rank, key=lambda r: -r.wait_caused_ms)
     head = f"ranks waiting for each other hold {waiting:.0f}% of the critical path"
     if not rows or rows[0].wait_caused_ms <= 0:
         return [f"{head}; the collectives' arrival times do not single out a rank"]
     late = rows[0]
+    # The same ranks the summary and the analyses call stragglers (latest on average).
+    on_average = ", ".join(str(r) for r in found.candidates)
     return [
         f"{head}: rank {late.rank} arrived last at {late.times_last} of its {late.collectives} "
-        f"collectives and kept the others waiting {late.wait_caused_ms:.2f} ms in all; what "
-        f"makes rank {late.rank} late (its own step in 'perfcast summary': data loading, host "
-        "work) is what would shorten every rank's step, and the what-ifs change every rank "
-        "alike"
+        f"collectives and kept the others waiting {late.wait_caused_ms:.2f} ms in all"
+        + (
+            f" (latest on average: rank{'s' if len(found.candidates) > 1 else ''} {on_average})"
+            if on_average
+            else ""
+        )
+        + f"; what makes rank {late.rank} late (its own step in 'perfcast summary': data "
+        "loading, host work) is what would shorten every rank's step, and the what-ifs change "
+        "every rank alike"
     ]
 
 
@@ -619,15 +633,21 @@ def _communication_findings(table: EventTable, facts: dict[str, float]) -> list[
     weight = sum(r.total_ms for r in rows)
     pct_peak = sum((r.pct_of_peak or 0.0) * r.total_ms for r in rows) / weight
     link = rows[0].link
+    ops = sorted({r.op for r in rows})
     if pct_peak < SLOW_COLLECTIVE_PCT:
+        who = (
+            "run 'perfcast analyze DIR --only stragglers' to see which"
+            if len(table.ranks) > 1
+            else "trace every rank (perfcast profile -- torchrun ...) and run 'perfcast analyze "
+            "DIR --only stragglers' to see which"
+        )
         return [
             f"{head}, and they reached {pct_peak:.1f}% of the link's peak bus bandwidth "
-            f"({link}, time-weighted over {len(rows)} kinds): far below what the link "
+            f"({', '.join(ops)}, time-weighted, against {link}, the device's usual link inside "
+            "a node; a job across nodes runs on a slower one): far below what the link "
             "carries, so most of their time is likely spent waiting for other ranks to "
             "arrive (a slower rank, its input pipeline, or a slow network) rather than moving "
-            "data; trace every rank (perfcast profile -- torchrun ...) and run 'perfcast "
-            "analyze DIR --only stragglers' to see which. No modelled optimization shortens "
-            "that wait"
+            f"data; {who}. No modelled optimization shortens that wait"
         ]
     return [
         f"{head} and ran at {pct_peak:.0f}% of the link's peak bus bandwidth ({link}): they "

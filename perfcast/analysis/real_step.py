@@ -28,6 +28,8 @@ from perfcast.real import (
 from perfcast.sim.timeline import Timeline, simulate
 
 FIT_MAX_SCALE = 8.0  # a fit may scale the base costs up to this much
+# A fit at its bound that leaves the step longer than measured by more than this says so.
+FIT_BOUND_GAP = 0.05
 FIT_MIN_RESPONSE = 0.01  # a step moving less than this over the whole range does not fit
 # The profiler never makes a step faster: unprofiled steps measured more than this much
 # slower than the traced ones were disturbed (6 of the 36 H200 traces: 15-25% slower, with
@@ -173,7 +175,7 @@ def _fit(graph: Graph, base: ProfilerCost, measured: dict[int, float]) -> Profil
             note="the unprofiled step measured no faster than the traced one: nothing is taken out",
         )
     lo, hi = 0.0, FIT_MAX_SCALE
-    if hi_err > 0:
+    if hi_err > FIT_BOUND_GAP:
         # Even the most the fit allows leaves the step longer than measured: say so, and
         # carry the gap as the estimate's uncertainty rather than a fit's 5%.
         return replace(
@@ -184,13 +186,16 @@ def _fit(graph: Graph, base: ProfilerCost, measured: dict[int, float]) -> Profil
             f"leave the step {hi_err:.0%} longer than the unprofiled steps the trace carries: "
             "the traced and unprofiled steps differ by more than the profiler's cost explains",
         )
-    for _ in range(16):
-        mid = (lo + hi) / 2
-        if error(mid) > 0:
-            lo = mid
-        else:
-            hi = mid
-    scale = (lo + hi) / 2
+    if hi_err > 0:  # the bound leaves the step within FIT_BOUND_GAP of it: a fit
+        scale = FIT_MAX_SCALE
+    else:
+        for _ in range(16):
+            mid = (lo + hi) / 2
+            if error(mid) > 0:
+                lo = mid
+            else:
+                hi = mid
+        scale = (lo + hi) / 2
     return replace(
         base.scaled(scale),
         source="fit",

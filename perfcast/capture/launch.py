@@ -29,22 +29,21 @@ def is_launched_worker() -> bool:
     return os.environ.get(LAUNCHED_ENV) == "1"
 
 
-def launcher_args(cmd: Sequence[str]) -> list[str] | None:
-    """The launcher's own arguments (after its name) when ``cmd`` starts a launcher that
-    perfcast can profile through (torchrun, ``python -m torch.distributed.run``); None for
-    a plain script or module."""
-    if not cmd:
-        return None
-    if Path(cmd[0]).name == "torchrun":
+def launcher_args(
+    cmd: Sequence[str], kind: str, target: str, args: Sequence[str]
+) -> list[str] | None:
+    """The launcher's own arguments when ``cmd`` starts a launcher that perfcast can profile
+    through (torchrun, ``python [flags] -m torch.distributed.run``); None for a plain script
+    or module. ``kind``, ``target`` and ``args`` are the command as `_parse_target` read it."""
+    if cmd and Path(cmd[0]).name == "torchrun":
         return list(cmd[1:])
-    if Path(cmd[0]).name.startswith("python") and len(cmd) >= 3 and cmd[1] == "-m":
-        if cmd[2] in _LAUNCHER_MODULES:
-            return list(cmd[3:])
-        if cmd[2] == "torch.distributed.launch":
-            raise ValueError(
-                "torch.distributed.launch is deprecated and passes --local-rank to the "
-                "script; use torchrun (the same options) instead"
-            )
+    if kind == "module" and target in _LAUNCHER_MODULES:
+        return list(args)
+    if kind == "module" and target == "torch.distributed.launch":
+        raise ValueError(
+            "torch.distributed.launch is deprecated and passes --local-rank to the "
+            "script; use torchrun (the same options) instead"
+        )
     return None
 
 
@@ -68,9 +67,17 @@ def worker_command(launcher: Sequence[str], profile_options: Sequence[str]) -> l
             "torchrun --no-python starts a program that is not Python; perfcast profile needs "
             "a Python script or module"
         )
+    if parsed.run_path:
+        raise ValueError(
+            "torchrun --run-path runs the script by its path in torchrun's own process; "
+            "perfcast profile needs each worker to start as a Python process: drop it"
+        )
     script_at = len(launcher) - len(parsed.training_script_args) - 1
+    if launcher[script_at] != parsed.training_script:
+        script_at -= 1  # argparse dropped a "--" right after the script
     own = [a for a in launcher[:script_at] if a not in ("-m", "--module")]
     target = ["python", "-m", parsed.training_script] if parsed.module else [parsed.training_script]
+    script_args = list(launcher[script_at + 1 :])  # as given, a "--" included
     return [
         sys.executable,
         "-m",
@@ -82,7 +89,7 @@ def worker_command(launcher: Sequence[str], profile_options: Sequence[str]) -> l
         *profile_options,
         "--",
         *target,
-        *parsed.training_script_args,
+        *script_args,
     ]
 
 

@@ -639,7 +639,7 @@ def run_profile(argv: list[str]) -> int:
         return _fail(str(exc))
 
     try:
-        launcher = launcher_args(cmd)
+        launcher = launcher_args(cmd, kind, target, script_args)
     except ValueError as exc:
         return _fail(str(exc))
     # A launcher's workers share the folder their parent prepared.
@@ -816,7 +816,7 @@ def _prepare_out(out: Path, overwrite: bool) -> str | None:
             "--overwrite only replaces its own: choose another folder with -o"
         )
     for name in traces:
-        (out / name).unlink()
+        (out / name).unlink(missing_ok=True)  # another node's parent may have been first
     (out / PROFILER_LOG).unlink(missing_ok=True)
     return None
 

@@ -56,7 +56,8 @@ GIB = 1 << 30
 # ":4096:2:16:8" (8 MiB + 128 KiB) before (aten/src/ATen/cuda/CublasHandlePool.cpp).
 _WORKSPACE_SM90 = 32 * MIB
 _WORKSPACE_OLDER = 8 * MIB + 128 * 1024
-_CONVOLUTION = re.compile(r"conv", re.IGNORECASE)
+# conv2d, _convolution, cudnn_convolution, conv_transpose2d; not convert_element_type.
+_CONVOLUTION = re.compile(r"(?<![a-z])conv(?!ert)", re.IGNORECASE)
 OPT_STATE_BYTES = {"adam": 8, "sgd": 4, "adagrad": 4, "rmsprop": 4, "adadelta": 8, "none": 0}
 
 

@@ -259,7 +259,12 @@ def _real_line(real_ms: float, measured_real_ms: float | None, correction: Corre
         return "  (profiler's cost left in: every figure is for the profiled run)\n"
     line = (
         f"  step without the profiler   {real_ms:10.2f} ms   ({correction.source}"
-        + (f", ±{correction.uncertainty_pct:.0f}%" if correction.source != "fit" else "")
+        # A fit is said to be exact unless it fell short (then its gap is the uncertainty).
+        + (
+            f", ±{correction.uncertainty_pct:.0f}%"
+            if correction.source != "fit" or correction.uncertainty_pct > 5.5
+            else ""
+        )
         + ")\n"
     )
     if measured_real_ms is not None:

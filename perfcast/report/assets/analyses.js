@@ -35,7 +35,7 @@
       }
       // "232,070" beside "229,175": the same separators as the integers.
       return a >= 100 ? Math.round(v).toLocaleString("en-US") : a >= 1 ? v.toFixed(2) :
-        a >= 0.001 || a === 0 ? v.toPrecision(3) : "<0.001";
+        a >= 0.001 || a === 0 ? v.toPrecision(3) : v > 0 ? "<0.001" : ">-0.001";
     }
     if (typeof v === "boolean") {
       return v ? "yes" : "";

@@ -343,15 +343,16 @@
         rs.iterations.forEach(function (it) { times.push(it.measured_ms); });
       });
       line("step", [el("b", null, ms(median(times)) + " ms"),
-        " median as traced (the trace was not replayed: no estimate without the profiler, " +
-        "no advice)"]);
+        " median as traced (no advice on this trace: the notes above say why)"]);
       return;
     }
     var kept = A.correction.source === "off";
     line("step", kept
       ? [el("b", null, ms(A.traced_ms) + " ms"), " as traced (the profiler's cost kept in)"]
       : [el("b", null, ms(A.baseline_ms) + " ms"), " without the profiler (" +
-        A.correction.source + " estimate); " + ms(A.traced_ms) + " ms as traced"]);
+        A.correction.source + " estimate" + (A.correction.source !== "fit" ||
+          A.correction.uncertainty_pct > 5.5 ? ", ±" + A.correction.uncertainty_pct.toFixed(0) +
+          "%" : "") + "); " + ms(A.traced_ms) + " ms as traced"]);
     line("what bounds it", [A.bottleneck]);
     (A.findings || []).forEach(function (f) {
       line("finding", [f]);
