@@ -298,63 +298,32 @@ def test_run_profile_through_torchrun_writes_one_trace_per_rank(tmp_path: Path) 
 
 
 @pytest.mark.parametrize(
-    ("cmd", "expected"),
+    ("cmd", "kept", "worker"),
     [
-        (
+        (  # the launcher's options kept as given, the script and its arguments after "--"
             ["torchrun", "--nproc-per-node", "2", "--max-restarts=1", "train.py", "--lr", "3"],
-            [
-                "--nproc-per-node",
-                "2",
-                "--max-restarts=1",
-                "-m",
-                "perfcast",
-                "profile",
-                "-q",
-                "--",
-                "train.py",
-                "--lr",
-                "3",
-            ],
+            ["--nproc-per-node", "2", "--max-restarts=1"],
+            ["train.py", "--lr", "3"],
         ),
         (  # a "--" right after the script is the script's, and torchrun's parser drops it
             ["torchrun", "--nproc-per-node", "2", "train.py", "--", "--lr", "3"],
-            [
-                "--nproc-per-node",
-                "2",
-                "-m",
-                "perfcast",
-                "profile",
-                "-q",
-                "--",
-                "train.py",
-                "--",
-                "--lr",
-                "3",
-            ],
+            ["--nproc-per-node", "2"],
+            ["train.py", "--", "--lr", "3"],
         ),
         (  # interpreter flags before -m
             ["python", "-u", "-m", "torch.distributed.run", "--standalone", "t.py"],
-            ["--standalone", "-m", "perfcast", "profile", "-q", "--", "t.py"],
+            ["--standalone"],
+            ["t.py"],
         ),
-        (
+        (  # a module script runs as `python -m`
             ["python3", "-m", "torch.distributed.run", "--standalone", "-m", "pkg.train", "-x"],
-            [
-                "--standalone",
-                "-m",
-                "perfcast",
-                "profile",
-                "-q",
-                "--",
-                "python",
-                "-m",
-                "pkg.train",
-                "-x",
-            ],
+            ["--standalone"],
+            ["python", "-m", "pkg.train", "-x"],
         ),
     ],
 )
 def test_launcher_commands_run_perfcast_profile_as_every_worker(
-    cmd: list[str], expected: list[str]
+    cmd: list[str], kept: list[str], worker: list[str]
 ) -> None:
     import sys
 
@@ -370,7 +339,9 @@ def test_launcher_commands_run_perfcast_profile_as_every_worker(
         sys.executable,
         "-m",
         "torch.distributed.run",
-        *expected,
+        *kept,
+        *["-m", "perfcast", "profile", "-q", "--"],
+        *worker,
     ]
     assert launcher_of(["python", "train.py"]) is None
     assert launcher_of(["train.py", "torchrun"]) is None
