@@ -338,6 +338,17 @@ def _facts(graph: Graph, tl: Timeline) -> dict[str, float]:
         facts["gpu_critical_pct"] = pct(GPU)
         facts["comm_critical_pct"] = pct(("gpu communication",))
         facts["ranks_critical_pct"] = pct(("other ranks",))
+        # The rank that waits most: with one late rank among few, the mean hides it.
+        by_rank: dict[int, list[float]] = {}
+        for p in paths:
+            acc = by_rank.setdefault(p.rank, [0.0, 0.0])
+            acc[0] += p.by_category_ms["other ranks"]
+            acc[1] += p.total_ms
+        share = {r: 100.0 * w / t for r, (w, t) in by_rank.items() if t > 0}
+        if share:
+            worst = max(share, key=lambda r: (share[r], -r))
+            facts["ranks_critical_max_pct"] = share[worst]
+            facts["ranks_critical_max_rank"] = float(worst)
         facts["latency_critical_pct"] = pct(("latency",))
         facts["idle_critical_pct"] = pct(("idle",))
     if KernelClass is not None and gpu.size:
@@ -587,13 +598,19 @@ def _waiting_findings(table: EventTable, facts: dict[str, float]) -> list[str]:
     """When ranks waiting for each other hold a large share of the critical path: which rank
     they wait for, from the collectives' arrival times."""
     waiting = facts.get("ranks_critical_pct", 0.0)
-    if waiting < COMM_FINDING_PCT or len(table.ranks) < 2:
+    worst = facts.get("ranks_critical_max_pct", 0.0)
+    if max(waiting, worst) < COMM_FINDING_PCT or len(table.ranks) < 2:
         return []
     from perfcast.analysis.stragglers import stragglers
 
     found = stragglers(table)
     rows = sorted(found.by_rank, key=lambda r: -r.wait_caused_ms)
-    head = f"ranks waiting for each other hold {waiting:.0f}% of the critical path"
+    head = (
+        f"ranks waiting for each other hold {waiting:.0f}% of the critical path"
+        if waiting >= COMM_FINDING_PCT
+        else f"rank {int(facts['ranks_critical_max_rank'])} spends {worst:.0f}% of its "
+        f"critical path waiting for other ranks ({waiting:.0f}% over all ranks)"
+    )
     if not rows or rows[0].wait_caused_ms <= 0:
         return [f"{head}; the collectives' arrival times do not single out a rank"]
     late = rows[0]

@@ -8,8 +8,10 @@ usual intra-node link unless `link=` names one).
 
 Sizes and group sizes come from the kernel's collective arguments (recent traces), else from
 the CPU op that launched it (`record_param_comms`); the algorithm and protocol from the NCCL
-kernel name (`..._RING_LL_...`). A collective's kernel time includes waiting for the last
-rank to arrive, so a bus bandwidth far below the peak may be a straggler, not the link.
+kernel name (`..._RING_LL_...`). gloo's collectives (a CPU backend: `gloo:<op>` ranges on
+its worker threads) are read from their own shapes, with no link to compare with unless
+named. A collective's kernel time includes waiting for the last rank to arrive, so a bus
+bandwidth far below the peak may be a straggler, not the link.
 """
 
 from __future__ import annotations
@@ -29,7 +31,11 @@ from perfcast.analysis.common import (
 from perfcast.analysis.notes import input_notes
 from perfcast.events import NONE, EventTable
 from perfcast.frames import Tables, plain
-from perfcast.graph.phases import collective_kernel_mask
+from perfcast.graph.phases import (
+    collective_kernel_mask,
+    host_collective_kind,
+    host_collective_mask,
+)
 from perfcast.hardware.collectives import bus_bandwidth_factor, collective_from_kernel_name
 from perfcast.hardware.interconnects import default_intra_node_link, lookup_link
 
@@ -185,9 +191,12 @@ def collectives(table: EventTable, link: str | None = None) -> Collectives:
     ['allreduce']
     """
     out = Collectives([], [], notes=input_notes(table))
-    rows = np.flatnonzero(collective_kernel_mask(table))
+    host = host_collective_mask(table)
+    rows = np.flatnonzero(collective_kernel_mask(table) | host)
     if rows.size == 0:
-        out.notes.append("no collective kernels (NCCL/RCCL) in the trace: nothing to measure")
+        out.notes.append(
+            "no collectives in the trace (NCCL/RCCL kernels or gloo ranges): nothing to measure"
+        )
         return out
     link_spec = lookup_link(link) if link else None
     if link and link_spec is None:
@@ -200,6 +209,10 @@ def collectives(table: EventTable, link: str | None = None) -> Collectives:
     by_name = {}
     for i in np.unique(table.name[rows]).tolist():
         nm = names[i]
+        host_kind = host_collective_kind(nm)
+        if host_kind is not None:  # gloo: no algorithm, protocol or dtype in the name
+            by_name[i] = (host_kind, "", "", "")
+            continue
         a = _ALGO.search(nm)
         p = _PROTO.search(nm)
         d = _NAME_DTYPE.search(nm)
@@ -219,10 +232,16 @@ def collectives(table: EventTable, link: str | None = None) -> Collectives:
     n_in = np.where(has, table.coll_in[s], NONE)
     n_out = np.where(has, table.coll_out[s], NONE)
     group = np.where(has, table.coll_group[s], NONE)
-    # Without collective arguments, the enclosing ranges may still say (record_shapes).
-    missing = np.flatnonzero(~has)
+    # Without collective arguments, the enclosing ranges may still say (record_shapes); a
+    # gloo range carries its own tensors' shapes.
+    on_host = host[rows]
+    missing = np.flatnonzero(~has & ~on_host)
     fb_op, fb_dtype, fb_n = _op_args_fallback(table, rows[missing])
     fallback = {int(j): (o, d, k) for j, o, d, k in zip(missing, fb_op, fb_dtype, fb_n)}
+    own = np.flatnonzero(on_host)
+    fallback.update(
+        {int(j): (None, d, k) for j, d, k in zip(own.tolist(), *_own_shapes(table, rows[own]))}
+    )
 
     keys: list[tuple] = []
     for j, r in enumerate(rows.tolist()):
@@ -236,19 +255,22 @@ def collectives(table: EventTable, link: str | None = None) -> Collectives:
             dt = f_dtype or dt
             if f_n:
                 n_in[j] = f_n
-        size = _size_bytes(op, int(n_in[j]), int(n_out[j]), dtype_bytes(dt))
         rank = int(table.rank[r])
         gs = int(group[j]) if group[j] > 0 else (table.rank_info(rank).world_size or 0)
-        keys.append((rank, op, algo, proto, dt, size, gs))
+        if on_host[j] and op == "allgather":
+            n_out[j] = n_in[j] * gs if gs > 0 else 0  # the range holds one rank's input
+        size = _size_bytes(op, int(n_in[j]), int(n_out[j]), dtype_bytes(dt))
+        keys.append((rank, op, algo, proto, dt, size, gs, bool(on_host[j])))
     uniq = sorted(set(keys))
     index = {k: i for i, k in enumerate(uniq)}
     key_idx = np.array([index[k] for k in keys], dtype=np.int64)
     g = group_stats(key_idx, table.dur[rows])
     devices = {info.rank: device_spec(info) for info in table.ranks}
     for i, k in enumerate(g.keys.tolist()):
-        rank, op, algo, proto, dt, size, gs = uniq[k]
+        rank, op, algo, proto, dt, size, gs, over_host = uniq[k]
         spec = devices.get(rank)
-        lk = link_spec or (default_intra_node_link(spec) if spec else None)
+        # gloo moves data over the host's network stack: no GPU link to compare with.
+        lk = link_spec or (default_intra_node_link(spec) if spec and not over_host else None)
         factor = _factor(op, gs)
         mean_ns = g.mean[i]
         algbw = size / mean_ns if size and mean_ns > 0 else None  # bytes/ns = GB/s
@@ -305,6 +327,24 @@ def collectives(table: EventTable, link: str | None = None) -> Collectives:
             "bandwidth is unknown"
         )
     return plain(out)
+
+
+def _own_shapes(table: EventTable, rows: np.ndarray) -> tuple[list[str | None], list[int]]:
+    """Per gloo range: the dtype and element count of its first tensor (record_shapes)."""
+    from perfcast.ingest.input_dims import parse_input_dims, parse_input_types, tensor_shapes
+
+    names = table.names
+    dtypes: list[str | None] = []
+    elems: list[int] = []
+    for r in rows.tolist():
+        s_idx, t_idx = int(table.shapes[r]), int(table.in_types[r])
+        shapes = [x for x in tensor_shapes(parse_input_dims(names[s_idx]))] if s_idx >= 0 else []
+        shapes = [x for x in shapes if x]
+        elems.append(int(np.prod(shapes[0])) if shapes else 0)
+        types = parse_input_types(names[t_idx]) if t_idx >= 0 else None
+        first = types[0] if types else None
+        dtypes.append(_CPP_TYPES.get(first, first) if first else None)
+    return dtypes, elems
 
 
 def _factor(op: str, n: int) -> float | None:

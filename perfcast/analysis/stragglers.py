@@ -24,7 +24,11 @@ from perfcast.analysis.common import NS_PER_MS, NS_PER_US
 from perfcast.analysis.notes import input_notes
 from perfcast.events import EventTable
 from perfcast.frames import Tables, plain
-from perfcast.graph.phases import collective_kernel_mask
+from perfcast.graph.phases import (
+    collective_kernel_mask,
+    host_collective_kind,
+    host_collective_mask,
+)
 from perfcast.hardware.classify import COLLECTIVE_KIND
 
 
@@ -65,12 +69,14 @@ class Stragglers(Tables):
 
 
 def _collective_lists(table: EventTable) -> dict[int, dict[tuple[str, str], np.ndarray]]:
-    """Per rank, per (kind, group): its collective kernel rows in start order."""
-    rows = np.flatnonzero(collective_kernel_mask(table))
+    """Per rank, per (kind, group): its collective kernel rows (or gloo ranges) in start
+    order."""
+    rows = np.flatnonzero(collective_kernel_mask(table) | host_collective_mask(table))
     kind_of = {}
     for i in np.unique(table.name[rows]).tolist():
         m = COLLECTIVE_KIND.search(table.names[i])
-        kind_of[i] = m.group(1).lower() if m else "collective"
+        on_host = host_collective_kind(table.names[i])  # gloo: a range on a worker thread
+        kind_of[i] = on_host or (m.group(1).lower() if m else "collective")
     out: dict[int, dict[tuple[str, str], list[int]]] = defaultdict(lambda: defaultdict(list))
     rows = rows[np.argsort(table.ts[rows], kind="stable")]
     groups = table.coll_ranks[rows]

@@ -19,6 +19,7 @@ import numpy as np
 from perfcast.events import GPU_KINDS, NONE, EventTable, RankInfo
 from perfcast.graph.acyclic import break_cycles, cyclic_node_count
 from perfcast.graph.collectives import add_collective_waits
+from perfcast.graph.host_collectives import enqueue_edges
 from perfcast.graph.lanes import CPU_LANE_KINDS, NodeColumns, build_cpu_lanes, build_gpu_lanes
 from perfcast.graph.launches import attribute_names, gpu_weights, link_launches, queue_weights
 from perfcast.graph.lower import lower
@@ -100,6 +101,7 @@ def build_graph(table: EventTable, ranks: Collection[int] | None = None) -> Grap
     sync_weights(graph, unresolved)
     queue_weights(graph)
     cross_thread_waits(table, graph, edges)
+    enqueue_edges(table, graph, edges)
     forward_backward_edges(table, graph, edges)
     for src, dst, w, etype, at_end in edges:
         graph.add_edges(src, dst, w, EdgeType(etype), at_end)

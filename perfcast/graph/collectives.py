@@ -19,7 +19,9 @@ from collections import defaultdict
 
 import numpy as np
 
+from perfcast.graph.host_collectives import host_collective_nodes
 from perfcast.graph.model import NONE, EdgeType, Graph, NodeKind, Source
+from perfcast.graph.phases import host_collective_kind
 from perfcast.hardware.classify import COLLECTIVE_KIND
 
 _COMM = re.compile(r"nccl|rccl", re.IGNORECASE)
@@ -43,6 +45,11 @@ def match_collectives(graph: Graph) -> dict[tuple[str, str, int], dict[int, int]
             m = COLLECTIVE_KIND.search(nm)
             kind_of[name_id] = m.group(1).lower() if m else "collective"
     comm = gpu[np.isin(c["name"][gpu], list(kind_of))]
+    # A CPU backend's (gloo) collectives: ranges on its worker threads.
+    host = host_collective_nodes(graph)
+    for name_id in np.unique(c["name"][host]).tolist():
+        kind_of[name_id] = host_collective_kind(names[name_id]) or "collective"
+    comm = np.concatenate([comm, host]).astype(np.int64)
     for node in comm[np.argsort(c["start_measured"][comm], kind="stable")].tolist():
         kind = kind_of[int(c["name"][node])]
         group = ""
@@ -89,6 +96,13 @@ def add_collective_waits(graph: Graph) -> int:
     parts = np.array([x for m in matches.values() for x in m.values()], dtype=np.int64)
     arrivals = _zero_length_copies(graph, parts, before=0.5)
     arrival_of = dict(zip(parts.tolist(), arrivals.tolist()))
+    # What held a thread's collective back (its enqueue) holds back its arrival now; the
+    # transfer waits for the arrivals. (A kernel's launch moves with the copied columns.)
+    on_thread = parts[c["kind"][parts] != NodeKind.GPU]
+    if on_thread.size:
+        held = ~graph.edge_at_end & np.isin(graph.edge_dst, on_thread)
+        for i in np.flatnonzero(held).tolist():
+            graph.edge_dst[i] = arrival_of[int(graph.edge_dst[i])]
     # One barrier per collective, on the last arriver's stream between its arrival and its
     # transfer: every arrival -> barrier -> every transfer, 2n edges where a wait of every
     # transfer on every arrival was n^2 (262k per collective on 512 ranks).
@@ -119,6 +133,12 @@ def add_collective_waits(graph: Graph) -> int:
             c["dur_measured"][x] = transfer
             c["start_measured"][x] = int(end[x]) - transfer
             own_slack = t_start - arrive[x]
+            if c["kind"][x] != NodeKind.GPU and x == h:
+                # A thread has no stream slack: the last arriver's own latency is an edge.
+                src_all.append(hub)
+                dst_all.append(x)
+                w_all.append(max(own_slack, 0))
+                n_edges += 1
             # The last arriver's transfer follows the barrier on its stream.
             c["stream_w"][x] = own_slack if x == h else min(own_slack, 0)
             if x != h:
@@ -158,7 +178,7 @@ def _zero_length_copies(graph: Graph, nodes: np.ndarray, before: float) -> np.nd
     stream, appended at once; their ids."""
     c = graph.cols
     return graph.append(
-        kind=int(NodeKind.GPU),
+        kind=np.where(c["kind"][nodes] == NodeKind.GPU, NodeKind.GPU, NodeKind.CPU),
         order=c["order"][nodes] - before,
         dur=0,
         dur_measured=0,

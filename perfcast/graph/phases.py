@@ -15,6 +15,7 @@ import numpy as np
 
 from perfcast.events import NONE, EventTable, Kind
 from perfcast.hardware.classify import COMMUNICATION_PATTERN
+from perfcast.hardware.collectives import collective_from_kernel_name
 
 
 class Phase(enum.IntEnum):
@@ -143,6 +144,28 @@ def collective_kernel_mask(table: EventTable) -> np.ndarray:
     if len(table) == 0:
         return np.zeros(0, dtype=bool)
     return (table.kind == Kind.KERNEL) & (is_coll_name[table.name] | (table.coll_name >= 0))
+
+
+# A CPU backend's collective: gloo runs each on a worker thread of its own, under a
+# `gloo:<op>` range (ProcessGroupGloo's profiling title), with the tensors' shapes.
+HOST_COLLECTIVE_PREFIX = "gloo:"
+
+
+def host_collective_kind(name: str) -> str | None:
+    """The collective a CPU backend's range runs ("gloo:all_reduce" -> "allreduce",
+    "gloo:barrier" -> "barrier"); None for any other name."""
+    if not name.startswith(HOST_COLLECTIVE_PREFIX):
+        return None
+    rest = name[len(HOST_COLLECTIVE_PREFIX) :]
+    return collective_from_kernel_name(rest) or re.sub(r"[^a-z]", "", rest.lower()) or None
+
+
+def host_collective_mask(table: EventTable) -> np.ndarray:
+    """Rows that are a CPU backend's collectives (gloo's `gloo:<op>` ranges)."""
+    if len(table) == 0:
+        return np.zeros(0, dtype=bool)
+    named = np.array([host_collective_kind(nm) is not None for nm in table.names], dtype=bool)
+    return (table.kind == Kind.USER_ANNOTATION) & named[table.name]
 
 
 def enclosing_scopes(table: EventTable) -> np.ndarray:

@@ -9,6 +9,7 @@ import numpy as np
 from perfcast.arrays import split_by
 from perfcast.events import EventTable, Kind
 from perfcast.graph.model import NO_RELEASE, EdgeType, Graph, NodeKind
+from perfcast.graph.phases import host_collective_mask
 
 # How long after another thread's work ends a waiting thread may wake and still be taken to
 # have waited for it. The H200 machine's 16-core host woke the autograd thread 126-743 us
@@ -51,8 +52,12 @@ def cross_thread_waits(
     op = c["op"]
     is_marker = table.step_marker_names()
     op_row = np.maximum(op, 0)
-    in_no_op = (
-        (op < 0) | (table.kind[op_row] == Kind.USER_ANNOTATION) | is_marker[table.name[op_row]]
+    # A CPU backend's collective (gloo's `gloo:<op>` range on its worker thread) is work
+    # another thread waits for, not idleness, though it is a user annotation.
+    host_coll = host_collective_mask(table)
+    in_no_op = (op < 0) | (
+        ((table.kind[op_row] == Kind.USER_ANNOTATION) | is_marker[table.name[op_row]])
+        & ~host_coll[op_row]
     )
     is_gap = (c["kind"] == NodeKind.CPU) & in_no_op & (c["dur"] >= MIN_WAIT_GAP_NS)
     # Per lane order: which work nodes are followed by idleness (or end their lane).

@@ -342,7 +342,8 @@ def _extract_chunk(
     shapes = np.full(n, NONE, dtype=np.int32)
     in_types = np.full(n, NONE, dtype=np.int32)
     long_shapes = 0
-    for i in np.flatnonzero(kinds == Kind.CPU_OP).tolist():
+    # Ops, and the user annotations that carry shapes (gloo's collective ranges do).
+    for i in np.flatnonzero((kinds == Kind.CPU_OP) | (kinds == Kind.USER_ANNOTATION)).tolist():
         a = args[i]
         if a is not None and a.input_dims is not None:
             text = _compact(a.input_dims)
