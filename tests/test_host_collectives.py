@@ -182,3 +182,13 @@ def test_one_rank_waiting_is_a_finding_even_when_the_mean_is_low(gloo_dir: Path)
     assert "rank 1 arrived last" in text
     facts["ranks_critical_max_pct"] = 20.0
     assert _waiting_findings(table, facts) == []
+
+
+def test_collectives_without_a_link_are_not_called_unsized(gloo_dir: Path) -> None:
+    """gloo's collectives have sizes but no link to compare with: the finding says which."""
+    from perfcast.advisor.advisor import _communication_findings
+
+    table = perfcast.load(str(gloo_dir))
+    (text,) = _communication_findings(table, {"comm_critical_pct": 50.0})
+    assert "no link to compare their bandwidth with" in text
+    assert "carries no collective sizes" not in text

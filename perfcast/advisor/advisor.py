@@ -639,13 +639,17 @@ def _communication_findings(table: EventTable, facts: dict[str, float]) -> list[
         return []
     from perfcast.analysis.comms import collectives
 
-    rows = [r for r in collectives(table).by_op if r.size_bytes and r.pct_of_peak is not None]
+    sized = [r for r in collectives(table).by_op if r.size_bytes]
+    rows = [r for r in sized if r.pct_of_peak is not None]
     head = f"collectives hold {comm:.0f}% of the critical path"
     if not rows:
-        return [
-            f"{head}; the trace carries no collective sizes (record_shapes=True records them), "
-            "so whether they move data or wait for other ranks is unknown"
-        ]
+        why = (
+            "no link to compare their bandwidth with is known (the device is not in the "
+            "hardware tables, or the backend moves data over the host's network)"
+            if sized
+            else "the trace carries no collective sizes (record_shapes=True records them)"
+        )
+        return [f"{head}; {why}, so whether they move data or wait for other ranks is unknown"]
     # The share of peak the time-weighted collective reached (its fastest call).
     weight = sum(r.total_ms for r in rows)
     pct_peak = sum((r.pct_of_peak or 0.0) * r.total_ms for r in rows) / weight
