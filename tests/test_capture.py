@@ -295,6 +295,14 @@ def test_run_profile_through_torchrun_writes_one_trace_per_rank(tmp_path: Path) 
     assert all(len(r.iterations) == 3 for r in summary.ranks)
     names = {e.get("name") for e in _load(out / "rank1.json.gz")["traceEvents"]}
     assert any("all_reduce" in str(n) or "allreduce" in str(n) for n in names)
+    # gloo's collectives (ranges on its worker threads) are read, matched across the ranks,
+    # and the replay with them as dependencies still reproduces every step.
+    rows = perfcast.collectives(str(out)).by_op
+    assert {r.rank for r in rows} == {0, 1}
+    assert all(r.op == "allreduce" and r.size_bytes > 0 and r.group_size == 2 for r in rows)
+    replayed = perfcast.replay(str(out))
+    assert replayed.max_abs_error_pct < 0.5
+    assert any("matched across 2 ranks" in a for a in replayed.assumptions)
 
 
 @pytest.mark.parametrize(
