@@ -192,3 +192,13 @@ def test_collectives_without_a_link_are_not_called_unsized(gloo_dir: Path) -> No
     (text,) = _communication_findings(table, {"comm_critical_pct": 50.0})
     assert "no link to compare their bandwidth with" in text
     assert "carries no collective sizes" not in text
+
+
+def test_summary_names_the_straggler_of_a_few_ranks(gloo_dir: Path, capsys) -> None:
+    """With 2 to 4 ranks (no overview table) the summary still says which rank is late."""
+    from perfcast.cli.main import main
+
+    assert main(["summary", str(gloo_dir)]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "--only stragglers): 1" in out and "rank 1 (straggler)" in out
+    assert "rank 0 (straggler)" not in out

@@ -53,6 +53,10 @@ def _render_rank_overview(summary: Summary, console: Console) -> None:
             _ms(_mean([it.cpu.dataloader_ms for it in its])),
         )
     console.print(t)
+    _render_stragglers(summary, console)
+
+
+def _render_stragglers(summary: Summary, console: Console) -> None:
     if summary.stragglers:
         console.print(
             Text(
@@ -72,8 +76,11 @@ def render_summary(summary: Summary, console: Console, top: int = 5) -> None:
         by_time = sorted(ranks, key=lambda rs: _mean([it.measured_ms for it in rs.iterations]))
         ranks = [by_time[-1], by_time[0]]  # slowest and fastest in detail; --json has all
         console.print(Text("details of the slowest and the fastest rank:", style="bold"))
+    else:
+        _render_stragglers(summary, console)
     for rs in ranks:
-        title = f"rank {rs.rank}" + (f" · {rs.device}" if rs.device else "") + f" · {rs.path}"
+        late = " (straggler)" if rs.rank in summary.stragglers else ""
+        title = f"rank {rs.rank}{late}" + (f" · {rs.device}" if rs.device else "") + f" · {rs.path}"
         table = Table(title=Text(title), title_justify="left", show_lines=False)
         table.caption = "GPU columns split the step: compute + comm + copies + idle = step"
         real = any(it.real_ms is not None for it in rs.iterations)
