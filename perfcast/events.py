@@ -92,6 +92,9 @@ class RankInfo:
     # (calibration.machine_id of its host name), "from" (which field said so), and what
     # `perfcast profile` records besides (cpu_model, cores, torch).
     machine: dict[str, object] | None = None
+    # distributedInfo lists a gloo process group smaller than the world: gloo's ranges (which
+    # do not say their group) cannot be matched across ranks or sized by the world.
+    gloo_subgroups: bool = False
 
 
 @dataclass

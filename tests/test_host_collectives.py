@@ -202,3 +202,96 @@ def test_summary_names_the_straggler_of_a_few_ranks(gloo_dir: Path, capsys) -> N
     out = " ".join(capsys.readouterr().out.split())
     assert "--only stragglers): 1" in out and "rank 1 (straggler)" in out
     assert "rank 0 (straggler)" not in out
+
+
+def _write(tmp_path: Path, docs: list[dict], name: str = "run") -> Path:
+    import json
+
+    out = tmp_path / name
+    out.mkdir()
+    for r, doc in enumerate(docs):
+        (out / f"rank{r}.json").write_text(json.dumps(doc))
+    return out
+
+
+def test_ranges_pair_with_their_own_call_by_kind_and_shape(tmp_path: Path) -> None:
+    """Calls of two groups interleave, gloo runs a reduce-scatter as an all-reduce, a
+    monitored barrier and an NCCL call (it launched a kernel) leave no range: each range
+    still pairs with the call that made it."""
+    from perfcast.graph.host_collectives import _pairs, _queued_calls, host_collective_nodes
+
+    b = TraceBuilder(pid=100, tid=1, device=None)
+    b.step(1, 0, 5000)
+    b.op("c10d::monitored_barrier_", 50, 20)
+    b.op("c10d::allreduce_", 100, 20, **{"Input Dims": [[[1000]], []]})
+    b.op("c10d::allreduce_", 130, 20, **{"Input Dims": [[[500]], []]})
+    # NCCL's (it launches a kernel): of the range's kind and size, but not gloo's work.
+    b.op("c10d::allreduce_", 152, 6, **{"Input Dims": [[[500]], []]})
+    b.launch("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 153, 4, 300, 100)
+    b.op("c10d::_reduce_scatter_base_", 160, 20, **{"Input Dims": [[250], [500], []]})
+    # The worker threads take the second group's call first.
+    b.op("gloo:all_reduce", 140, 300, tid=8, cat="user_annotation", **{"Input Dims": [[500]]})
+    b.op("gloo:all_reduce", 150, 400, tid=7, cat="user_annotation", **{"Input Dims": [[1000]]})
+    b.op("gloo:all_reduce", 600, 100, tid=8, cat="user_annotation", **{"Input Dims": [[500]]})
+    doc = b.doc()
+    doc["distributedInfo"] = {"backend": "gloo", "rank": 0, "world_size": 2}
+    path = _write(tmp_path, [doc])
+    table = perfcast.load(str(path))
+    g = build_graph(table)
+    ranges = g.cols["op"][host_collective_nodes(g)].tolist()
+    pairs = _pairs(table, _queued_calls(table), ranges)
+    named = {
+        (table.names[table.name[r]], int(table.ts[r]) // 1000): (
+            table.names[table.name[c]],
+            int(table.ts[c]) // 1000,
+        )
+        for r, c in pairs.items()
+    }
+    assert named == {
+        ("gloo:all_reduce", 140): ("c10d::allreduce_", 130),
+        ("gloo:all_reduce", 150): ("c10d::allreduce_", 100),
+        ("gloo:all_reduce", 600): ("c10d::_reduce_scatter_base_", 160),
+    }
+    assert _steps(g)[0] == [it.measured_ns for it in g.iterations]
+
+
+def test_groups_smaller_than_the_world_are_not_matched(tmp_path: Path) -> None:
+    docs = [_rank(0), _rank(1)]
+    for d in docs:
+        d["distributedInfo"]["pg_config"] = [
+            {"pg_name": "0", "backend_config": "cpu:gloo", "pg_size": 2, "ranks": [0, 1]},
+            {"pg_name": "1", "backend_config": "cpu:gloo", "pg_size": 1, "ranks": [0]},
+        ]
+    path = _write(tmp_path, docs)
+    table = perfcast.load(str(path))
+    g = build_graph(table)
+    assert any("not matched across ranks" in a for a in g.assumptions)
+    assert not (g.edge_type == EdgeType.COLLECTIVE).any()
+    rows = perfcast.collectives(table)
+    assert all(r.group_size == 0 for r in rows.by_op)
+    assert any("smaller than the world" in n for n in rows.notes)
+
+
+def test_a_range_cut_by_child_ops_keeps_its_wait_in_the_matched_piece(tmp_path: Path) -> None:
+    """gloo's all_gather starts with small ops (views, empties) inside its range: the piece
+    that holds the wait is the one matched across ranks, so the late rank still sets both."""
+    docs = [_rank(0), _rank(1)]
+    for d in docs:
+        pid = d["traceEvents"][0]["pid"]
+        for e in [e for e in d["traceEvents"] if e["name"] == "gloo:all_reduce"]:
+            e["name"] = "gloo:all_gather"
+            child = {"ph": "X", "cat": "cpu_op", "name": "aten::empty", "pid": pid, "tid": 7}
+            d["traceEvents"].append({**child, "ts": e["ts"] + 2, "dur": 8, "args": {}})
+        for e in [e for e in d["traceEvents"] if e["name"] == "c10d::allreduce_"]:
+            e["name"] = "c10d::allgather_"
+    path = _write(tmp_path, docs)
+    g = build_graph(perfcast.load(str(path)))
+    base = _steps(g)
+    g2 = g.copy()
+    svd = P.select(g2, kind="host", rank=1)
+    svd = svd[[g2.names[g2.cols["op_name"][n]] == "aten::linalg_svd" for n in svd.tolist()]]
+    P.set_duration(g2, svd, 0)
+    fast = _steps(g2)
+    assert all(a < b - 0.8 * EXTRA_US * 1000 for a, b in zip(fast[0][1:], base[0][1:]))
+    sizes = {r.size_bytes for r in perfcast.collectives(str(path)).by_op}
+    assert sizes == {BUCKET * 4 * 2}  # one rank's input, times the two ranks

@@ -244,6 +244,7 @@ def collectives(table: EventTable, link: str | None = None) -> Collectives:
     )
 
     keys: list[tuple] = []
+    unknown_group = False
     for j, r in enumerate(rows.tolist()):
         op, algo, proto, name_dt = by_name[int(table.name[r])]
         op = coll_op[j] or op
@@ -257,6 +258,9 @@ def collectives(table: EventTable, link: str | None = None) -> Collectives:
                 n_in[j] = f_n
         rank = int(table.rank[r])
         gs = int(group[j]) if group[j] > 0 else (table.rank_info(rank).world_size or 0)
+        if on_host[j] and table.rank_info(rank).gloo_subgroups:
+            gs = 0  # a gloo range does not say which of the trace's groups ran it
+            unknown_group = True
         if on_host[j] and op == "allgather":
             n_out[j] = n_in[j] * gs if gs > 0 else 0  # the range holds one rank's input
         size = _size_bytes(op, int(n_in[j]), int(n_out[j]), dtype_bytes(dt))
@@ -321,26 +325,32 @@ def collectives(table: EventTable, link: str | None = None) -> Collectives:
                 busbw_gbs=(fbytes / (timed_ms * NS_PER_MS)) if timed_ms > 0 else None,
             )
         )
-    if any(r.size_bytes == 0 for r in out.by_op):
+    if any(r.size_bytes == 0 and r.op != "barrier" for r in out.by_op):
         out.notes.append(
             "some collectives carry no size (no collective arguments in the trace): their "
             "bandwidth is unknown"
+        )
+    if unknown_group:
+        out.notes.append(
+            "the trace lists gloo process groups smaller than the world, and a gloo range "
+            "does not say which group ran it: those ranges' group size and bus bandwidth are "
+            "unknown"
         )
     return plain(out)
 
 
 def _own_shapes(table: EventTable, rows: np.ndarray) -> tuple[list[str | None], list[int]]:
-    """Per gloo range: the dtype and element count of its first tensor (record_shapes)."""
-    from perfcast.ingest.input_dims import parse_input_dims, parse_input_types, tensor_shapes
+    """Per gloo range: the dtype of its first tensor and the elements of all its tensors (a
+    coalesced all-reduce or a list all-to-all holds several; record_shapes)."""
+    from perfcast.graph.host_collectives import tensor_sizes
+    from perfcast.ingest.input_dims import parse_input_types
 
     names = table.names
     dtypes: list[str | None] = []
     elems: list[int] = []
     for r in rows.tolist():
-        s_idx, t_idx = int(table.shapes[r]), int(table.in_types[r])
-        shapes = [x for x in tensor_shapes(parse_input_dims(names[s_idx]))] if s_idx >= 0 else []
-        shapes = [x for x in shapes if x]
-        elems.append(int(np.prod(shapes[0])) if shapes else 0)
+        elems.append(sum(tensor_sizes(table, r)))
+        t_idx = int(table.in_types[r])
         types = parse_input_types(names[t_idx]) if t_idx >= 0 else None
         first = types[0] if types else None
         dtypes.append(_CPP_TYPES.get(first, first) if first else None)

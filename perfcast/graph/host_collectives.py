@@ -4,11 +4,12 @@
 which runs it under a `gloo:all_reduce` range (holding the tensors' shapes) and may start
 before the call returns. Without an edge the worker's idle time before the range would be
 replayed as a fixed duration, so the collective would start where it was measured whatever
-a what-if did to the work that enqueued it. Here the n-th collective call on a rank is
-paired with the n-th range on the rank's worker threads (they take work in FIFO order; the
-kinds may differ: gloo runs `_reduce_scatter_base_` as an all-reduce), and the range waits
-for its call: the idle time before it becomes a wait. Sends and receives run on the calling
-thread itself and take no part.
+a what-if did to the work that enqueued it. Here each range on a rank is paired with the
+oldest earlier call not yet paired that could have produced it: the same kind (gloo runs
+`_reduce_scatter_base_` as an all-reduce) and, where both record shapes, tensors of the
+range's sizes (calls of several process groups interleave). Calls that launched GPU work
+(NCCL's) and calls that run on the calling thread itself (sends, receives, the monitored
+barrier) take no part. The idle time before a paired range becomes a wait on its call.
 
 The training thread's wait for the result needs nothing here: the range is work that the
 thread hands off to (`threads.cross_thread_waits`). Matching across ranks is
@@ -17,55 +18,133 @@ thread hands off to (`threads.cross_thread_waits`). Matching across ranks is
 
 from __future__ import annotations
 
-from collections import defaultdict, deque
-
 import numpy as np
 
 from perfcast.events import NONE, EventTable, Kind
 from perfcast.graph.model import NO_RELEASE, EdgeType, Graph, NodeKind
-from perfcast.graph.phases import host_collective_kind, host_collective_mask
-from perfcast.hardware.collectives import collective_from_kernel_name
+from perfcast.graph.phases import collective_kind_of_op, host_collective_kind, host_collective_mask
+from perfcast.ingest.input_dims import is_shape, numel, parse_input_dims
 
-_ENQUEUE_PREFIX = "c10d::"
+_CALL_PREFIX = "c10d::"
 _P2P = "sendrecv"
+# The kinds of range a call may produce beyond its own (gloo's reduce-scatter all-reduces).
+_ALSO_RUNS_AS = {"reducescatter": ("allreduce",)}
+# How many unpaired calls a range looks back over for its own (calls without a range, such
+# as those of a group the trace's window cut, stay unpaired).
+_LOOKBACK = 64
 
 
-def _queued_mask(table: EventTable) -> np.ndarray:
-    """CPU-backend collective ranges that went through the worker queue (not send/recv)."""
-    mask = host_collective_mask(table)
-    p2p = np.array([host_collective_kind(nm) == _P2P for nm in table.names], dtype=bool)
-    return mask & ~p2p[table.name] if len(table) else mask
+def tensor_sizes(table: EventTable, row: int) -> list[int]:
+    """Elements of every tensor an event's shapes record, tensor lists included (empty when
+    it has no shapes)."""
+    idx = int(table.shapes[row])
+    if idx < 0:
+        return []
+    out: list[int] = []
+    for d in parse_input_dims(table.names[idx]) or []:
+        for shape in [d] if is_shape(d) else d if isinstance(d, list) else []:
+            if numel(shape) > 0:
+                out.append(numel(shape))
+    return out
+
+
+def node_per_op(graph: Graph, nodes: np.ndarray, longest: bool = False) -> dict[int, int]:
+    """Per op row among `nodes`' ops, one of its nodes: the first in lane order, or the
+    longest (a gloo range cut by child ops keeps its wait in its longest piece)."""
+    c = graph.cols
+    if nodes.size == 0:
+        return {}
+    op = c["op"][nodes]
+    rank_in_op = -c["dur"][nodes] if longest else c["order"][nodes]
+    o = np.lexsort((rank_in_op, op))
+    first = np.ones(o.size, dtype=bool)
+    first[1:] = op[o][1:] != op[o][:-1]
+    return dict(zip(op[o][first].tolist(), nodes[o][first].tolist()))
 
 
 def host_collective_nodes(graph: Graph) -> np.ndarray:
-    """Per CPU-backend collective range run by a worker thread, its node (the range has no
-    child ops, so one node), in node order; the nodes of ranges cut in several are their
-    first. Sends and receives are left out: they are not collectives of every rank."""
+    """Per CPU-backend collective range run by a worker thread, the node that holds its wait
+    and transfer (its longest piece), in node order. Sends and receives are left out: they
+    run on the calling thread and are not collectives of every rank."""
     table = graph.table
     c = graph.cols
     if table is None or len(table) == 0:
         return np.zeros(0, dtype=np.int64)
-    mask = _queued_mask(table)
+    mask = host_collective_mask(table)
     if not mask.any():
         return np.zeros(0, dtype=np.int64)
     op = c["op"]
     cand = np.flatnonzero((c["kind"] == NodeKind.CPU) & graph.alive & (op >= 0))
     cand = cand[mask[op[cand]]]
-    if cand.size == 0:
-        return cand.astype(np.int64)
-    cand = cand[np.lexsort((c["order"][cand], op[cand]))]
-    first = np.ones(cand.size, dtype=bool)
-    first[1:] = op[cand][1:] != op[cand][:-1]
-    return np.sort(cand[first]).astype(np.int64)
+    p2p = [host_collective_kind(table.names[int(table.name[r])]) == _P2P for r in op[cand]]
+    cand = cand[~np.array(p2p, dtype=bool)] if cand.size else cand
+    return np.sort(np.array(list(node_per_op(graph, cand, longest=True).values()), np.int64))
 
 
-def _is_queued_call(name: str) -> bool:
-    """A c10d collective call that hands its work to the backend's worker threads."""
-    if not name.startswith(_ENQUEUE_PREFIX):
-        return False
-    rest = name[len(_ENQUEUE_PREFIX) :]
-    kind = collective_from_kernel_name(rest) or ("barrier" if "barrier" in rest else None)
-    return kind is not None and kind != _P2P
+def _queued_calls(table: EventTable) -> np.ndarray:
+    """c10d collective calls that hand their work to a CPU backend's worker threads: not
+    sends, receives or the monitored barrier (they run on the calling thread), and not calls
+    that launched GPU work (an NCCL group's), in time order."""
+    names = table.names
+    ok = np.array(
+        [
+            nm.startswith(_CALL_PREFIX)
+            and "monitored" not in nm
+            and collective_kind_of_op(nm[len(_CALL_PREFIX) :]) not in (None, _P2P)
+            for nm in names
+        ],
+        dtype=bool,
+    )
+    calls = np.flatnonzero((table.kind == Kind.CPU_OP) & ok[table.name])
+    if calls.size == 0:
+        return calls
+    # Runtime calls that launched GPU work, per thread in time order: a c10d call enclosing
+    # one is not gloo's.
+    launchers = np.unique(table.launch[table.launch >= 0])
+    if launchers.size:
+        key = np.lexsort((table.ts[launchers], table.tid[launchers], table.rank[launchers]))
+        launchers = launchers[key]
+        lk = np.stack([table.rank[launchers], table.tid[launchers]], axis=1)
+        keep = np.ones(calls.size, dtype=bool)
+        for i, row in enumerate(calls.tolist()):
+            lo = np.searchsorted(table.rank[launchers], table.rank[row], side="left")
+            hi = np.searchsorted(table.rank[launchers], table.rank[row], side="right")
+            same = launchers[lo:hi][lk[lo:hi, 1] == table.tid[row]]
+            t = table.ts[same]
+            j = int(np.searchsorted(t, table.ts[row], side="left"))
+            keep[i] = not (j < t.size and t[j] <= table.ts[row] + table.dur[row])
+        calls = calls[keep]
+    return calls[np.argsort(table.ts[calls], kind="stable")]
+
+
+def _pairs(table: EventTable, calls: np.ndarray, ranges: list[int]) -> dict[int, int]:
+    """range row -> the call row that enqueued it (see the module docstring)."""
+    names = table.names
+    open_calls: dict[int, list[int]] = {}
+    for row in calls.tolist():
+        open_calls.setdefault(int(table.rank[row]), []).append(row)
+    kind_of = {
+        row: collective_kind_of_op(names[int(table.name[row])][len(_CALL_PREFIX) :])
+        for row in calls.tolist()
+    }
+    out: dict[int, int] = {}
+    for r in sorted(ranges, key=lambda x: (int(table.ts[x]), x)):
+        kind = host_collective_kind(names[int(table.name[r])])
+        sizes = tensor_sizes(table, r)
+        pending = open_calls.get(int(table.rank[r]), [])
+        for i, call in enumerate(pending[:_LOOKBACK]):
+            if table.ts[call] > table.ts[r]:
+                break
+            ck = kind_of[call]
+            if ck != kind and kind not in _ALSO_RUNS_AS.get(ck or "", ()):
+                continue
+            have = tensor_sizes(table, call)
+            if sizes and have and any(have.count(n) < sizes.count(n) for n in set(sizes)):
+                continue  # another group's call of the same kind
+            out[r] = call
+            del pending[i]
+            break
+    return out
 
 
 def enqueue_edges(
@@ -79,49 +158,48 @@ def enqueue_edges(
     if nodes.size == 0:
         return 0
     c = graph.cols
-    names = table.names
-    call_names = [i for i, nm in enumerate(names) if _is_queued_call(nm)]
-    calls = np.flatnonzero((table.kind == Kind.CPU_OP) & np.isin(table.name, call_names))
-    # The node of each enqueueing call: its first node on its thread.
-    cpu = np.flatnonzero((c["kind"] != NodeKind.GPU) & graph.alive & (c["op"] >= 0))
-    cpu = cpu[np.isin(c["op"][cpu], calls)]
-    cpu = cpu[np.lexsort((c["order"][cpu], c["op"][cpu]))]
-    first = np.ones(cpu.size, dtype=bool)
-    first[1:] = c["op"][cpu][1:] != c["op"][cpu][:-1]
-    node_of_call = dict(zip(c["op"][cpu][first].tolist(), cpu[first].tolist()))
-
-    queues: dict[int, deque[int]] = defaultdict(deque)
-    for row in calls[np.argsort(table.ts[calls], kind="stable")].tolist():
-        if row in node_of_call:
-            queues[int(table.rank[row])].append(row)
-    start = c["start_measured"]
-    end = start + c["dur"]
-    # Lane predecessors of the collectives, to turn the idle time before each into a wait.
+    op = c["op"]
+    pairs = _pairs(table, _queued_calls(table), op[nodes].tolist())
+    if not pairs:
+        return 0
+    # Every non-GPU node in lane order: a range's predecessor (the idle time before it) and a
+    # call's predecessor (where the call began).
     lane_nodes = np.flatnonzero(graph.alive & (c["kind"] != NodeKind.GPU))
-    lane_nodes = lane_nodes[np.isin(c["lane"][lane_nodes], np.unique(c["lane"][nodes]))]
     lane_nodes = lane_nodes[np.lexsort((c["order"][lane_nodes], c["lane"][lane_nodes]))]
     pos = {n: i for i, n in enumerate(lane_nodes.tolist())}
-    op = c["op"]
-    host = host_collective_mask(table)
+
+    def before(node: int) -> int:
+        i = pos[node]
+        prev = int(lane_nodes[i - 1]) if i > 0 else NONE
+        return prev if prev != NONE and c["lane"][prev] == c["lane"][node] else NONE
+
+    call_nodes = np.flatnonzero(graph.alive & (c["kind"] != NodeKind.GPU) & (op >= 0))
+    call_nodes = call_nodes[np.isin(op[call_nodes], list(pairs.values()))]
+    node_of_call = node_per_op(graph, call_nodes)
+    start = c["start_measured"]
+    end = start + c["dur"]
+    gloo = host_collective_mask(table)
+    first_of_range = node_per_op(graph, np.flatnonzero(graph.alive & np.isin(op, list(pairs))))
     srcs, gap_dsts, gap_ws = [], [], []
     s_srcs, s_dsts, s_ws = [], [], []
-    paired = 0
-    for x in nodes[np.argsort(start[nodes], kind="stable")].tolist():
-        row = int(op[x])
-        q = queues.get(int(table.rank[row]))
-        # The call was made before the range started (the oldest one waiting, FIFO).
-        if not q or table.ts[q[0]] > table.ts[row]:
+    for rng, call in pairs.items():
+        if call not in node_of_call or rng not in first_of_range:
             continue
-        src = node_of_call[q.popleft()]
-        paired += 1
+        x = first_of_range[rng]
+        src = node_of_call[call]
         w = int(start[x] - end[src])
-        i = pos[x]
-        prev = int(lane_nodes[i - 1]) if i > 0 else NONE
-        if prev != NONE and c["lane"][prev] == c["lane"][x]:
+        if w < 0:
+            # The range started before its call returned (the enqueue is inside the call):
+            # wait for the call's start, so a shorter call cannot start the range before it.
+            anchor = before(src)
+            if anchor != NONE:
+                src, w = anchor, int(start[x] - end[anchor])
+        prev = before(x)
+        if prev != NONE:
             p_op = int(op[prev])
-            # Idle: CPU time in no op (or directly in an annotation other than a collective).
+            # Idle: CPU time in no op, or directly in an annotation other than a collective.
             idle = c["kind"][prev] in (NodeKind.CPU, NodeKind.WAIT) and (
-                p_op < 0 or (table.kind[p_op] == Kind.USER_ANNOTATION and not host[p_op])
+                p_op < 0 or (table.kind[p_op] == Kind.USER_ANNOTATION and not gloo[p_op])
             )
             if idle:
                 c["kind"][prev] = NodeKind.WAIT
@@ -136,6 +214,7 @@ def enqueue_edges(
         s_dsts.append(x)
         s_ws.append(w)
     if gap_dsts:
+        _drop_guessed_waits(edges, np.array(gap_dsts))
         edges.append(
             (np.array(srcs), np.array(gap_dsts), np.array(gap_ws), int(EdgeType.CROSS_THREAD), True)
         )
@@ -143,9 +222,22 @@ def enqueue_edges(
         edges.append(
             (np.array(s_srcs), np.array(s_dsts), np.array(s_ws), int(EdgeType.CROSS_THREAD), False)
         )
+    paired = len(gap_dsts) + len(s_dsts)
     if paired:
         graph.assumptions.append(
             f"{paired} collective(s) of a CPU backend (gloo) start on their worker thread no "
             "earlier than the call that enqueued them, with the measured delay"
         )
     return paired
+
+
+def _drop_guessed_waits(
+    edges: list[tuple[np.ndarray, np.ndarray, np.ndarray, int, bool]], waits: np.ndarray
+) -> None:
+    """The hand-offs `threads.cross_thread_waits` guessed into these waits (from whatever
+    work ended just before): each now waits for the call that enqueued it instead."""
+    for i, (src, dst, w, etype, at_end) in enumerate(edges):
+        if etype == int(EdgeType.CROSS_THREAD) and at_end:
+            keep = ~np.isin(dst, waits)
+            if not keep.all():
+                edges[i] = (src[keep], dst[keep], w[keep], etype, at_end)

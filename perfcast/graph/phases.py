@@ -15,7 +15,6 @@ import numpy as np
 
 from perfcast.events import NONE, EventTable, Kind
 from perfcast.hardware.classify import COMMUNICATION_PATTERN
-from perfcast.hardware.collectives import collective_from_kernel_name
 
 
 class Phase(enum.IntEnum):
@@ -149,6 +148,31 @@ def collective_kernel_mask(table: EventTable) -> np.ndarray:
 # A CPU backend's collective: gloo runs each on a worker thread of its own, under a
 # `gloo:<op>` range (ProcessGroupGloo's profiling title), with the tensors' shapes.
 HOST_COLLECTIVE_PREFIX = "gloo:"
+# Collective kinds by the letters of an op's name, most specific first ("reducescatter" and
+# "allreduce" both hold "reduce"; "allgather" holds "gather").
+_KIND_BY_LETTERS = (
+    ("alltoall", "alltoall"),
+    ("allreduce", "allreduce"),
+    ("allgather", "allgather"),
+    ("reducescatter", "reducescatter"),
+    ("broadcast", "broadcast"),
+    ("barrier", "barrier"),
+    ("gather", "gather"),
+    ("scatter", "scatter"),
+    ("reduce", "reduce"),
+    ("send", "sendrecv"),
+    ("recv", "sendrecv"),
+)
+
+
+def collective_kind_of_op(op: str) -> str | None:
+    """The collective an op name runs, whatever its spelling ("all_reduce", "_allgather_base_",
+    "alltoall_base_", "barrier"); None when it names none."""
+    key = re.sub(r"[^a-z]", "", op.lower())
+    for letters, kind in _KIND_BY_LETTERS:
+        if letters in key:
+            return kind
+    return None
 
 
 def host_collective_kind(name: str) -> str | None:
@@ -156,16 +180,19 @@ def host_collective_kind(name: str) -> str | None:
     "gloo:barrier" -> "barrier"); None for any other name."""
     if not name.startswith(HOST_COLLECTIVE_PREFIX):
         return None
-    rest = name[len(HOST_COLLECTIVE_PREFIX) :]
-    return collective_from_kernel_name(rest) or re.sub(r"[^a-z]", "", rest.lower()) or None
+    return collective_kind_of_op(name[len(HOST_COLLECTIVE_PREFIX) :])
 
 
 def host_collective_mask(table: EventTable) -> np.ndarray:
-    """Rows that are a CPU backend's collectives (gloo's `gloo:<op>` ranges)."""
-    if len(table) == 0:
-        return np.zeros(0, dtype=bool)
-    named = np.array([host_collective_kind(nm) is not None for nm in table.names], dtype=bool)
-    return (table.kind == Kind.USER_ANNOTATION) & named[table.name]
+    """Rows that are a CPU backend's collectives (gloo's `gloo:<op>` ranges); read-only."""
+
+    def make() -> np.ndarray:
+        if len(table) == 0:
+            return np.zeros(0, dtype=bool)
+        named = np.array([host_collective_kind(nm) is not None for nm in table.names], bool)
+        return (table.kind == Kind.USER_ANNOTATION) & named[table.name]
+
+    return table._derived("host_collectives", (table.kind, table.name), make)
 
 
 def enclosing_scopes(table: EventTable) -> np.ndarray:

@@ -114,6 +114,7 @@ def _load_one(path: str, names: Interner, rank_hint: int | None) -> tuple[RankIn
     world = _int_or_none(dist.get("world_size"))
     info.world_size = world if world is not None and 0 < world < 1 << 31 else None
     info.backend = dist.get("backend") if isinstance(dist.get("backend"), str) else None
+    info.gloo_subgroups = _gloo_subgroups(dist.get("pg_config"), info.world_size)
     info.device_name = _device_name(raw.deviceProperties)
     props = raw.deviceProperties
     if isinstance(props, list) and props and isinstance(props[0], dict):
@@ -179,6 +180,25 @@ def _machine_of(raw: Any, path: str) -> dict[str, object] | None:
             "from": "its file name (host_pid.time.pt.trace.json, as torch.profiler names it)",
         }
     return None
+
+
+def _gloo_subgroups(pg_config: object, world: int | None) -> bool:
+    """Does distributedInfo's pg_config list a gloo process group smaller than the world?"""
+    if isinstance(pg_config, dict):
+        groups = list(pg_config.values())
+    elif isinstance(pg_config, list):
+        groups = pg_config
+    else:
+        return False
+    if world is None:
+        return False
+    for g in groups:
+        if not isinstance(g, dict) or "gloo" not in str(g.get("backend_config", "")):
+            continue
+        size = _int_or_none(g.get("pg_size"))
+        if size is not None and 0 < size < world:
+            return True
+    return False
 
 
 def _int_or_none(value: Any) -> int | None:

@@ -342,8 +342,11 @@ def _extract_chunk(
     shapes = np.full(n, NONE, dtype=np.int32)
     in_types = np.full(n, NONE, dtype=np.int32)
     long_shapes = 0
-    # Ops, and the user annotations that carry shapes (gloo's collective ranges do).
-    for i in np.flatnonzero((kinds == Kind.CPU_OP) | (kinds == Kind.USER_ANNOTATION)).tolist():
+    # Ops, and gloo's collective ranges (user annotations that carry their tensors' shapes;
+    # other annotations keep none, so nothing else reads shapes it did not before).
+    annotated = np.flatnonzero(kinds == Kind.USER_ANNOTATION)
+    gloo = [i for i in annotated.tolist() if str(rows[i].name).startswith("gloo:")]
+    for i in sorted(np.flatnonzero(kinds == Kind.CPU_OP).tolist() + gloo):
         a = args[i]
         if a is not None and a.input_dims is not None:
             text = _compact(a.input_dims)
