@@ -149,7 +149,8 @@ def test_collectives_and_stragglers_read_the_gloo_ranges(gloo_dir: Path) -> None
 
 def test_advice_names_the_rank_the_others_wait_for(gloo_dir: Path) -> None:
     advice = perfcast.advise(str(gloo_dir))
-    assert advice.bottleneck.startswith("CPU-only trace")
+    assert advice.bottleneck.startswith("CPU-only trace: the host sets the step time (")
+    assert all(part in advice.bottleneck for part in ("collectives (gloo)", "other ranks"))
     text = " ".join(advice.findings)
     assert "of the critical path" in text and "rank 1 arrived last at 3 of its 3" in text
 
@@ -295,3 +296,13 @@ def test_a_range_cut_by_child_ops_keeps_its_wait_in_the_matched_piece(tmp_path: 
     assert all(a < b - 0.8 * EXTRA_US * 1000 for a, b in zip(fast[0][1:], base[0][1:]))
     sizes = {r.size_bytes for r in perfcast.collectives(str(path)).by_op}
     assert sizes == {BUCKET * 4 * 2}  # one rank's input, times the two ranks
+
+
+def test_the_report_timeline_draws_gloo_ranges_as_communication(gloo_dir: Path) -> None:
+    from perfcast.report import html as report_html
+
+    tl = report_html.report_data(perfcast.load(str(gloo_dir)))["timeline"]
+    comm = report_html.CATEGORIES.index("communication")
+    for group in ("measured", "simulated"):
+        drawn = {tl["names"][n] for n, c in zip(tl[group]["name"], tl[group]["cat"]) if c == comm}
+        assert drawn == {"gloo:all_reduce"}, group

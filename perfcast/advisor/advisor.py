@@ -34,7 +34,7 @@ from perfcast.display import Displayed
 from perfcast.events import EventTable
 from perfcast.graph.build import build_graph
 from perfcast.graph.model import GpuKind, Graph, NodeKind
-from perfcast.graph.phases import Phase
+from perfcast.graph.phases import Phase, host_collective_mask
 from perfcast.real import Correction
 from perfcast.sim.timeline import Timeline, simulate
 from perfcast.whatif.registry import Spec
@@ -345,6 +345,17 @@ def _facts(graph: Graph, tl: Timeline) -> dict[str, float]:
             acc[0] += p.by_category_ms["other ranks"]
             acc[1] += p.total_ms
         share = {r: 100.0 * w / t for r, (w, t) in by_rank.items() if t > 0}
+        # A CPU backend's (gloo's) collectives on the path: CPU work by category, but what a
+        # CPU-only job's bottleneck should name.
+        table = graph.table
+        if table is not None and len(table):
+            gloo = host_collective_mask(table)
+            on_path = 0.0
+            for p in paths:
+                ops = c["op"][p.path_nodes]
+                mine = (ops >= 0) & gloo[np.maximum(ops, 0)] & (c["rank"][p.path_nodes] == p.rank)
+                on_path += float(p.path_ns[mine].sum()) / 1e6
+            facts["host_comm_critical_pct"] = 100.0 * on_path / tot
         if share:
             worst = max(share, key=lambda r: (share[r], -r))
             facts["ranks_critical_max_pct"] = share[worst]
@@ -403,7 +414,16 @@ def _bottleneck(f: dict[str, float]) -> str:
     if "host_critical_pct" not in f:
         return "unknown (no steps to analyse)"
     if f.get("gpu_ms", 0.0) == 0.0:
-        return "CPU-only trace: the host sets the step time"
+        parts = [
+            f"{label} {f.get(key, 0.0):.0f}%"
+            for label, key in (
+                ("collectives (gloo)", "host_comm_critical_pct"),
+                ("waiting on other ranks", "ranks_critical_pct"),
+            )
+            if f.get(key, 0.0) >= 5.0
+        ]
+        of_path = f" ({', '.join(parts)} of the critical path)" if parts else ""
+        return "CPU-only trace: the host sets the step time" + of_path
     shares = {
         "host-bound: CPU work and launches": f["host_critical_pct"],
         "GPU-bound: GPU work": f.get("gpu_critical_pct", 0.0),

@@ -31,7 +31,7 @@ from perfcast.analysis.summary import summarize
 from perfcast.errors import PerfcastError
 from perfcast.events import EventTable, Kind
 from perfcast.graph.model import NONE, GpuKind, Graph, NodeKind
-from perfcast.graph.phases import collective_kernel_mask
+from perfcast.graph.phases import collective_kernel_mask, host_collective_mask
 from perfcast.report import shorten
 from perfcast.sim.timeline import Timeline
 
@@ -351,6 +351,7 @@ def _measured_group(
     cat[np.isin(k, [Kind.RUNTIME, Kind.DRIVER])] = _CAT["runtime"]
     cat[k == Kind.KERNEL] = _CAT["kernel"]
     cat[(k == Kind.KERNEL) & coll[rows]] = _CAT["communication"]
+    cat[(k == Kind.USER_ANNOTATION) & coll[rows]] = _CAT["communication"]  # gloo's ranges
     cat[np.isin(k, [Kind.MEMCPY, Kind.MEMSET])] = _CAT["copy"]
     sub[is_gpu] = 0
     pid = table.pid[rows]
@@ -410,6 +411,10 @@ def _simulated_group(
     is_coll = (ev >= 0) & coll[np.maximum(ev, 0)] if coll.size else np.zeros(nodes.size, bool)
     cat[gpu] = _CAT["kernel"]
     cat[gpu & is_coll] = _CAT["communication"]
+    # gloo's collectives: CPU pieces of a collective range on its worker thread.
+    if coll.size:
+        op = c["op"][nodes]
+        cat[(k == NodeKind.CPU) & (op >= 0) & coll[np.maximum(op, 0)]] = _CAT["communication"]
     cat[gpu & np.isin(c["gpu_kind"][nodes], [GpuKind.MEMCPY, GpuKind.MEMSET])] = _CAT["copy"]
     # CPU segments carry no name of their own: they are named after their op.
     nm = np.where(k == NodeKind.CPU, c["op_name"][nodes], c["name"][nodes])
@@ -437,7 +442,8 @@ def _timeline(table: EventTable, graph: Graph | None, tl: Timeline | None) -> di
     by_len = sorted(its, key=lambda p: (p[1].dur_ns, p[0]))
     idx, it = by_len[(len(by_len) - 1) // 2]
     lo, hi = it.window_start_ns, it.end_ns
-    coll = collective_kernel_mask(table)
+    # Communication: collective kernels, and a CPU backend's (gloo's) collective ranges.
+    coll = collective_kernel_mask(table) | host_collective_mask(table)
     names = _Names()
     measured = _measured_group(table, rank, lo, hi, coll, names)
     measured["window_ms"] = (hi - lo) / 1e6
