@@ -306,3 +306,58 @@ def test_the_report_timeline_draws_gloo_ranges_as_communication(gloo_dir: Path) 
     for group in ("measured", "simulated"):
         drawn = {tl["names"][n] for n, c in zip(tl[group]["name"], tl[group]["cat"]) if c == comm}
         assert drawn == {"gloo:all_reduce"}, group
+
+
+def _back_to_back(rank: int, cuda_copy: bool = False) -> dict:
+    """Two collectives a step: the training thread waits for the first (a wait replayed at
+    zero length), then makes the second call, whose range starts before the call returns."""
+    b = TraceBuilder(pid=100 + rank, tid=1, device=None)
+    for k in range(3):
+        t = k * 5000.0
+        b.step(k + 1, t, 4900)
+        b.op("aten::mm", t + 10, 500 + 300 * rank)
+        call = t + 810
+        b.op("c10d::allreduce_", call, 30, **{"Input Dims": [[[1000]], []]})
+        if cuda_copy:  # gloo on CUDA tensors copies them to the host inside the call
+            b.launch("Memcpy DtoH (Device -> Pinned)", call + 5, 10, call + 8, 5, cat="gpu_memcpy")
+        b.op("gloo:all_reduce", call + 20, 1000, tid=7, cat="user_annotation",
+             **{"Input Dims": [[1000]]})  # fmt: skip
+        second = call + 1100  # after waiting for the first
+        b.op("c10d::allreduce_", second, 200, **{"Input Dims": [[[2000]], []]})
+        b.op("gloo:all_reduce", second + 50, 800, tid=8, cat="user_annotation",
+             **{"Input Dims": [[2000]]})  # fmt: skip
+        b.op("aten::copy_", second + 900, 100)
+    doc = b.doc()
+    doc["distributedInfo"] = {"backend": "gloo", "rank": rank, "world_size": 2}
+    return doc
+
+
+def test_a_range_started_inside_its_call_after_a_wait_replays_exactly(tmp_path: Path) -> None:
+    path = _write(tmp_path, [_back_to_back(0), _back_to_back(1)])
+    g = build_graph(perfcast.load(str(path)))
+    assert any(a.startswith("12 collective(s) of a CPU backend") for a in g.assumptions)
+    got = _steps(g)
+    assert got == {r: [it.measured_ns for it in g.iterations if it.rank == r] for r in (0, 1)}
+
+
+def test_gloo_on_cuda_tensors_still_pairs(tmp_path: Path) -> None:
+    """A call that launches only copies (gloo staging CUDA tensors) is gloo's; one that
+    launched a collective kernel would be NCCL's."""
+    from perfcast.graph.host_collectives import _queued_calls
+
+    path = _write(tmp_path, [_back_to_back(0, cuda_copy=True)])
+    assert _queued_calls(perfcast.load(str(path))).size == 6
+
+
+def test_subgroups_are_found_without_a_world_size(tmp_path: Path) -> None:
+    docs = [_rank(0), _rank(1)]
+    for d in docs:
+        del d["distributedInfo"]["world_size"]
+        d["distributedInfo"]["pg_config"] = {
+            "0": {"backend_config": "cpu:gloo", "pg_size": 2},
+            "1": {"backend_config": "cpu:gloo", "pg_size": 1},
+        }
+    table = perfcast.load(str(_write(tmp_path, docs)))
+    assert all(info.gloo_subgroups for info in table.ranks)
+    s = perfcast.stragglers(table)
+    assert s.matched == 0 and any("not matched across ranks" in n for n in s.notes)

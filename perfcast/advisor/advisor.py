@@ -356,7 +356,7 @@ def _facts(graph: Graph, tl: Timeline) -> dict[str, float]:
                 mine = (ops >= 0) & gloo[np.maximum(ops, 0)] & (c["rank"][p.path_nodes] == p.rank)
                 on_path += float(p.path_ns[mine].sum()) / 1e6
             facts["host_comm_critical_pct"] = 100.0 * on_path / tot
-        if share:
+        if len(share) > 1:
             worst = max(share, key=lambda r: (share[r], -r))
             facts["ranks_critical_max_pct"] = share[worst]
             facts["ranks_critical_max_rank"] = float(worst)

@@ -24,6 +24,7 @@ from perfcast.analysis.common import NS_PER_MS, NS_PER_US
 from perfcast.analysis.notes import input_notes
 from perfcast.events import EventTable
 from perfcast.frames import Tables, plain
+from perfcast.graph.host_collectives import SUBGROUPS_NOTE, match_group, matchable_ranges
 from perfcast.graph.phases import (
     collective_kernel_mask,
     host_collective_kind,
@@ -71,11 +72,13 @@ class Stragglers(Tables):
 def _collective_lists(table: EventTable) -> dict[int, dict[tuple[str, str], np.ndarray]]:
     """Per rank, per (kind, group): its collective kernel rows (or gloo ranges) in start
     order."""
-    rows = np.flatnonzero(collective_kernel_mask(table) | host_collective_mask(table))
+    # gloo's ranges (on its worker threads) as the graph matches them: by kind and shapes.
+    host = matchable_ranges(table)
+    rows = np.flatnonzero(collective_kernel_mask(table) | host)
     kind_of = {}
     for i in np.unique(table.name[rows]).tolist():
         m = COLLECTIVE_KIND.search(table.names[i])
-        on_host = host_collective_kind(table.names[i])  # gloo: a range on a worker thread
+        on_host = host_collective_kind(table.names[i])
         kind_of[i] = on_host or (m.group(1).lower() if m else "collective")
     out: dict[int, dict[tuple[str, str], list[int]]] = defaultdict(lambda: defaultdict(list))
     rows = rows[np.argsort(table.ts[rows], kind="stable")]
@@ -83,7 +86,8 @@ def _collective_lists(table: EventTable) -> dict[int, dict[tuple[str, str], np.n
     for r, nm, rk, gr in zip(
         rows.tolist(), table.name[rows].tolist(), table.rank[rows].tolist(), groups.tolist()
     ):
-        out[rk][(kind_of[nm], table.names[gr] if gr >= 0 else "")].append(r)
+        group = table.names[gr] if gr >= 0 else (match_group(table, r) if host[r] else "")
+        out[rk][(kind_of[nm], group)].append(r)
     return {rk: {k: np.array(v) for k, v in d.items()} for rk, d in out.items()}
 
 
@@ -101,6 +105,8 @@ def stragglers(table: EventTable, candidates: int = 2, top: int = 20) -> Straggl
         out.notes.append("one rank: stragglers need the traces of several ranks")
         return out
     lists = _collective_lists(table)
+    if host_collective_mask(table).any() and any(i.gloo_subgroups for i in table.ranks):
+        out.notes.append(SUBGROUPS_NOTE)
     keys = set.intersection(*(set(lists.get(r, {})) for r in ranks)) if lists else set()
     matched: list[tuple[str, str, int, np.ndarray]] = []  # (kind, group, index, rows per rank)
     for key in sorted(keys):

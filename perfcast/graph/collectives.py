@@ -19,7 +19,12 @@ from collections import defaultdict
 
 import numpy as np
 
-from perfcast.graph.host_collectives import host_collective_nodes
+from perfcast.graph.host_collectives import (
+    SUBGROUPS_NOTE,
+    host_collective_nodes,
+    match_group,
+    matchable_ranges,
+)
 from perfcast.graph.model import NONE, EdgeType, Graph, NodeKind, Source
 from perfcast.graph.phases import host_collective_kind
 from perfcast.hardware.classify import COLLECTIVE_KIND
@@ -45,29 +50,25 @@ def match_collectives(graph: Graph) -> dict[tuple[str, str, int], dict[int, int]
             m = COLLECTIVE_KIND.search(nm)
             kind_of[name_id] = m.group(1).lower() if m else "collective"
     comm = gpu[np.isin(c["name"][gpu], list(kind_of))]
-    # A CPU backend's (gloo) collectives: ranges on its worker threads. A range does not name
-    # its process group: ranges of different shapes are kept apart, and none is matched where
-    # a trace lists a gloo group smaller than the world (its ranks would be matched as one).
+    # A CPU backend's (gloo) collectives: ranges on its worker threads, told apart by their
+    # shapes (a range names no group); none where the trace has smaller gloo groups.
     host = host_collective_nodes(graph)
-    if host.size and (table is None or any(info.gloo_subgroups for info in table.ranks)):
+    if host.size and table is not None:
+        ok = matchable_ranges(table)
+        if not ok.any():
+            graph.assumptions.append(
+                SUBGROUPS_NOTE + " (each range keeps its measured wait for the other ranks)"
+            )
+        host = host[ok[c["op"][host]]]
+    elif table is None:
         host = host[:0]
-        graph.assumptions.append(
-            "gloo's collectives are not matched across ranks: the trace lists gloo process "
-            "groups smaller than the world, and a gloo range does not say its group (each "
-            "range keeps its measured wait for the other ranks)"
-        )
-    host_shapes: dict[int, str] = {}
-    for node in host.tolist():
-        row = int(c["op"][node])
-        shapes = int(table.shapes[row]) if table is not None else -1
-        host_shapes[node] = "shapes " + (table.names[shapes] if table and shapes >= 0 else "")
-        kind_of[int(c["name"][node])] = (
-            host_collective_kind(names[int(c["name"][node])]) or "collective"
-        )
+    host_group = {n: match_group(table, int(c["op"][n])) for n in host.tolist()} if table else {}
+    for name_id in np.unique(c["name"][host]).tolist():
+        kind_of[name_id] = host_collective_kind(names[name_id]) or "collective"
     comm = np.concatenate([comm, host]).astype(np.int64)
     for node in comm[np.argsort(c["start_measured"][comm], kind="stable")].tolist():
         kind = kind_of[int(c["name"][node])]
-        group = host_shapes.get(node, "")
+        group = host_group.get(node, "")
         row = int(c["event"][node])
         if table is not None and row >= 0 and table.coll_ranks[row] >= 0:
             group = table.names[int(table.coll_ranks[row])]

@@ -22,7 +22,12 @@ import numpy as np
 
 from perfcast.events import NONE, EventTable, Kind
 from perfcast.graph.model import NO_RELEASE, EdgeType, Graph, NodeKind
-from perfcast.graph.phases import collective_kind_of_op, host_collective_kind, host_collective_mask
+from perfcast.graph.phases import (
+    collective_kernel_mask,
+    collective_kind_of_op,
+    host_collective_kind,
+    host_collective_mask,
+)
 from perfcast.ingest.input_dims import is_shape, numel, parse_input_dims
 
 _CALL_PREFIX = "c10d::"
@@ -46,6 +51,30 @@ def tensor_sizes(table: EventTable, row: int) -> list[int]:
             if numel(shape) > 0:
                 out.append(numel(shape))
     return out
+
+
+def matchable_ranges(table: EventTable) -> np.ndarray:
+    """Mask of the gloo ranges that can be matched across ranks: not sends and receives, and
+    none where a trace lists a gloo group smaller than the world (a range does not say its
+    group, and ranks of different groups would be matched as one)."""
+    mask = host_collective_mask(table)
+    if not mask.any() or any(info.gloo_subgroups for info in table.ranks):
+        return np.zeros(len(table), dtype=bool)
+    p2p = np.array([host_collective_kind(nm) == _P2P for nm in table.names], dtype=bool)
+    return mask & ~p2p[table.name]
+
+
+def match_group(table: EventTable, row: int) -> str:
+    """What tells a gloo range's collective apart beside its kind (it names no group): the
+    shapes of its tensors."""
+    idx = int(table.shapes[row])
+    return "shapes " + (table.names[idx] if idx >= 0 else "")
+
+
+SUBGROUPS_NOTE = (
+    "gloo's collectives are not matched across ranks: the trace lists gloo process groups "
+    "smaller than the world, and a gloo range does not say its group"
+)
 
 
 def node_per_op(graph: Graph, nodes: np.ndarray, longest: bool = False) -> dict[int, int]:
@@ -82,9 +111,10 @@ def host_collective_nodes(graph: Graph) -> np.ndarray:
 
 
 def _queued_calls(table: EventTable) -> np.ndarray:
-    """c10d collective calls that hand their work to a CPU backend's worker threads: not
-    sends, receives or the monitored barrier (they run on the calling thread), and not calls
-    that launched GPU work (an NCCL group's), in time order."""
+    """c10d collective calls that hand their work to a CPU backend's worker threads, in time
+    order: not sends, receives or the monitored barrier (they run on the calling thread),
+    and not an NCCL group's calls (they launch a collective kernel or hold an `nccl:` range;
+    gloo on CUDA tensors launches copies only)."""
     names = table.names
     ok = np.array(
         [
@@ -98,51 +128,77 @@ def _queued_calls(table: EventTable) -> np.ndarray:
     calls = np.flatnonzero((table.kind == Kind.CPU_OP) & ok[table.name])
     if calls.size == 0:
         return calls
-    # Runtime calls that launched GPU work, per thread in time order: a c10d call enclosing
-    # one is not gloo's.
-    launchers = np.unique(table.launch[table.launch >= 0])
+    nccl = np.zeros(calls.size, dtype=bool)
+    # Calls holding an `nccl:<op>` range (within a few levels).
+    is_nccl = np.array([nm.startswith("nccl:") for nm in names], dtype=bool)
+    up = np.flatnonzero(is_nccl[table.name])
+    holders: set[int] = set()
+    for _ in range(4):
+        up = table.parent[up]
+        up = up[up >= 0]
+        holders.update(up.tolist())
+    nccl |= np.isin(calls, list(holders))
+    # Calls on whose thread, within whose time, a collective kernel was launched.
+    launchers = np.unique(table.launch[collective_kernel_mask(table) & (table.launch >= 0)])
     if launchers.size:
         key = np.lexsort((table.ts[launchers], table.tid[launchers], table.rank[launchers]))
         launchers = launchers[key]
-        lk = np.stack([table.rank[launchers], table.tid[launchers]], axis=1)
-        keep = np.ones(calls.size, dtype=bool)
+        thread = np.stack([table.rank[launchers], table.tid[launchers]], axis=1)
+        cut = np.flatnonzero(np.any(thread[1:] != thread[:-1], axis=1)) + 1
+        by_thread = {
+            (int(table.rank[g[0]]), int(table.tid[g[0]])): table.ts[g]
+            for g in np.split(launchers, cut)
+        }
         for i, row in enumerate(calls.tolist()):
-            lo = np.searchsorted(table.rank[launchers], table.rank[row], side="left")
-            hi = np.searchsorted(table.rank[launchers], table.rank[row], side="right")
-            same = launchers[lo:hi][lk[lo:hi, 1] == table.tid[row]]
-            t = table.ts[same]
+            t = by_thread.get((int(table.rank[row]), int(table.tid[row])))
+            if t is None:
+                continue
             j = int(np.searchsorted(t, table.ts[row], side="left"))
-            keep[i] = not (j < t.size and t[j] <= table.ts[row] + table.dur[row])
-        calls = calls[keep]
+            nccl[i] |= j < t.size and t[j] <= table.ts[row] + table.dur[row]
+    calls = calls[~nccl]
     return calls[np.argsort(table.ts[calls], kind="stable")]
 
 
 def _pairs(table: EventTable, calls: np.ndarray, ranges: list[int]) -> dict[int, int]:
-    """range row -> the call row that enqueued it (see the module docstring)."""
+    """range row -> the call row that enqueued it (see the module docstring). Calls wait per
+    rank and kind, so calls that never get a range (a window's edge, a collective gloo runs
+    as two) hold back only their own kind, and only for _LOOKBACK calls."""
     names = table.names
-    open_calls: dict[int, list[int]] = {}
+    sizes_of: dict[int, list[int]] = {}  # per shapes string: parsed once
+
+    def sizes(row: int) -> list[int]:
+        key = int(table.shapes[row])
+        if key not in sizes_of:
+            sizes_of[key] = tensor_sizes(table, row)
+        return sizes_of[key]
+
+    pending: dict[tuple[int, str], list[int]] = {}
     for row in calls.tolist():
-        open_calls.setdefault(int(table.rank[row]), []).append(row)
-    kind_of = {
-        row: collective_kind_of_op(names[int(table.name[row])][len(_CALL_PREFIX) :])
-        for row in calls.tolist()
-    }
+        kind = collective_kind_of_op(names[int(table.name[row])][len(_CALL_PREFIX) :]) or ""
+        rank = int(table.rank[row])
+        for runs_as in (kind, *_ALSO_RUNS_AS.get(kind, ())):
+            pending.setdefault((rank, runs_as), []).append(row)
+    taken: set[int] = set()
     out: dict[int, int] = {}
     for r in sorted(ranges, key=lambda x: (int(table.ts[x]), x)):
-        kind = host_collective_kind(names[int(table.name[r])])
-        sizes = tensor_sizes(table, r)
-        pending = open_calls.get(int(table.rank[r]), [])
-        for i, call in enumerate(pending[:_LOOKBACK]):
+        kind = host_collective_kind(names[int(table.name[r])]) or ""
+        queue = pending.get((int(table.rank[r]), kind), [])
+        while queue and queue[0] in taken:  # paired under its other kind
+            queue.pop(0)
+        mine = set(sizes(r))
+        for i, call in enumerate(queue[:_LOOKBACK]):
             if table.ts[call] > table.ts[r]:
                 break
-            ck = kind_of[call]
-            if ck != kind and kind not in _ALSO_RUNS_AS.get(ck or "", ()):
+            if call in taken:
                 continue
-            have = tensor_sizes(table, call)
-            if sizes and have and any(have.count(n) < sizes.count(n) for n in set(sizes)):
-                continue  # another group's call of the same kind
+            have = set(sizes(call))
+            # Another group's call of the same kind holds other sizes. (A scatter's root
+            # records its list of chunks, the range one chunk or several: any in common.)
+            if mine and have and not mine & have:
+                continue
             out[r] = call
-            del pending[i]
+            taken.add(call)
+            del queue[i]
             break
     return out
 
@@ -190,10 +246,12 @@ def enqueue_edges(
         w = int(start[x] - end[src])
         if w < 0:
             # The range started before its call returned (the enqueue is inside the call):
-            # wait for the call's start, so a shorter call cannot start the range before it.
+            # wait for the call's start (its thread predecessor's end, which the lane makes
+            # the call's start), so a shorter call cannot start the range before it. Measured
+            # from the call's own start: the predecessor may be a wait replayed at 0 length.
             anchor = before(src)
             if anchor != NONE:
-                src, w = anchor, int(start[x] - end[anchor])
+                src, w = anchor, int(start[x] - start[src])
         prev = before(x)
         if prev != NONE:
             p_op = int(op[prev])

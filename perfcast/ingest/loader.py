@@ -190,15 +190,16 @@ def _gloo_subgroups(pg_config: object, world: int | None) -> bool:
         groups = pg_config
     else:
         return False
-    if world is None:
-        return False
-    for g in groups:
-        if not isinstance(g, dict) or "gloo" not in str(g.get("backend_config", "")):
-            continue
-        size = _int_or_none(g.get("pg_size"))
-        if size is not None and 0 < size < world:
-            return True
-    return False
+    sizes = [
+        size
+        for g in groups
+        if isinstance(g, dict) and "gloo" in str(g.get("backend_config", ""))
+        for size in [_int_or_none(g.get("pg_size"))]
+        if size is not None and size > 0
+    ]
+    # Without a world size, the largest group stands for the world (the default group).
+    all_ranks = world if world is not None else max(sizes, default=0)
+    return any(size < all_ranks for size in sizes)
 
 
 def _int_or_none(value: Any) -> int | None:
