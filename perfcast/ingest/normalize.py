@@ -344,9 +344,12 @@ def _extract_chunk(
     long_shapes = 0
     # Ops, and gloo's collective ranges (user annotations that carry their tensors' shapes;
     # other annotations keep none, so nothing else reads shapes it did not before).
+    shaped = np.flatnonzero(kinds == Kind.CPU_OP)
     annotated = np.flatnonzero(kinds == Kind.USER_ANNOTATION)
     gloo = [i for i in annotated.tolist() if str(rows[i].name).startswith("gloo:")]
-    for i in sorted(np.flatnonzero(kinds == Kind.CPU_OP).tolist() + gloo):
+    if gloo:
+        shaped = np.union1d(shaped, gloo)
+    for i in shaped.tolist():
         a = args[i]
         if a is not None and a.input_dims is not None:
             text = _compact(a.input_dims)
