@@ -40,6 +40,9 @@ class Kind(enum.IntEnum):
 
 
 GPU_KINDS = (Kind.KERNEL, Kind.MEMCPY, Kind.MEMSET)
+# gloo (a CPU backend) runs each collective on a worker thread of its own, under a user
+# annotation named `gloo:<op>` (ProcessGroupGloo's profiling title) with the tensors' shapes.
+GLOO_RANGE_PREFIX = "gloo:"
 CPU_KINDS = (Kind.CPU_OP, Kind.USER_ANNOTATION, Kind.PYTHON_FUNCTION, Kind.RUNTIME, Kind.DRIVER)
 
 

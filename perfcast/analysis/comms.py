@@ -136,6 +136,16 @@ _CPP_TYPES = {
 }  # fmt: skip
 
 
+def _first_input_dtype(table: EventTable, row: int) -> str | None:
+    """The dtype of an event's first input as its "Input type" names it (record_shapes)."""
+    from perfcast.ingest.input_dims import parse_input_types
+
+    t_idx = int(table.in_types[row])
+    types = parse_input_types(table.names[t_idx]) if t_idx >= 0 else None
+    first = types[0] if types else None
+    return _CPP_TYPES.get(first, first) if first else None
+
+
 def _op_args_fallback(
     table: EventTable, rows: np.ndarray
 ) -> tuple[list[str | None], list[str | None], list[int]]:
@@ -143,7 +153,7 @@ def _op_args_fallback(
     op from the enclosing `nccl:<op>` range, and the size and dtype from the shapes of the
     enclosing `record_param_comms` / `c10d::` op (record_shapes). Per row: (op, dtype,
     elements), None / 0 where the trace does not say."""
-    from perfcast.ingest.input_dims import parse_input_dims, parse_input_types, tensor_shapes
+    from perfcast.ingest.input_dims import parse_input_dims, tensor_shapes
 
     names = table.names
     launch = table.launch[rows].astype(np.int64)
@@ -175,10 +185,7 @@ def _op_args_fallback(
             elems.append(0)
             continue
         elems.append(int(np.prod(first_tensor[int(table.shapes[r])])))
-        t_idx = int(table.in_types[r])
-        types = parse_input_types(names[t_idx]) if t_idx >= 0 else None
-        first = types[0] if types else None
-        dtypes.append(_CPP_TYPES.get(first, first) if first else None)
+        dtypes.append(_first_input_dtype(table, r))
     return ops, dtypes, elems
 
 
@@ -343,17 +350,12 @@ def _own_shapes(table: EventTable, rows: np.ndarray) -> tuple[list[str | None], 
     """Per gloo range: the dtype of its first tensor and the elements of all its tensors (a
     coalesced all-reduce or a list all-to-all holds several; record_shapes)."""
     from perfcast.graph.host_collectives import tensor_sizes
-    from perfcast.ingest.input_dims import parse_input_types
 
-    names = table.names
     dtypes: list[str | None] = []
     elems: list[int] = []
     for r in rows.tolist():
         elems.append(sum(tensor_sizes(table, r)))
-        t_idx = int(table.in_types[r])
-        types = parse_input_types(names[t_idx]) if t_idx >= 0 else None
-        first = types[0] if types else None
-        dtypes.append(_CPP_TYPES.get(first, first) if first else None)
+        dtypes.append(_first_input_dtype(table, r))
     return dtypes, elems
 
 

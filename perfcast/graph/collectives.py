@@ -52,17 +52,17 @@ def match_collectives(graph: Graph) -> dict[tuple[str, str, int], dict[int, int]
     comm = gpu[np.isin(c["name"][gpu], list(kind_of))]
     # A CPU backend's (gloo) collectives: ranges on its worker threads, told apart by their
     # shapes (a range names no group); none where the trace has smaller gloo groups.
-    host = host_collective_nodes(graph)
-    if host.size and table is not None:
+    host = host_collective_nodes(graph)  # none without a table
+    host_group: dict[int, str] = {}
+    if host.size:
+        assert table is not None
         ok = matchable_ranges(table)
         if not ok.any():
             graph.assumptions.append(
                 SUBGROUPS_NOTE + " (each range keeps its measured wait for the other ranks)"
             )
         host = host[ok[c["op"][host]]]
-    elif table is None:
-        host = host[:0]
-    host_group = {n: match_group(table, int(c["op"][n])) for n in host.tolist()} if table else {}
+        host_group = {n: match_group(table, int(c["op"][n])) for n in host.tolist()}
     for name_id in np.unique(c["name"][host]).tolist():
         kind_of[name_id] = host_collective_kind(names[name_id]) or "collective"
     comm = np.concatenate([comm, host]).astype(np.int64)

@@ -53,15 +53,23 @@ def tensor_sizes(table: EventTable, row: int) -> list[int]:
     return out
 
 
-def matchable_ranges(table: EventTable) -> np.ndarray:
-    """Mask of the gloo ranges that can be matched across ranks: not sends and receives, and
-    none where a trace lists a gloo group smaller than the world (a range does not say its
-    group, and ranks of different groups would be matched as one)."""
+def _worker_ranges(table: EventTable) -> np.ndarray:
+    """Mask of the gloo ranges its worker threads run: every collective but sends and
+    receives, which run on the calling thread and are not collectives of every rank."""
     mask = host_collective_mask(table)
-    if not mask.any() or any(info.gloo_subgroups for info in table.ranks):
-        return np.zeros(len(table), dtype=bool)
+    if not mask.any():
+        return mask
     p2p = np.array([host_collective_kind(nm) == _P2P for nm in table.names], dtype=bool)
     return mask & ~p2p[table.name]
+
+
+def matchable_ranges(table: EventTable) -> np.ndarray:
+    """Mask of the gloo ranges that can be matched across ranks: the worker threads' ranges,
+    and none where a trace lists a gloo group smaller than the world (a range does not say
+    its group, and ranks of different groups would be matched as one)."""
+    if any(info.gloo_subgroups for info in table.ranks):
+        return np.zeros(len(table), dtype=bool)
+    return _worker_ranges(table)
 
 
 def match_group(table: EventTable, row: int) -> str:
@@ -99,14 +107,12 @@ def host_collective_nodes(graph: Graph) -> np.ndarray:
     c = graph.cols
     if table is None or len(table) == 0:
         return np.zeros(0, dtype=np.int64)
-    mask = host_collective_mask(table)
+    mask = _worker_ranges(table)
     if not mask.any():
         return np.zeros(0, dtype=np.int64)
     op = c["op"]
     cand = np.flatnonzero((c["kind"] == NodeKind.CPU) & graph.alive & (op >= 0))
     cand = cand[mask[op[cand]]]
-    p2p = [host_collective_kind(table.names[int(table.name[r])]) == _P2P for r in op[cand]]
-    cand = cand[~np.array(p2p, dtype=bool)] if cand.size else cand
     return np.sort(np.array(list(node_per_op(graph, cand, longest=True).values()), np.int64))
 
 

@@ -13,7 +13,7 @@ import re
 
 import numpy as np
 
-from perfcast.events import NONE, EventTable, Kind
+from perfcast.events import GLOO_RANGE_PREFIX, NONE, EventTable, Kind
 from perfcast.hardware.classify import COMMUNICATION_PATTERN
 
 
@@ -145,9 +145,6 @@ def collective_kernel_mask(table: EventTable) -> np.ndarray:
     return (table.kind == Kind.KERNEL) & (is_coll_name[table.name] | (table.coll_name >= 0))
 
 
-# A CPU backend's collective: gloo runs each on a worker thread of its own, under a
-# `gloo:<op>` range (ProcessGroupGloo's profiling title), with the tensors' shapes.
-HOST_COLLECTIVE_PREFIX = "gloo:"
 # Collective kinds by the letters of an op's name, most specific first ("reducescatter" and
 # "allreduce" both hold "reduce"; "allgather" holds "gather").
 _KIND_BY_LETTERS = (
@@ -178,9 +175,9 @@ def collective_kind_of_op(op: str) -> str | None:
 def host_collective_kind(name: str) -> str | None:
     """The collective a CPU backend's range runs ("gloo:all_reduce" -> "allreduce",
     "gloo:barrier" -> "barrier"); None for any other name."""
-    if not name.startswith(HOST_COLLECTIVE_PREFIX):
+    if not name.startswith(GLOO_RANGE_PREFIX):
         return None
-    return collective_kind_of_op(name[len(HOST_COLLECTIVE_PREFIX) :])
+    return collective_kind_of_op(name[len(GLOO_RANGE_PREFIX) :])
 
 
 def host_collective_mask(table: EventTable) -> np.ndarray:

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from perfcast.events import MEM_DEVICE_CPU, NONE, Kind
+from perfcast.events import GLOO_RANGE_PREFIX, MEM_DEVICE_CPU, NONE, Kind
 from perfcast.ingest.schema import (
     CATEGORY_KIND,
     FWDBWD_FLOW_CATS,
@@ -346,7 +346,7 @@ def _extract_chunk(
     # other annotations keep none, so nothing else reads shapes it did not before).
     shaped = np.flatnonzero(kinds == Kind.CPU_OP)
     annotated = np.flatnonzero(kinds == Kind.USER_ANNOTATION)
-    gloo = [i for i in annotated.tolist() if str(rows[i].name).startswith("gloo:")]
+    gloo = [i for i in annotated.tolist() if str(rows[i].name).startswith(GLOO_RANGE_PREFIX)]
     if gloo:
         shaped = np.union1d(shaped, gloo)
     for i in shaped.tolist():
