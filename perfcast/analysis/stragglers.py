@@ -1,9 +1,10 @@
 """Stragglers across ranks: which rank's late arrival at each collective makes the others wait.
 
 The n-th collective of a kind in one process group is matched across ranks (as the graph
-builder matches them). A collective ends at about the same moment everywhere, so rank clocks
-are aligned on the median difference of matched end times. A rank's arrival is its kernel's
-start on the aligned clock; the last rank to arrive is that collective's straggler, and every
+builder matches them; where the counts differ, step by step). A
+collective ends at about the same moment everywhere, so rank clocks are aligned on the median
+difference of matched end times. A rank's arrival is its kernel's start on the aligned clock;
+the last rank to arrive is that collective's straggler, and every
 other rank waits (last arrival − its own arrival) for it.
 
 Per rank: how often it arrived last, the waiting it caused (summed over the ranks that
@@ -24,6 +25,7 @@ from perfcast.analysis.common import NS_PER_MS, NS_PER_US
 from perfcast.analysis.notes import input_notes
 from perfcast.events import EventTable
 from perfcast.frames import Tables, plain
+from perfcast.graph.collectives import pair_across_ranks, step_codes
 from perfcast.graph.host_collectives import SUBGROUPS_NOTE, match_group, matchable_ranges
 from perfcast.graph.phases import (
     collective_kernel_mask,
@@ -111,13 +113,15 @@ def stragglers(table: EventTable, candidates: int = 2, top: int = 20) -> Straggl
     matched: list[tuple[str, str, int, np.ndarray]] = []  # (kind, group, index, rows per rank)
     for key in sorted(keys):
         per = [lists[r][key] for r in ranks]
-        if len({p.size for p in per}) != 1:
+        pairing = pair_across_ranks(per, [step_codes(table, table.iteration[p]) for p in per])
+        # (collectives, ranks): the rows of each match
+        mat = np.stack([p[pairing.positions[:, j]] for j, p in enumerate(per)], axis=1)
+        if pairing.by_step:
             out.notes.append(
                 f"{key[0]} collectives in group {key[1] or '(default)'}: counts differ across "
-                "ranks; not matched"
+                f"ranks (a trace cut short?); matched step by step: {mat.shape[0]:,} matched, "
+                f"{pairing.left_out:,} not"
             )
-            continue
-        mat = np.stack(per, axis=1)  # (collectives, ranks)
         matched.extend((key[0], key[1], i, mat[i]) for i in range(mat.shape[0]))
     if not matched:
         out.notes.append("no collective is present on every rank: nothing to compare")

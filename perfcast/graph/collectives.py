@@ -8,6 +8,10 @@ Each matched kernel is split into an arrival (zero time, where the kernel
 started) and the transfer (the shortest duration among the ranks: the last
 to arrive did not wait). The transfer starts when every rank has arrived.
 
+Where the ranks hold different numbers of a collective (a killed job's trace cut short, or
+ranks profiled over different steps), they are matched step by step (ProfilerStep#N, by
+name): the n-th with the n-th up to the fewest any rank holds in that step.
+
 Rank clocks differ; they are aligned by the median end-time difference of
 matched collectives (collectives end at about the same time everywhere).
 """
@@ -16,9 +20,12 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
+from perfcast.events import EventTable
 from perfcast.graph.host_collectives import (
     SUBGROUPS_NOTE,
     host_collective_nodes,
@@ -30,6 +37,49 @@ from perfcast.graph.phases import host_collective_kind
 from perfcast.hardware.classify import COLLECTIVE_KIND
 
 _COMM = re.compile(r"nccl|rccl", re.IGNORECASE)
+
+
+@dataclass
+class Pairing:
+    """One kind and group of collectives paired across ranks."""
+
+    positions: np.ndarray  # (matched, ranks): each match's index into every rank's list
+    left_out: int  # collectives of the busiest rank that stayed unmatched
+    by_step: bool  # the counts differed, so they were paired step by step
+
+
+def step_codes(table: EventTable, iteration: np.ndarray) -> np.ndarray:
+    """A code per row for the step it belongs to, the same on every rank for the same step
+    name (ProfilerStep#N); -1 outside every step."""
+    code_of: dict[str, int] = {}
+    codes = np.array(
+        [code_of.setdefault(it.name, len(code_of)) for it in table.iterations] + [-1],
+        dtype=np.int64,
+    )
+    # NONE (-1) indexes the trailing -1.
+    return codes[np.where(iteration >= 0, iteration, -1)]
+
+
+def pair_across_ranks(lists: Sequence[np.ndarray], steps: Sequence[np.ndarray]) -> Pairing:
+    """Pair one kind and group of collectives across ranks: `lists[j]` holds rank j's in start
+    order, `steps[j]` the step code of each (`step_codes`). Equal counts: the n-th with the
+    n-th. Otherwise step by step, in the steps every rank holds, the n-th with the n-th up to
+    the fewest any rank holds there: a collective needs every rank of its group, so fewer on
+    one rank means events lost, and a cut loses each stream's latest events (the kernels
+    Kineto writes are in time order per stream). Nothing outside steps is paired then."""
+    sizes = [int(x.size) for x in lists]
+    if len(set(sizes)) == 1:
+        n = sizes[0]
+        return Pairing(np.repeat(np.arange(n)[:, None], len(lists), axis=1), 0, False)
+    common = set.intersection(*(set(s[s >= 0].tolist()) for s in steps))
+    blocks = []
+    for code in common:
+        pos = [np.flatnonzero(s == code) for s in steps]
+        k = min(p.size for p in pos)
+        blocks.append(np.stack([p[:k] for p in pos], axis=1))
+    blocks.sort(key=lambda b: int(b[0, 0]) if b.size else -1)  # in the first rank's order
+    positions = np.concatenate(blocks) if blocks else np.zeros((0, len(lists)), dtype=np.int64)
+    return Pairing(positions, max(sizes) - positions.shape[0], True)
 
 
 def match_collectives(graph: Graph) -> dict[tuple[str, str, int], dict[int, int]]:
@@ -75,12 +125,28 @@ def match_collectives(graph: Graph) -> dict[tuple[str, str, int], dict[int, int]
         per_rank[int(c["rank"][node])][(kind, group)].append(node)
     out: dict[tuple[str, str, int], dict[int, int]] = {}
     keys = set.intersection(*(set(d) for d in per_rank.values()))
+    stepwise = left_out = 0
     for key in sorted(keys):  # not set order: the same trace gives the same graph
-        lists = [per_rank[r][key] for r in ranks]
-        if len({len(lst) for lst in lists}) != 1:
-            continue  # unequal counts: the ranks were not profiled over the same work
-        for i in range(len(lists[0])):
-            out[(key[0], key[1], i)] = {r: lists[j][i] for j, r in enumerate(ranks)}
+        lists = [np.array(per_rank[r][key], dtype=np.int64) for r in ranks]
+        if table is not None:
+            steps = [step_codes(table, c["iteration"][lst]) for lst in lists]
+        else:
+            steps = [np.full(lst.size, -1, dtype=np.int64) for lst in lists]
+        pairing = pair_across_ranks(lists, steps)
+        stepwise += pairing.by_step
+        left_out += pairing.left_out
+        for i, pos in enumerate(pairing.positions.tolist()):
+            out[(key[0], key[1], i)] = {
+                r: int(lists[j][p]) for j, (r, p) in enumerate(zip(ranks, pos))
+            }
+    if stepwise:
+        graph.assumptions.append(
+            f"{stepwise} kind(s) of collective are held a different number of times by "
+            "different ranks (a trace cut short, or ranks profiled over different steps): "
+            "matched step by step, the n-th with the n-th up to the fewest any rank holds "
+            f"in the step; {left_out} left unmatched keep their measured waits for the other "
+            "ranks"
+        )
     return out
 
 
