@@ -101,7 +101,7 @@ def test_a_real_cut_pairs_only_what_the_whole_trace_pairs(tmp_path: Path) -> Non
     cut = tmp_path / "cut"
     cut.mkdir()
     shutil.copy(SEED / "rank0.json.gz", cut)
-    raw = gzip.open(SEED / "rank1.json.gz").read()
+    raw = gzip.decompress((SEED / "rank1.json.gz").read_bytes())
     (cut / "rank1.json").write_bytes(raw[: int(len(raw) * 0.85)])
     got = _pairs(cut)
     assert len(full) == 21
