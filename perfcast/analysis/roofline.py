@@ -60,7 +60,7 @@ _ELEMENTWISE = {
 }  # fmt: skip
 # Attention ops that take q, k, v as (batch, seq, heads, dim); the scaled_dot_product_* ones
 # take (batch, heads, seq, dim).
-_SEQ_MAJOR = ("aten::_flash_attention_forward", "aten::_efficient_attention_forward")
+SEQ_MAJOR_ATTENTION = ("aten::_flash_attention_forward", "aten::_efficient_attention_forward")
 # Arguments of the out-of-place elementwise ops (a scalar or option records an empty shape):
 # one more, a tensor shaped like the result, is the .out variant's output.
 _ARGS = {
@@ -105,7 +105,7 @@ def op_cost(name: str, shapes: list, b: int) -> tuple[float, float] | None:
     if name in _MATMUL:
         return _matmul(name, dims, b)
     if name in _SDPA and len(dims) >= 3 and len(dims[0]) == 4 and len(dims[1]) == 4:
-        if name in _SEQ_MAJOR:
+        if name in SEQ_MAJOR_ATTENTION:
             bq, lq, h, e = dims[0]  # flash-attn / xformers layout: batch, seq, heads, dim
             s_len = dims[1][1]
         else:
