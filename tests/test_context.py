@@ -320,6 +320,12 @@ def test_labels_flops_and_library_frames() -> None:
     assert is_library_frame("torch/nn/modules/module.py(1743): _call_impl")
     assert is_library_frame("<built-in method relu of type object>")
     assert not is_library_frame("transformers/models/bert/modeling_bert.py(300): forward")
+    # perfcast's own capture: its console script, CLI and step hooks
+    assert is_library_frame("perfcast(6): <module>")
+    assert is_library_frame("/work/main/perfcast/cli/main.py(286): entry")
+    assert is_library_frame("/x/site-packages/perfcast/capture/profiler.py(331): _optimizer_hook")
+    assert not is_library_frame("train.py(9): <module>")
+    assert not is_library_frame("myperfcast/cli/run.py(3): main")
     assert inductor_fused_ops("triton_red_fused_add_mean_mul_pow_rsqrt_0") == [
         "add", "mean", "mul", "pow", "rsqrt"
     ]  # fmt: skip

@@ -783,3 +783,40 @@ def test_gpu_event_before_its_launch_is_not_linked(write_trace):
     assert table.launch[k] == NONE
     assert table.launch[row(table, "triton_poi_fused_add_0")] == row(table, "cuLaunchKernel")
     assert any("before" in w and "launch" in w for w in table.ranks[0].warnings)
+
+
+def _stopped_inside(extra_end_us: float, kernel_end_us: float | None = None) -> dict:
+    """Two steps; the last step ends inside an optimizer range that the trace ends
+    `extra_end_us` after the step (the profiler stopped inside it)."""
+    from tests.tracegen import TraceBuilder
+
+    b = TraceBuilder()
+    for k in range(2):
+        t = k * 1000.0
+        b.step(k + 1, t, 900)
+        b.op("aten::mm", t + 100, 300)
+        end = t + 900 + (extra_end_us if k == 1 else 5)
+        b.op("Optimizer.step#SGD.step", t + 800, end - (t + 800), cat="user_annotation")
+        b.op("aten::add_", t + 820, 50)
+    if kernel_end_us is not None:
+        b.launch("gemm_kernel", 1100, 5, 1200, kernel_end_us - 1200)
+    return b.doc()
+
+
+def test_a_range_open_when_the_profiler_stopped_ends_with_the_trace(write_trace) -> None:
+    table = perfcast.load(write_trace(_stopped_inside(5000.0)))
+    opt = [r for r in range(len(table)) if table.name_of(r) == "Optimizer.step#SGD.step"]
+    durs = sorted(int(table.dur[r]) for r in opt)
+    # The first step's range keeps its 105 µs; the last one's 5.1 ms becomes 100 µs (to its
+    # step's end, where the trace's other events end).
+    assert durs == [100_000, 105_000]
+    (note,) = [w for w in table.ranks[0].warnings if "profiler stopped" in w]
+    assert "Optimizer.step#SGD.step" in note and "5.00 ms later" in note
+
+
+def test_a_range_ending_before_the_trace_does_is_kept(write_trace) -> None:
+    # A kernel of the last step runs until 3 ms after it: the range ended before that.
+    table = perfcast.load(write_trace(_stopped_inside(1000.0, kernel_end_us=5000.0)))
+    opt = [r for r in range(len(table)) if table.name_of(r) == "Optimizer.step#SGD.step"]
+    assert sorted(int(table.dur[r]) for r in opt) == [105_000, 1_100_000]
+    assert not any("profiler stopped" in w for w in table.ranks[0].warnings)

@@ -84,14 +84,17 @@ _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 _FRAME = re.compile(r"^(?P<file>.+?)\((?P<line>\d+)\): (?P<func>.+)$")
 _EVALUATE = "autograd::engine::evaluate_function: "
 _STEP = "ProfilerStep#"
-# Frames of the interpreter, PyTorch and the standard library: hidden in the terminal
-# view by default, so the user's own code and the model code stand out.
+# Frames of the interpreter, PyTorch, the standard library and perfcast's capture: hidden in
+# the terminal view by default, so the user's own code and the model code stand out.
 _LIBRARY_FILE = re.compile(
     r"^(?:torch/|<|threading\.py|multiprocessing/|runpy\.py|importlib/|contextlib\.py"
     r"|functools\.py|asyncio/|concurrent/|selectors\.py|queue\.py|abc\.py|typing\.py"
     r"|enum\.py|copy\.py|weakref\.py|_weakrefset\.py|site\.py|codecs\.py|traceback\.py"
     r"|warnings\.py|inspect\.py|dataclasses\.py|collections/|json/|logging/|tqdm/"
-    r"|(?:.*/)?(?:site|dist)-packages/torch/)"
+    r"|(?:.*/)?(?:site|dist)-packages/torch/"
+    # perfcast's own capture (`perfcast profile` runs the script): its console script, the
+    # CLI and the step hooks, above and inside the user's code.
+    r"|(?:.*/)?perfcast\(\d+\)|(?:.*/)?perfcast/(?:cli/|capture/|__main__\.py))"
 )
 # Inductor's generated kernels: triton_{poi,red,per,tem,for}_fused_<ops>_<n>.
 _INDUCTOR = re.compile(r"triton_(poi|red|per|tem|for)_(?:fused_)?(?P<ops>.*?)(?:_\d+)?$")

@@ -57,7 +57,7 @@ def add_view_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--all-frames",
         action="store_true",
-        help="keep the frames of PyTorch and the interpreter (hidden by default)",
+        help="keep the frames of PyTorch, the interpreter and perfcast (hidden by default)",
     )
 
 

@@ -219,6 +219,44 @@ def _derive(
     rc: RankColumns, names: Interner, info: RankInfo
 ) -> tuple[dict[str, np.ndarray], list[Iteration]]:
     """Per-rank links: parents, launches, forward->backward, iterations (local row ids)."""
+def _clip_ranges_open_at_stop(
+    c: dict[str, np.ndarray], names: Interner, info: RankInfo, is_cpu: np.ndarray
+) -> None:
+    """Ranges still open when the profiler stopped end at the stop, which can take many
+    milliseconds (Kineto collects and writes the trace): the step that ends the profiled
+    window is often called inside a range (`perfcast profile`'s optimizer hook runs inside
+    the `Optimizer.step#...` range; scripts call `prof.step()` inside their own
+    `record_function`). A CPU range that starts in the last step and ends after it and after
+    every other event of the rank is cut at the later of the two."""
+    ts, dur = c["ts"], c["dur"]
+    steps = np.flatnonzero(
+        is_cpu
+        & np.isin(c["name"], [i for i, nm in enumerate(names.names) if nm.startswith(_STEP_PREFIX)])
+    )
+    if steps.size == 0:
+        return
+    last = int(steps[np.argmax(ts[steps])])
+    start, end = int(ts[last]), int(ts[last] + dur[last])
+    rng = np.flatnonzero(is_cpu & (ts >= start) & (ts < end) & (ts + dur > end))
+    rng = rng[rng != last]
+    if rng.size == 0:
+        return
+    others = np.ones(ts.size, dtype=bool)
+    others[rng] = False
+    cut = max(end, int((ts[others] + dur[others]).max()))
+    over = rng[ts[rng] + dur[rng] > cut]
+    if over.size == 0:
+        return
+    longest = int(over[np.argmax(dur[over])])
+    lost_ms = (int(ts[longest] + dur[longest]) - cut) / 1e6
+    dur[over] = cut - ts[over]
+    info.warnings.append(
+        f"{over.size} range(s) open when the profiler stopped (e.g. "
+        f"'{names.names[int(c['name'][longest])]}') end where the rest of the trace ends: "
+        f"the trace ended them at the stop, {lost_ms:.2f} ms later"
+    )
+
+
     c = rc.cols
     n = len(c["kind"])
     kind = c["kind"]
@@ -230,6 +268,7 @@ def _derive(
     parent = _parents(c["pid"], c["tid"], ts, dur, np.flatnonzero(is_cpu), n)
     launch = _launch_links(c, is_gpu, rc.flows)
     # GPU work cannot start before the call that launched it; where the clocks say so
+    _clip_ranges_open_at_stop(c, names, info, is_cpu)
     # (CPU/GPU clock skew, a corrupt time) the link is dropped rather than trusted.
     linked = np.flatnonzero(launch >= 0)
     early = linked[ts[linked] < ts[launch[linked]]]

@@ -164,7 +164,7 @@ def render_tree(result: TreeResult, console: Console) -> None:
     if result.library_frames_hidden:
         console.print(
             Text(
-                f"{result.library_frames_hidden:,} frames of PyTorch and the interpreter "
+                f"{result.library_frames_hidden:,} frames of PyTorch, the interpreter and perfcast "
                 "hidden (--all-frames shows them)",
                 style="dim",
             )
