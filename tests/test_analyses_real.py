@@ -45,6 +45,9 @@ def test_stragglers_dlrm_ranks_2_and_7(shared_traces: Path) -> None:
     r = perfcast.stragglers(shared_traces / "dlrm_v100_8rank")
     assert sorted(r.candidates) == [2, 7]
     assert r.matched == 8
+    # Named as the collectives analysis names them: NCCL runs DLRM's all-to-all as SendRecv.
+    by_op = {g.op for g in perfcast.collectives(shared_traces / "dlrm_v100_8rank").by_op}
+    assert {w.kind for w in r.worst} <= by_op and "alltoall" in {w.kind for w in r.worst}
 
 
 def test_hta_param_resnet(shared_traces: Path) -> None:

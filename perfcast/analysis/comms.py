@@ -189,6 +189,23 @@ def _op_args_fallback(
     return ops, dtypes, elems
 
 
+def collective_ops(table: EventTable, rows: np.ndarray) -> list[str | None]:
+    """Per collective kernel, the collective its arguments name (or, in older traces, its
+    enclosing `nccl:<op>` range), as this analysis reads it: NCCL runs an all-to-all as
+    SendRecv kernels. None where neither says."""
+    src = _args_source(table, rows)
+    out = [
+        collective_from_kernel_name(table.names[int(table.coll_name[s])]) if s >= 0 else None
+        for s in src.tolist()
+    ]
+    missing = np.array([j for j, o in enumerate(out) if o is None], dtype=np.int64)
+    if missing.size:
+        ops, _, _ = _op_args_fallback(table, rows[missing])
+        for j, o in zip(missing.tolist(), ops, strict=True):
+            out[j] = o
+    return out
+
+
 def collectives(table: EventTable, link: str | None = None) -> Collectives:
     """Per collective op, size and algorithm: time, algbw, bus bandwidth and % of link peak.
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from perfcast.analysis.common import NS_PER_MS, NS_PER_US
+from perfcast.analysis.comms import collective_ops
 from perfcast.analysis.notes import input_notes
 from perfcast.events import EventTable
 from perfcast.frames import Tables, plain
@@ -161,8 +162,13 @@ def stragglers(table: EventTable, candidates: int = 2, top: int = 20) -> Straggl
             )
         )
     t0 = float(arrive.min())
-    for i in np.argsort(-caused, kind="stable")[:top].tolist():
+    worst = np.argsort(-caused, kind="stable")[:top]
+    # Named as the collectives analysis names them (NCCL runs an all-to-all as SendRecv
+    # kernels), where the trace's arguments or ranges say.
+    said = collective_ops(table, rows[worst, 0])
+    for i, named in zip(worst.tolist(), said, strict=True):
         kind, group, idx, _ = matched[i]
+        kind = named or kind
         out.worst.append(
             LateCollective(
                 index=idx,
