@@ -222,3 +222,14 @@ def test_summary_marks_only_stragglers_that_made_others_wait(shared_traces: Path
     arrive: the summary labels rank 7 only."""
     s = perfcast.summary(shared_traces / "dlrm_v100_8rank", correct=False)
     assert s.stragglers == [7]
+
+
+def test_a_profiled_prediction_is_never_faster_than_the_unprofiled_one() -> None:
+    # remove-host-sync lets a CUDA-graph step overlap the next: both predictions are steady
+    # states, each scaled by its own world's ratio (the profiled one came out 2.70 ms
+    # against 2.71 ms without the profiler).
+    path = GPU_TRUTH / "mlp_graph.json.gz"
+    if not path.is_file():
+        pytest.skip("no gpu-truth traces")
+    r = perfcast.predict(path, "remove-host-sync")
+    assert r.predicted_traced_ms >= r.predicted_ms

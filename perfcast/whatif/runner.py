@@ -238,6 +238,10 @@ def run_whatif(
         IterationPrediction(
             rank=est.rank,
             name=est.name,
+        # Each world's steady-state ratio scales its own baseline mean; where the first step
+        # differs much between them, that can put the profiled prediction below the
+        # unprofiled one, which the profiler's cost (never negative) cannot do.
+        pt = max(pt, p)
             traced_ms=est.traced_ms,
             real_ms=est.real_ms,
             measured_real_ms=est.measured_real_ms,
