@@ -281,3 +281,21 @@ def test_unexplained_time_on_the_critical_path_is_a_finding(
     advice = perfcast.advise(str(shared_traces / name))
     assert advice.bottleneck.startswith("idle")
     assert len(advice.findings) == 1 and says in advice.findings[0]
+
+
+@pytest.mark.parametrize("frames", [False, True])
+def test_the_idle_finding_points_to_the_tree_when_the_trace_has_frames(
+    write_trace, frames: bool
+) -> None:
+    from perfcast.advisor.advisor import _idle_findings
+    from tests.tracegen import TraceBuilder
+
+    b = TraceBuilder()
+    b.step(1, 0, 1000)
+    b.op("aten::mm", 100, 50)
+    if frames:
+        b.op("train.py(9): <module>", 10, 900, cat="python_function")
+    graph = perfcast.dependency_graph(perfcast.load(write_trace(b.doc())))
+    (finding,) = _idle_findings(graph, {"idle_critical_pct": 60.0})
+    assert ("'perfcast tree' shows" in finding) is frames
+    assert ("with_stack=True shows" in finding) is not frames

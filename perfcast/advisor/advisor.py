@@ -31,7 +31,7 @@ from perfcast.analysis.optimizers import (
 )
 from perfcast.analysis.real_step import RealWorld, real_world
 from perfcast.display import Displayed
-from perfcast.events import EventTable
+from perfcast.events import EventTable, Kind
 from perfcast.graph.build import build_graph
 from perfcast.graph.model import GpuKind, Graph, NodeKind
 from perfcast.graph.phases import Phase, host_collective_mask
@@ -608,9 +608,16 @@ def _idle_findings(graph: Graph, facts: dict[str, float]) -> list[str]:
             "profiler did not record), so the replay cannot tell what delayed them; a trace "
             "with CPU and CUDA activities of every thread says"
         ]
+    table = graph.table
+    has_frames = table is not None and bool((table.kind == Kind.PYTHON_FUNCTION).any())
+    where = (
+        "'perfcast tree' shows which Python lines ran there (the trace has their frames)"
+        if has_frames
+        else "with_stack=True shows which Python lines ran there"
+    )
     return [
         f"{head}: neither the GPU nor a traced op was busy (Python between ops, I/O, waiting "
-        "for input or requests); with_stack=True shows which Python lines ran there"
+        f"for input or requests); {where}"
     ]
 
 
