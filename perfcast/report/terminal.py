@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
+from rich import box
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -78,25 +79,39 @@ def render_summary(summary: Summary, console: Console, top: int = 5) -> None:
         console.print(Text("details of the slowest and the fastest rank:", style="bold"))
     else:
         _render_stragglers(summary, console)
+    correction = summary.correction
+    several = len(summary.ranks) > 1
+    if (
+        several
+        and correction is not None
+        and any(it.real_ms is not None for rs in summary.ranks for it in rs.iterations)
+    ):
+        # One correction for the job: its host time removed per step is the mean over ranks.
+        console.print(
+            Text(
+                f"every rank (host time removed: the mean per step over the "
+                f"{len(summary.ranks)} ranks): {correction.assumption()}"
+            )
+        )
     for rs in ranks:
         late = " (straggler)" if rs.rank in summary.stragglers else ""
         title = f"rank {rs.rank}{late}" + (f" · {rs.device}" if rs.device else "") + f" · {rs.path}"
-        table = Table(title=Text(title), title_justify="left", show_lines=False)
-        table.caption = "GPU columns split the step: compute + comm + copies + idle = step"
         real = any(it.real_ms is not None for it in rs.iterations)
-        cols = ["step", "ms", "GPU compute", "comm", "copies", "idle", "overlap"]
+        # Two-line headers keep the figures' columns narrow enough for 80 columns.
+        cols = ["step", "ms", "GPU\ncompute", "comm", "copies", "idle", "overlap"]
         if real:
-            cols.insert(2, "w/o profiler")
-        for col in cols:
-            table.add_column(col, justify="left" if col == "step" else "right")
-        cpu = Table(
-            title="CPU time by phase (ms, summed over the host threads: can exceed the step; "
-            "kernels: how many the step launched)",
-            title_justify="left",
-        )
-        cpu_cols = ("step", "data loading", "forward", "backward", "optimizer", "comm", "kernels #")
-        for col in cpu_cols:
-            cpu.add_column(col, justify="left" if col == "step" else "right")
+            cols.insert(2, "w/o\nprofiler")
+        cpu_cols = [
+            "step",
+            "data\nloading",
+            "forward",
+            "backward",
+            "optimizer",
+            "comm",
+            "kernels\n#",
+        ]
+        rows: list[list[str | Text]] = []
+        cpu_rows: list[list[str | Text]] = []
         for it in rs.iterations:
             g = it.gpu
             c = it.cpu
@@ -116,19 +131,36 @@ def render_summary(summary: Summary, console: Console, top: int = 5) -> None:
             ]
             if real:
                 row.insert(2, _ms(it.real_ms))
-            table.add_row(*row)
-            cpu.add_row(
-                label,
-                _ms(c.dataloader_ms),
-                _ms(c.forward_ms),
-                _ms(c.backward_ms),
-                _ms(c.optimizer_ms),
-                _ms(c.communication_ms),
-                str(it.kernels),
+            rows.append(row)
+            cpu_rows.append(
+                [
+                    label,
+                    _ms(c.dataloader_ms),
+                    _ms(c.forward_ms),
+                    _ms(c.backward_ms),
+                    _ms(c.optimizer_ms),
+                    _ms(c.communication_ms),
+                    str(it.kernels),
+                ]
             )
+        table = _figures_table(
+            Text(title),
+            cols,
+            rows,
+            caption="GPU columns split the step: compute + comm + copies + idle = step",
+        )
+        cpu = _figures_table(
+            Text(
+                "CPU time by phase (ms as traced, the profiler's own cost included; summed "
+                "over the host threads: can exceed the step; kernels: how many the step "
+                "launched)"
+            ),
+            cpu_cols,
+            cpu_rows,
+        )
         console.print(table)
-        if real and summary.correction is not None:
-            console.print(Text(summary.correction.assumption()))
+        if real and correction is not None and not several:
+            console.print(Text(correction.assumption()))
         console.print(cpu)
         for note in rs.notes:
             console.print(Text(f"  note: {note}", style="yellow"))
@@ -139,6 +171,29 @@ def render_summary(summary: Summary, console: Console, top: int = 5) -> None:
             parts = ", ".join(f"{k} {v:.2f}" for k, v in rs.gpu_ms_by_phase.items())
             console.print(Text(f"GPU ms by phase (all steps): {parts}"))
         console.print()
+
+
+def _figures_table(
+    title: Text, cols: list[str], rows: list[list[str | Text]], caption: str | None = None
+) -> Table:
+    """A table of a label column and figures: a figure is never cut or wrapped (a narrow
+    terminal, or output piped at 80 columns, wraps the labels and headers instead)."""
+    table = Table(
+        title=title,
+        title_justify="left",
+        show_lines=False,
+        caption=caption,
+        box=box.SIMPLE_HEAD,
+        collapse_padding=True,
+        pad_edge=False,
+    )
+    for i, col in enumerate(cols):
+        width = max([len(str(r[i])) for r in rows] + [len(w) for w in col.split("\n")])
+        justify: Literal["left", "right"] = "left" if i == 0 else "right"
+        table.add_column(col, justify=justify, no_wrap=True, min_width=width)
+    for r in rows:
+        table.add_row(*r)
+    return table
 
 
 def _render_top(console: Console, title: str, rows: list[NamedTime]) -> None:
