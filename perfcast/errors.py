@@ -57,6 +57,11 @@ class NotApplicableError(PerfcastError):
     """A what-if that does not apply to this trace (e.g. ddp on a CPU-only trace)."""
 
 
+class OptionValueError(OptionError, NotApplicableError):
+    """A what-if option with a value the model cannot take (gpus=0, dtype=fp8): an OptionError
+    to the caller, and still a NotApplicableError to code that tries what-ifs one by one."""
+
+
 class InternalError(RuntimeError):
     """perfcast broke one of its own invariants (e.g. a dependency cycle the graph builder
     should have removed). Not the user's fault: the message asks for a report."""

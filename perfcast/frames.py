@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from perfcast.display import Displayed
-from perfcast.errors import PerfcastError
+from perfcast.errors import OptionError, PerfcastError
 
 if TYPE_CHECKING:
     from perfcast.events import EventTable
@@ -126,7 +126,7 @@ class Tables(Displayed):
         if name is None:
             return next(iter(tables.values()))
         if name not in tables:
-            raise PerfcastError(
+            raise OptionError(
                 f"{type(self).__name__} has no table {name!r}", hint=f"one of {list(tables)}"
             )
         return tables[name]
@@ -268,7 +268,7 @@ def write_tables(tables: dict[str, Columns], folder: str, fmt: str) -> list[str]
             pq = _need("pyarrow.parquet")
             pq.write_table(columns_to_arrow(cols), path)
         else:
-            raise PerfcastError(f"unknown table format {fmt!r}")
+            raise OptionError(f"unknown table format {fmt!r}")
         written.append(path)
     return written
 

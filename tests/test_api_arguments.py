@@ -94,3 +94,75 @@ def test_dependency_graph_is_a_corrected_copy(table) -> None:
     assert all(r[3] < t[3] for r, t in zip(real, traced, strict=True))
     P.scale(g, P.select(g, kind="gpu"), 2.0)
     assert simulate(perfcast.dependency_graph(table)).iteration_ns() == real
+
+
+@pytest.mark.parametrize(
+    "call, needle",
+    [
+        (lambda t: perfcast.predict(t, "nosuch"), "unknown optimization 'nosuch'"),
+        (lambda t: perfcast.predict(t, "amp:foo=1"), "'amp' has no option 'foo'"),
+        (lambda t: perfcast.predict(t, "amp:dtype=fp8"), "dtype must be bf16 or fp16"),
+        (lambda t: perfcast.predict(t, "ddp:gpus=0"), "gpus must be at least 2"),
+        (lambda t: perfcast.predict(t, "batch-size:factor=-2"), "factor > 0"),
+        (lambda t: perfcast.tree(t, phase="bogus"), "unknown phase 'bogus'"),
+        (lambda t: perfcast.tree(t, rank=99), "no rank 99"),
+        (lambda t: perfcast.tree(t, step="nope"), "no step 'nope'"),
+        (lambda t: perfcast.analyze(t, only="bogus"), "unknown analysis 'bogus'"),
+        (lambda t: perfcast.collectives(t, link="foo"), "unknown link 'foo'"),
+        (lambda t: perfcast.kernel_breakdown(t).to_pandas("nosuch"), "has no table 'nosuch'"),
+        (lambda t: perfcast.load(None), "a trace is a path"),
+    ],
+)
+def test_bad_options_are_option_errors(table, call, needle) -> None:
+    # `except perfcast.OptionError` catches every wrong argument, not only some of them.
+    with pytest.raises(OptionError, match=needle):
+        call(table)
+
+
+def test_plan_model_checks_its_counts() -> None:
+    from perfcast.plan import plan_model
+
+    for kwargs, needle in [
+        ({"gpus": "64"}, "gpus must be an integer"),
+        ({"gpus": 0}, "gpus must be at least 1"),
+        ({"gpus": 8, "global_batch": 0}, "global_batch must be at least 1"),
+        ({"gpus": 8, "gpu": "tpu"}, "unknown GPU 'tpu'"),
+    ]:
+        with pytest.raises(OptionError, match=needle):
+            plan_model("gpt-1.7b", **kwargs)
+
+
+def test_graph_primitives_refuse_what_they_cannot_select_or_scale(table) -> None:
+    from perfcast.whatif import primitives as P
+
+    g = perfcast.dependency_graph(table)
+    with pytest.raises(OptionError, match="unknown node kind 'bogus'"):
+        P.select(g, kind="bogus")
+    with pytest.raises(OptionError, match="not a valid regular expression"):
+        P.select(g, name="(")
+    nodes = P.select(g, kind="gpu")
+    for factor in (-1.0, float("nan"), float("inf")):
+        with pytest.raises(OptionError, match="finite number >= 0"):
+            P.scale(g, nodes, factor)
+    before = g.cols["dur"][nodes].copy()
+    P.scale(g, nodes, 0.5)
+    assert (g.cols["dur"][nodes] <= before).all()
+
+
+def test_peak_memory_takes_one_spec_or_a_list_and_refuses_unknown_ones(table) -> None:
+    from perfcast.memory_model.model import predict_peak_memory
+
+    one = predict_peak_memory(table, "amp")
+    assert one.peak_bytes == predict_peak_memory(table, ["amp"]).peak_bytes
+    assert any(a.startswith("amp") for a in one.assumptions)  # not the letters a, m, p
+    assert predict_peak_memory(EXAMPLE, ["amp"]).peak_bytes == one.peak_bytes  # a path too
+    for bad, needle in [
+        (["nosuch"], "unknown change 'nosuch'"),
+        (["amp:dtype=fp99"], "dtype must be bf16 or fp16"),
+        (["amp:foo=1"], "'amp' has no option 'foo'"),
+        (42, "changes must be what-if specs"),
+    ]:
+        with pytest.raises(OptionError, match=needle):
+            predict_peak_memory(table, bad)
+    with pytest.raises(OptionError, match="needs a trace path"):
+        predict_peak_memory(42)

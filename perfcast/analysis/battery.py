@@ -24,7 +24,7 @@ from perfcast.analysis.roofline import Roofline, roofline
 from perfcast.analysis.scopes import Scopes, scopes
 from perfcast.analysis.stragglers import Stragglers, stragglers
 from perfcast.display import Displayed
-from perfcast.errors import PerfcastError
+from perfcast.errors import OptionError
 from perfcast.events import EventTable
 from perfcast.frames import result_tables
 
@@ -92,7 +92,7 @@ def parse_only(only: str | list[str] | None) -> list[str]:
     names = [s.strip() for s in items if s.strip()]
     unknown = [n for n in names if n not in ANALYSES]
     if unknown:
-        raise PerfcastError(
+        raise OptionError(
             f"unknown analysis {unknown[0]!r}", hint=f"choose from {', '.join(ANALYSES)}"
         )
     return names

@@ -224,9 +224,9 @@ def collectives(table: EventTable, link: str | None = None) -> Collectives:
         return out
     link_spec = lookup_link(link) if link else None
     if link and link_spec is None:
-        from perfcast.errors import PerfcastError
+        from perfcast.errors import OptionError
 
-        raise PerfcastError(f"unknown link {link!r}", hint="e.g. nvlink4, pcie4, ib-ndr")
+        raise OptionError(f"unknown link {link!r}", hint="e.g. nvlink4, pcie4, ib-ndr")
     src = _args_source(table, rows)
     names = table.names
     # Per distinct kernel name: op, algorithm, protocol, dtype from the name.

@@ -40,6 +40,7 @@ import numpy as np
 from perfcast.analysis.roofline import SEQ_MAJOR_ATTENTION
 from perfcast.arrays import combine_codes
 from perfcast.display import Displayed
+from perfcast.errors import OptionError
 from perfcast.events import NONE, EventTable, Kind
 from perfcast.graph.phases import PHASE_LABELS, Phase, event_phases
 from perfcast.ingest.input_dims import parse_input_dims, tensor_shapes
@@ -874,10 +875,8 @@ def _phase_of(value: str | None) -> Phase | None:
     for p, text in PHASE_LABELS.items():
         if value.lower() in (text, p.name.lower()):
             return p
-    from perfcast.errors import PerfcastError
-
     names = ", ".join(p.name.lower() for p in PHASE_LABELS)
-    raise PerfcastError(f"unknown phase {value!r}", hint=f"one of {names}")
+    raise OptionError(f"unknown phase {value!r}", hint=f"one of {names}")
 
 
 def select_rows(
@@ -887,13 +886,12 @@ def select_rows(
     step: str | int | None = None,
 ) -> tuple[np.ndarray, dict[str, object], int]:
     """Mask of the rows a tree counts, the selection as data, and the number of steps."""
-    from perfcast.errors import PerfcastError
 
     mask = np.ones(len(table), dtype=bool)
     sel: dict[str, object] = {}
     if rank is not None:
         if rank not in table.rank_ids():
-            raise PerfcastError(f"no rank {rank} in the trace", hint=f"ranks: {table.rank_ids()}")
+            raise OptionError(f"no rank {rank} in the trace", hint=f"ranks: {table.rank_ids()}")
         mask &= table.rank == rank
         sel["rank"] = rank
     ph = _phase_of(phase)
@@ -909,7 +907,7 @@ def select_rows(
         ]
         if not want:
             names = sorted({table.iterations[i].name for i in its})
-            raise PerfcastError(f"no step {step!r} in the trace", hint=f"steps: {names[:8]}")
+            raise OptionError(f"no step {step!r} in the trace", hint=f"steps: {names[:8]}")
         mask &= np.isin(table.iteration, want)
         sel["step"] = table.iterations[want[0]].name
         its = want

@@ -121,12 +121,12 @@ def library_frames(index: ContextIndex) -> np.ndarray:
 
 def matching(index: ContextIndex, pattern: str) -> np.ndarray:
     """Nodes whose label matches the regular expression (searched, case-sensitive)."""
-    from perfcast.errors import PerfcastError
+    from perfcast.errors import OptionError
 
     try:
         rx = re.compile(pattern)
     except re.error as exc:
-        raise PerfcastError(f"bad regular expression {pattern!r}: {exc}") from None
+        raise OptionError(f"bad regular expression {pattern!r}: {exc}") from None
     hit = np.fromiter(
         (bool(rx.search(s)) for s in index.labels), dtype=bool, count=len(index.labels)
     )

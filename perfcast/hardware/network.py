@@ -82,20 +82,20 @@ def make_cluster(
     `inter` to 400 Gb/s InfiniBand NDR for Hopper and newer, 200 Gb/s HDR before, one NIC
     per GPU unless `nics_per_node` says otherwise (e.g. 4 on nodes whose eight GPUs share
     four NICs)."""
-    from perfcast.errors import PerfcastError
+    from perfcast.errors import OptionError
 
     spec = lookup_device(device) if isinstance(device, str) else device
     if spec is None:
-        raise PerfcastError(f"unknown GPU '{device}'", hint="e.g. h100, a100-80gb, mi300x")
+        raise OptionError(f"unknown GPU '{device}'", hint="e.g. h100, a100-80gb, mi300x")
     link_in = lookup_link(intra) if intra else default_intra_node_link(spec)
     if link_in is None:
-        raise PerfcastError(f"unknown link '{intra}'", hint="e.g. nvlink4, pcie5")
+        raise OptionError(f"unknown link '{intra}'", hint="e.g. nvlink4, pcie5")
     hopper = any(k in spec.name for k in ("H100", "H200", "B200", "MI300"))
     link_out = lookup_link(inter) if inter else lookup_link("ib-ndr" if hopper else "ib-hdr")
     if link_out is None:
-        raise PerfcastError(f"unknown link '{inter}'", hint="e.g. ib-ndr, ib-hdr, 400gbe")
+        raise OptionError(f"unknown link '{inter}'", hint="e.g. ib-ndr, ib-hdr, 400gbe")
     if nics_per_node is not None and nics_per_node < 1:
-        raise PerfcastError(
+        raise OptionError(
             f"NICs per node must be at least 1, not {nics_per_node}",
             hint="the number of inter-node NICs each node has (default: one per GPU)",
         )

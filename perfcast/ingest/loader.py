@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from perfcast.errors import TraceFormatError
+from perfcast.errors import OptionError, TraceFormatError
 from perfcast.events import NONE, EventTable, Iteration, Kind, RankInfo
 from perfcast.ingest import reader
 from perfcast.ingest.normalize import Interner, RankColumns, extract_rank, printable
@@ -32,6 +32,10 @@ ProgressFn = Callable[[str, int, int], None]
 
 def load(path: str | os.PathLike[str], progress: ProgressFn | None = None) -> EventTable:
     """Load a trace file (.json / .json.gz) or a folder of per-rank trace files."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise OptionError(
+            f"a trace is a path (str or pathlib.Path) to a file or folder, not {path!r}"
+        )
     path = os.fspath(path)
     if not os.path.exists(path):
         raise TraceFormatError("no such file or folder", path=path)
@@ -215,10 +219,6 @@ def _device_name(props: Any) -> str | None:
     return None
 
 
-def _derive(
-    rc: RankColumns, names: Interner, info: RankInfo
-) -> tuple[dict[str, np.ndarray], list[Iteration]]:
-    """Per-rank links: parents, launches, forward->backward, iterations (local row ids)."""
 def _clip_ranges_open_at_stop(
     c: dict[str, np.ndarray], names: Interner, info: RankInfo, is_cpu: np.ndarray
 ) -> None:
@@ -257,6 +257,10 @@ def _clip_ranges_open_at_stop(
     )
 
 
+def _derive(
+    rc: RankColumns, names: Interner, info: RankInfo
+) -> tuple[dict[str, np.ndarray], list[Iteration]]:
+    """Per-rank links: parents, launches, forward->backward, iterations (local row ids)."""
     c = rc.cols
     n = len(c["kind"])
     kind = c["kind"]
@@ -264,11 +268,11 @@ def _clip_ranges_open_at_stop(
     dur = c["dur"]
     is_cpu = np.isin(kind, _CPU_KINDS)
     is_gpu = np.isin(kind, _GPU_KINDS)
+    _clip_ranges_open_at_stop(c, names, info, is_cpu)
 
     parent = _parents(c["pid"], c["tid"], ts, dur, np.flatnonzero(is_cpu), n)
     launch = _launch_links(c, is_gpu, rc.flows)
     # GPU work cannot start before the call that launched it; where the clocks say so
-    _clip_ranges_open_at_stop(c, names, info, is_cpu)
     # (CPU/GPU clock skew, a corrupt time) the link is dropped rather than trusted.
     linked = np.flatnonzero(launch >= 0)
     early = linked[ts[linked] < ts[launch[linked]]]

@@ -746,6 +746,34 @@ def apply_changes(
     return out
 
 
+def _checked_changes(changes: Any) -> list[Any]:
+    """`changes` as a list (one spec string is one change, not its letters), every name one
+    the memory model or the what-if registry knows and every option one its what-if takes."""
+    from perfcast.errors import OptionError, OptionValueError
+    from perfcast.whatif.registry import MODEL_MODULES, build_options
+
+    if changes is None:
+        return []
+    if isinstance(changes, (str, tuple)):
+        items = [changes]
+    elif isinstance(changes, Iterable):
+        items = list(changes)
+    else:
+        raise OptionError(f"changes must be what-if specs such as ['amp'], not {changes!r}")
+    for ch in items:
+        if not isinstance(ch, (str, tuple)) and not hasattr(ch, "name"):
+            raise OptionError(f"a change is a what-if spec such as 'amp:dtype=bf16', not {ch!r}")
+        name, options = _as_change(ch)
+        if name not in _CHANGES and name not in _NEUTRAL and name not in MODEL_MODULES:
+            known = sorted(set(_CHANGES) | _NEUTRAL | set(MODEL_MODULES))
+            raise OptionError(f"unknown change {name!r}", hint=f"known: {', '.join(known)}")
+        if name in MODEL_MODULES:
+            build_options(name, dict(options))
+        if name == "amp" and str(options.get("dtype", "bf16")) not in ("bf16", "fp16"):
+            raise OptionValueError(f"amp: dtype must be bf16 or fp16, not '{options['dtype']}'")
+    return items
+
+
 def _as_change(ch: Any) -> tuple[str, Mapping[str, Any]]:
     if isinstance(ch, str):
         name, _, rest = ch.partition(":")
@@ -765,6 +793,11 @@ def predict_peak_memory(
     With `[memory]` events in the trace, the measured peak anchors the estimate: the
     prediction is the measured peak moved by what the changes move in the estimate.
     """
+    import os
+
+    from perfcast.errors import OptionError
+
+    changes = _checked_changes(changes)
     facts: TraceFacts | None = None
     if isinstance(source, MemoryInputs):
         inputs = source
@@ -772,15 +805,21 @@ def predict_peak_memory(
         if isinstance(source, TraceFacts):
             facts = source
         else:
+            if isinstance(source, (str, os.PathLike)):
+                from perfcast.ingest import load
+
+                source = load(source)
             table = getattr(source, "table", None) if not hasattr(source, "kind") else source
             if table is None:
-                raise TypeError("predict_peak_memory needs an EventTable, Graph or TraceFacts")
+                raise OptionError(
+                    "predict_peak_memory needs a trace path, an EventTable, a Graph, "
+                    f"TraceFacts or MemoryInputs, not {type(source).__name__}"
+                )
             facts = trace_facts(table, rank)
         inputs = inputs_from_facts(facts)
     linear_share = (
         facts.linear_param_numel / facts.params if facts is not None and facts.params else 0.0
     )
-    changes = list(changes or [])
     before = estimate(inputs)
     after = estimate(apply_changes(inputs, changes, linear_share)) if changes else before
     measured = inputs.measured_peak_bytes

@@ -18,7 +18,7 @@ from typing import Any
 
 from perfcast.analysis.common import traced_device
 from perfcast.analysis.notes import refuse_counter_trace
-from perfcast.errors import PerfcastError
+from perfcast.errors import OptionError, PerfcastError
 from perfcast.events import EventTable
 from perfcast.hardware.network import Cluster, calibrated_from, make_cluster
 from perfcast.plan.analytic import AnalyticWorkload
@@ -47,6 +47,24 @@ __all__ = [
     "search",
     "trace_workload",
 ]
+
+
+def _check_counts(gpus: Any, global_batch: Any, top: Any, gpus_per_node: Any) -> None:
+    """The plan's counts are integers of at least 1 (global_batch may be None: the default)."""
+    import numbers
+
+    for name, value in (
+        ("gpus", gpus),
+        ("global_batch", global_batch),
+        ("top", top),
+        ("gpus_per_node", gpus_per_node),
+    ):
+        if value is None and name == "global_batch":
+            continue
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            raise OptionError(f"{name} must be an integer, not {value!r}")
+        if value < 1:
+            raise OptionError(f"{name} must be at least 1, not {value}")
 
 
 def _cluster_for(
@@ -163,6 +181,7 @@ def plan_trace(
     """Best plans for running the traced step on `gpus` GPUs (default: weak scaling, the
     trace's per-GPU batch on every GPU). The trace's step and host time are taken without
     the profiler's own cost, as `whatif` takes them, unless `keep_profiler_cost`."""
+    _check_counts(gpus, global_batch, top, gpus_per_node)
     refuse_counter_trace(table, "plan")
     if gpu is None and not table.is_gpu().any():
         raise PerfcastError(
@@ -197,7 +216,7 @@ def plan_trace(
         w.assumptions.append(f"intra-node bus bandwidth calibrated: {cal}")
     if unused:
         w.assumptions.append(f"the trace's own collectives: {unused}")
-    gb = global_batch or w.batch * gpus
+    gb = w.batch * gpus if global_batch is None else global_batch
     amp_choices = (0, 1) if amp is not None else (0,)
     world = max((i.world_size or 1) for i in table.ranks)
     # The traced configuration itself: its predicted step checks the scaling against what
@@ -274,12 +293,13 @@ def plan_model(
     **workload_kw: Any,
 ) -> PlanResult:
     """Best plans for a described model (a preset name, JSON, or a `ModelDesc`)."""
+    _check_counts(gpus, global_batch, top, gpus_per_node)
     desc = load_desc(model) if isinstance(model, str) else model
     cluster = make_cluster(
         gpu, intra=link, inter=inter, gpus_per_node=gpus_per_node, nics_per_node=nics_per_node
     )
     w = AnalyticWorkload(desc, cluster, **workload_kw)
-    gb = global_batch or gpus
+    gb = gpus if global_batch is None else global_batch
     return search(
         w,
         cluster,

@@ -15,7 +15,7 @@ from typing import ClassVar
 import numpy as np
 
 from perfcast.display import Displayed
-from perfcast.errors import OptionError, PerfcastError
+from perfcast.errors import OptionError
 from perfcast.hardware.network import Cluster
 from perfcast.plan.cost import GIB, OVERLAP_ASSUMPTION, PlanCosts, evaluate
 from perfcast.plan.plans import CKPT_NAMES, Plans, describe
@@ -205,13 +205,13 @@ def search(
 ) -> PlanResult:
     """Enumerate, cost, prune by memory and rank plans for `workload` on `gpus` GPUs."""
     if gpus < 1:
-        raise OptionError("--gpus must be at least 1")
+        raise OptionError(f"gpus must be at least 1, not {gpus}")
     if global_batch < 1:
-        raise PerfcastError("the global batch must be at least 1 sample")
+        raise OptionError("the global batch must be at least 1 sample")
     t0 = time.perf_counter()
     plans = enumerate_plans(workload, gpus, global_batch, cluster, amp=amp, ckpt=ckpt, zero=zero)
     if len(plans) == 0:
-        raise PerfcastError(
+        raise OptionError(
             f"no plan splits a global batch of {global_batch} over {gpus} GPUs",
             hint="choose a global batch divisible by the data-parallel degrees",
         )

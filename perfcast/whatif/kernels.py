@@ -13,7 +13,7 @@ import re
 
 import numpy as np
 
-from perfcast.errors import NotApplicableError
+from perfcast.errors import NotApplicableError, OptionValueError
 from perfcast.graph.model import GpuKind, Graph, NodeKind, Source
 from perfcast.graph.phases import Phase
 from perfcast.hardware import (
@@ -107,7 +107,7 @@ def resolve_device(name: str, model: str, what: str, graph: Graph | None = None)
         return spec
     near = nearest_device(name)
     if near is None:
-        raise NotApplicableError(
+        raise OptionValueError(
             f"{model}: unknown device '{name}' ({what})",
             hint=known_devices_text(),
         )

@@ -20,7 +20,7 @@ from collections.abc import Iterable
 import numpy as np
 
 from perfcast.arrays import sorted_unique
-from perfcast.errors import NotApplicableError
+from perfcast.errors import OptionValueError
 from perfcast.graph.model import NONE, Graph, Lane, NodeKind, Source
 from perfcast.graph.phases import Phase
 
@@ -76,7 +76,10 @@ def split_list(value: str) -> list[str]:
 def _name_mask(names: list[str], pattern: str | None) -> np.ndarray:
     if pattern is None:
         return np.ones(len(names), dtype=bool)
-    pat = re.compile(pattern)
+    try:
+        pat = re.compile(pattern)
+    except (re.error, TypeError) as exc:
+        raise OptionValueError(f"{pattern!r} is not a valid regular expression ({exc})") from None
     return np.array([bool(pat.search(n)) for n in names], dtype=bool)
 
 
@@ -116,6 +119,11 @@ def select(
         mask &= _scope_mask(graph, module)
     if kind is not None:
         kinds = [kind] if isinstance(kind, str) else list(kind)
+        unknown_kinds = [k for k in kinds if k not in _KIND_NAMES]
+        if unknown_kinds:
+            raise OptionValueError(
+                f"unknown node kind {unknown_kinds[0]!r}: kinds are {', '.join(_KIND_NAMES)}"
+            )
         allowed = [int(k) for kn in kinds for k in _KIND_NAMES[kn]]
         mask &= np.isin(c["kind"], allowed)
     if klass is not None:
@@ -124,7 +132,7 @@ def select(
         phases = [phase] if isinstance(phase, str) else list(phase)
         unknown = [p for p in phases if p not in _PHASE_NAMES]
         if unknown:
-            raise NotApplicableError(
+            raise OptionValueError(
                 f"unknown phase {unknown[0]!r}: phases are {', '.join(_PHASE_NAMES)} "
                 "(several joined with '+', e.g. phases=forward+backward)"
             )
@@ -159,10 +167,14 @@ def _scope_mask(graph: Graph, pattern: str) -> np.ndarray:
 def scale(
     graph: Graph, nodes: np.ndarray, factor: float | np.ndarray, source: Source = Source.SCALED
 ) -> None:
-    """Multiply node durations by `factor` (0.5 = twice as fast)."""
+    """Multiply node durations by `factor` (0.5 = twice as fast; a finite number >= 0)."""
     c = graph.cols
     nodes = np.asarray(nodes, dtype=np.int64)
-    new = np.rint(c["dur"][nodes] * np.asarray(factor, dtype=np.float64)).astype(np.int64)
+    f = np.asarray(factor, dtype=np.float64)
+    if not (np.isfinite(f) & (f >= 0)).all():
+        bad = f[~(np.isfinite(f) & (f >= 0))].ravel()[0]
+        raise OptionValueError(f"a duration factor must be a finite number >= 0, not {bad}")
+    new = np.rint(c["dur"][nodes] * f).astype(np.int64)
     set_duration(graph, nodes, new, source)
 
 

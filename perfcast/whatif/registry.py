@@ -7,7 +7,7 @@ import importlib
 import types
 from typing import Any, get_type_hints
 
-from perfcast.errors import PerfcastError
+from perfcast.errors import OptionError, PerfcastError
 
 # name -> module under perfcast.whatif.models; each module defines
 # SUMMARY (one line), Options (a dataclass) and apply(graph, options) -> Graph.
@@ -34,7 +34,7 @@ def get_model(name: str) -> types.ModuleType:
     mod = MODEL_MODULES.get(name)
     if mod is None:
         known = ", ".join(sorted(MODEL_MODULES))
-        raise PerfcastError(f"unknown optimization '{name}'", hint=f"known: {known}")
+        raise OptionError(f"unknown optimization '{name}'", hint=f"known: {known}")
     try:
         return importlib.import_module(f"perfcast.whatif.models.{mod}")
     except ModuleNotFoundError as exc:
@@ -71,7 +71,7 @@ def parse_spec(text: str) -> Spec:
     for part in filter(None, (p.strip() for p in rest.split(","))):
         key, eq, value = part.partition("=")
         if not eq:
-            raise PerfcastError(
+            raise OptionError(
                 f"option '{part}' in '{text}' is not key=value",
                 hint="write NAME:key=value,key2=value2",
             )
@@ -98,7 +98,7 @@ def build_options(name: str, raw: dict[str, Any]) -> Any:
     kwargs: dict[str, Any] = {}
     for key, value in raw.items():
         if key not in fields:
-            raise PerfcastError(
+            raise OptionError(
                 f"'{name}' has no option '{key}'",
                 hint="options: " + (", ".join(sorted(fields)) or "none"),
             )
@@ -121,7 +121,7 @@ def _convert(model: str, key: str, value: Any, hint: Any) -> Any:
         if hint is bool or text == "bool":
             word = value.strip().lower()
             if word not in _TRUE + _FALSE:
-                raise PerfcastError(
+                raise OptionError(
                     f"option {key}={value} of '{model}' is not true or false",
                     hint=f"write {key}=true or {key}=false",
                 )
@@ -133,9 +133,9 @@ def _convert(model: str, key: str, value: Any, hint: Any) -> Any:
         else:
             return value
     except ValueError:
-        raise PerfcastError(f"option {key}={value} of '{model}' is not a number") from None
+        raise OptionError(f"option {key}={value} of '{model}' is not a number") from None
     if not abs(number) <= MAX_OPTION:  # also nan
-        raise PerfcastError(
+        raise OptionError(
             f"option {key}={value} of '{model}' is out of range",
             hint=f"a finite number of at most {MAX_OPTION:,.0f} in size",
         )

@@ -12,7 +12,7 @@ from perfcast.analysis.critical_path import critical_paths
 from perfcast.analysis.notes import graph_notes, input_notes, refuse_counter_trace
 from perfcast.analysis.real_step import RealWorld, real_world
 from perfcast.display import Displayed
-from perfcast.errors import PerfcastError
+from perfcast.errors import OptionError, OptionValueError
 from perfcast.events import EventTable
 from perfcast.graph.acyclic import break_cycles, cyclic_node_count
 from perfcast.graph.build import build_graph
@@ -180,9 +180,13 @@ def apply_specs(graph: Graph, specs: list[Spec]) -> tuple[Graph, list[AppliedMod
         try:
             g = module.apply(g.copy(), options)
         except re.error as exc:  # a pattern option (pattern=, module=, op=) the user wrote
-            raise PerfcastError(
+            raise OptionError(
                 f"{spec}: an option is not a valid regular expression ({exc})"
             ) from None
+        except OptionValueError as exc:
+            if "regular expression" not in str(exc):
+                raise  # the model's own message names it
+            raise OptionValueError(f"{spec}: {exc}") from None  # a selection's pattern
         _keep_acyclic(g, spec)
         applied.append(AppliedModel(spec.name, dict(vars(options)), g.assumptions[before:]))
     if specs:
@@ -234,14 +238,14 @@ def run_whatif(
     ratio_traced = steady_ratio(world.traced, predicted_traced, applied)
     if ratio_traced is not None:
         pt = traced * ratio_traced
-    iterations = [
-        IterationPrediction(
-            rank=est.rank,
-            name=est.name,
         # Each world's steady-state ratio scales its own baseline mean; where the first step
         # differs much between them, that can put the profiled prediction below the
         # unprofiled one, which the profiler's cost (never negative) cannot do.
         pt = max(pt, p)
+    iterations = [
+        IterationPrediction(
+            rank=est.rank,
+            name=est.name,
             traced_ms=est.traced_ms,
             real_ms=est.real_ms,
             measured_real_ms=est.measured_real_ms,

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from perfcast.errors import NotApplicableError
+from perfcast.errors import NotApplicableError, OptionValueError
 from perfcast.graph.model import NONE, EdgeType, GpuKind, Graph, NodeKind, Source
 from perfcast.graph.phases import Phase
 from perfcast.hardware.classify import KernelClass
@@ -39,7 +39,7 @@ def link_for(graph: Graph, rank: int, name: str | None, model: str) -> tuple[Lin
     if name:
         link = lookup_link(name)
         if link is None:
-            raise NotApplicableError(
+            raise OptionValueError(
                 f"{model}: unknown link '{name}'",
                 hint="known: " + ", ".join(ln.name for ln in list_links()),
             )
@@ -120,9 +120,9 @@ def comm_model(
     link, why = link_for(graph, rank, name, model)
     spec = (lookup_device(dev) if dev else None) or _UNKNOWN_DEVICE
     if gpus_per_node < 1:
-        raise NotApplicableError(f"{model}: gpus_per_node must be at least 1")
+        raise OptionValueError(f"{model}: gpus_per_node must be at least 1")
     if nics_per_node is not None and nics_per_node < 1:
-        raise NotApplicableError(f"{model}: nics_per_node must be at least 1")
+        raise OptionValueError(f"{model}: nics_per_node must be at least 1")
     cluster = make_cluster(
         spec, intra=link.name, gpus_per_node=gpus_per_node, nics_per_node=nics_per_node
     )

@@ -48,7 +48,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from perfcast import calibration
-from perfcast.errors import NotApplicableError
+from perfcast.errors import NotApplicableError, OptionValueError
 from perfcast.events import Kind
 from perfcast.graph.launches import DEFAULT_LAUNCH_LATENCY_NS, DEFAULT_STREAM_GAP_NS
 from perfcast.graph.model import NONE, GpuKind, Graph, NodeKind, Source
@@ -93,7 +93,7 @@ def apply(graph: Graph, options: Options) -> Graph:
             hint="pass module=REGEX to checkpoint other modules as well",
         )
     if options.regions < 1:
-        raise NotApplicableError("activation-checkpointing: regions must be at least 1")
+        raise OptionValueError("activation-checkpointing: regions must be at least 1")
     fwd = _selected(graph, options.module)
     costs, fit = calibration.for_trace(graph.table)
     ck = costs.checkpoint if costs is not None else None

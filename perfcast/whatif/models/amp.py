@@ -105,7 +105,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from perfcast.arrays import argmax_by, combine_codes, split_by
-from perfcast.errors import NotApplicableError
+from perfcast.errors import NotApplicableError, OptionValueError
 from perfcast.events import EventTable, Kind
 from perfcast.graph.launches import DEFAULT_LAUNCH_LATENCY_NS, DEFAULT_STREAM_GAP_NS
 from perfcast.graph.model import GpuKind, Graph, NodeKind, Source, SyncKind
@@ -447,7 +447,7 @@ def _records_short_of_a_cast(
 def apply(graph: Graph, options: Options) -> Graph:
     dtype = _DTYPE_ALIASES.get(options.dtype.lower())
     if dtype is None:
-        raise NotApplicableError(f"amp: dtype must be bf16 or fp16, not '{options.dtype}'")
+        raise OptionValueError(f"amp: dtype must be bf16 or fp16, not '{options.dtype}'")
     if any(a.startswith("amp (") for a in graph.assumptions):
         raise NotApplicableError("amp: mixed precision is already applied to this graph")
     gpu = require_gpu(graph, "amp")

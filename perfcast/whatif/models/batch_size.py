@@ -43,7 +43,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from perfcast.errors import NotApplicableError
+from perfcast.errors import NotApplicableError, OptionValueError
 from perfcast.graph.model import GpuKind, Graph
 from perfcast.graph.phases import GPU_PHASE_RULE, PHASE_RULES, Phase, in_phases, phase_names
 from perfcast.hardware import KernelClass, lookup_device
@@ -82,7 +82,7 @@ def waves(blocks: np.ndarray, per_wave: np.ndarray) -> np.ndarray:
 def apply(graph: Graph, options: Options) -> Graph:
     factor = float(options.factor)
     if not math.isfinite(factor) or factor <= 0:
-        raise NotApplicableError("batch-size needs factor > 0")
+        raise OptionValueError("batch-size needs factor > 0")
     gpu = gpu_nodes(graph)
     refuse_graph_replays(graph, "batch-size")
     text = _apply_gpu(graph, gpu, factor) if gpu.size else _apply_cpu(graph, factor)

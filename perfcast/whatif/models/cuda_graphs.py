@@ -38,7 +38,7 @@ import numpy as np
 from perfcast.analysis.notes import ONE_TIME_NS, one_time_calls
 from perfcast.analysis.optimizers import capture_support, optimizer_class
 from perfcast.arrays import combine_codes, split_by
-from perfcast.errors import NotApplicableError
+from perfcast.errors import NotApplicableError, OptionValueError
 from perfcast.graph.launches import (
     DEFAULT_LAUNCH_LATENCY_NS,
     DEFAULT_STREAM_GAP_NS,
@@ -109,7 +109,7 @@ def apply(graph: Graph, options: Options) -> Graph:
         raise _no_cpu_work(graph, phases)
     _refuse_dynamic_shapes(graph, host)
     if options.syncs not in ("split", "move"):
-        raise NotApplicableError(
+        raise OptionValueError(
             f"cuda-graphs: syncs={options.syncs} is not split or move",
             hint="syncs=split keeps each host synchronization and captures the stretches "
             "between them; syncs=move assumes they were moved out of the step",

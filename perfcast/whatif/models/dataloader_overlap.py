@@ -62,7 +62,7 @@ from typing import Any
 import numpy as np
 
 from perfcast import calibration
-from perfcast.errors import NotApplicableError
+from perfcast.errors import NotApplicableError, OptionValueError
 from perfcast.events import EventTable
 from perfcast.graph.model import Graph, NodeKind, Source
 from perfcast.graph.phases import Phase, event_phases
@@ -106,13 +106,13 @@ class _Step:
 
 def apply(graph: Graph, options: Options) -> Graph:
     if options.workers < 1:
-        raise NotApplicableError("dataloader-overlap: workers must be at least 1")
+        raise OptionValueError("dataloader-overlap: workers must be at least 1")
     if options.cores is not None and options.cores < 1:
-        raise NotApplicableError("dataloader-overlap: cores must be at least 1")
+        raise OptionValueError("dataloader-overlap: cores must be at least 1")
     if options.worker_cores is not None and options.worker_cores < 1:
-        raise NotApplicableError("dataloader-overlap: worker_cores must be at least 1")
+        raise OptionValueError("dataloader-overlap: worker_cores must be at least 1")
     if options.overhead_ms is not None and options.overhead_ms < 0:
-        raise NotApplicableError("dataloader-overlap: overhead_ms must be >= 0")
+        raise OptionValueError("dataloader-overlap: overhead_ms must be >= 0")
     steps, multi = _steps(graph)
     if not steps and multi:
         raise NotApplicableError(

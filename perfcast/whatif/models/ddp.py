@@ -57,7 +57,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from perfcast.errors import NotApplicableError
+from perfcast.errors import NotApplicableError, OptionValueError
 from perfcast.events import Kind
 from perfcast.graph.launches import DEFAULT_LAUNCH_LATENCY_NS, DEFAULT_STREAM_GAP_NS
 from perfcast.graph.model import NONE, EdgeType, GpuKind, Graph, NodeKind, Source
@@ -248,15 +248,15 @@ def apply(graph: Graph, options: Options) -> Graph:
 
 def _check_options(options: Options) -> None:
     if options.gpus < 2:
-        raise NotApplicableError("ddp: gpus must be at least 2")
+        raise OptionValueError("ddp: gpus must be at least 2")
     if options.bucket_mb <= 0 or options.first_bucket_mb <= 0:
-        raise NotApplicableError("ddp: bucket_mb and first_bucket_mb must be positive")
+        raise OptionValueError("ddp: bucket_mb and first_bucket_mb must be positive")
     if options.params_mb is not None and options.params_mb <= 0:
-        raise NotApplicableError("ddp: params_mb must be positive")
+        raise OptionValueError("ddp: params_mb must be positive")
     if options.grad_bytes <= 0:
-        raise NotApplicableError("ddp: grad_bytes must be positive")
+        raise OptionValueError("ddp: grad_bytes must be positive")
     if options.algorithm not in ("ring", "tree"):
-        raise NotApplicableError("ddp: algorithm must be ring or tree")
+        raise OptionValueError("ddp: algorithm must be ring or tree")
 
 
 def drop_measured_allreduces(graph: Graph, model: str = "ddp") -> float:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from perfcast.errors import NotApplicableError
+from perfcast.errors import NotApplicableError, OptionValueError
 from perfcast.graph.model import Graph
 from perfcast.whatif import primitives as P
 
@@ -28,9 +28,9 @@ class Options:
 
 def apply(graph: Graph, options: Options) -> Graph:
     if options.factor <= 0:
-        raise NotApplicableError("faster-op needs factor > 0")
+        raise OptionValueError("faster-op needs factor > 0")
     if options.where not in ("gpu", "cpu", "all"):
-        raise NotApplicableError(
+        raise OptionValueError(
             f"faster-op: where={options.where} is not gpu, cpu or all",
             hint="where=gpu matches kernels, where=cpu CPU ops, where=all both",
         )

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from perfcast.errors import NotApplicableError
+from perfcast.errors import NotApplicableError, OptionValueError
 from perfcast.graph.model import GpuKind, Graph, NodeKind, Source
 from perfcast.graph.phases import Phase
 from perfcast.hardware import KernelClass
@@ -124,13 +124,13 @@ def find_chains(graph: Graph, min_chain: int, phases: list[int] | None = None) -
 
 def apply(graph: Graph, options: Options) -> Graph:
     if options.min_chain < 2:
-        raise NotApplicableError("fuse-elementwise: min_chain must be at least 2")
+        raise OptionValueError("fuse-elementwise: min_chain must be at least 2")
     refuse_graph_replays(graph, "fuse-elementwise")
     names = P.split_list(options.phases)
     by_name = {p.name.lower(): int(p) for p in Phase if p != Phase.NONE}
     unknown = [n for n in names if n not in by_name]
     if not names or unknown:
-        raise NotApplicableError(
+        raise OptionValueError(
             f"fuse-elementwise: phases={options.phases} names no phase it knows",
             hint="e.g. phases=forward+backward (or +optimizer)",
         )

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from perfcast.arrays import combine_codes, split_by
-from perfcast.errors import NotApplicableError
+from perfcast.errors import NotApplicableError, OptionValueError
 from perfcast.graph.model import Graph, NodeKind
 from perfcast.whatif import primitives as P
 from perfcast.whatif.kernels import refuse_graph_replays
@@ -86,7 +86,7 @@ def params_estimate(graph: Graph, nodes: np.ndarray) -> tuple[int, int]:
 def apply(graph: Graph, options: Options) -> Graph:
     refuse_graph_replays(graph, "fused-optimizer")
     if options.kind not in TENSORS_PER_LAUNCH:
-        raise NotApplicableError("fused-optimizer: kind must be foreach or fused")
+        raise OptionValueError("fused-optimizer: kind must be foreach or fused")
     c = graph.cols
     gpu = P.select(graph, kind="gpu", phase="optimizer")
     gpu = gpu[c["iteration"][gpu] >= 0]

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from perfcast.errors import NotApplicableError
+from perfcast.errors import NotApplicableError, OptionValueError
 from perfcast.graph.model import Graph
 from perfcast.graph.phases import Phase
 from perfcast.whatif import kernels as K
@@ -59,10 +59,10 @@ def apply(graph: Graph, options: Options) -> Graph:
     K.refuse_graph_replays(graph, "pipeline-parallel")
     o = options
     if o.pp < 2:
-        raise NotApplicableError("pipeline-parallel: pp must be at least 2")
+        raise OptionValueError("pipeline-parallel: pp must be at least 2")
     m = o.microbatches or 4 * o.pp
     if m < 1 or o.virtual < 1:
-        raise NotApplicableError("pipeline-parallel: microbatches and virtual must be >= 1")
+        raise OptionValueError("pipeline-parallel: microbatches and virtual must be >= 1")
     if m < o.pp:
         # 1F1B keeps every stage busy only with at least one micro-batch per stage; fewer
         # leaves stages idle beyond the bubble this model counts.
@@ -165,7 +165,7 @@ def _stage_share(times: np.ndarray, parts: int) -> float:
 def _act_bytes(graph: Graph, o: Options, m: int) -> float:
     if o.act_mb is not None:
         if o.act_mb < 0:
-            raise NotApplicableError("pipeline-parallel: act_mb must be >= 0")
+            raise OptionValueError("pipeline-parallel: act_mb must be >= 0")
         return o.act_mb * MIB
     if graph.table is None:
         return 0.0

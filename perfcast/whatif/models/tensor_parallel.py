@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from perfcast.errors import NotApplicableError
+from perfcast.errors import NotApplicableError, OptionValueError
 from perfcast.graph.model import Graph
 from perfcast.graph.phases import Phase
 from perfcast.hardware.classify import KernelClass, dtype_from_kernel_name
@@ -59,7 +59,7 @@ def apply(graph: Graph, options: Options) -> Graph:
     K.refuse_graph_replays(graph, "tensor-parallel")
     t = options.tp
     if t < 2:
-        raise NotApplicableError("tensor-parallel: tp must be at least 2")
+        raise OptionValueError("tensor-parallel: tp must be at least 2")
     C.require_gpu_steps(graph, "tensor-parallel")
     fixed = K.kernel_fixed_cost_ns(graph)
     n_pairs = 0  # forward pairs (each also all-reduced in backward, where there is one)

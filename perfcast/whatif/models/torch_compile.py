@@ -45,7 +45,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from perfcast.errors import NotApplicableError
+from perfcast.errors import NotApplicableError, OptionValueError
 from perfcast.graph.model import GpuKind, Graph, NodeKind, Source
 from perfcast.graph.phases import Phase, phase_names
 from perfcast.hardware import KernelClass
@@ -97,7 +97,7 @@ def _phases(options: Options) -> list[int]:
     names = P.split_list(options.phases)
     bad = [p for p in names if p not in _PHASES]
     if bad or not names:
-        raise NotApplicableError(
+        raise OptionValueError(
             f"torch-compile: phases must be forward and/or backward (got {options.phases!r})"
         )
     return [int(_PHASES[p]) for p in names]
@@ -204,7 +204,7 @@ def _refuse_compiled(graph: Graph) -> None:
 
 def apply(graph: Graph, options: Options) -> Graph:
     if options.mode not in ("default", "reduce-overhead"):
-        raise NotApplicableError(
+        raise OptionValueError(
             f"torch-compile: mode must be default or reduce-overhead (got {options.mode!r}); "
             "max-autotune's own GEMM choices are not modelled"
         )
@@ -288,7 +288,7 @@ def _insert_before(graph: Graph, anchors: np.ndarray, dur_ns: int, name: str) ->
 def _compile(graph: Graph, options: Options) -> Graph:
     phases = _phases(options)
     if options.graphs < 1:
-        raise NotApplicableError("torch-compile: graphs must be at least 1")
+        raise OptionValueError("torch-compile: graphs must be at least 1")
     c = graph.cols
     alive = graph.alive
     if not ((c["kind"] == NodeKind.GPU) & alive).any():

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from perfcast.errors import NotApplicableError
+from perfcast.errors import NotApplicableError, OptionValueError
 from perfcast.graph.model import Graph
 from perfcast.graph.phases import Phase
 from perfcast.whatif import kernels as K
@@ -67,13 +67,13 @@ def apply(graph: Graph, options: Options) -> Graph:
     K.refuse_graph_replays(graph, "zero")
     o = options
     if o.gpus < 2:
-        raise NotApplicableError("zero: gpus must be at least 2")
+        raise OptionValueError("zero: gpus must be at least 2")
     if o.stage not in (1, 2, 3):
-        raise NotApplicableError("zero: stage must be 1, 2 or 3")
+        raise OptionValueError("zero: stage must be 1, 2 or 3")
     if o.units < 1 or o.prefetch < 0:
-        raise NotApplicableError("zero: units must be >= 1 and prefetch >= 0")
+        raise OptionValueError("zero: units must be >= 1 and prefetch >= 0")
     if o.param_bytes not in (1, 2, 4) or o.grad_bytes not in (1, 2, 4):
-        raise NotApplicableError("zero: param_bytes and grad_bytes must be 1, 2 or 4")
+        raise OptionValueError("zero: param_bytes and grad_bytes must be 1, 2 or 4")
     C.require_gpu_steps(graph, "zero")
     params = _param_count(graph, o)
     from perfcast.whatif.models.ddp import drop_measured_allreduces
@@ -190,7 +190,7 @@ def _gathers(
 def _param_count(graph: Graph, o: Options) -> float:
     if o.params_mb is not None:
         if o.params_mb <= 0:
-            raise NotApplicableError("zero: params_mb must be positive")
+            raise OptionValueError("zero: params_mb must be positive")
         return o.params_mb * MIB / 4
     from perfcast.memory_model.facts import trace_facts
 
