@@ -820,3 +820,23 @@ def test_a_range_ending_before_the_trace_does_is_kept(write_trace) -> None:
     opt = [r for r in range(len(table)) if table.name_of(r) == "Optimizer.step#SGD.step"]
     assert sorted(int(table.dur[r]) for r in opt) == [105_000, 1_100_000]
     assert not any("profiler stopped" in w for w in table.ranks[0].warnings)
+
+
+def test_a_last_step_without_work_is_not_a_step(write_trace) -> None:
+    from tests.tracegen import TraceBuilder
+
+    b = TraceBuilder()
+    for k in range(2):
+        b.step(k + 1, k * 1000.0, 900)
+        b.op("aten::mm", k * 1000.0 + 100, 300)
+    b.step(3, 2000.0, 50)  # the profiler stopped as step 3 began: nothing inside it
+    table = perfcast.load(write_trace(b.doc()))
+    assert [it.name for it in table.iterations] == ["ProfilerStep#1", "ProfilerStep#2"]
+    (note,) = [w for w in table.ranks[0].warnings if "holds no work" in w]
+    assert "ProfilerStep#3" in note
+    # A step with an op inside it is a step, however short; so is a trace's only step.
+    b.op("aten::add", 2010.0, 5)
+    assert len(perfcast.load(write_trace(b.doc())).iterations) == 3
+    only = TraceBuilder()
+    only.step(1, 0.0, 50)
+    assert len(perfcast.load(write_trace(only.doc())).iterations) == 1

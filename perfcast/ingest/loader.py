@@ -257,6 +257,23 @@ def _clip_ranges_open_at_stop(
     )
 
 
+# Events that are work: ops, ranges, runtime and driver calls, GPU tasks (not Python frames,
+# which `prof.step()` itself records, nor memory records).
+_WORK_KINDS = np.array(
+    [Kind.CPU_OP, Kind.USER_ANNOTATION, Kind.RUNTIME, Kind.DRIVER, *_GPU_KINDS], dtype=np.int8
+)
+
+
+def _holds_no_work(c: dict[str, np.ndarray], step: int, step_rows: list[int]) -> bool:
+    """Whether no work starts inside the step's range but the step ranges themselves: the
+    last ProfilerStep of a window the profiler stopped as the step began."""
+    ts, dur = c["ts"], c["dur"]
+    start, end = int(ts[step]), int(ts[step] + dur[step])
+    inside = np.isin(c["kind"], _WORK_KINDS) & (ts >= start) & (ts < max(end, start + 1))
+    inside[step_rows] = False
+    return not inside.any()
+
+
 def _derive(
     rc: RankColumns, names: Interner, info: RankInfo
 ) -> tuple[dict[str, np.ndarray], list[Iteration]]:
@@ -320,7 +337,14 @@ def _derive(
         by_name.setdefault(names.names[c["name"][i]], i)
     iterations: list[Iteration] = []
     if by_name:
-        for nm, i in sorted(by_name.items(), key=lambda kv: int(ts[kv[1]])):
+        ordered = sorted(by_name.items(), key=lambda kv: int(ts[kv[1]]))
+        if len(ordered) > 1 and _holds_no_work(c, ordered[-1][1], step_rows):
+            nm, i = ordered.pop()
+            info.warnings.append(
+                f"the last step, {nm} ({dur[i] / 1e6:.2f} ms), holds no work (the profiler "
+                "stopped as it began): it is not counted as a step"
+            )
+        for nm, i in ordered:
             s, e = int(ts[i]), int(ts[i] + dur[i])
             iterations.append(Iteration(info.rank, nm, s, e, cpu_end_ns=e, window_start_ns=s))
     else:
