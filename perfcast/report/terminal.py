@@ -143,25 +143,23 @@ def render_summary(summary: Summary, console: Console, top: int = 5) -> None:
                     str(it.kernels),
                 ]
             )
-        table = _figures_table(
-            Text(title),
-            cols,
-            rows,
-            caption="GPU columns split the step: compute + comm + copies + idle = step",
+        # Titles and captions are lines of their own: inside a table they wrap to its width.
+        console.print(Text(title, style="bold"))
+        console.print(_figures_table(cols, rows))
+        console.print(
+            Text("GPU columns split the step: compute + comm + copies + idle = step", style="dim")
         )
-        cpu = _figures_table(
+        if real and correction is not None and not several:
+            console.print(Text(correction.assumption()))
+        console.print(
             Text(
                 "CPU time by phase (ms as traced, the profiler's own cost included; summed "
                 "over the host threads: can exceed the step; kernels: how many the step "
-                "launched)"
-            ),
-            cpu_cols,
-            cpu_rows,
+                "launched)",
+                style="bold",
+            )
         )
-        console.print(table)
-        if real and correction is not None and not several:
-            console.print(Text(correction.assumption()))
-        console.print(cpu)
+        console.print(_figures_table(cpu_cols, cpu_rows))
         for note in rs.notes:
             console.print(Text(f"  note: {note}", style="yellow"))
         _render_top(console, "top kernels", rs.top_kernels[:top])
@@ -173,16 +171,11 @@ def render_summary(summary: Summary, console: Console, top: int = 5) -> None:
         console.print()
 
 
-def _figures_table(
-    title: Text, cols: list[str], rows: list[list[str | Text]], caption: str | None = None
-) -> Table:
+def _figures_table(cols: list[str], rows: list[list[str | Text]]) -> Table:
     """A table of a label column and figures: a figure is never cut or wrapped (a narrow
     terminal, or output piped at 80 columns, wraps the labels and headers instead)."""
     table = Table(
-        title=title,
-        title_justify="left",
         show_lines=False,
-        caption=caption,
         box=box.SIMPLE_HEAD,
         collapse_padding=True,
         pad_edge=False,
