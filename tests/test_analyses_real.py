@@ -172,6 +172,11 @@ def test_collectives_sized_from_their_ranges_without_collective_arguments(
     ops = {row.op for row in r.by_op}
     assert "alltoall" in ops and "sendrecv" not in ops
     assert any(row.op == "alltoall" and row.size_bytes == 6144 * 4 for row in r.by_op)
+    # Their all-reduces say no size: unknown (None), not 0 bytes, and no bandwidth.
+    unsized = [row for row in r.by_op if row.op == "allreduce"]
+    assert unsized and all(row.size_bytes is None and row.busbw_gbs is None for row in unsized)
+    assert all(s.total_mb is None for s in r.summary if s.op == "allreduce")
+    assert any("carry no size" in n for n in r.notes)
 
 
 def test_diff_says_when_the_gpu_or_the_batch_differ(shared_traces: Path) -> None:

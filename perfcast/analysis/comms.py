@@ -78,7 +78,7 @@ class CollectiveGroup:
     algorithm: str  # RING / TREE / ... from the kernel name ("" if it does not say)
     protocol: str  # LL / LL128 / SIMPLE
     dtype: str
-    size_bytes: int  # per call, nccl-tests convention (0: unknown)
+    size_bytes: int | None  # per call, nccl-tests convention (None: the trace does not say)
     group_size: int
     count: int
     total_ms: float
@@ -98,7 +98,7 @@ class CollectiveSummary:
     op: str
     count: int
     total_ms: float
-    total_mb: float
+    total_mb: float | None  # over the calls of known size (None: no call says its size)
     busbw_gbs: float | None  # summed bytes × factor / summed time
 
 
@@ -312,7 +312,7 @@ def collectives(table: EventTable, link: str | None = None) -> Collectives:
                 algorithm=algo,
                 protocol=proto,
                 dtype=dt,
-                size_bytes=size,
+                size_bytes=size if size or op == "barrier" else None,
                 group_size=gs,
                 count=int(g.count[i]),
                 total_ms=g.sum[i] / NS_PER_MS,
@@ -330,26 +330,28 @@ def collectives(table: EventTable, link: str | None = None) -> Collectives:
     # Per (rank, op): bytes-weighted bus bandwidth over the calls of known size.
     agg: dict[tuple[int, str], list[float]] = {}
     for row in out.by_op:
-        acc = agg.setdefault((row.rank, row.op), [0, 0.0, 0.0, 0.0, 0.0])
+        acc = agg.setdefault((row.rank, row.op), [0, 0.0, 0.0, 0.0, 0.0, 0])
         acc[0] += row.count
         acc[1] += row.total_ms
+        if row.size_bytes is not None:
+            acc[5] += 1
         if row.size_bytes and row.busbw_gbs is not None:
             f = _factor(row.op, row.group_size) or 0.0
             acc[2] += row.size_bytes * row.count
             acc[3] += row.total_ms
             acc[4] += row.size_bytes * row.count * f
-    for (rank, op), (cnt, tot, nbytes, timed_ms, fbytes) in sorted(agg.items()):
+    for (rank, op), (cnt, tot, nbytes, timed_ms, fbytes, sized) in sorted(agg.items()):
         out.summary.append(
             CollectiveSummary(
                 rank=rank,
                 op=op,
                 count=int(cnt),
                 total_ms=tot,
-                total_mb=nbytes / 1e6,
+                total_mb=nbytes / 1e6 if sized else None,
                 busbw_gbs=(fbytes / (timed_ms * NS_PER_MS)) if timed_ms > 0 else None,
             )
         )
-    if any(r.size_bytes == 0 and r.op != "barrier" for r in out.by_op):
+    if any(r.size_bytes is None for r in out.by_op):
         out.notes.append(
             "some collectives carry no size (no collective arguments in the trace): their "
             "bandwidth is unknown"

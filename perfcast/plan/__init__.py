@@ -111,16 +111,16 @@ def measured_busbw(
         r
         for r in coll.by_op
         if r.best_busbw_gbs
-        and r.size_bytes >= (4 << 20)
+        and (r.size_bytes or 0) >= (4 << 20)
         and 1 < r.group_size <= (max_group or r.group_size)
     ]
     if not rows:
         return None
-    best = max(rows, key=lambda r: r.size_bytes)
+    best = max(rows, key=lambda r: r.size_bytes or 0)
     busbw = float(best.best_busbw_gbs or 0.0)
     return busbw, (
         f"{busbw:.0f} GB/s measured on the trace's {best.op} of "
-        f"{best.size_bytes / 2**20:.0f} MiB over {best.group_size} GPUs"
+        f"{(best.size_bytes or 0) / 2**20:.0f} MiB over {best.group_size} GPUs"
     )
 
 

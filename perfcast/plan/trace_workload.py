@@ -544,7 +544,9 @@ def _allreduce_bytes_per_step(table: EventTable, rank: int, steps: int) -> float
         rows = collectives(table).by_op
     except PerfcastError:
         return 0.0
-    total = sum(r.size_bytes * r.count for r in rows if r.rank == rank and r.op == "allreduce")
+    total = sum(
+        (r.size_bytes or 0) * r.count for r in rows if r.rank == rank and r.op == "allreduce"
+    )
     return total / max(steps, 1)
 
 
