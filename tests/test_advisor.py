@@ -299,3 +299,12 @@ def test_the_idle_finding_points_to_the_tree_when_the_trace_has_frames(
     (finding,) = _idle_findings(graph, {"idle_critical_pct": 60.0})
     assert ("'perfcast tree' shows" in finding) is frames
     assert ("with_stack=True shows" in finding) is not frames
+
+
+@pytest.mark.parametrize(
+    ("speedup", "says"),
+    [(0.90, "predicted slower (0.90x)"), (0.999, "predicted no gain (1.00x)"), (1.0, "no gain")],
+)
+def test_an_item_without_a_gain_says_whether_it_is_slower(speedup: float, says: str) -> None:
+    s = adv.Suggestion("x", 10.0, speedup, 0.0, "", [], 1.0)
+    assert says in adv._why_uncertain(s)

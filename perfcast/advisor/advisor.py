@@ -721,7 +721,9 @@ def _candidates_for(graph: Graph) -> list[str]:
 def _why_uncertain(s: Suggestion) -> str:
     """Empty when the gain is beyond the model's error band; else why it is not ranked."""
     if s.speedup <= 1.0:
-        return f"predicted no gain ({s.speedup:.2f}x)"
+        # Slower where the two-decimal figure says so; 0.999 reads as no gain.
+        word = "slower" if round(s.speedup, 2) < 1.0 else "no gain"
+        return f"predicted {word} ({s.speedup:.2f}x)"
     if s.speedup_low is None:
         return "no measured error for any model to bound this prediction"
     if s.speedup_low <= 1.0:
