@@ -20,6 +20,7 @@ in the prediction's assumptions. Run it on the machine that trains.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -96,6 +97,12 @@ class CheckpointCosts:
 
     def extra_ms(self, regions: int, ops: int) -> float:
         return self.region_ms * regions + self.op_ms * ops
+
+    def noisy(self) -> bool:
+        """Whether a larger region measured cheaper than a smaller one by more than a tenth
+        (the machine was busy while it ran; the fit is then not to be trusted)."""
+        vals = [v for _, v in sorted((int(k), v) for k, v in self.samples.items())]
+        return any(b < 0.9 * a for a, b in itertools.pairwise(vals))
 
 
 @dataclass(frozen=True)
@@ -386,22 +393,21 @@ def _fit_line(points: dict[int, float]) -> tuple[float, float]:
 def measure_checkpoint(repeat: int = 100, rounds: int = 7) -> CheckpointCosts:
     """Extra forward+backward time of one checkpointed region beyond its recomputed forward,
     for regions of 2, 8 and 16 small ops (Linear + ReLU pairs, non-reentrant checkpoint);
-    fitted as region_ms + op_ms * ops."""
+    fitted as region_ms + op_ms * ops.
+
+    Each round times every size and variant in turn, and each size's extra is the median of
+    its rounds: a machine busy for a while (a DataLoader's workers still exiting read as
+    26 ms for 2 ops, against 0.5 measured alone) then spoils a round, not a size."""
     torch = _require_torch()
     from torch.utils.checkpoint import checkpoint
 
     def per_call(fn: Callable[[], None]) -> float:
-        for _ in range(10):
+        start = time.perf_counter()
+        for _ in range(repeat):
             fn()
-        times = []
-        for _ in range(rounds):
-            start = time.perf_counter()
-            for _ in range(repeat):
-                fn()
-            times.append((time.perf_counter() - start) * 1e3 / repeat)
-        return statistics.median(times)
+        return (time.perf_counter() - start) * 1e3 / repeat
 
-    extra: dict[int, float] = {}
+    variants: dict[int, tuple[Callable[[], None], ...]] = {}
     for pairs in (1, 4, 8):
         region = torch.nn.Sequential(
             *[m for _ in range(pairs) for m in (torch.nn.Linear(64, 64), torch.nn.ReLU())]
@@ -417,7 +423,15 @@ def measure_checkpoint(repeat: int = 100, rounds: int = 7) -> CheckpointCosts:
         def forward(region: Any = region, x: Any = x) -> None:
             region(x)  # with grad, as the recompute runs
 
-        extra[2 * pairs] = per_call(checkpointed) - per_call(plain) - per_call(forward)
+        variants[2 * pairs] = (checkpointed, plain, forward)
+        for fn in variants[2 * pairs]:
+            for _ in range(10):  # warm-up
+                fn()
+    per_round: dict[int, list[float]] = {ops: [] for ops in variants}
+    for _ in range(rounds):
+        for ops, (with_ckpt, without, recompute) in variants.items():
+            per_round[ops].append(per_call(with_ckpt) - per_call(without) - per_call(recompute))
+    extra = {ops: statistics.median(v) for ops, v in per_round.items()}
     region_ms, op_ms = _fit_line(extra)
     return CheckpointCosts(
         region_ms=round(region_ms, 4),

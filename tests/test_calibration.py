@@ -223,3 +223,12 @@ def test_the_loader_reads_which_machine_a_trace_comes_from(tmp_path: Path, write
     }
     assert perfcast.load(named).ranks[0].machine["host_id"] == node7
     assert perfcast.load(silent).ranks[0].machine is None
+
+
+def test_checkpoint_samples_that_fall_with_the_region_size_are_flagged() -> None:
+    def costs(samples: dict[str, float]) -> calibration.CheckpointCosts:
+        return calibration.CheckpointCosts(0.3, 0.1, False, samples)
+
+    assert costs({"2": 26.08, "8": 1.24, "16": 1.86}).noisy()  # a busy first round
+    assert not costs({"2": 0.53, "8": 1.22, "16": 1.97}).noisy()
+    assert not costs({"2": 0.53, "8": 0.50, "16": 1.97}).noisy()  # within a tenth

@@ -490,6 +490,14 @@ def calibration(cal: Calibration, console: Console) -> None:
             + ", ".join(f"{k} ops {v:g} ms" for k, v in ck.samples.items())
             + ")"
         )
+        if ck.noisy():
+            console.print(
+                Text(
+                    "  a larger region measured cheaper than a smaller one: the machine was "
+                    "busy; run perfcast calibrate again when it is idle",
+                    style="yellow",
+                )
+            )
     from perfcast import calibration as cal_files
 
     if cal.path and cal_files.is_active_path(cal.path):
