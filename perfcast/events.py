@@ -40,6 +40,8 @@ class Kind(enum.IntEnum):
 
 
 GPU_KINDS = (Kind.KERNEL, Kind.MEMCPY, Kind.MEMSET)
+# torch.profiler's step ranges, ProfilerStep#N (N counts the profiler's steps).
+STEP_PREFIX = "ProfilerStep#"
 # gloo (a CPU backend) runs each collective on a worker thread of its own, under a user
 # annotation named `gloo:<op>` (ProcessGroupGloo's profiling title) with the tensors' shapes.
 GLOO_RANGE_PREFIX = "gloo:"
@@ -180,7 +182,7 @@ class EventTable:
     def step_marker_names(self) -> np.ndarray:
         """Per name id: is it a ProfilerStep#N step marker (the profiler's step ranges, which
         span every phase of a step; 2021-era traces record them as CPU ops)."""
-        return np.array([n.startswith("ProfilerStep#") for n in self.names], dtype=bool)
+        return np.array([n.startswith(STEP_PREFIX) for n in self.names], dtype=bool)
 
     def kind_mask(self, kinds: Any) -> np.ndarray:
         """Read-only mask of the rows whose kind is one of `kinds` (ints or Kinds)."""

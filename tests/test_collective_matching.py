@@ -22,10 +22,46 @@ def _a(*xs: int) -> np.ndarray:
     return np.array(xs, dtype=np.int64)
 
 
-def test_equal_counts_pair_in_order_across_steps() -> None:
-    p = pair_across_ranks([_a(10, 11, 12), _a(20, 21, 22)], [_a(0, 0, 1), _a(0, 1, 1)])
+def test_equal_counts_in_the_same_steps_pair_in_order() -> None:
+    p = pair_across_ranks([_a(10, 11, 12), _a(20, 21, 22)], [_a(0, 0, 1), _a(0, 0, 1)])
     assert not p.by_step and p.left_out == 0
     assert p.positions.tolist() == [[0, 0], [1, 1], [2, 2]]
+    # Traces without steps (every code -1) pair in order too.
+    p = pair_across_ranks([_a(1, 2), _a(3, 4)], [_a(-1, -1), _a(-1, -1)])
+    assert not p.by_step and p.positions.tolist() == [[0, 0], [1, 1]]
+
+
+def test_equal_counts_in_different_steps_pair_step_by_step() -> None:
+    # Rank 0 holds one outside every step; rank 1 lost step 1's last: the counts agree, the
+    # positions do not.
+    p = pair_across_ranks([_a(1, 2, 3, 4), _a(1, 2, 3, 4)], [_a(-1, 0, 1, 1), _a(0, 1, 1, 1)])
+    assert p.by_step
+    assert p.positions.tolist() == [[1, 0], [2, 1], [3, 2]]
+    assert p.left_out == 2  # rank 0's outside every step, rank 1's third in step 1
+
+
+def test_equal_counts_in_steps_no_rank_shares_pair_in_order() -> None:
+    # Ranks that number their steps differently: position is all there is to go by.
+    p = pair_across_ranks([_a(1, 2), _a(3, 4)], [_a(0, 1), _a(2, 3)])
+    assert not p.by_step and p.positions.tolist() == [[0, 0], [1, 1]]
+
+
+def test_a_trace_without_steps_is_not_paired_when_its_counts_differ(write_trace) -> None:
+    # Rank 1's trace starts one collective later: without steps, nothing tells which is which.
+    docs = []
+    for rank, starts in ((0, (1000.0, 2000.0, 3000.0)), (1, (2000.0, 3000.0))):
+        b = TraceBuilder()
+        for t in starts:
+            b.launch("ncclKernel_AllReduce_RING_LL_Sum_float", t - 20, 5, t, 100, 9)
+        d = b.doc()
+        d["distributedInfo"] = {"rank": rank, "world_size": 2}
+        docs.append(d)
+    write_trace(docs[0], "nosteps/rank0.json")
+    folder = write_trace(docs[1], "nosteps/rank1.json").parent
+    table = perfcast.load(folder)
+    codes = step_codes(table, table.iteration)
+    assert (codes == -1).all()
+    assert stragglers(table).matched == 0
 
 
 def test_unequal_counts_pair_within_each_step_up_to_the_fewest() -> None:
@@ -36,12 +72,12 @@ def test_unequal_counts_pair_within_each_step_up_to_the_fewest() -> None:
     )
     assert p.by_step
     assert p.positions.tolist() == [[1, 1], [2, 2], [3, 3]]
-    assert p.left_out == 3
+    assert p.left_out == 4  # rank 0's outside, step 1's second and step 2's; rank 1's outside
 
 
 def test_nothing_in_common_pairs_nothing() -> None:
     p = pair_across_ranks([_a(1, 2), _a(1)], [_a(0, 0), _a(1)])
-    assert p.positions.shape == (0, 2) and p.left_out == 2
+    assert p.positions.shape == (0, 2) and p.left_out == 3
 
 
 def _rank(rank: int, late_us: float, steps: int, lost_last: bool) -> dict:
@@ -66,7 +102,8 @@ def test_a_cut_rank_still_pairs_its_complete_steps(write_trace) -> None:
     folder = path.parent
     r = stragglers(perfcast.load(folder))
     assert r.matched == 3 and r.candidates == [1]
-    assert any("counts differ" in n and "3 matched, 1 not" in n for n in r.notes)
+    said = "3 matched on every rank, 1 "
+    assert any("counts or steps differ" in n and said in n for n in r.notes)
     by = {x.rank: x for x in r.by_rank}
     assert by[1].times_last == 3
     graph = perfcast.dependency_graph(folder)

@@ -119,9 +119,10 @@ def stragglers(table: EventTable, candidates: int = 2, top: int = 20) -> Straggl
         mat = np.stack([p[pairing.positions[:, j]] for j, p in enumerate(per)], axis=1)
         if pairing.by_step:
             out.notes.append(
-                f"{key[0]} collectives in group {key[1] or '(default)'}: counts differ across "
-                f"ranks (a trace cut short?); matched step by step: {mat.shape[0]:,} matched, "
-                f"{pairing.left_out:,} not"
+                f"{key[0]} collectives in group {key[1] or '(default)'}: counts or steps "
+                f"differ across ranks (a trace cut short?); matched step by step: "
+                f"{mat.shape[0]:,} matched on every rank, {pairing.left_out:,} (summed over "
+                "the ranks) not"
             )
         matched.extend((key[0], key[1], i, mat[i]) for i in range(mat.shape[0]))
     if not matched:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from perfcast.events import EventTable
+from perfcast.events import STEP_PREFIX, EventTable
 from perfcast.graph.host_collectives import (
     SUBGROUPS_NOTE,
     host_collective_nodes,
@@ -44,16 +44,21 @@ class Pairing:
     """One kind and group of collectives paired across ranks."""
 
     positions: np.ndarray  # (matched, ranks): each match's index into every rank's list
-    left_out: int  # collectives of the busiest rank that stayed unmatched
-    by_step: bool  # the counts differed, so they were paired step by step
+    left_out: int  # collectives left unmatched, summed over the ranks
+    by_step: bool  # paired step by step (the ranks' lists disagree on counts or steps)
 
 
 def step_codes(table: EventTable, iteration: np.ndarray) -> np.ndarray:
     """A code per row for the step it belongs to, the same on every rank for the same step
-    name (ProfilerStep#N); -1 outside every step."""
+    name (ProfilerStep#N); -1 outside every step, and for a trace without steps (its one
+    window, the whole trace, is no step another rank's can be told to match)."""
     code_of: dict[str, int] = {}
     codes = np.array(
-        [code_of.setdefault(it.name, len(code_of)) for it in table.iterations] + [-1],
+        [
+            code_of.setdefault(it.name, len(code_of)) if it.name.startswith(STEP_PREFIX) else -1
+            for it in table.iterations
+        ]
+        + [-1],
         dtype=np.int64,
     )
     # NONE (-1) indexes the trailing -1.
@@ -62,24 +67,32 @@ def step_codes(table: EventTable, iteration: np.ndarray) -> np.ndarray:
 
 def pair_across_ranks(lists: Sequence[np.ndarray], steps: Sequence[np.ndarray]) -> Pairing:
     """Pair one kind and group of collectives across ranks: `lists[j]` holds rank j's in start
-    order, `steps[j]` the step code of each (`step_codes`). Equal counts: the n-th with the
-    n-th. Otherwise step by step, in the steps every rank holds, the n-th with the n-th up to
-    the fewest any rank holds there: a collective needs every rank of its group, so fewer on
-    one rank means events lost, and a cut loses each stream's latest events (the kernels
-    Kineto writes are in time order per stream). Nothing outside steps is paired then."""
+    order, `steps[j]` the step code of each (`step_codes`).
+
+    Where every rank holds as many, each in the same step as the others' at its position,
+    the n-th pairs with the n-th. Otherwise step by step, in the steps every rank holds, the
+    n-th with the n-th up to the fewest any rank holds there: a collective needs every rank
+    of its group, so fewer on one rank means events lost, and a cut loses each stream's
+    latest events (the kernels Kineto writes are in time order per stream). Nothing outside
+    steps is paired then. Equal counts in steps no two ranks share (ranks that number their
+    steps differently) pair in order: position is all there is to go by."""
     sizes = [int(x.size) for x in lists]
-    if len(set(sizes)) == 1:
-        n = sizes[0]
-        return Pairing(np.repeat(np.arange(n)[:, None], len(lists), axis=1), 0, False)
+    n_ranks = len(lists)
+    in_order = Pairing(np.repeat(np.arange(sizes[0])[:, None], n_ranks, axis=1), 0, False)
+    same_count = len(set(sizes)) == 1
+    if same_count and all(np.array_equal(steps[0], s) for s in steps[1:]):
+        return in_order
     common = set.intersection(*(set(s[s >= 0].tolist()) for s in steps))
+    if same_count and not common:
+        return in_order
     blocks = []
     for code in common:
         pos = [np.flatnonzero(s == code) for s in steps]
         k = min(p.size for p in pos)
         blocks.append(np.stack([p[:k] for p in pos], axis=1))
     blocks.sort(key=lambda b: int(b[0, 0]) if b.size else -1)  # in the first rank's order
-    positions = np.concatenate(blocks) if blocks else np.zeros((0, len(lists)), dtype=np.int64)
-    return Pairing(positions, max(sizes) - positions.shape[0], True)
+    positions = np.concatenate(blocks) if blocks else np.zeros((0, n_ranks), dtype=np.int64)
+    return Pairing(positions, sum(sizes) - positions.shape[0] * n_ranks, True)
 
 
 def match_collectives(graph: Graph) -> dict[tuple[str, str, int], dict[int, int]]:
@@ -141,11 +154,11 @@ def match_collectives(graph: Graph) -> dict[tuple[str, str, int], dict[int, int]
             }
     if stepwise:
         graph.assumptions.append(
-            f"{stepwise} kind(s) of collective are held a different number of times by "
-            "different ranks (a trace cut short, or ranks profiled over different steps): "
-            "matched step by step, the n-th with the n-th up to the fewest any rank holds "
-            f"in the step; {left_out} left unmatched keep their measured waits for the other "
-            "ranks"
+            f"{stepwise} kind(s) of collective (per process group) are held a different number "
+            "of times, or in different steps, by different ranks (a trace cut short, or ranks "
+            "profiled over different steps): matched step by step, the n-th with the n-th up "
+            f"to the fewest any rank holds in the step; {left_out} left unmatched (summed "
+            "over the ranks) keep their measured waits for the other ranks"
         )
     return out
 

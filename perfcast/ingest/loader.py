@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from perfcast.errors import OptionError, TraceFormatError
-from perfcast.events import NONE, EventTable, Iteration, Kind, RankInfo
+from perfcast.events import NONE, STEP_PREFIX, EventTable, Iteration, Kind, RankInfo
 from perfcast.ingest import reader
 from perfcast.ingest.normalize import Interner, RankColumns, extract_rank, printable
 from perfcast.ingest.schema import NON_LAUNCHING_CALLS
@@ -20,7 +20,6 @@ from perfcast.machine import machine_id
 from perfcast.parallel import map_ordered, worker_count
 
 _RANK_IN_NAME = re.compile(r"(?:rank|worker|node|gpu|proc)[-_.]?(\d+)", re.IGNORECASE)
-_STEP_PREFIX = "ProfilerStep#"
 _CPU_KINDS = np.array(
     [Kind.CPU_OP, Kind.USER_ANNOTATION, Kind.PYTHON_FUNCTION, Kind.RUNTIME, Kind.DRIVER],
     dtype=np.int8,
@@ -231,7 +230,7 @@ def _clip_ranges_open_at_stop(
     ts, dur = c["ts"], c["dur"]
     steps = np.flatnonzero(
         is_cpu
-        & np.isin(c["name"], [i for i, nm in enumerate(names.names) if nm.startswith(_STEP_PREFIX)])
+        & np.isin(c["name"], [i for i, nm in enumerate(names.names) if nm.startswith(STEP_PREFIX)])
     )
     if steps.size == 0:
         return
@@ -330,7 +329,7 @@ def _derive(
         i
         for i in np.flatnonzero(kind == Kind.USER_ANNOTATION).tolist()
         + np.flatnonzero(kind == Kind.CPU_OP).tolist()
-        if names.names[c["name"][i]].startswith(_STEP_PREFIX)
+        if names.names[c["name"][i]].startswith(STEP_PREFIX)
     ]
     by_name: dict[str, int] = {}
     for i in sorted(step_rows, key=lambda r: int(ts[r])):
