@@ -840,3 +840,38 @@ def test_a_last_step_without_work_is_not_a_step(write_trace) -> None:
     only = TraceBuilder()
     only.step(1, 0.0, 50)
     assert len(perfcast.load(write_trace(only.doc())).iterations) == 1
+
+
+def test_ranges_open_at_the_stop_are_cut_under_python_frames_too(write_trace) -> None:
+    # `perfcast profile --with-stack`: a <module> frame spans the whole trace and the stop's
+    # own frame starts after the last step; neither keeps the optimizer's range open.
+    doc = _stopped_inside(5000.0)
+    doc["traceEvents"] += [
+        {"ph": "X", "cat": "python_function", "name": "train.py(9): <module>", "pid": 1,
+         "tid": 1, "ts": 0.0, "dur": 6900.0},
+        {"ph": "X", "cat": "python_function", "name": "torch/profiler/profiler.py(848): stop",
+         "pid": 1, "tid": 1, "ts": 1950.0, "dur": 4950.0},
+    ]  # fmt: skip
+    table = perfcast.load(write_trace(doc))
+    opt = [r for r in range(len(table)) if table.name_of(r) == "Optimizer.step#SGD.step"]
+    assert sorted(int(table.dur[r]) for r in opt) == [100_000, 105_000]
+    (note,) = [w for w in table.ranks[0].warnings if "profiler stopped" in w]
+    assert "'Optimizer.step#SGD.step'" in note  # named before any Python frame
+
+
+def test_a_program_that_went_on_after_its_last_step_keeps_its_ranges(write_trace) -> None:
+    # A DataLoader range open across the last step's end, with an op of its own after it:
+    # the program ran on; the range really took that long.
+    from tests.tracegen import TraceBuilder
+
+    b = TraceBuilder()
+    for k in range(2):
+        b.step(k + 1, k * 1000.0, 900)
+        b.op("aten::mm", k * 1000.0 + 100, 300)
+    b.op("enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__", 1850, 2050,
+         cat="user_annotation")  # fmt: skip
+    b.op("aten::copy_", 3000, 890)
+    table = perfcast.load(write_trace(b.doc()))
+    nxt = [r for r in range(len(table)) if table.name_of(r).startswith("enumerate")]
+    assert [int(table.dur[r]) for r in nxt] == [2_050_000]
+    assert not any("profiler stopped" in w for w in table.ranks[0].warnings)
