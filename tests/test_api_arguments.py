@@ -144,9 +144,14 @@ def test_graph_primitives_refuse_what_they_cannot_select_or_scale(table) -> None
     for factor in (-1.0, float("nan"), float("inf")):
         with pytest.raises(OptionError, match="finite number >= 0"):
             P.scale(g, nodes, factor)
+    with pytest.raises(OptionError, match="days: no step runs that long"):
+        P.scale(g, nodes, 1e20)  # would overflow int64 nanoseconds
     before = g.cols["dur"][nodes].copy()
     P.scale(g, nodes, 0.5)
     assert (g.cols["dur"][nodes] <= before).all()
+    # Through a what-if, the message names the spec.
+    with pytest.raises(OptionError, match=r"^faster-op:factor=1e-20: a duration factor"):
+        perfcast.predict(table, "faster-op:factor=1e-20")
 
 
 def test_peak_memory_takes_one_spec_or_a_list_and_refuses_unknown_ones(table) -> None:

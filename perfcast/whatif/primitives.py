@@ -164,6 +164,11 @@ def _scope_mask(graph: Graph, pattern: str) -> np.ndarray:
     return (idx >= 0) & nm[np.maximum(idx, 0)]
 
 
+# The longest a scaled task may last (a day): beyond it a factor is a typo, and int64 sums
+# of such durations would overflow.
+MAX_SCALED_NS = 86_400 * 10**9
+
+
 def scale(
     graph: Graph, nodes: np.ndarray, factor: float | np.ndarray, source: Source = Source.SCALED
 ) -> None:
@@ -174,8 +179,13 @@ def scale(
     if not (np.isfinite(f) & (f >= 0)).all():
         bad = f[~(np.isfinite(f) & (f >= 0))].ravel()[0]
         raise OptionValueError(f"a duration factor must be a finite number >= 0, not {bad}")
-    new = np.rint(c["dur"][nodes] * f).astype(np.int64)
-    set_duration(graph, nodes, new, source)
+    scaled = c["dur"][nodes] * f
+    if scaled.size and float(scaled.max()) > MAX_SCALED_NS:
+        raise OptionValueError(
+            f"a duration factor makes a task last {float(scaled.max()) / 8.64e13:.3g} days: "
+            "no step runs that long"
+        )
+    set_duration(graph, nodes, np.rint(scaled).astype(np.int64), source)
 
 
 def set_duration(

@@ -184,9 +184,10 @@ def apply_specs(graph: Graph, specs: list[Spec]) -> tuple[Graph, list[AppliedMod
                 f"{spec}: an option is not a valid regular expression ({exc})"
             ) from None
         except OptionValueError as exc:
-            if "regular expression" not in str(exc):
+            if str(exc).startswith(f"{spec.name}:"):
                 raise  # the model's own message names it
-            raise OptionValueError(f"{spec}: {exc}") from None  # a selection's pattern
+            # A graph primitive's (a selection's pattern, a scale factor): say which spec.
+            raise OptionValueError(f"{spec}: {exc}") from None
         _keep_acyclic(g, spec)
         applied.append(AppliedModel(spec.name, dict(vars(options)), g.assumptions[before:]))
     if specs:
