@@ -171,3 +171,13 @@ def test_peak_memory_takes_one_spec_or_a_list_and_refuses_unknown_ones(table) ->
             predict_peak_memory(table, bad)
     with pytest.raises(OptionError, match="needs a trace path"):
         predict_peak_memory(42)
+
+
+def test_advise_refuses_a_bad_value_in_a_candidate_the_user_named() -> None:
+    for bad, needle in [("amp:dtype=fp8", "dtype"), ("faster-op:pattern=(", "regular expression")]:
+        with pytest.raises(OptionError, match=needle):
+            perfcast.advise(EXAMPLE, candidates=[bad])
+    with pytest.raises(OptionError, match="unknown GPU"):
+        perfcast.advise(EXAMPLE, device="nosuchgpu")
+    # The advisor's own candidates that do not apply are listed, not raised.
+    assert perfcast.advise(EXAMPLE).not_applicable

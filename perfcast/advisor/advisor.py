@@ -51,7 +51,7 @@ try:
 except ImportError:  # pragma: no cover
     KernelClass = None  # type: ignore[assignment,misc]
 
-from perfcast.errors import PerfcastError
+from perfcast.errors import OptionValueError, PerfcastError
 
 
 @dataclass
@@ -513,6 +513,9 @@ def advise(
     specs = list(candidates or _candidates_for(world.graph))
     if target_device:
         specs.append(f"device:target={target_device}")
+    # Specs the user wrote (candidates, the target device): a bad value in one is an error;
+    # the advisor's own candidates that do not apply are listed as not applicable.
+    user_named = set(candidates or []) | {s for s in specs if s.startswith("device:")}
     suggestions: list[Suggestion] = []
     skipped: list[NotApplicable] = []
     where = SiteFinder(table, base)
@@ -527,6 +530,8 @@ def advise(
             new_graph, applied = apply_specs(world.graph, [spec])
             tl = simulate(new_graph)
         except PerfcastError as exc:
+            if isinstance(exc, OptionValueError) and text in user_named:
+                raise  # a value the user wrote is wrong: say so, as whatif does
             reason = str(exc)
             model = f"{text.split(':')[0]}: "  # the model names itself; the item does too
             return NotApplicable(text, reason.removeprefix(model))
