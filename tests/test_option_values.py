@@ -44,3 +44,35 @@ def test_a_yes_no_option_refuses_other_words() -> None:
     assert build_options("remove-host-sync", {"shapes": "off"}).shapes is False
     with pytest.raises(PerfcastError, match=r"shapes=maybe .* is not true or false"):
         build_options("remove-host-sync", {"shapes": "maybe"})
+
+
+@pytest.mark.parametrize(
+    ("spec", "says"),
+    [
+        ("ddp:gpus=2.5", "is not a whole number"),
+        ("torch-compile:graph_call_us=-100000", "graph_call_us must be >= 0"),
+        ("cuda-graphs:graph_launch_us=-5", "graph_launch_us must be >= 0"),
+        ("zero:stage=5", "stage must be 1, 2 or 3"),
+        ("batch-size:factor=0", "factor must be > 0"),
+    ],
+)
+def test_values_a_model_cannot_take_are_refused_before_the_trace_is_read(
+    spec: str, says: str
+) -> None:
+    from perfcast.errors import OptionError
+    from perfcast.memory_model.model import predict_peak_memory
+    from perfcast.whatif.registry import checked_specs
+
+    with pytest.raises(OptionError, match=says):
+        checked_specs([spec])
+    if spec.split(":")[0] in ("zero", "batch-size"):  # the memory model checks the same
+        with pytest.raises(OptionError, match=says):
+            predict_peak_memory(TRACE, spec)
+
+
+def test_peak_memory_refuses_a_rank_the_trace_does_not_hold() -> None:
+    from perfcast.errors import OptionError
+    from perfcast.memory_model.model import predict_peak_memory
+
+    with pytest.raises(OptionError, match="no rank 7"):
+        predict_peak_memory(TRACE, "amp", rank=7)

@@ -175,6 +175,10 @@ def trace_facts(table: EventTable, rank: int | None = None) -> TraceFacts:
     if not table.ranks:
         return TraceFacts(rank=0, step=None, notes=["the trace holds no ranks"])
     rank = table.ranks[0].rank if rank is None else rank
+    if rank not in table.rank_ids():
+        from perfcast.errors import OptionError
+
+        raise OptionError(f"no rank {rank!r} in the trace", hint=f"ranks: {table.rank_ids()}")
     info = table.rank_info(rank)
     step = last_complete_step(table, rank)
     facts = TraceFacts(rank=rank, step=table.iterations[step].name if step is not None else None)

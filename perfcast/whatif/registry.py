@@ -7,7 +7,7 @@ import importlib
 import types
 from typing import Any, get_type_hints
 
-from perfcast.errors import OptionError, PerfcastError
+from perfcast.errors import OptionError, OptionValueError, PerfcastError
 
 # name -> module under perfcast.whatif.models; each module defines
 # SUMMARY (one line), Options (a dataclass) and apply(graph, options) -> Graph.
@@ -103,7 +103,13 @@ def build_options(name: str, raw: dict[str, Any]) -> Any:
                 hint="options: " + (", ".join(sorted(fields)) or "none"),
             )
         kwargs[key] = _convert(name, key, value, hints[key])
-    return cls(**kwargs)
+    options = cls(**kwargs)
+    # Values the model cannot take, refused before any trace is read: every caller (whatif,
+    # advise, the memory model) gets the same answer.
+    check = getattr(module, "check_options", None)
+    if check is not None:
+        check(options)
+    return options
 
 
 # Numeric options are bounded: a factor of 1e26 overflowed durations (int64 ns), inf and
@@ -127,7 +133,7 @@ def _convert(model: str, key: str, value: Any, hint: Any) -> Any:
                 )
             return word in _TRUE
         if hint is int or text in ("int", "int | None"):
-            number: float = int(value)
+            number: float = _whole(model, key, value)
         elif hint is float or text in ("float", "float | None"):
             number = float(value)
         else:
@@ -139,4 +145,14 @@ def _convert(model: str, key: str, value: Any, hint: Any) -> Any:
             f"option {key}={value} of '{model}' is out of range",
             hint=f"a finite number of at most {MAX_OPTION:,.0f} in size",
         )
+    if number < 0:  # no option counts, sizes or times below zero
+        raise OptionValueError(f"{model}: {key} must be >= 0, not {value}")
     return number
+
+
+def _whole(model: str, key: str, value: str) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        float(value)  # not a number at all: the caller says so
+        raise OptionError(f"option {key}={value} of '{model}' is not a whole number") from None

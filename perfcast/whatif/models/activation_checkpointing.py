@@ -75,6 +75,12 @@ class Options:
     regions: int = 1  # checkpoint() calls per step (each pays the bookkeeping once)
 
 
+def check_options(options: Options) -> None:
+    """Values the model cannot take (the registry calls this when it builds the options)."""
+    if options.regions < 1:
+        raise OptionValueError("activation-checkpointing: regions must be at least 1")
+
+
 def apply(graph: Graph, options: Options) -> Graph:
     refuse_graph_replays(graph, "activation-checkpointing")
     c = graph.cols
@@ -92,8 +98,6 @@ def apply(graph: Graph, options: Options) -> Graph:
             "recomputing all forward work again would count it twice",
             hint="pass module=REGEX to checkpoint other modules as well",
         )
-    if options.regions < 1:
-        raise OptionValueError("activation-checkpointing: regions must be at least 1")
     fwd = _selected(graph, options.module)
     costs, fit = calibration.for_trace(graph.table)
     ck = costs.checkpoint if costs is not None else None

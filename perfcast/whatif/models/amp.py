@@ -444,10 +444,14 @@ def _records_short_of_a_cast(
     return extra, max(float(np.median(own[alloc])) - record_ns, 0.0)
 
 
-def apply(graph: Graph, options: Options) -> Graph:
-    dtype = _DTYPE_ALIASES.get(options.dtype.lower())
-    if dtype is None:
+def check_options(options: Options) -> None:
+    """Values the model cannot take (the registry calls this when it builds the options)."""
+    if _DTYPE_ALIASES.get(options.dtype.lower()) is None:
         raise OptionValueError(f"amp: dtype must be bf16 or fp16, not '{options.dtype}'")
+
+
+def apply(graph: Graph, options: Options) -> Graph:
+    dtype = _DTYPE_ALIASES[options.dtype.lower()]
     if any(a.startswith("amp (") for a in graph.assumptions):
         raise NotApplicableError("amp: mixed precision is already applied to this graph")
     gpu = require_gpu(graph, "amp")

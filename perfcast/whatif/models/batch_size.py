@@ -79,10 +79,15 @@ def waves(blocks: np.ndarray, per_wave: np.ndarray) -> np.ndarray:
     return np.ceil(np.maximum(blocks, 1) / per_wave)
 
 
-def apply(graph: Graph, options: Options) -> Graph:
+def check_options(options: Options) -> None:
+    """Values the model cannot take (the registry calls this when it builds the options)."""
     factor = float(options.factor)
     if not math.isfinite(factor) or factor <= 0:
-        raise OptionValueError("batch-size needs factor > 0")
+        raise OptionValueError("batch-size: factor must be > 0")
+
+
+def apply(graph: Graph, options: Options) -> Graph:
+    factor = float(options.factor)
     gpu = gpu_nodes(graph)
     refuse_graph_replays(graph, "batch-size")
     text = _apply_gpu(graph, gpu, factor) if gpu.size else _apply_cpu(graph, factor)

@@ -116,7 +116,6 @@ class _Point:
 
 def apply(graph: Graph, options: Options) -> Graph:
     refuse_graph_replays(graph, "ddp")
-    _check_options(options)
     c = graph.cols
     if P.select(graph, kind="gpu").size == 0:
         raise NotApplicableError(
@@ -246,7 +245,8 @@ def apply(graph: Graph, options: Options) -> Graph:
     return graph
 
 
-def _check_options(options: Options) -> None:
+def check_options(options: Options) -> None:
+    """Values the model cannot take (the registry calls this when it builds the options)."""
     if options.gpus < 2:
         raise OptionValueError("ddp: gpus must be at least 2")
     if options.bucket_mb <= 0 or options.first_bucket_mb <= 0:

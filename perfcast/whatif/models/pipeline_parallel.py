@@ -55,14 +55,19 @@ class Options:
     act_mb: float | None = None  # MiB sent per micro-batch between stages
 
 
-def apply(graph: Graph, options: Options) -> Graph:
-    K.refuse_graph_replays(graph, "pipeline-parallel")
-    o = options
+def check_options(o: Options) -> None:
+    """Values the model cannot take (the registry calls this when it builds the options)."""
     if o.pp < 2:
         raise OptionValueError("pipeline-parallel: pp must be at least 2")
     m = o.microbatches or 4 * o.pp
     if m < 1 or o.virtual < 1:
         raise OptionValueError("pipeline-parallel: microbatches and virtual must be >= 1")
+
+
+def apply(graph: Graph, options: Options) -> Graph:
+    K.refuse_graph_replays(graph, "pipeline-parallel")
+    o = options
+    m = o.microbatches or 4 * o.pp
     if m < o.pp:
         # 1F1B keeps every stage busy only with at least one micro-batch per stage; fewer
         # leaves stages idle beyond the bubble this model counts.

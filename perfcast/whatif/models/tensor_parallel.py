@@ -55,11 +55,15 @@ class Options:
     nics_per_node: int | None = None  # inter-node NICs per node (default: one per GPU)
 
 
+def check_options(options: Options) -> None:
+    """Values the model cannot take (the registry calls this when it builds the options)."""
+    if options.tp < 2:
+        raise OptionValueError("tensor-parallel: tp must be at least 2")
+
+
 def apply(graph: Graph, options: Options) -> Graph:
     K.refuse_graph_replays(graph, "tensor-parallel")
     t = options.tp
-    if t < 2:
-        raise OptionValueError("tensor-parallel: tp must be at least 2")
     C.require_gpu_steps(graph, "tensor-parallel")
     fixed = K.kernel_fixed_cost_ns(graph)
     n_pairs = 0  # forward pairs (each also all-reduced in backward, where there is one)

@@ -63,9 +63,8 @@ class Options:
     params_mb: float | None = None  # total parameter MiB (fp32), when the trace has no shapes
 
 
-def apply(graph: Graph, options: Options) -> Graph:
-    K.refuse_graph_replays(graph, "zero")
-    o = options
+def check_options(o: Options) -> None:
+    """Values the model cannot take (the registry calls this when it builds the options)."""
     if o.gpus < 2:
         raise OptionValueError("zero: gpus must be at least 2")
     if o.stage not in (1, 2, 3):
@@ -74,6 +73,11 @@ def apply(graph: Graph, options: Options) -> Graph:
         raise OptionValueError("zero: units must be >= 1 and prefetch >= 0")
     if o.param_bytes not in (1, 2, 4) or o.grad_bytes not in (1, 2, 4):
         raise OptionValueError("zero: param_bytes and grad_bytes must be 1, 2 or 4")
+
+
+def apply(graph: Graph, options: Options) -> Graph:
+    K.refuse_graph_replays(graph, "zero")
+    o = options
     C.require_gpu_steps(graph, "zero")
     params = _param_count(graph, o)
     from perfcast.whatif.models.ddp import drop_measured_allreduces
