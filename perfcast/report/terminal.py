@@ -24,6 +24,14 @@ def _ms(x: float | None) -> str:
     return "-" if x is None else f"{x:,.2f}"
 
 
+def _fig(x: float | None) -> str:
+    """A figure for the summary's tables: fewer decimals as it grows, so that a long window
+    (a whole inference trace of 24,000 ms) still fits 80 columns."""
+    if x is None:
+        return "-"
+    return f"{x:,.{2 if abs(x) < 100 else 1 if abs(x) < 10_000 else 0}f}"
+
+
 def _short(name: str, width: int = 70) -> str:
     return shorten(display_name(name), width)
 
@@ -118,11 +126,11 @@ def render_summary(summary: Summary, console: Console, top: int = 5) -> None:
             label = Text(it.name.replace("ProfilerStep", "step "))
             row: list[str | Text] = [
                 label,
-                _ms(it.measured_ms),
-                _ms(g.compute_ms) if g else "-",
-                _ms(g.communication_exposed_ms) if g else "-",
-                _ms(g.memcpy_exposed_ms) if g else "-",
-                _ms(g.idle_ms) if g else "-",
+                _fig(it.measured_ms),
+                _fig(g.compute_ms) if g else "-",
+                _fig(g.communication_exposed_ms) if g else "-",
+                _fig(g.memcpy_exposed_ms) if g else "-",
+                _fig(g.idle_ms) if g else "-",
                 (
                     f"{g.communication_overlap_pct:.0f}%"
                     if g and g.communication_overlap_pct is not None
@@ -130,16 +138,16 @@ def render_summary(summary: Summary, console: Console, top: int = 5) -> None:
                 ),
             ]
             if real:
-                row.insert(2, _ms(it.real_ms))
+                row.insert(2, _fig(it.real_ms))
             rows.append(row)
             cpu_rows.append(
                 [
                     label,
-                    _ms(c.dataloader_ms),
-                    _ms(c.forward_ms),
-                    _ms(c.backward_ms),
-                    _ms(c.optimizer_ms),
-                    _ms(c.communication_ms),
+                    _fig(c.dataloader_ms),
+                    _fig(c.forward_ms),
+                    _fig(c.backward_ms),
+                    _fig(c.optimizer_ms),
+                    _fig(c.communication_ms),
                     str(it.kernels),
                 ]
             )
