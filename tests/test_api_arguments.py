@@ -12,6 +12,7 @@ import perfcast
 from perfcast.errors import OptionError
 
 EXAMPLE = Path(__file__).parents[1] / "perfcast" / "examples" / "ddp_a100_rank0.json.gz"
+MLP_TRACE = Path(__file__).parents[1] / "benchmarks/accuracy/recorded/traces/h100/mlp_base.json.gz"
 
 
 @pytest.fixture(scope="module")
@@ -181,3 +182,15 @@ def test_advise_refuses_a_bad_value_in_a_candidate_the_user_named() -> None:
         perfcast.advise(EXAMPLE, device="nosuchgpu")
     # The advisor's own candidates that do not apply are listed, not raised.
     assert perfcast.advise(EXAMPLE).not_applicable
+
+
+def test_plan_and_collectives_check_their_arguments_before_the_trace(tmp_path) -> None:
+    from perfcast.plan import plan_trace
+
+    assert plan_trace(str(EXAMPLE), gpus=8, top=1).best  # a path is loaded
+    for memory in (float("nan"), 0, -1.0, "80"):
+        with pytest.raises(OptionError, match="memory_gb must be a number more than 0"):
+            plan_trace(str(EXAMPLE), gpus=8, memory_gb=memory)
+    # A trace without collectives still refuses a link it does not know.
+    with pytest.raises(OptionError, match="unknown link 'bogus'"):
+        perfcast.collectives(MLP_TRACE, link="bogus")  # one GPU: no collectives

@@ -214,6 +214,11 @@ def collectives(table: EventTable, link: str | None = None) -> Collectives:
     >>> [row.op for row in r.summary]                                 # doctest: +SKIP
     ['allreduce']
     """
+    link_spec = lookup_link(link) if link else None
+    if link and link_spec is None:  # before the trace is read: a typo is a typo anywhere
+        from perfcast.errors import OptionError
+
+        raise OptionError(f"unknown link {link!r}", hint="e.g. nvlink4, pcie4, ib-ndr")
     out = Collectives([], [], notes=input_notes(table))
     host = host_collective_mask(table)
     rows = np.flatnonzero(collective_kernel_mask(table) | host)
@@ -222,11 +227,6 @@ def collectives(table: EventTable, link: str | None = None) -> Collectives:
             "no collectives in the trace (NCCL/RCCL kernels or gloo ranges): nothing to measure"
         )
         return out
-    link_spec = lookup_link(link) if link else None
-    if link and link_spec is None:
-        from perfcast.errors import OptionError
-
-        raise OptionError(f"unknown link {link!r}", hint="e.g. nvlink4, pcie4, ib-ndr")
     src = _args_source(table, rows)
     names = table.names
     # Per distinct kernel name: op, algorithm, protocol, dtype from the name.

@@ -232,8 +232,8 @@ def _check_counts(args: argparse.Namespace) -> None:
     if isinstance(min_pct, (int, float)) and not 0 <= min_pct <= 100:
         raise OptionError(f"--min-pct must be between 0 and 100, not {min_pct:g}")
     memory = getattr(args, "memory_gb", None)
-    if isinstance(memory, (int, float)) and memory <= 0:
-        raise OptionError(f"--memory-gb must be more than 0, not {memory:g}")
+    if isinstance(memory, (int, float)) and not 0 < memory < float("inf"):  # nan too
+        raise OptionError(f"--memory-gb must be a number more than 0, not {memory:g}")
 
 
 def _guard(fn: Callable[[], int], *, debug: bool, subject: str | None) -> int:

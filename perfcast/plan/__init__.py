@@ -13,6 +13,7 @@ vectorized pass, `search` prunes what does not fit and ranks the rest.
 from __future__ import annotations
 
 import math
+import os
 from functools import partial
 from typing import Any
 
@@ -49,9 +50,20 @@ __all__ = [
 ]
 
 
-def _check_counts(gpus: Any, global_batch: Any, top: Any, gpus_per_node: Any) -> None:
-    """The plan's counts are integers of at least 1 (global_batch may be None: the default)."""
+def _check_counts(
+    gpus: Any, global_batch: Any, top: Any, gpus_per_node: Any, memory_gb: Any = None
+) -> None:
+    """The plan's counts are integers of at least 1 (global_batch may be None: the default),
+    and the memory a positive number of GB."""
     import numbers
+
+    if memory_gb is not None and not (
+        isinstance(memory_gb, (int, float))
+        and not isinstance(memory_gb, bool)
+        and math.isfinite(memory_gb)
+        and memory_gb > 0
+    ):
+        raise OptionError(f"memory_gb must be a number more than 0, not {memory_gb!r}")
 
     for name, value in (
         ("gpus", gpus),
@@ -163,7 +175,7 @@ def calibrate_cluster(
 
 
 def plan_trace(
-    table: EventTable,
+    table: EventTable | str | os.PathLike[str],
     gpus: int,
     *,
     gpu: str | None = None,
@@ -181,7 +193,11 @@ def plan_trace(
     """Best plans for running the traced step on `gpus` GPUs (default: weak scaling, the
     trace's per-GPU batch on every GPU). The trace's step and host time are taken without
     the profiler's own cost, as `whatif` takes them, unless `keep_profiler_cost`."""
-    _check_counts(gpus, global_batch, top, gpus_per_node)
+    _check_counts(gpus, global_batch, top, gpus_per_node, memory_gb)
+    if isinstance(table, (str, os.PathLike)):
+        from perfcast.ingest import load
+
+        table = load(table)
     refuse_counter_trace(table, "plan")
     if gpu is None and not table.is_gpu().any():
         raise PerfcastError(
@@ -293,7 +309,7 @@ def plan_model(
     **workload_kw: Any,
 ) -> PlanResult:
     """Best plans for a described model (a preset name, JSON, or a `ModelDesc`)."""
-    _check_counts(gpus, global_batch, top, gpus_per_node)
+    _check_counts(gpus, global_batch, top, gpus_per_node, memory_gb)
     desc = load_desc(model) if isinstance(model, str) else model
     cluster = make_cluster(
         gpu, intra=link, inter=inter, gpus_per_node=gpus_per_node, nics_per_node=nics_per_node
