@@ -290,6 +290,13 @@ def test_roofline_bytes_and_flops_by_op_signature() -> None:
     n = 1024 * 1024
     assert op_cost("aten::fill_", [[1024, 1024], []], 4) == (0.0, 4.0 * n)
     assert op_cost("aten::copy_", [[1024, 1024], [1024, 1024], []], 2) == (0.0, 4.0 * n)
+    q, kv = [2, 3, 10, 8], [2, 3, 12, 8]
+    fwd = op_cost("aten::_scaled_dot_product_flash_attention", [q, kv, kv], 2)
+    assert fwd == (2.0 * 2 * 3 * 10 * 12 * 16, 2.0 * (480 + 576 + 576 + 480))
+    # Backward: the output's gradient first; 2.5x the FLOPs; reads dO, q, k, v, O, writes
+    # dq, dk, dv.
+    bwd = op_cost("aten::_scaled_dot_product_flash_attention_backward", [q, q, kv, kv, q], 2)
+    assert bwd == (2.5 * fwd[0], 2.0 * (2 * (480 + 576 + 576) + 2 * 480))
     plain = op_cost("aten::mul", [[1024, 1024], []], 4)
     assert plain is not None and plain[1] == 8.0 * n  # read self, write the result
     assert op_cost("aten::mul", [[1024, 1024], [], [1024, 1024]], 4) == plain  # mul.out

@@ -315,6 +315,13 @@ def test_labels_flops_and_library_frames() -> None:
     # flash-attn's own op takes (batch, seq, heads, dim): BERT's q = [1, 141, 8, 64]
     flash = "[[1, 141, 8, 64], [1, 141, 8, 64], [1, 141, 8, 64]]"
     assert op_flops("aten::_flash_attention_forward", flash) == 4 * 1 * 8 * 141 * 141 * 64
+    # Backward takes the output's gradient first; five matmuls to forward's two: 2.5x.
+    grad = "[[1, 141, 8, 64], " + flash[1:]
+    assert op_flops("aten::_flash_attention_backward", grad) == 2.5 * 4 * 8 * 141 * 141 * 64
+    sdpa_grad = "[[2, 3, 10, 8], " + sdpa[1:]
+    assert op_flops("aten::_scaled_dot_product_flash_attention_backward", sdpa_grad) == (
+        2.5 * 2 * 6 * 10 * 12 * 16
+    )
     assert op_flops("aten::mm", "[[4, 5], [6, 7]]") == 0  # inner sizes disagree
     assert op_flops("aten::relu", "[[4, 5]]") == 0
     assert is_library_frame("torch/nn/modules/module.py(1743): _call_impl")

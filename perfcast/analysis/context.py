@@ -37,7 +37,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from perfcast.analysis.roofline import SEQ_MAJOR_ATTENTION
+from perfcast.analysis.roofline import FUSED_ATTENTION, attention_flops
 from perfcast.arrays import combine_codes
 from perfcast.display import Displayed
 from perfcast.errors import OptionError
@@ -760,15 +760,8 @@ def op_flops(op: str, shapes: str) -> float:
         if len(a) >= 1 and len(b) == 1 and a[-1] == b[0]:
             return 2.0 * _prod(a)
         return 0.0
-    seq_major = op in SEQ_MAJOR_ATTENTION or f"aten::{name}" in SEQ_MAJOR_ATTENTION
-    if "scaled_dot_product" in name or seq_major:
-        q, k, v = arg(0), arg(1), arg(2)
-        if len(q) == 4 and len(k) == 4 and len(v) == 4 and q[-1] == k[-1]:
-            if seq_major:  # flash-attn / xformers layout: batch, seq, heads, dim
-                (n, lq, h, e), lk = q, k[1]
-            else:  # scaled_dot_product_*: batch, heads, seq, dim
-                (n, h, lq, e), lk = q, k[2]
-            return 2.0 * n * h * lq * lk * (e + v[3])
+    if f"aten::{name}" in FUSED_ATTENTION:
+        return attention_flops(f"aten::{name}", dims) or 0.0
     return 0.0
 
 

@@ -44,13 +44,27 @@ _MATMUL = {
     "aten::matmul",
     "aten::_addmm_activation",
 }
-_SDPA = (
+_SDPA_FORWARD = (
     "aten::_scaled_dot_product_flash_attention",
     "aten::_scaled_dot_product_efficient_attention",
     "aten::_scaled_dot_product_cudnn_attention",
     "aten::_flash_attention_forward",
     "aten::_efficient_attention_forward",
 )
+# Their backward ops take the output's gradient first, then q, k, v. They run four matmuls
+# (dV, dP, dQ, dK) where forward ran two, and the fused kernels recompute the scores (one
+# more): 2.5x forward's FLOPs (FlashAttention-2 paper, Dao 2023, section 3.1.2 counts the
+# same five matmuls).
+_SDPA_BACKWARD = {
+    "aten::_scaled_dot_product_flash_attention_backward": False,
+    "aten::_scaled_dot_product_efficient_attention_backward": False,
+    "aten::_scaled_dot_product_cudnn_attention_backward": False,
+    "aten::_flash_attention_backward": True,  # seq-major
+    "aten::_efficient_attention_backward": True,
+}
+FUSED_ATTENTION = (*_SDPA_FORWARD, *_SDPA_BACKWARD)
+_SDPA = FUSED_ATTENTION
+ATTENTION_BACKWARD_FLOPS = 2.5
 _ELEMENTWISE = {
     "add", "add_", "sub", "sub_", "mul", "mul_", "div", "div_", "relu", "relu_", "gelu",
     "silu", "silu_", "sigmoid", "tanh", "threshold_backward", "gelu_backward",
@@ -89,6 +103,22 @@ _NORMS = {
 }
 
 
+def attention_flops(name: str, dims: list[list[int]]) -> float | None:
+    """FLOPs of one fused attention op (forward or backward) from its input shapes, or None
+    where they are not 4-d q, k, v."""
+    backward = name in _SDPA_BACKWARD
+    qkv = dims[1:4] if backward else dims[0:3]
+    if len(qkv) < 3 or any(len(t) != 4 for t in qkv) or qkv[0][-1] != qkv[1][-1]:
+        return None
+    q, k, v = qkv
+    if name in SEQ_MAJOR_ATTENTION or _SDPA_BACKWARD.get(name, False):
+        (n, lq, h, e), lk = q, k[1]  # flash-attn / xformers layout: batch, seq, heads, dim
+    else:
+        (n, h, lq, e), lk = q, k[2]  # scaled_dot_product_*: batch, heads, seq, dim
+    forward = 2.0 * n * h * lq * lk * (e + v[3])
+    return forward * ATTENTION_BACKWARD_FLOPS if backward else forward
+
+
 def op_cost(name: str, shapes: list, b: int) -> tuple[float, float] | None:
     """(FLOPs, bytes) of one call of op `name` with input shapes `shapes`, or None.
 
@@ -104,17 +134,17 @@ def op_cost(name: str, shapes: list, b: int) -> tuple[float, float] | None:
     tensors = [d for d in dims if d]
     if name in _MATMUL:
         return _matmul(name, dims, b)
-    if name in _SDPA and len(dims) >= 3 and len(dims[0]) == 4 and len(dims[1]) == 4:
-        if name in SEQ_MAJOR_ATTENTION:
-            bq, lq, h, e = dims[0]  # flash-attn / xformers layout: batch, seq, heads, dim
-            s_len = dims[1][1]
-        else:
-            bq, h, lq, e = dims[0]  # scaled_dot_product_*: batch, heads, seq, dim
-            s_len = dims[1][2]
-        ev = dims[2][3] if len(dims[2]) == 4 else e
-        flops = 2.0 * bq * h * lq * s_len * (e + ev)
-        out = bq * h * lq * ev
-        return flops, float(numel(dims[0]) + numel(dims[1]) + numel(dims[2]) + out) * b
+    if name in _SDPA:
+        flops = attention_flops(name, dims)
+        if flops is None:
+            return None
+        backward = name in _SDPA_BACKWARD
+        qkv = dims[1:4] if backward else dims[0:3]
+        q_out = numel(qkv[0])  # the output (and its gradient) is shaped like q (v's dim aside)
+        # Forward reads q, k, v and writes the output; backward reads the output's gradient,
+        # q, k, v and the output and writes dq, dk, dv.
+        moved = sum(numel(t) for t in qkv) * (2 if backward else 1) + q_out * (2 if backward else 1)
+        return flops, float(moved) * b
     short = name.removeprefix("aten::")
     if (short in _ELEMENTWISE or short in _NORMS) and tensors:
         out = max(numel(t) for t in tensors)
