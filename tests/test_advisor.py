@@ -308,3 +308,12 @@ def test_the_idle_finding_points_to_the_tree_when_the_trace_has_frames(
 def test_an_item_without_a_gain_says_whether_it_is_slower(speedup: float, says: str) -> None:
     s = adv.Suggestion("x", 10.0, speedup, 0.0, "", [], 1.0)
     assert says in adv._why_uncertain(s)
+
+
+def test_ranked_items_carry_the_profiled_prediction_whatif_gives(mlp_advice) -> None:
+    for s in mlp_advice.suggestions:
+        assert s.predicted_traced_ms is not None and s.predicted_traced_ms >= s.predicted_ms
+    s = next(x for x in mlp_advice.suggestions if x.name == "fused-optimizer:kind=fused")
+    r = perfcast.predict(MLP, s.name)
+    assert s.predicted_traced_ms == pytest.approx(r.predicted_traced_ms)
+    assert all(u.predicted_traced_ms is None for u in mlp_advice.uncertain)

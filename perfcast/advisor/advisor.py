@@ -41,6 +41,7 @@ from perfcast.whatif.registry import Spec
 from perfcast.whatif.runner import (
     apply_specs,
     measured_share,
+    predicted_profiled_ms,
     predicted_step_ms,
     step_ms,
     steps_ns,
@@ -73,6 +74,9 @@ class Suggestion:
     speedup_low: float | None = None
     speedup_high: float | None = None
     uncertain: str = ""  # why it is not ranked (empty when ranked)
+    # The predicted step with the profiler's cost left in (ranked items only: one more replay
+    # each), beside the unprofiled `predicted_ms`.
+    predicted_traced_ms: float | None = None
 
     def __repr__(self) -> str:  # the dataclass's printed every assumption and call site
         band = (
@@ -554,6 +558,12 @@ def advise(
             speedup_high=None if band is None else speedup * (1 + band),
         )
         s.uncertain = _why_uncertain(s)
+        if not s.uncertain:
+            kept = tl if world.cost.is_off else None
+            del tl, new_graph  # one graph at a time (see above)
+            s.predicted_traced_ms, _ = predicted_profiled_ms(
+                world, [spec], applied, kept, predicted
+            )
         return s
 
     for text in specs:

@@ -211,6 +211,33 @@ def _keep_the_past(before: Graph, after: Graph) -> None:
             c1["source"][changed] = c0["source"][changed]
 
 
+def predicted_profiled_ms(
+    world: RealWorld,
+    specs: list[Spec],
+    applied: list[AppliedModel],
+    predicted: Timeline | None,
+    predicted_ms: float,
+) -> tuple[float, Timeline]:
+    """The predicted mean step with the profiler's cost left in (the same specs applied to
+    the traced graph and replayed), and its timeline; `applied`, `predicted` and
+    `predicted_ms` are the unprofiled prediction's (reused where the correction is off)."""
+    if world.cost.is_off:
+        assert predicted is not None, "without the correction the prediction is the profiled one"
+        predicted_traced = predicted
+    else:
+        predicted_traced = simulate(apply_specs(world.traced_graph, specs)[0])
+    _, pt, _ = step_ms(predicted_traced)
+    traced, _, _ = step_ms(world.traced)
+    ratio_traced = steady_ratio(world.traced, predicted_traced, applied)
+    if ratio_traced is not None:
+        pt = traced * ratio_traced
+        # Each world's steady-state ratio scales its own baseline mean; where the first step
+        # differs much between them, that can put the profiled prediction below the
+        # unprofiled one, which the profiler's cost (never negative) cannot do.
+        pt = max(pt, predicted_ms)
+    return pt, predicted_traced
+
+
 def run_whatif(
     table: EventTable,
     specs: list[Spec],
@@ -226,23 +253,13 @@ def run_whatif(
     world = world if world is not None else real_world(graph, correct=correct)
     new_graph, applied = apply_specs(world.graph, specs)
     predicted = simulate(new_graph)
-    if world.cost.is_off:
-        predicted_traced = predicted
-    else:
-        predicted_traced = simulate(apply_specs(world.traced_graph, specs)[0])
     _, b, _ = step_ms(world.real)
     pred_rows = step_ms(predicted)[2]
-    _, pt, traced_rows = step_ms(predicted_traced)
     traced, _, _ = step_ms(world.traced)
     memory, baseline_memory, no_memory = _memory(table, specs)
     p = predicted_step_ms(world.real, predicted, applied)
-    ratio_traced = steady_ratio(world.traced, predicted_traced, applied)
-    if ratio_traced is not None:
-        pt = traced * ratio_traced
-        # Each world's steady-state ratio scales its own baseline mean; where the first step
-        # differs much between them, that can put the profiled prediction below the
-        # unprofiled one, which the profiler's cost (never negative) cannot do.
-        pt = max(pt, p)
+    pt, predicted_traced = predicted_profiled_ms(world, specs, applied, predicted, p)
+    traced_rows = step_ms(predicted_traced)[2]
     iterations = [
         IterationPrediction(
             rank=est.rank,
