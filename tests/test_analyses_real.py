@@ -238,3 +238,19 @@ def test_a_profiled_prediction_is_never_faster_than_the_unprofiled_one() -> None
         pytest.skip("no gpu-truth traces")
     r = perfcast.predict(path, "remove-host-sync")
     assert r.predicted_traced_ms >= r.predicted_ms
+
+
+def test_diff_notes_two_traces_of_different_programs() -> None:
+    from perfcast.analysis.diff import diff
+
+    names = ("mlp_base", "r50_base", "mlp_graph", "r50_amp_bf16")
+    if not all((GPU_TRUTH / f"{n}.json.gz").is_file() for n in names):
+        pytest.skip("no gpu-truth traces")
+    t = {n: perfcast.load(GPU_TRUTH / f"{n}.json.gz") for n in names}
+
+    def noted(a: str, b: str) -> bool:
+        return any("different programs" in n for n in diff(t[a], t[b], real=False).notes)
+
+    assert noted("mlp_base", "r50_base")
+    # A whole-step CUDA graph keeps its kernels; bf16 autocast keeps its ops.
+    assert not noted("mlp_base", "mlp_graph") and not noted("r50_base", "r50_amp_bf16")

@@ -259,6 +259,38 @@ def _rows(
     return rows[:top]
 
 
+# Below these shares of names in common (of all names in either trace), two traces look like
+# different programs. Measured on the recorded pairs: a change keeps its ops' names (op
+# Jaccard 0.71-1.00; a whole-step CUDA graph 0.04, but it keeps its kernels, 0.77) or its
+# kernels' (bf16 autocast renames every kernel, 0.09, and keeps its ops, 0.89); the MLP
+# against ResNet-50 share 0.52 of op names and 0.16 of kernel names; the CPU benchmark's
+# unrelated models 0.37-0.65 of op names, so a CPU-only pair is told apart less well (cnn
+# against mlp, 0.65, is not).
+_SAME_PROGRAM_OPS = 0.6
+_SAME_PROGRAM_KERNELS = 0.3
+
+
+def _different_programs_note(pa: _Profile, pb: _Profile) -> list[str]:
+    """A note when A and B share few op names and few kernel names: their deltas then
+    compare unrelated work, not a change to one program."""
+
+    def jaccard(x: dict[str, float], y: dict[str, float]) -> float | None:
+        union = set(x) | set(y)
+        return len(set(x) & set(y)) / len(union) if union else None
+
+    ops = jaccard(pa.op_ms, pb.op_ms)
+    kernels = jaccard(pa.kernel_ms, pb.kernel_ms)
+    if ops is None or ops >= _SAME_PROGRAM_OPS:
+        return []
+    if kernels is not None and kernels >= _SAME_PROGRAM_KERNELS:
+        return []
+    kernel_text = f" and {kernels:.0%} of kernel names" if kernels is not None else ""
+    return [
+        f"A and B share {ops:.0%} of op names{kernel_text}: if they are different programs, "
+        "these deltas compare unrelated work, not a change"
+    ]
+
+
 def diff(a: EventTable, b: EventTable, top: int = 20, real: bool = True) -> TraceDiff:
     """Step, op, kernel and phase deltas from trace A to trace B.
 
@@ -300,6 +332,7 @@ def diff(a: EventTable, b: EventTable, top: int = 20, real: bool = True) -> Trac
     if len(a.ranks) != len(b.ranks):
         out.notes.append(f"A has {len(a.ranks)} ranks, B {len(b.ranks)}: per-step sums differ")
     out.notes.extend(_setup_notes(a, b))
+    out.notes.extend(_different_programs_note(pa, pb))
     if real:
         (a_real, a_src), (b_real, b_src) = real_step_time_ms(sa), real_step_time_ms(sb)
         if a_real and b_real:
