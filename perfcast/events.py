@@ -210,10 +210,12 @@ class EventTable:
     def __repr__(self) -> str:
         # The generated repr printed every column (100k+ characters): say what it holds.
         steps = len(self.iterations)
+        cut = sum(r.truncated for r in self.ranks)
+        salvaged = f", salvaged from {cut} truncated file(s)" if cut else ""
         return (
             f"EventTable({len(self):,} events, {len(self.ranks)} rank(s) "
             f"{self.rank_ids()[:8]}{'...' if len(self.ranks) > 8 else ''}, {steps} steps, "
-            f"{len(self.names):,} names)"
+            f"{len(self.names):,} names{salvaged})"
         )
 
     def to_pandas(self) -> Any:

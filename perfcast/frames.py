@@ -70,6 +70,11 @@ def rows_to_columns(rows: list[Any], row_type: type | None = None) -> Columns:
     return {name: [_scalar(getattr(r, name)) for r in rows] for name in fields}
 
 
+def dicts_to_columns(rows: list[dict[str, Any]]) -> Columns:
+    """Row dicts (all with the same keys) as columns; no rows, no columns."""
+    return {k: [r[k] for r in rows] for k in rows[0]} if rows else {}
+
+
 def result_tables(result: Any) -> dict[str, Columns]:
     """Every table of a result dataclass: its fields that are lists of row dataclasses.
 
@@ -114,13 +119,18 @@ class Tables(Displayed):
 
     ROW_TYPES: dict[str, type] = {}  # noqa: RUF012  (class-level metadata, never mutated)
 
+    def _tables(self) -> dict[str, Columns]:
+        """Every table of the result by name, the main one first (a result whose rows nest,
+        as a summary's steps inside its ranks, flattens them here)."""
+        return result_tables(self)
+
     def table_names(self) -> list[str]:
         """Names of this result's tables, the main one first."""
-        return list(result_tables(self))
+        return list(self._tables())
 
     def table(self, name: str | None = None) -> Columns:
         """One table as plain columns (lists), the first one when `name` is None."""
-        tables = result_tables(self)
+        tables = self._tables()
         if not tables:
             raise PerfcastError(f"{type(self).__name__} has no rows to tabulate")
         if name is None:

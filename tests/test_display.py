@@ -3,6 +3,7 @@ way the matching command prints them."""
 
 from __future__ import annotations
 
+import gzip
 import subprocess
 import sys
 from pathlib import Path
@@ -117,3 +118,26 @@ def test_advice_to_pandas_and_a_suggestion_repr(table) -> None:
     assert df.iloc[0]["name"] == first.name
     text = repr(first)
     assert text.startswith(f"Suggestion({first.name!r}") and len(text) < 160
+
+
+def test_summary_and_replay_flatten_their_steps_into_tables(table) -> None:
+    s = perfcast.summary(table)
+    assert s.table_names() == ["steps", "top_kernels", "top_ops", "top_scopes"]
+    steps = s.to_pandas()
+    assert len(steps) == sum(len(r.iterations) for r in s.ranks)
+    assert {"rank", "step", "traced_ms", "real_ms", "gpu_compute_ms", "kernels"} <= set(steps)
+    assert steps["traced_ms"].tolist() == [it.traced_ms for it in s.ranks[0].iterations]
+    r = perfcast.replay(table)
+    assert r.table_names() == ["steps", "critical_path"]
+    assert set(r.to_pandas()["error_pct"].abs()) and r.to_pandas("critical_path")["ms"].ge(0).all()
+
+
+def test_graph_and_table_reprs_are_one_short_line(table, tmp_path) -> None:
+    g = perfcast.dependency_graph(table)
+    text = repr(g)
+    assert text.startswith("Graph(") and len(text) < 200 and f"{len(g):,} nodes" in text
+    assert "truncated" not in repr(table)
+    cut = tmp_path / "cut.json"
+    raw = gzip.decompress(EXAMPLE.read_bytes())
+    cut.write_bytes(raw[: len(raw) * 6 // 10])
+    assert "salvaged from 1 truncated file(s)" in repr(perfcast.load(cut))

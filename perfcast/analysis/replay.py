@@ -8,7 +8,7 @@ from typing import ClassVar
 from perfcast.analysis.critical_path import CriticalPath, critical_paths
 from perfcast.analysis.notes import input_notes
 from perfcast.analysis.real_step import RealWorld
-from perfcast.display import Displayed
+from perfcast.frames import Columns, Tables, dicts_to_columns
 from perfcast.real import Correction
 from perfcast.sim.timeline import Timeline
 
@@ -47,7 +47,10 @@ class CriticalPathSummary:
 
 
 @dataclass(repr=False)
-class ReplayResult(Displayed):
+class ReplayResult(Tables):
+    """The replay against the trace. Tables (`to_pandas(name)`): steps (one row per rank and
+    step), critical_path (one row per rank, step and category of the path)."""
+
     RENDERER: ClassVar[tuple[str, str]] = ("perfcast.report.terminal", "render_replay")
 
     ranks: list[RankReplay]
@@ -59,6 +62,26 @@ class ReplayResult(Displayed):
     correction: Correction | None = None
     assumptions: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # about the input (salvage, no steps)
+
+    def _tables(self) -> dict[str, Columns]:
+        keys = ("traced_ms", "simulated_ms", "error_pct", "real_ms", "measured_real_ms", "source")
+        steps = [
+            {"rank": rr.rank, "step": it.name, **{k: getattr(it, k) for k in keys}}
+            for rr in self.ranks
+            for it in rr.iterations
+        ]
+        path = [
+            {
+                "rank": cp.rank,
+                "step": cp.iteration,
+                "bottleneck": cp.bottleneck,
+                "category": cat,
+                "ms": ms,
+            }
+            for cp in self.critical_paths
+            for cat, ms in cp.by_category_ms.items()
+        ]
+        return {"steps": dicts_to_columns(steps), "critical_path": dicts_to_columns(path)}
 
 
 def replay_result(

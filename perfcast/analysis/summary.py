@@ -14,8 +14,8 @@ import numpy as np
 
 from perfcast.analysis import intervals as iv
 from perfcast.analysis.notes import rank_notes
-from perfcast.display import Displayed
 from perfcast.events import GPU_KINDS, NONE, EventTable, Kind
+from perfcast.frames import Columns, Tables, dicts_to_columns
 from perfcast.graph.phases import (
     PHASE_LABELS,
     Phase,
@@ -94,7 +94,10 @@ class RankSummary:
 
 
 @dataclass(repr=False)
-class Summary(Displayed):
+class Summary(Tables):
+    """Where each step's time goes, per rank. Tables (`to_pandas(name)`): steps (one row per
+    rank and step), top_kernels, top_ops, top_scopes (one row per rank and name)."""
+
     RENDERER: ClassVar[tuple[str, str]] = ("perfcast.display", "render_summary")
 
     ranks: list[RankSummary]
@@ -103,6 +106,50 @@ class Summary(Displayed):
     # With several ranks: the ranks whose late arrival at collectives made the others wait
     # most (analysis.stragglers). The rank with the longest step is usually a waiter, not one.
     stragglers: list[int] = field(default_factory=list)
+
+    def _tables(self) -> dict[str, Columns]:
+        steps: list[dict[str, object]] = []
+        for rs in self.ranks:
+            for it in rs.iterations:
+                g, c = it.gpu, it.cpu
+                steps.append(
+                    {
+                        "rank": rs.rank,
+                        "step": it.name,
+                        "traced_ms": it.traced_ms,
+                        "real_ms": it.real_ms,
+                        "measured_real_ms": it.measured_real_ms,
+                        "source": it.source,
+                        "gpu_compute_ms": g.compute_ms if g else None,
+                        "comm_exposed_ms": g.communication_exposed_ms if g else None,
+                        "copies_exposed_ms": g.memcpy_exposed_ms if g else None,
+                        "gpu_idle_ms": g.idle_ms if g else None,
+                        "comm_ms": g.communication_ms if g else None,
+                        "comm_overlap_pct": g.communication_overlap_pct if g else None,
+                        "cpu_dataloader_ms": c.dataloader_ms,
+                        "cpu_forward_ms": c.forward_ms,
+                        "cpu_backward_ms": c.backward_ms,
+                        "cpu_optimizer_ms": c.optimizer_ms,
+                        "cpu_comm_ms": c.communication_ms,
+                        "kernels": it.kernels,
+                    }
+                )
+        out = {"steps": dicts_to_columns(steps)}
+        for name in ("top_kernels", "top_ops", "top_scopes"):
+            out[name] = dicts_to_columns(
+                [
+                    {
+                        "rank": rs.rank,
+                        "name": t.name,
+                        "count": t.count,
+                        "total_ms": t.total_ms,
+                        "pct": t.pct,
+                    }
+                    for rs in self.ranks
+                    for t in getattr(rs, name)
+                ]
+            )
+        return out
 
 
 def summarize(table: EventTable, top: int = 10, real: bool = True) -> Summary:

@@ -172,6 +172,17 @@ class Graph:
     def __len__(self) -> int:
         return int(self.cols["kind"].shape[0])
 
+    def __repr__(self) -> str:
+        # The generated repr printed every column (50k characters for a 27k-event trace).
+        ranks = sorted({ln.rank for ln in self.lanes})
+        alive = int(self.alive.sum())
+        return (
+            f"Graph({len(self):,} nodes ({alive:,} alive), {self.edge_src.size:,} edges beside "
+            f"lane order, "
+            f"{len(self.lanes)} lanes, rank(s) {ranks[:8]}{'...' if len(ranks) > 8 else ''}, "
+            f"{len(self.iterations)} steps, {len(self.assumptions)} assumptions)"
+        )
+
     @property
     def alive(self) -> np.ndarray:
         if self.removed is None:
