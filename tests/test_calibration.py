@@ -232,3 +232,5 @@ def test_checkpoint_samples_that_fall_with_the_region_size_are_flagged() -> None
     assert costs({"2": 26.08, "8": 1.24, "16": 1.86}).noisy()  # a busy first round
     assert not costs({"2": 0.53, "8": 1.22, "16": 1.97}).noisy()
     assert not costs({"2": 0.53, "8": 0.50, "16": 1.97}).noisy()  # within a tenth
+    assert not costs({"2": 0.001, "8": 0.0, "16": 0.5}).noisy()  # timer noise
+    assert costs({"2": -0.3, "8": -0.2, "16": -0.1}).noisy()  # no cost is below zero

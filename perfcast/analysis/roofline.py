@@ -48,6 +48,7 @@ _SDPA_FORWARD = (
     "aten::_scaled_dot_product_flash_attention",
     "aten::_scaled_dot_product_efficient_attention",
     "aten::_scaled_dot_product_cudnn_attention",
+    "aten::_scaled_dot_product_flash_attention_for_cpu",
     "aten::_flash_attention_forward",
     "aten::_efficient_attention_forward",
 )
@@ -59,6 +60,7 @@ _SDPA_BACKWARD = {
     "aten::_scaled_dot_product_flash_attention_backward": False,
     "aten::_scaled_dot_product_efficient_attention_backward": False,
     "aten::_scaled_dot_product_cudnn_attention_backward": False,
+    "aten::_scaled_dot_product_flash_attention_for_cpu_backward": False,
     "aten::_flash_attention_backward": True,  # seq-major
     "aten::_efficient_attention_backward": True,
 }

@@ -45,13 +45,13 @@ class Pairing:
 
     positions: np.ndarray  # (matched, ranks): each match's index into every rank's list
     left_out: int  # collectives left unmatched, summed over the ranks
-    by_step: bool  # paired step by step (the ranks' lists disagree on counts or steps)
+    by_step: bool  # the counts differed: paired step by step (in order without steps)
 
 
 def step_codes(table: EventTable, iteration: np.ndarray) -> np.ndarray:
     """A code per row for the step it belongs to, the same on every rank for the same step
-    name (ProfilerStep#N); -1 outside every step, and for a trace without steps (its one
-    window, the whole trace, is no step another rank's can be told to match)."""
+    name (ProfilerStep#N); -1 outside every step, and in a trace without steps (its one
+    window, the whole trace, is not a step to match another rank's by)."""
     code_of: dict[str, int] = {}
     codes = np.array(
         [
@@ -69,22 +69,22 @@ def pair_across_ranks(lists: Sequence[np.ndarray], steps: Sequence[np.ndarray]) 
     """Pair one kind and group of collectives across ranks: `lists[j]` holds rank j's in start
     order, `steps[j]` the step code of each (`step_codes`).
 
-    Where every rank holds as many, each in the same step as the others' at its position,
-    the n-th pairs with the n-th. Otherwise step by step, in the steps every rank holds, the
-    n-th with the n-th up to the fewest any rank holds there: a collective needs every rank
-    of its group, so fewer on one rank means events lost, and a cut loses each stream's
-    latest events (the kernels Kineto writes are in time order per stream). Nothing outside
-    steps is paired then. Equal counts in steps no two ranks share (ranks that number their
-    steps differently) pair in order: position is all there is to go by."""
+    Where every rank holds as many, the n-th pairs with the n-th (a collective straddling a
+    step boundary differently on two ranks is still the same one). Otherwise step by step,
+    in the steps every rank holds, the n-th with the n-th up to the fewest any rank holds
+    there: a collective needs every rank of its group, so fewer on one rank means events
+    lost, and a cut loses each stream's latest events (the kernels Kineto writes are in time
+    order per stream); nothing outside steps is paired then. Traces without steps pair in
+    order up to the fewest (a cut loses the end)."""
     sizes = [int(x.size) for x in lists]
     n_ranks = len(lists)
-    in_order = Pairing(np.repeat(np.arange(sizes[0])[:, None], n_ranks, axis=1), 0, False)
-    same_count = len(set(sizes)) == 1
-    if same_count and all(np.array_equal(steps[0], s) for s in steps[1:]):
-        return in_order
+    fewest = min(sizes)
+    in_order = np.repeat(np.arange(fewest)[:, None], n_ranks, axis=1)
+    if len(set(sizes)) == 1:
+        return Pairing(in_order, 0, False)
+    if all((s < 0).all() for s in steps):
+        return Pairing(in_order, sum(sizes) - fewest * n_ranks, True)
     common = set.intersection(*(set(s[s >= 0].tolist()) for s in steps))
-    if same_count and not common:
-        return in_order
     blocks = []
     for code in common:
         pos = [np.flatnonzero(s == code) for s in steps]
@@ -156,8 +156,9 @@ def match_collectives(graph: Graph) -> dict[tuple[str, str, int], dict[int, int]
         graph.assumptions.append(
             f"{stepwise} kind(s) of collective (per process group) are held a different number "
             "of times, or in different steps, by different ranks (a trace cut short, or ranks "
-            "profiled over different steps): matched step by step, the n-th with the n-th up "
-            f"to the fewest any rank holds in the step; {left_out} left unmatched (summed "
+            "profiled over different steps): matched step by step (in order in a trace without "
+            "steps), the n-th with the n-th up to the fewest any rank holds in the step; "
+            f"{left_out} left unmatched (summed "
             "over the ranks) keep their measured waits for the other ranks"
         )
     return out
