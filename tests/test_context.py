@@ -588,7 +588,8 @@ def _nested_self_us(events: list[dict[str, Any]]) -> dict[int, float]:
 
 
 def test_real_cpu_trace_with_stacks(torch_trace: Path) -> None:
-    events = json.loads(torch_trace.read_text())["traceEvents"]
+    trace_doc = json.loads(torch_trace.read_text())
+    events = trace_doc["traceEvents"]
     # Whole nanoseconds, as the trace's µs decimals mean them (a float sum of µs can put a
     # child's end a nanosecond past its parent's).
     for e in events:
@@ -646,12 +647,21 @@ def test_real_cpu_trace_with_stacks(torch_trace: Path) -> None:
     ]
     # Ranges the profiler's stop held open end where the rest of the trace ends (the loader
     # cuts them there, with a note): each as long as the loaded table has it.
-    base = table.rank_info(0).base_ns
-    loaded = {
-        (table.name_of(r), int(table.ts[r]) + base): int(table.dur[r]) for r in range(len(table))
-    }
-    durs = [loaded.get((e["name"], e["ts"]), e["dur"]) for e in top]
-    assert all(d <= e["dur"] for d, e in zip(durs, top))
+    # Looked up by name and start within 2 ns (the loader converts whole and fractional µs
+    # apart, so its nanosecond can differ by one from `round(ts * 1000)` above); the loaded
+    # table's times plus base_ns are the JSON's plus baseTimeNanoseconds.
+    base = table.rank_info(0).base_ns - int(trace_doc.get("baseTimeNanoseconds", 0))
+    loaded: dict[str, list[tuple[int, int]]] = {}
+    for r in range(len(table)):
+        loaded.setdefault(table.name_of(r), []).append((int(table.ts[r]) + base, int(table.dur[r])))
+
+    def loaded_dur(e: dict[str, Any]) -> int:
+        near = [d for ts, d in loaded.get(e["name"], []) if abs(ts - e["ts"]) <= 2]
+        assert len(near) == 1, (e["name"], e["ts"], near)
+        return near[0]
+
+    durs = [loaded_dur(e) for e in top]
+    assert all(d <= e["dur"] + 2 for d, e in zip(durs, top))
     assert t.incl["cpu_ns"][0] == sum(durs)
     doc = speedscope_document(t)
     check_speedscope(doc)
