@@ -54,6 +54,19 @@ def test_a_yes_no_option_refuses_other_words() -> None:
         ("cuda-graphs:graph_launch_us=-5", "graph_launch_us must be >= 0"),
         ("zero:stage=5", "stage must be 1, 2 or 3"),
         ("batch-size:factor=0", "factor must be > 0"),
+        # Checks that once ran only when the model was applied to a graph.
+        ("torch-compile:graphs=0", "graphs must be at least 1"),
+        ("torch-compile:phases=optimizer", "phases must be forward and/or backward"),
+        ("dataloader-overlap:workers=0", "workers must be at least 1"),
+        ("fuse-elementwise:min_chain=1", "min_chain must be at least 2"),
+        ("ddp:gpus_per_node=0", "gpus_per_node must be at least 1"),
+        ("zero:nics_per_node=0", "nics_per_node must be at least 1"),
+        ("tensor-parallel:gpus_per_node=0", "gpus_per_node must be at least 1"),
+        ("zero:params_mb=0", "params_mb must be positive"),
+        ("cuda-graphs:syncs=later", "syncs=later is not split or move"),
+        ("fused-optimizer:kind=apex", "kind must be foreach or fused"),
+        ("faster-op:where=tpu", "where=tpu is not gpu, cpu or all"),
+        ("device", "device needs a target GPU"),
     ],
 )
 def test_values_a_model_cannot_take_are_refused_before_the_trace_is_read(
@@ -65,9 +78,45 @@ def test_values_a_model_cannot_take_are_refused_before_the_trace_is_read(
 
     with pytest.raises(OptionError, match=says):
         checked_specs([spec])
-    if spec.split(":")[0] in ("zero", "batch-size"):  # the memory model checks the same
+    # The memory model checks the same, for the what-ifs it takes.
+    if spec.split(":")[0] in ("zero", "batch-size", "tensor-parallel"):
         with pytest.raises(OptionError, match=says):
             predict_peak_memory(TRACE, spec)
+
+
+@pytest.mark.parametrize(
+    ("name", "options", "says"),
+    [
+        ("amp", {"dtype": None}, "dtype=None of 'amp' needs a value"),
+        ("ddp", {"gpus": True}, r"gpus=True of 'ddp' has the wrong type \(bool\)"),
+        ("ddp", {"gpus": 2.5}, r"gpus=2.5 of 'ddp' has the wrong type \(float\)"),
+        ("ddp", {"gpus": "4", "link": 5}, r"link=5 of 'ddp' has the wrong type"),
+        ("batch-size", {"factor": -2}, "factor must be >= 0, not -2"),
+        ("batch-size", {"factor": float("nan")}, "factor=nan of 'batch-size' is out of range"),
+        ("remove-host-sync", {"reads": 1}, r"reads=1 .* has the wrong type \(int\)"),
+        ("torch-compile", {"graphs": 0}, "graphs must be at least 1"),
+    ],
+)
+def test_typed_option_values_from_the_api_are_checked_as_text_is(
+    name: str, options: dict[str, object], says: str
+) -> None:
+    """`perfcast.predict(t, ("amp", {"dtype": None}))` once failed inside the model with an
+    AttributeError: values given as Python objects skipped the type and range checks."""
+    from perfcast.errors import OptionError
+    from perfcast.whatif.registry import build_options
+
+    with pytest.raises(OptionError, match=says):
+        build_options(name, options)
+
+
+def test_typed_option_values_that_fit_are_taken_as_their_type() -> None:
+    import numpy as np
+
+    from perfcast.whatif.registry import build_options
+
+    assert build_options("ddp", {"gpus": np.int64(4), "link": None}).gpus == 4
+    assert build_options("batch-size", {"factor": 3}).factor == 3.0
+    assert build_options("remove-host-sync", {"reads": True}).reads is True
 
 
 def test_peak_memory_refuses_a_rank_the_trace_does_not_hold() -> None:

@@ -7,6 +7,8 @@ import importlib
 import types
 from typing import Any, get_type_hints
 
+import numpy as np
+
 from perfcast.errors import OptionError, OptionValueError, PerfcastError
 
 # name -> module under perfcast.whatif.models; each module defines
@@ -119,9 +121,65 @@ _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
 
 
+def _typed(model: str, key: str, value: Any, hint: Any) -> Any:
+    """A value given as a Python object (the API's `(name, {key: value})`), checked against
+    the option's type, and numbers against the same bounds as text."""
+    text = str(hint)
+    optional = text.endswith("| None")
+    base = text.removesuffix(" | None")
+    if value is None:
+        if optional:
+            return None
+        raise OptionError(f"option {key}=None of '{model}' needs a value", hint=_type_hint(base))
+    if base in ("bool", "<class 'bool'>"):
+        ok = isinstance(value, bool)
+    elif base in ("int", "<class 'int'>"):
+        ok = isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+    elif base in ("float", "<class 'float'>"):
+        ok = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(
+            value, bool
+        )
+    elif base in ("str", "<class 'str'>"):
+        ok = isinstance(value, str)
+    else:
+        return value
+    if not ok:
+        raise OptionError(
+            f"option {key}={value!r} of '{model}' has the wrong type ({type(value).__name__})",
+            hint=_type_hint(base),
+        )
+    if isinstance(value, (bool, str)):
+        return value
+    number = float(value)
+    _check_number(model, key, value, number)
+    return int(value) if "int" in base else number
+
+
+def _type_hint(base: str) -> str:
+    for word in ("bool", "int", "float", "str"):
+        if word in base:
+            return {
+                "bool": "give True or False",
+                "int": "give a whole number",
+                "float": "give a number",
+                "str": "give a string",
+            }[word]
+    return "see perfcast whatif --list"
+
+
+def _check_number(model: str, key: str, value: Any, number: float) -> None:
+    if not abs(number) <= MAX_OPTION:  # also nan
+        raise OptionError(
+            f"option {key}={value} of '{model}' is out of range",
+            hint=f"a finite number of at most {MAX_OPTION:,.0f} in size",
+        )
+    if number < 0:  # no option counts, sizes or times below zero
+        raise OptionValueError(f"{model}: {key} must be >= 0, not {value}")
+
+
 def _convert(model: str, key: str, value: Any, hint: Any) -> Any:
     if not isinstance(value, str):
-        return value
+        return _typed(model, key, value, hint)
     text = str(hint)
     try:
         if hint is bool or text == "bool":
@@ -140,13 +198,7 @@ def _convert(model: str, key: str, value: Any, hint: Any) -> Any:
             return value
     except ValueError:
         raise OptionError(f"option {key}={value} of '{model}' is not a number") from None
-    if not abs(number) <= MAX_OPTION:  # also nan
-        raise OptionError(
-            f"option {key}={value} of '{model}' is out of range",
-            hint=f"a finite number of at most {MAX_OPTION:,.0f} in size",
-        )
-    if number < 0:  # no option counts, sizes or times below zero
-        raise OptionValueError(f"{model}: {key} must be >= 0, not {value}")
+    _check_number(model, key, value, number)
     return number
 
 

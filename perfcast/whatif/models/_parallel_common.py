@@ -34,6 +34,14 @@ _UNKNOWN_DEVICE = DeviceSpec(
 )
 
 
+def check_node_options(model: str, gpus_per_node: int, nics_per_node: int | None) -> None:
+    """The node shape every scale-out model takes (checked when its options are built)."""
+    if gpus_per_node < 1:
+        raise OptionValueError(f"{model}: gpus_per_node must be at least 1")
+    if nics_per_node is not None and nics_per_node < 1:
+        raise OptionValueError(f"{model}: nics_per_node must be at least 1")
+
+
 def link_for(graph: Graph, rank: int, name: str | None, model: str) -> tuple[LinkSpec, str]:
     """The link a model runs its collectives over, and where the choice came from."""
     if name:
@@ -119,10 +127,7 @@ def comm_model(
         return cache[dev]
     link, why = link_for(graph, rank, name, model)
     spec = (lookup_device(dev) if dev else None) or _UNKNOWN_DEVICE
-    if gpus_per_node < 1:
-        raise OptionValueError(f"{model}: gpus_per_node must be at least 1")
-    if nics_per_node is not None and nics_per_node < 1:
-        raise OptionValueError(f"{model}: nics_per_node must be at least 1")
+    check_node_options(model, gpus_per_node, nics_per_node)
     cluster = make_cluster(
         spec, intra=link.name, gpus_per_node=gpus_per_node, nics_per_node=nics_per_node
     )

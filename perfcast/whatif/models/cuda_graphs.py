@@ -76,14 +76,24 @@ class Options:
     syncs: str = "split"
 
 
-def apply(graph: Graph, options: Options) -> Graph:
-    c = graph.cols
-    phases = P.split_list(options.phases)
-    if not phases:
-        raise NotApplicableError(
+def check_options(options: Options) -> None:
+    """Values the model cannot take (the registry calls this when it builds the options)."""
+    if not P.split_list(options.phases):
+        raise OptionValueError(
             "cuda-graphs: phases= names no phase",
             hint="name the phases to capture, e.g. phases=forward+backward+optimizer",
         )
+    if options.syncs not in ("split", "move"):
+        raise OptionValueError(
+            f"cuda-graphs: syncs={options.syncs} is not split or move",
+            hint="syncs=split keeps each host synchronization and captures the stretches "
+            "between them; syncs=move assumes they were moved out of the step",
+        )
+
+
+def apply(graph: Graph, options: Options) -> Graph:
+    c = graph.cols
+    phases = P.split_list(options.phases)
     if not (c["kind"] == NodeKind.GPU).any():
         raise NotApplicableError("cuda-graphs: the trace has no GPU work")
     refuse_graph_replays(graph, "cuda-graphs")
@@ -108,12 +118,6 @@ def apply(graph: Graph, options: Options) -> Graph:
     if host.size == 0:
         raise _no_cpu_work(graph, phases)
     _refuse_dynamic_shapes(graph, host)
-    if options.syncs not in ("split", "move"):
-        raise OptionValueError(
-            f"cuda-graphs: syncs={options.syncs} is not split or move",
-            hint="syncs=split keeps each host synchronization and captures the stretches "
-            "between them; syncs=move assumes they were moved out of the step",
-        )
     split = options.syncs == "split"
     lat = graph.nominal.get("launch_latency_ns", DEFAULT_LAUNCH_LATENCY_NS)
     gap = graph.nominal.get("stream_gap_ns", DEFAULT_STREAM_GAP_NS)

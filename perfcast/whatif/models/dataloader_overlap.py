@@ -104,7 +104,8 @@ class _Step:
     tensors: int  # tensors per batch (collate outputs), at least 1
 
 
-def apply(graph: Graph, options: Options) -> Graph:
+def check_options(options: Options) -> None:
+    """Values the model cannot take (the registry calls this when it builds the options)."""
     if options.workers < 1:
         raise OptionValueError("dataloader-overlap: workers must be at least 1")
     if options.cores is not None and options.cores < 1:
@@ -113,6 +114,9 @@ def apply(graph: Graph, options: Options) -> Graph:
         raise OptionValueError("dataloader-overlap: worker_cores must be at least 1")
     if options.overhead_ms is not None and options.overhead_ms < 0:
         raise OptionValueError("dataloader-overlap: overhead_ms must be >= 0")
+
+
+def apply(graph: Graph, options: Options) -> Graph:
     steps, multi = _steps(graph)
     if not steps and multi:
         raise NotApplicableError(

@@ -66,7 +66,7 @@ from pathlib import Path
 
 import numpy as np
 
-from perfcast.errors import PerfcastError
+from perfcast.errors import OptionValueError, PerfcastError
 from perfcast.graph.model import GpuKind, Graph, NodeKind
 from perfcast.hardware import (
     DeviceSpec,
@@ -198,11 +198,15 @@ def _host_ratio_from_calibration(path: Path, graph: Graph) -> tuple[float, str]:
     )
 
 
-def apply(graph: Graph, options: Options) -> Graph:
+def check_options(options: Options) -> None:
+    """Values the model cannot take (the registry calls this when it builds the options)."""
     if not options.target:
-        raise PerfcastError(
+        raise OptionValueError(
             "device needs a target GPU", hint=f"e.g. device:target=h100; {known_devices_text()}"
         )
+
+
+def apply(graph: Graph, options: Options) -> Graph:
     host_speed, host_how = host_ratio(options.host, graph)
     target = resolve_device(options.target, "device", "target", graph)
     gpu = require_gpu(graph, "device")

@@ -26,7 +26,8 @@ class Options:
     module: str | None = None
 
 
-def apply(graph: Graph, options: Options) -> Graph:
+def check_options(options: Options) -> None:
+    """Values the model cannot take (the registry calls this when it builds the options)."""
     if options.factor <= 0:
         raise OptionValueError("faster-op needs factor > 0")
     if options.where not in ("gpu", "cpu", "all"):
@@ -34,6 +35,9 @@ def apply(graph: Graph, options: Options) -> Graph:
             f"faster-op: where={options.where} is not gpu, cpu or all",
             hint="where=gpu matches kernels, where=cpu CPU ops, where=all both",
         )
+
+
+def apply(graph: Graph, options: Options) -> Graph:
     chosen = []
     if options.where in ("gpu", "all"):
         by_name = P.select(graph, kind="gpu", name=options.pattern, module=options.module)

@@ -122,10 +122,7 @@ def find_chains(graph: Graph, min_chain: int, phases: list[int] | None = None) -
     return chains
 
 
-def apply(graph: Graph, options: Options) -> Graph:
-    if options.min_chain < 2:
-        raise OptionValueError("fuse-elementwise: min_chain must be at least 2")
-    refuse_graph_replays(graph, "fuse-elementwise")
+def _phase_ids(options: Options) -> list[int]:
     names = P.split_list(options.phases)
     by_name = {p.name.lower(): int(p) for p in Phase if p != Phase.NONE}
     unknown = [n for n in names if n not in by_name]
@@ -134,7 +131,20 @@ def apply(graph: Graph, options: Options) -> Graph:
             f"fuse-elementwise: phases={options.phases} names no phase it knows",
             hint="e.g. phases=forward+backward (or +optimizer)",
         )
-    chains = find_chains(graph, options.min_chain, [by_name[n] for n in names])
+    return [by_name[n] for n in names]
+
+
+def check_options(options: Options) -> None:
+    """Values the model cannot take (the registry calls this when it builds the options)."""
+    if options.min_chain < 2:
+        raise OptionValueError("fuse-elementwise: min_chain must be at least 2")
+    _phase_ids(options)
+
+
+def apply(graph: Graph, options: Options) -> Graph:
+    refuse_graph_replays(graph, "fuse-elementwise")
+    phase_ids = _phase_ids(options)
+    chains = find_chains(graph, options.min_chain, phase_ids)
     if not chains:
         raise NotApplicableError(
             f"fuse-elementwise: no chain of {options.min_chain}+ adjacent elementwise kernels "

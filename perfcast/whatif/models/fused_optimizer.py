@@ -83,10 +83,14 @@ def params_estimate(graph: Graph, nodes: np.ndarray) -> tuple[int, int]:
     return mode_count, max(1, round(len(nodes) / max(mode_count, 1)))
 
 
-def apply(graph: Graph, options: Options) -> Graph:
-    refuse_graph_replays(graph, "fused-optimizer")
+def check_options(options: Options) -> None:
+    """Values the model cannot take (the registry calls this when it builds the options)."""
     if options.kind not in TENSORS_PER_LAUNCH:
         raise OptionValueError("fused-optimizer: kind must be foreach or fused")
+
+
+def apply(graph: Graph, options: Options) -> Graph:
+    refuse_graph_replays(graph, "fused-optimizer")
     c = graph.cols
     gpu = P.select(graph, kind="gpu", phase="optimizer")
     gpu = gpu[c["iteration"][gpu] >= 0]

@@ -59,6 +59,7 @@ def check_options(options: Options) -> None:
     """Values the model cannot take (the registry calls this when it builds the options)."""
     if options.tp < 2:
         raise OptionValueError("tensor-parallel: tp must be at least 2")
+    C.check_node_options("tensor-parallel", options.gpus_per_node, options.nics_per_node)
 
 
 def apply(graph: Graph, options: Options) -> Graph:

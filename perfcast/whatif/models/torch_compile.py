@@ -202,12 +202,19 @@ def _refuse_compiled(graph: Graph) -> None:
             )
 
 
-def apply(graph: Graph, options: Options) -> Graph:
+def check_options(options: Options) -> None:
+    """Values the model cannot take (the registry calls this when it builds the options)."""
     if options.mode not in ("default", "reduce-overhead"):
         raise OptionValueError(
             f"torch-compile: mode must be default or reduce-overhead (got {options.mode!r}); "
             "max-autotune's own GEMM choices are not modelled"
         )
+    _phases(options)
+    if options.graphs < 1:
+        raise OptionValueError("torch-compile: graphs must be at least 1")
+
+
+def apply(graph: Graph, options: Options) -> Graph:
     refuse_graph_replays(graph, "torch-compile")
     graph = _compile(graph, options)
     if options.mode == "reduce-overhead":
@@ -287,8 +294,6 @@ def _insert_before(graph: Graph, anchors: np.ndarray, dur_ns: int, name: str) ->
 
 def _compile(graph: Graph, options: Options) -> Graph:
     phases = _phases(options)
-    if options.graphs < 1:
-        raise OptionValueError("torch-compile: graphs must be at least 1")
     c = graph.cols
     alive = graph.alive
     if not ((c["kind"] == NodeKind.GPU) & alive).any():

@@ -73,6 +73,9 @@ def check_options(o: Options) -> None:
         raise OptionValueError("zero: units must be >= 1 and prefetch >= 0")
     if o.param_bytes not in (1, 2, 4) or o.grad_bytes not in (1, 2, 4):
         raise OptionValueError("zero: param_bytes and grad_bytes must be 1, 2 or 4")
+    if o.params_mb is not None and o.params_mb <= 0:
+        raise OptionValueError("zero: params_mb must be positive")
+    C.check_node_options("zero", o.gpus_per_node, o.nics_per_node)
 
 
 def apply(graph: Graph, options: Options) -> Graph:
@@ -193,8 +196,6 @@ def _gathers(
 
 def _param_count(graph: Graph, o: Options) -> float:
     if o.params_mb is not None:
-        if o.params_mb <= 0:
-            raise OptionValueError("zero: params_mb must be positive")
         return o.params_mb * MIB / 4
     from perfcast.memory_model.facts import trace_facts
 
