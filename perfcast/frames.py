@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -70,9 +71,10 @@ def rows_to_columns(rows: list[Any], row_type: type | None = None) -> Columns:
     return {name: [_scalar(getattr(r, name)) for r in rows] for name in fields}
 
 
-def dicts_to_columns(rows: list[dict[str, Any]]) -> Columns:
-    """Row dicts (all with the same keys) as columns; no rows, no columns."""
-    return {k: [r[k] for r in rows] for k in rows[0]} if rows else {}
+def dicts_to_columns(rows: list[dict[str, Any]], keys: Sequence[str]) -> Columns:
+    """Row dicts (each with `keys`) as columns; no rows, the same columns, empty (a table of
+    no kernels still has its columns, so code that selects them runs on a CPU-only trace)."""
+    return {k: [r[k] for r in rows] for k in keys}
 
 
 def result_tables(result: Any) -> dict[str, Columns]:

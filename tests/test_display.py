@@ -141,3 +141,32 @@ def test_graph_and_table_reprs_are_one_short_line(table, tmp_path) -> None:
     raw = gzip.decompress(EXAMPLE.read_bytes())
     cut.write_bytes(raw[: len(raw) * 6 // 10])
     assert "salvaged from 1 truncated file(s)" in repr(perfcast.load(cut))
+
+
+def test_empty_tables_keep_their_columns(tmp_path) -> None:
+    """A CPU-only trace has no kernels: its top_kernels table is empty but still has its
+    columns, so a notebook's `df["total_ms"]` works on it (it had no columns at all)."""
+    from tests.tracegen import TraceBuilder
+
+    b = TraceBuilder(device=None)
+    for n in range(3):
+        b.step(n, n * 1000.0, 900.0)
+        b.op("aten::mm", n * 1000.0 + 10, 500.0)
+    s = perfcast.summary(b.write(tmp_path / "cpu.json"), correct=False)
+    kernels = s.to_pandas("top_kernels")
+    assert len(kernels) == 0 and list(kernels.columns) == [
+        "rank",
+        "name",
+        "count",
+        "total_ms",
+        "pct",
+    ]
+    assert len(s.to_pandas("top_ops")) > 0 and len(s.to_pandas()) == 3
+    r = perfcast.replay(tmp_path / "cpu.json")
+    assert list(r.to_pandas("critical_path").columns) == [
+        "rank",
+        "step",
+        "bottleneck",
+        "category",
+        "ms",
+    ]

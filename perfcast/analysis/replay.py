@@ -81,7 +81,12 @@ class ReplayResult(Tables):
             for cp in self.critical_paths
             for cat, ms in cp.by_category_ms.items()
         ]
-        return {"steps": dicts_to_columns(steps), "critical_path": dicts_to_columns(path)}
+        return {
+            "steps": dicts_to_columns(steps, ("rank", "step", *keys)),
+            "critical_path": dicts_to_columns(
+                path, ("rank", "step", "bottleneck", "category", "ms")
+            ),
+        }
 
 
 def replay_result(

@@ -93,6 +93,29 @@ class RankSummary:
     notes: list[str] = field(default_factory=list)
 
 
+# The columns of `Summary.to_pandas("steps")`, one row per rank and step.
+_STEP_COLUMNS = (
+    "rank",
+    "step",
+    "traced_ms",
+    "real_ms",
+    "measured_real_ms",
+    "source",
+    "gpu_compute_ms",
+    "comm_exposed_ms",
+    "copies_exposed_ms",
+    "gpu_idle_ms",
+    "comm_ms",
+    "comm_overlap_pct",
+    "cpu_dataloader_ms",
+    "cpu_forward_ms",
+    "cpu_backward_ms",
+    "cpu_optimizer_ms",
+    "cpu_comm_ms",
+    "kernels",
+)
+
+
 @dataclass(repr=False)
 class Summary(Tables):
     """Where each step's time goes, per rank. Tables (`to_pandas(name)`): steps (one row per
@@ -134,7 +157,7 @@ class Summary(Tables):
                         "kernels": it.kernels,
                     }
                 )
-        out = {"steps": dicts_to_columns(steps)}
+        out = {"steps": dicts_to_columns(steps, _STEP_COLUMNS)}
         for name in ("top_kernels", "top_ops", "top_scopes"):
             out[name] = dicts_to_columns(
                 [
@@ -147,7 +170,8 @@ class Summary(Tables):
                     }
                     for rs in self.ranks
                     for t in getattr(rs, name)
-                ]
+                ],
+                ("rank", "name", "count", "total_ms", "pct"),
             )
         return out
 
