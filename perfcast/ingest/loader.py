@@ -228,8 +228,23 @@ _WENT_ON_KINDS = np.array([Kind.CPU_OP, Kind.USER_ANNOTATION, Kind.DRIVER], dtyp
 _STOP_HELD_NS = 100_000
 
 
+def _step_rows(c: dict[str, np.ndarray], names: Interner) -> np.ndarray:
+    """The rows of the ProfilerStep ranges (CPU ops or user annotations), by start time; a
+    range recorded as both at one time lists its user annotation first."""
+    kind = c["kind"]
+    step_names = [i for i, nm in enumerate(names.names) if nm.startswith(STEP_PREFIX)]
+    rows = np.flatnonzero(
+        np.isin(kind, (Kind.USER_ANNOTATION, Kind.CPU_OP)) & np.isin(c["name"], step_names)
+    )
+    return rows[np.lexsort((kind[rows] != Kind.USER_ANNOTATION, c["ts"][rows]))]
+
+
 def _clip_ranges_open_at_stop(
-    c: dict[str, np.ndarray], names: Interner, info: RankInfo, is_cpu: np.ndarray
+    c: dict[str, np.ndarray],
+    names: Interner,
+    info: RankInfo,
+    is_cpu: np.ndarray,
+    steps: np.ndarray,
 ) -> None:
     """Ranges still open when the profiler stopped end at the stop, which can take many
     milliseconds (Kineto collects and writes the trace): the step that ends the profiled
@@ -243,8 +258,6 @@ def _clip_ranges_open_at_stop(
     the stop waited for it). A trace whose program went on after its last step keeps its
     ranges as they are: what ends late there may really have run that long."""
     ts, dur, kind = c["ts"], c["dur"], c["kind"]
-    step_names = [i for i, nm in enumerate(names.names) if nm.startswith(STEP_PREFIX)]
-    steps = np.flatnonzero(is_cpu & np.isin(c["name"], step_names))
     if steps.size == 0:
         return
     last = int(steps[np.argmax(ts[steps])])
@@ -282,7 +295,7 @@ _WORK_KINDS = np.array(
 )
 
 
-def _holds_no_work(c: dict[str, np.ndarray], step: int, step_rows: list[int]) -> bool:
+def _holds_no_work(c: dict[str, np.ndarray], step: int, step_rows: np.ndarray) -> bool:
     """Whether no work starts inside the step's range but the step ranges themselves: the
     last ProfilerStep of a window the profiler stopped as the step began."""
     ts, dur = c["ts"], c["dur"]
@@ -303,7 +316,8 @@ def _derive(
     dur = c["dur"]
     is_cpu = np.isin(kind, _CPU_KINDS)
     is_gpu = np.isin(kind, _GPU_KINDS)
-    _clip_ranges_open_at_stop(c, names, info, is_cpu)
+    step_rows = _step_rows(c, names)
+    _clip_ranges_open_at_stop(c, names, info, is_cpu, step_rows)
 
     parent = _parents(c["pid"], c["tid"], ts, dur, np.flatnonzero(is_cpu), n)
     launch = _launch_links(c, is_gpu, rc.flows)
@@ -344,14 +358,8 @@ def _derive(
     _inherit_collective_args(c, launch, parent)
 
     # Iterations: ProfilerStep ranges on the CPU side, one per name.
-    step_rows = [
-        i
-        for i in np.flatnonzero(kind == Kind.USER_ANNOTATION).tolist()
-        + np.flatnonzero(kind == Kind.CPU_OP).tolist()
-        if names.names[c["name"][i]].startswith(STEP_PREFIX)
-    ]
     by_name: dict[str, int] = {}
-    for i in sorted(step_rows, key=lambda r: int(ts[r])):
+    for i in step_rows.tolist():
         by_name.setdefault(names.names[c["name"][i]], i)
     iterations: list[Iteration] = []
     if by_name:
