@@ -12,7 +12,7 @@ import pytest
 
 import perfcast
 from perfcast.analysis.stragglers import _collective_lists, stragglers
-from perfcast.graph.collectives import pair_across_ranks, step_codes
+from perfcast.graph.collectives import PairedBy, pair_across_ranks, step_codes
 from tests.tracegen import TraceBuilder
 
 SEED = Path(__file__).parent / "data" / "fuzz" / "seeds" / "gloo_ddp_2rank"
@@ -24,24 +24,24 @@ def _a(*xs: int) -> np.ndarray:
 
 def test_equal_counts_in_the_same_steps_pair_in_order() -> None:
     p = pair_across_ranks([_a(10, 11, 12), _a(20, 21, 22)], [_a(0, 0, 1), _a(0, 0, 1)])
-    assert not p.by_step and p.left_out == 0
+    assert p.how is PairedBy.IN_ORDER and p.left_out == 0
     assert p.positions.tolist() == [[0, 0], [1, 1], [2, 2]]
     # Traces without steps (every code -1) pair in order too.
     p = pair_across_ranks([_a(1, 2), _a(3, 4)], [_a(-1, -1), _a(-1, -1)])
-    assert not p.by_step and p.positions.tolist() == [[0, 0], [1, 1]]
+    assert p.how is PairedBy.IN_ORDER and p.positions.tolist() == [[0, 0], [1, 1]]
 
 
 def test_equal_counts_pair_in_order_across_a_step_boundary() -> None:
     # One collective labelled with the next step on rank 1 (its launch link dropped, placed
     # by time): with equal counts it is still the same collective.
     p = pair_across_ranks([_a(1, 2, 3, 4), _a(1, 2, 3, 4)], [_a(0, 0, 1, 1), _a(0, 1, 1, 1)])
-    assert not p.by_step and p.positions.tolist() == [[0, 0], [1, 1], [2, 2], [3, 3]]
+    assert p.how is PairedBy.IN_ORDER and p.positions.tolist() == [[0, 0], [1, 1], [2, 2], [3, 3]]
 
 
 def test_equal_counts_in_steps_no_rank_shares_pair_in_order() -> None:
     # Ranks that number their steps differently: position is all there is to go by.
     p = pair_across_ranks([_a(1, 2), _a(3, 4)], [_a(0, 1), _a(2, 3)])
-    assert not p.by_step and p.positions.tolist() == [[0, 0], [1, 1]]
+    assert p.how is PairedBy.IN_ORDER and p.positions.tolist() == [[0, 0], [1, 1]]
 
 
 def test_a_trace_without_steps_pairs_in_order_up_to_the_fewest(write_trace) -> None:
@@ -59,7 +59,11 @@ def test_a_trace_without_steps_pairs_in_order_up_to_the_fewest(write_trace) -> N
     table = perfcast.load(folder)
     codes = step_codes(table, table.iteration)
     assert (codes == -1).all()
-    assert stragglers(table).matched == 2
+    result = stragglers(table)
+    assert result.matched == 2
+    assert any("matched in order up to the fewest" in n for n in result.notes), result.notes
+    p = pair_across_ranks([_a(1, 2, 3), _a(1, 2)], [_a(-1, -1, -1), _a(-1, -1)])
+    assert p.how is PairedBy.IN_ORDER_UP_TO_FEWEST and p.left_out == 1
 
 
 def test_unequal_counts_pair_within_each_step_up_to_the_fewest() -> None:
@@ -68,7 +72,7 @@ def test_unequal_counts_pair_within_each_step_up_to_the_fewest() -> None:
         [_a(1, 2, 3, 4, 5, 6), _a(1, 2, 3, 4)],
         [_a(-1, 0, 0, 1, 1, 2), _a(-1, 0, 0, 1)],
     )
-    assert p.by_step
+    assert p.how is PairedBy.STEP_BY_STEP
     assert p.positions.tolist() == [[1, 1], [2, 2], [3, 3]]
     assert p.left_out == 4  # rank 0's outside, step 1's second and step 2's; rank 1's outside
 

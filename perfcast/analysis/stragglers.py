@@ -117,10 +117,10 @@ def stragglers(table: EventTable, candidates: int = 2, top: int = 20) -> Straggl
         pairing = pair_across_ranks(per, [step_codes(table, table.iteration[p]) for p in per])
         # (collectives, ranks): the rows of each match
         mat = np.stack([p[pairing.positions[:, j]] for j, p in enumerate(per)], axis=1)
-        if pairing.by_step:
+        if pairing.counts_differed:
             out.notes.append(
                 f"{key[0]} collectives in group {key[1] or '(default)'}: counts or steps "
-                f"differ across ranks (a trace cut short?); matched step by step: "
+                f"differ across ranks (a trace cut short?); matched {pairing.how.value}: "
                 f"{mat.shape[0]:,} matched on every rank, {pairing.left_out:,} (summed over "
                 "the ranks) not"
             )

@@ -18,6 +18,7 @@ matched collectives (collectives end at about the same time everywhere).
 
 from __future__ import annotations
 
+import enum
 import re
 from collections import defaultdict
 from collections.abc import Sequence
@@ -39,13 +40,25 @@ from perfcast.hardware.classify import COLLECTIVE_KIND
 _COMM = re.compile(r"nccl|rccl", re.IGNORECASE)
 
 
+class PairedBy(enum.Enum):
+    """How one kind of collective was paired across ranks."""
+
+    IN_ORDER = "in order"  # every rank holds as many
+    IN_ORDER_UP_TO_FEWEST = "in order up to the fewest"  # counts differ, no steps
+    STEP_BY_STEP = "step by step"  # counts differ: the n-th with the n-th in each step
+
+
 @dataclass
 class Pairing:
     """One kind and group of collectives paired across ranks."""
 
     positions: np.ndarray  # (matched, ranks): each match's index into every rank's list
     left_out: int  # collectives left unmatched, summed over the ranks
-    by_step: bool  # the counts differed: paired step by step (in order without steps)
+    how: PairedBy
+
+    @property
+    def counts_differed(self) -> bool:
+        return self.how is not PairedBy.IN_ORDER
 
 
 def step_codes(table: EventTable, iteration: np.ndarray) -> np.ndarray:
@@ -81,9 +94,9 @@ def pair_across_ranks(lists: Sequence[np.ndarray], steps: Sequence[np.ndarray]) 
     fewest = min(sizes)
     in_order = np.repeat(np.arange(fewest)[:, None], n_ranks, axis=1)
     if len(set(sizes)) == 1:
-        return Pairing(in_order, 0, False)
+        return Pairing(in_order, 0, PairedBy.IN_ORDER)
     if all((s < 0).all() for s in steps):
-        return Pairing(in_order, sum(sizes) - fewest * n_ranks, True)
+        return Pairing(in_order, sum(sizes) - fewest * n_ranks, PairedBy.IN_ORDER_UP_TO_FEWEST)
     common = set.intersection(*(set(s[s >= 0].tolist()) for s in steps))
     blocks = []
     for code in common:
@@ -92,7 +105,7 @@ def pair_across_ranks(lists: Sequence[np.ndarray], steps: Sequence[np.ndarray]) 
         blocks.append(np.stack([p[:k] for p in pos], axis=1))
     blocks.sort(key=lambda b: int(b[0, 0]) if b.size else -1)  # in the first rank's order
     positions = np.concatenate(blocks) if blocks else np.zeros((0, n_ranks), dtype=np.int64)
-    return Pairing(positions, sum(sizes) - positions.shape[0] * n_ranks, True)
+    return Pairing(positions, sum(sizes) - positions.shape[0] * n_ranks, PairedBy.STEP_BY_STEP)
 
 
 def match_collectives(graph: Graph) -> dict[tuple[str, str, int], dict[int, int]]:
@@ -146,7 +159,7 @@ def match_collectives(graph: Graph) -> dict[tuple[str, str, int], dict[int, int]
         else:
             steps = [np.full(lst.size, -1, dtype=np.int64) for lst in lists]
         pairing = pair_across_ranks(lists, steps)
-        stepwise += pairing.by_step
+        stepwise += pairing.counts_differed
         left_out += pairing.left_out
         for i, pos in enumerate(pairing.positions.tolist()):
             out[(key[0], key[1], i)] = {
