@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -160,7 +160,7 @@ class EventTable:
     # Thread names from "M" metadata events: (rank, pid, tid) -> name.
     thread_names: dict[tuple[int, int, int], str] = field(default_factory=dict)
     # Derived arrays, computed once: key -> (the columns read, the read-only result).
-    _memo: dict[Any, tuple[tuple[np.ndarray, ...], np.ndarray]] = field(
+    _memo: dict[Any, tuple[tuple[np.ndarray, ...], Any]] = field(
         default_factory=dict, repr=False, compare=False
     )
 
@@ -171,11 +171,21 @@ class EventTable:
         """`make()` once per table, recomputed if one of `cols` was replaced since. Read-only:
         the graph builder asks per rank, and a thousand ranks made whole-table masks and
         sums a thousand times (O(ranks x events))."""
+
+        def read_only() -> np.ndarray:
+            value = np.asarray(make())
+            value.flags.writeable = False
+            return value
+
+        return cast("np.ndarray", self.memo(key, cols, read_only))
+
+    def memo(self, key: Any, cols: tuple[np.ndarray, ...], make: Any) -> Any:
+        """`make()` once per table, recomputed if one of `cols` was replaced since; the
+        caller must not change what it gets (copy it first)."""
         hit = self._memo.get(key)
         if hit is not None and all(a is b for a, b in zip(hit[0], cols, strict=True)):
             return hit[1]
-        value = np.asarray(make())
-        value.flags.writeable = False
+        value = make()
         self._memo[key] = (cols, value)
         return value
 

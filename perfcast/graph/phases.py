@@ -9,6 +9,7 @@ it. What names no phase inside a step is forward.
 from __future__ import annotations
 
 import enum
+import functools
 import re
 
 import numpy as np
@@ -83,7 +84,9 @@ _PATTERNS: list[tuple[Phase, re.Pattern[str]]] = [
 ]
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def phase_of_name(name: str) -> Phase:
+    # Cached: every what-if's memory estimate reads the phases, over the same names.
     for phase, pat in _PATTERNS:
         if pat.search(name):
             return phase
@@ -91,7 +94,15 @@ def phase_of_name(name: str) -> Phase:
 
 
 def event_phases(table: EventTable) -> np.ndarray:
-    """Phase per row (int8, Phase values)."""
+    """Phase per row (int8, Phase values; read-only, computed once per table)."""
+    return table._derived(
+        "phases",
+        (table.kind, table.name, table.parent, table.launch, table.iteration, table.coll_name),
+        lambda: _event_phases(table),
+    )
+
+
+def _event_phases(table: EventTable) -> np.ndarray:
     name_phase = np.array([phase_of_name(n) for n in table.names], dtype=np.int8)
     n = len(table)
     own = name_phase[table.name] if n else np.zeros(0, np.int8)
@@ -134,15 +145,26 @@ _COLLECTIVE_NAME = re.compile(COMMUNICATION_PATTERN, re.IGNORECASE)
 
 def collective_name_mask(names: list[str]) -> np.ndarray:
     """Per name: does it name communication between GPUs (hardware.classify's definition)?"""
-    return np.array([bool(_COLLECTIVE_NAME.search(nm)) for nm in names], dtype=bool)
+    return np.fromiter(map(_names_collective, names), dtype=bool, count=len(names))
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _names_collective(name: str) -> bool:
+    # Cached: the critical path asks this of a graph's every name after each replay.
+    return bool(_COLLECTIVE_NAME.search(name))
 
 
 def collective_kernel_mask(table: EventTable) -> np.ndarray:
-    """Rows that are communication kernels (NCCL/RCCL, or carrying collective args)."""
-    is_coll_name = collective_name_mask(table.names)
-    if len(table) == 0:
-        return np.zeros(0, dtype=bool)
-    return (table.kind == Kind.KERNEL) & (is_coll_name[table.name] | (table.coll_name >= 0))
+    """Rows that are communication kernels (NCCL/RCCL, or carrying collective args);
+    read-only, computed once per table."""
+
+    def make() -> np.ndarray:
+        if len(table) == 0:
+            return np.zeros(0, dtype=bool)
+        is_coll_name = collective_name_mask(table.names)
+        return (table.kind == Kind.KERNEL) & (is_coll_name[table.name] | (table.coll_name >= 0))
+
+    return table._derived("collective_kernels", (table.kind, table.name, table.coll_name), make)
 
 
 # Collective kinds by the letters of an op's name, most specific first ("reducescatter" and

@@ -22,6 +22,7 @@ Read once per rank from the EventTable (`record_shapes=True` traces); the memory
 
 from __future__ import annotations
 
+import copy
 import re
 from dataclasses import dataclass, field
 
@@ -171,7 +172,14 @@ def last_complete_step(table: EventTable, rank: int) -> int | None:
 
 
 def trace_facts(table: EventTable, rank: int | None = None) -> TraceFacts:
-    """The memory-relevant facts of one rank (the first rank when none is given)."""
+    """The memory-relevant facts of one rank (the first rank when none is given): read once
+    per table and rank (every what-if's memory estimate asks), a copy each time."""
+    key = ("trace_facts", rank)
+    cols = (table.kind, table.name, table.ts, table.dur, table.iteration, table.shapes)
+    return copy.deepcopy(table.memo(key, cols, lambda: _trace_facts(table, rank)))
+
+
+def _trace_facts(table: EventTable, rank: int | None) -> TraceFacts:
     if not table.ranks:
         return TraceFacts(rank=0, step=None, notes=["the trace holds no ranks"])
     rank = table.ranks[0].rank if rank is None else rank
