@@ -434,13 +434,20 @@ def test_a_cut_file_says_what_followed_the_cut_is_unknown(tmp_path: Path, gz: bo
 def test_damage_early_in_a_big_slice_costs_one_event_not_a_minute(tmp_path: Path):
     """The old reader retried a 4 MB decode at every event boundary after the damage."""
     data = bytearray(_big_trace(120_000))  # ~10 MB: two slices and more
+    clean = tmp_path / "clean.json"
+    clean.write_bytes(bytes(data))
     i = data.index(b'"op1000"')
     data[i] = 0x07
     path = tmp_path / "big.json"
     path.write_bytes(bytes(data))
+    # The same file undamaged, loaded just before under the same load (and warming the
+    # compiled code): the damaged one may cost a few slices more, not a retry per event.
+    start = time.perf_counter()
+    perfcast.load(clean)
+    clean_s = time.perf_counter() - start
     start = time.perf_counter()
     table = perfcast.load(path)
-    assert time.perf_counter() - start < 15
+    assert time.perf_counter() - start < 3 * clean_s + 2
     assert len(table) == 120_000 - 1
     assert "op1000" not in set(table.names)
 
