@@ -525,3 +525,29 @@ def test_a_cut_that_lost_gpu_side_events_says_so_and_the_replay_holds(
     else:
         assert note in warnings and "record fewer active steps" in warnings
     assert perfcast.replay(table, correct=False).max_abs_error_pct < 0.01
+
+
+def test_a_folder_or_file_that_cannot_be_read_says_so(tmp_path: Path, monkeypatch) -> None:
+    """A folder its user may not list was an internal error (PermissionError from listdir),
+    and a file in a folder they may not enter read "no such file" (os.path.exists says
+    False). Simulated: the tests run as root, who may read anything."""
+    folder = tmp_path / "ranks"
+    folder.mkdir()
+    (folder / "rank0.json").write_text('{"traceEvents": []}')
+    real_listdir, real_stat = os.listdir, os.stat
+
+    def listdir(p: object) -> list[str]:
+        if os.fspath(p) == str(folder):  # type: ignore[call-overload]
+            raise PermissionError(13, "Permission denied", str(p))
+        return real_listdir(p)  # type: ignore[call-overload]
+
+    def stat(p: object, *args: object, **kw: object) -> os.stat_result:
+        if os.fspath(p) == str(folder / "rank0.json"):  # type: ignore[call-overload]
+            raise PermissionError(13, "Permission denied", str(p))
+        return real_stat(p, *args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "listdir", listdir)
+    assert_format_error(folder, r"folder cannot be listed \(Permission denied\)")
+    monkeypatch.setattr(os, "stat", stat)
+    assert_format_error(folder / "rank0.json", r"cannot be read \(Permission denied\)")
+    assert_format_error(tmp_path / "missing.json", "no such file or folder")

@@ -36,10 +36,25 @@ def load(path: str | os.PathLike[str], progress: ProgressFn | None = None) -> Ev
             f"a trace is a path (str or pathlib.Path) to a file or folder, not {path!r}"
         )
     path = os.fspath(path)
-    if not os.path.exists(path):
-        raise TraceFormatError("no such file or folder", path=path)
+    try:
+        os.stat(path)
+    except FileNotFoundError:
+        raise TraceFormatError("no such file or folder", path=path) from None
+    except OSError as exc:  # os.path.exists says False here too, which reads as "no file"
+        raise TraceFormatError(
+            f"cannot be read ({exc.strerror or exc})",
+            path=path,
+            hint="check its permissions and those of the folders above it",
+        ) from None
     if os.path.isdir(path):
-        files = reader.trace_files_in(path)
+        try:
+            files = reader.trace_files_in(path)
+        except OSError as exc:
+            raise TraceFormatError(
+                f"folder cannot be listed ({exc.strerror or exc})",
+                path=path,
+                hint="check its permissions",
+            ) from None
         if not files:
             raise TraceFormatError(
                 "folder holds no trace files",
