@@ -228,8 +228,12 @@ def save(cal: Calibration, path: str | Path) -> Path:
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     tmp = p.with_suffix(".tmp")
-    tmp.write_text(json.dumps(cal.to_dict(), indent=2) + "\n")
-    tmp.replace(p)  # atomic: a model never reads a half-written file
+    try:
+        tmp.write_text(json.dumps(cal.to_dict(), indent=2) + "\n")
+        tmp.replace(p)  # atomic: a model never reads a half-written file
+    except OSError:
+        tmp.unlink(missing_ok=True)  # no stray file beside a target that could not be written
+        raise
     return p
 
 

@@ -298,17 +298,19 @@ def cmd_report(args: argparse.Namespace, ui: Any) -> int:
 
 
 def _cpu_list(text: str | None) -> tuple[int, ...]:
-    if not text:
+    if text is None:
         return ()
     cpus: list[int] = []
+    bad = PerfcastError(f"--worker-cpus {text!r}: expected CPU numbers and ranges like 4-7 or 1,3")
     try:
         for part in text.split(","):
             lo, _, hi = part.strip().partition("-")
-            cpus.extend(range(int(lo), int(hi or lo) + 1))
+            first, last = int(lo), int(hi or lo)
+            if last < first:  # 7-4 would pin to nothing, silently
+                raise bad
+            cpus.extend(range(first, last + 1))
     except ValueError:
-        raise PerfcastError(
-            f"--worker-cpus {text!r}: expected CPU numbers and ranges like 4-7 or 1,3"
-        ) from None
+        raise bad from None
     return tuple(cpus)
 
 
@@ -331,6 +333,8 @@ def cmd_calibrate(args: argparse.Namespace, ui: Any) -> int:
     if out is not None and out.lower() in ("off", "none", "0"):
         out = None
     target = out or str(calibration.default_path())
+    if out is not None:  # before a minute of measuring, not after
+        _check_output(out, "")
     # ~20 s on an idle 2-core VM, 4 s of it the workers' deliberate idle gaps; a busy machine
     # takes longer (the timing loops share the cores), and says so below.
     ui.note(
@@ -346,7 +350,8 @@ def cmd_calibrate(args: argparse.Namespace, ui: Any) -> int:
         except (RuntimeError, OSError) as exc:  # e.g. workers that could not start
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise PerfcastError(f"calibration failed: {first}") from None
-    cal = dataclasses.replace(cal, path=str(calibration.save(cal, target)))
+    with writing(target):
+        cal = dataclasses.replace(cal, path=str(calibration.save(cal, target)))
     ui.note(f"measured in {time.monotonic() - started:.0f} s")
     if args.json:
         ui.emit_json(cal.to_dict())
