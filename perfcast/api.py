@@ -54,6 +54,12 @@ def _count(name: str, value: object, minimum: int = 1) -> int:
     return int(value)
 
 
+def _name_or_none(name: str, value: object) -> None:
+    """A name argument (a phase, a link) is a string, or None for the default."""
+    if value is not None and not isinstance(value, str):
+        raise OptionError(f"{name} must be a name (a string) or None, not {value!r}")
+
+
 def _strings(value: object) -> bool:
     """One string, or a list or tuple of strings."""
     return isinstance(value, str) or (
@@ -278,6 +284,7 @@ def collectives(trace: TraceLike, link: str | None = None) -> Collectives:
     """
     from perfcast.analysis.comms import collectives as fn
 
+    _name_or_none("link", link)
     return fn(_table(trace), link=link)
 
 
@@ -379,4 +386,7 @@ def tree(
     """
     from perfcast.analysis.context import context_tree
 
+    if rank is not None and (isinstance(rank, bool) or not isinstance(rank, numbers.Integral)):
+        raise OptionError(f"rank must be an integer, not {rank!r}")
+    _name_or_none("phase", phase)
     return context_tree(_table(trace), rank=rank, phase=phase, step=step)

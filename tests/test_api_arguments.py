@@ -194,3 +194,75 @@ def test_plan_and_collectives_check_their_arguments_before_the_trace(tmp_path) -
     # A trace without collectives still refuses a link it does not know.
     with pytest.raises(OptionError, match="unknown link 'bogus'"):
         perfcast.collectives(MLP_TRACE, link="bogus")  # one GPU: no collectives
+
+
+# Found by a review: each of these was an AttributeError, TypeError, IndexError or ValueError
+# from deep inside, or (plan --model) an internal error.
+@pytest.mark.parametrize(
+    ("call", "says"),
+    [
+        (lambda t: perfcast.tree(t, phase=5), "phase must be a name"),
+        (lambda t: perfcast.tree(t, rank="0"), "rank must be an integer, not '0'"),
+        (lambda t: perfcast.collectives(t, link=5), "link must be a name"),
+        (lambda t: _plan().plan_trace(t, 8, gpu=5), "gpu must be a name"),
+        (lambda t: _plan().plan_trace(t, 8, link=5), "link must be a name"),
+        (lambda t: _plan().plan_trace(t, 8, batch="x"), "batch must be an integer"),
+        (lambda t: _plan().plan_trace(t, 8, batch=0), "batch must be at least 1"),
+        (lambda t: _plan().plan_trace(t, 8, nics_per_node="x"), "nics_per_node must be"),
+        (lambda t: _plan().plan_trace(None, 8), "a path .* or a loaded EventTable"),
+        (lambda t: _plan().plan_model(None, 8), "model is a preset name"),
+        (lambda t: _plan().plan_model({"layers": 2}, 8), "model is a preset name"),
+        (lambda t: _plan().plan_model("gpt-1.7b", 8, gpu=5), "gpu must be a name"),
+        (lambda t: _plan().plan_model("gpt-1.7b", 8, bogus=1), "no option 'bogus'"),
+        (lambda t: _peak(t, [("amp",)]), None),  # a name alone is fine
+        (lambda t: _peak(t, [("amp", None)]), r"a change given as a tuple is \(name"),
+        (lambda t: _peak(t, [("amp", 5)]), r"a change given as a tuple is \(name"),
+        (lambda t: _peak(t, ["amp:dtype"]), "is not key=value"),
+        (lambda t: _peak(t, [("activation-checkpointing", {"module": "("})]), "regular expr"),
+    ],
+)
+def test_wrong_arguments_are_named_in_one_line(table, call, says) -> None:
+    if says is None:
+        call(table)
+        return
+    with pytest.raises(OptionError, match=says) as info:
+        call(table)
+    assert "\n" not in str(info.value)
+
+
+def _plan():
+    import perfcast.plan
+
+    return perfcast.plan
+
+
+def _peak(table, changes):
+    from perfcast.memory_model import predict_peak_memory
+
+    return predict_peak_memory(table, changes)
+
+
+@pytest.mark.parametrize(
+    ("desc", "says"),
+    [
+        ('{"layers": NaN, "hidden": 64, "heads": 4, "seq": 128, "vocab": 1000}', "whole number"),
+        ('{"layers": 2.5, "hidden": 64, "heads": 4, "seq": 128, "vocab": 1000}', "whole number"),
+        ('{"layers": true, "hidden": 64, "heads": 4, "seq": 128, "vocab": 1000}', "whole number"),
+        ('{"layers": 2, "hidden": "x", "heads": 4, "seq": 128, "vocab": 1000}', "whole number"),
+        (
+            '{"layers": 99999999999999999999999, "hidden": 64, "heads": 4, "seq": 128, "vocab": 1}',
+            "out of range",
+        ),
+        (
+            '{"layers": 2, "hidden": 64, "heads": 4, "seq": 128, "vocab": 1000, "gated_mlp": 1}',
+            "true or false",
+        ),
+        ("{}", "lacks layers, hidden, heads, seq, vocab"),
+    ],
+)
+def test_a_model_description_with_wrong_values_is_refused(desc: str, says: str) -> None:
+    from perfcast.errors import PerfcastError
+    from perfcast.plan.desc import load_desc
+
+    with pytest.raises(PerfcastError, match=says):
+        load_desc(desc)

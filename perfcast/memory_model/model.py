@@ -773,12 +773,27 @@ def _checked_changes(changes: Any) -> list[Any]:
 
 
 def _as_change(ch: Any) -> tuple[str, Mapping[str, Any]]:
+    from perfcast.errors import OptionError
+    from perfcast.whatif.registry import MODEL_MODULES, parse_spec
+
     if isinstance(ch, str):
         name, _, rest = ch.partition(":")
+        if name.strip() in MODEL_MODULES:  # a what-if's spec reads as whatif reads it
+            spec = parse_spec(ch)
+            return spec.name, spec.options
         opts = dict(p.split("=", 1) for p in rest.split(",") if "=" in p)
         return name.strip(), {k.strip().replace("-", "_"): v.strip() for k, v in opts.items()}
     if isinstance(ch, tuple):
-        return str(ch[0]), dict(ch[1])
+        if not (
+            1 <= len(ch) <= 2
+            and isinstance(ch[0], str)
+            and (len(ch) == 1 or isinstance(ch[1], Mapping))
+        ):
+            raise OptionError(
+                f"a change given as a tuple is (name, {{option: value}}), not {ch!r}",
+                hint='e.g. ("amp", {"dtype": "fp16"})',
+            )
+        return ch[0], dict(ch[1]) if len(ch) == 2 else {}
     return str(ch.name), dict(ch.options)
 
 

@@ -12,6 +12,7 @@ vectorized pass, `search` prunes what does not fit and ranks the rest.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from functools import partial
@@ -77,6 +78,23 @@ def _check_counts(
             raise OptionError(f"{name} must be an integer, not {value!r}")
         if value < 1:
             raise OptionError(f"{name} must be at least 1, not {value}")
+
+
+def _check_arguments(names: dict[str, Any], counts: dict[str, Any], what: str = "plan") -> None:
+    """Names (GPU, links) are strings or None; optional counts are integers of at least 1:
+    a wrong type stops here with its name, not as an AttributeError deep in the cluster."""
+    import numbers
+
+    for name, value in names.items():
+        if value is not None and not isinstance(value, str):
+            raise OptionError(f"{what}: {name} must be a name (a string), not {value!r}")
+    for name, value in counts.items():
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            raise OptionError(f"{what}: {name} must be an integer, not {value!r}")
+        if value < 1:
+            raise OptionError(f"{what}: {name} must be at least 1, not {value}")
 
 
 def _cluster_for(
@@ -194,10 +212,22 @@ def plan_trace(
     trace's per-GPU batch on every GPU). The trace's step and host time are taken without
     the profiler's own cost, as `whatif` takes them, unless `keep_profiler_cost`."""
     _check_counts(gpus, global_batch, top, gpus_per_node, memory_gb)
+    _check_arguments(
+        {"gpu": gpu, "link": link, "inter": inter},
+        {"batch": batch, "nics_per_node": nics_per_node},
+        "plan_trace",
+    )
+    if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int)):
+        raise OptionError(f"plan_trace: rank must be an integer, not {rank!r}")
     if isinstance(table, (str, os.PathLike)):
         from perfcast.ingest import load
 
         table = load(table)
+    elif not isinstance(table, EventTable):
+        raise OptionError(
+            "plan_trace: the trace is a path (str or pathlib.Path) or a loaded EventTable, "
+            f"not {type(table).__name__}"
+        )
     refuse_counter_trace(table, "plan")
     if gpu is None and not table.is_gpu().any():
         raise PerfcastError(
@@ -310,6 +340,24 @@ def plan_model(
 ) -> PlanResult:
     """Best plans for a described model (a preset name, JSON, or a `ModelDesc`)."""
     _check_counts(gpus, global_batch, top, gpus_per_node, memory_gb)
+    _check_arguments(
+        {"gpu": gpu, "link": link, "inter": inter}, {"nics_per_node": nics_per_node}, "plan_model"
+    )
+    if not isinstance(model, (str, ModelDesc)):
+        raise OptionError(
+            "plan_model: model is a preset name, a JSON file or inline JSON, or a ModelDesc, "
+            f"not {type(model).__name__}"
+        )
+    known = {f.name for f in dataclasses.fields(AnalyticWorkload)} - {
+        "desc",
+        "cluster",
+        "assumptions",
+    }
+    unknown = sorted(set(workload_kw) - known)
+    if unknown:
+        raise OptionError(
+            f"plan_model: no option {unknown[0]!r}", hint="options: " + ", ".join(sorted(known))
+        )
     desc = load_desc(model) if isinstance(model, str) else model
     cluster = make_cluster(
         gpu, intra=link, inter=inter, gpus_per_node=gpus_per_node, nics_per_node=nics_per_node

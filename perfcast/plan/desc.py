@@ -10,9 +10,13 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, fields
 
 from perfcast.errors import PerfcastError
+
+# Any size in a description (layers, widths, sequence, vocabulary): 1e30 layers printed
+# nonsense and a 23-digit int overflowed numpy.
+MAX_SIZE = 1_000_000_000
 
 
 @dataclass(frozen=True)
@@ -46,9 +50,30 @@ class ModelDesc:
     kernels: str = "fused"
 
     def __post_init__(self) -> None:
-        for f in ("layers", "hidden", "heads", "seq", "vocab"):
-            if getattr(self, f) <= 0:
-                raise PerfcastError(f"model description {self.name!r}: {f} must be positive")
+        # Types first: JSON gives floats, NaN, booleans and strings as readily as ints.
+        for f in fields(self):
+            value = getattr(self, f.name)
+            want = str(f.type)
+            if want == "int":
+                ok = isinstance(value, int) and not isinstance(value, bool)
+                if ok and not 0 <= value <= MAX_SIZE:
+                    raise PerfcastError(
+                        f"model description {self.name!r}: {f.name}={value} is out of range "
+                        f"(0 to {MAX_SIZE:,})"
+                    )
+            elif want == "bool":
+                ok = isinstance(value, bool)
+            else:
+                ok = isinstance(value, str)
+            if not ok:
+                raise PerfcastError(
+                    f"model description {self.name!r}: {f.name} must be "
+                    + {"int": "a whole number", "bool": "true or false"}.get(want, "a string")
+                    + f", not {value!r}"
+                )
+        for name in ("layers", "hidden", "heads", "seq", "vocab"):
+            if getattr(self, name) <= 0:
+                raise PerfcastError(f"model description {self.name!r}: {name} must be positive")
         if self.hidden % self.heads:
             raise PerfcastError(f"model description {self.name!r}: hidden % heads != 0")
         if self.kernels not in ("fused", "eager"):
@@ -156,6 +181,12 @@ def load_desc(text: str) -> ModelDesc:
             f"model description has unknown keys {bad}", hint="keys: " + ", ".join(sorted(known))
         )
     raw.setdefault("name", "model")
+    missing = [f.name for f in fields(ModelDesc) if f.default is MISSING and f.name not in raw]
+    if missing:
+        raise PerfcastError(
+            f"model description lacks {', '.join(missing)}",
+            hint='e.g. {"layers": 24, "hidden": 2048, "heads": 16, "seq": 2048, "vocab": 51200}',
+        )
     try:
         return ModelDesc(**raw)
     except TypeError as exc:

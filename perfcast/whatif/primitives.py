@@ -73,13 +73,20 @@ def split_list(value: str) -> list[str]:
     return [p.strip() for p in re.split(r"[+,]", value) if p.strip()]
 
 
-def _name_mask(names: list[str], pattern: str | None) -> np.ndarray:
+def check_pattern(pattern: str | None) -> re.Pattern[str] | None:
+    """An option's regular expression, compiled; refused in one line when it is not one."""
     if pattern is None:
-        return np.ones(len(names), dtype=bool)
+        return None
     try:
-        pat = re.compile(pattern)
+        return re.compile(pattern)
     except (re.error, TypeError) as exc:
         raise OptionValueError(f"{pattern!r} is not a valid regular expression ({exc})") from None
+
+
+def _name_mask(names: list[str], pattern: str | None) -> np.ndarray:
+    pat = check_pattern(pattern)
+    if pat is None:
+        return np.ones(len(names), dtype=bool)
     return np.array([bool(pat.search(n)) for n in names], dtype=bool)
 
 

@@ -75,6 +75,11 @@ class Options:
     shapes: bool = False  # also syncs that size data-dependent outputs (code made static)
 
 
+def check_options(options: Options) -> None:
+    """Values the model cannot take (the registry calls this when it builds the options)."""
+    P.check_pattern(options.op)
+
+
 def classify_syncs(graph: Graph, syncs: np.ndarray) -> np.ndarray:
     """Per sync node: SHAPE (inside an op whose output shape depends on the data), H2D_COPY
     (its op copies host memory to the device) or READ (a host read or explicit sync)."""
