@@ -67,6 +67,9 @@ def test_a_yes_no_option_refuses_other_words() -> None:
         ("fused-optimizer:kind=apex", "kind must be foreach or fused"),
         ("faster-op:where=tpu", "where=tpu is not gpu, cpu or all"),
         ("device", "device needs a target GPU"),
+        ("ddp:link=bogus", "ddp: unknown link 'bogus'"),
+        ("pipeline-parallel:link=bogus", "unknown link 'bogus'"),
+        ("faster-op:factor=4,factor=1.5", "option 'factor' is given twice"),
     ],
 )
 def test_values_a_model_cannot_take_are_refused_before_the_trace_is_read(

@@ -77,7 +77,12 @@ def parse_spec(text: str) -> Spec:
                 f"option '{part}' in '{text}' is not key=value",
                 hint="write NAME:key=value,key2=value2",
             )
-        options[key.strip().replace("-", "_")] = value.strip()
+        key = key.strip().replace("-", "_")
+        if key in options:  # the last one would win, silently
+            raise OptionError(
+                f"option '{key}' is given twice in '{text}'", hint="give each option once"
+            )
+        options[key] = value.strip()
     get_model(name.strip())  # fail early on unknown names
     return Spec(name.strip(), options)
 

@@ -34,6 +34,15 @@ _UNKNOWN_DEVICE = DeviceSpec(
 )
 
 
+def check_link(model: str, name: str | None) -> None:
+    """A link named in the options is one perfcast knows (checked when they are built)."""
+    if name and lookup_link(name) is None:
+        raise OptionValueError(
+            f"{model}: unknown link '{name}'",
+            hint="known: " + ", ".join(ln.name for ln in list_links()),
+        )
+
+
 def check_node_options(model: str, gpus_per_node: int, nics_per_node: int | None) -> None:
     """The node shape every scale-out model takes (checked when its options are built)."""
     if gpus_per_node < 1:

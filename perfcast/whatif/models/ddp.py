@@ -67,7 +67,12 @@ from perfcast.hardware.collectives import collective_from_kernel_name
 from perfcast.ingest.input_dims import is_shape, parse_input_dims
 from perfcast.whatif import primitives as P
 from perfcast.whatif.kernels import refuse_graph_replays
-from perfcast.whatif.models._parallel_common import CommModel, check_node_options, comm_model
+from perfcast.whatif.models._parallel_common import (
+    CommModel,
+    check_link,
+    check_node_options,
+    comm_model,
+)
 
 SUMMARY = (
     "data parallel on N GPUs: bucketed gradient all-reduce overlapping backward "
@@ -258,6 +263,7 @@ def check_options(options: Options) -> None:
     if options.algorithm not in ("ring", "tree"):
         raise OptionValueError("ddp: algorithm must be ring or tree")
     check_node_options("ddp", options.gpus_per_node, options.nics_per_node)
+    check_link("ddp", options.link)
 
 
 def drop_measured_allreduces(graph: Graph, model: str = "ddp") -> float:

@@ -62,6 +62,7 @@ def check_options(o: Options) -> None:
     m = o.microbatches or 4 * o.pp
     if m < 1 or o.virtual < 1:
         raise OptionValueError("pipeline-parallel: microbatches and virtual must be >= 1")
+    C.check_link("pipeline-parallel", o.link)
 
 
 def apply(graph: Graph, options: Options) -> Graph:

@@ -60,6 +60,7 @@ def check_options(options: Options) -> None:
     if options.tp < 2:
         raise OptionValueError("tensor-parallel: tp must be at least 2")
     C.check_node_options("tensor-parallel", options.gpus_per_node, options.nics_per_node)
+    C.check_link("tensor-parallel", options.link)
 
 
 def apply(graph: Graph, options: Options) -> Graph:

@@ -76,6 +76,7 @@ def check_options(o: Options) -> None:
     if o.params_mb is not None and o.params_mb <= 0:
         raise OptionValueError("zero: params_mb must be positive")
     C.check_node_options("zero", o.gpus_per_node, o.nics_per_node)
+    C.check_link("zero", o.link)
 
 
 def apply(graph: Graph, options: Options) -> Graph:
