@@ -54,6 +54,15 @@ def _count(name: str, value: object, minimum: int = 1) -> int:
     return int(value)
 
 
+def _flag(name: str, value: object) -> bool:
+    """A yes/no argument: True or False (correct="no" read as true, silently)."""
+    import numpy as np
+
+    if not isinstance(value, (bool, np.bool_)):
+        raise OptionError(f"{name} must be True or False, not {value!r}")
+    return bool(value)
+
+
 def _name_or_none(name: str, value: object) -> None:
     """A name argument (a phase, a link) is a string, or None for the default."""
     if value is not None and not isinstance(value, str):
@@ -92,7 +101,7 @@ def summary(trace: TraceLike, top: int = 10, correct: bool = True) -> Summary:
     from perfcast.analysis.summary import summarize
 
     top = _count("top", top)
-    return summarize(_table(trace), top=top, real=correct)
+    return summarize(_table(trace), top=top, real=_flag("correct", correct))
 
 
 def replay(trace: TraceLike, correct: bool = True) -> ReplayResult:
@@ -105,7 +114,7 @@ def replay(trace: TraceLike, correct: bool = True) -> ReplayResult:
     from perfcast.analysis.replay import replay_result
     from perfcast.graph import build_graph
 
-    world = real_world(build_graph(_table(trace)), correct=correct)
+    world = real_world(build_graph(_table(trace)), correct=_flag("correct", correct))
     return replay_result(world.traced, world)
 
 
@@ -121,6 +130,7 @@ def dependency_graph(trace: TraceLike, correct: bool = True) -> Graph:
     from perfcast.analysis.real_step import real_world
     from perfcast.graph import build_graph
 
+    correct = _flag("correct", correct)
     built = build_graph(_table(trace))
     if not correct:
         return built.copy()
@@ -143,7 +153,7 @@ def predict(trace: TraceLike, apply: list[str] | str, correct: bool = True) -> W
     from perfcast.whatif.runner import run_whatif
 
     specs = [parse_spec(s) for s in _specs(apply, "apply", allow_empty=True)]
-    result, _, _ = run_whatif(_table(trace), specs, correct=correct)
+    result, _, _ = run_whatif(_table(trace), specs, correct=_flag("correct", correct))
     return result
 
 
@@ -173,7 +183,9 @@ def advise(
         from perfcast.whatif.kernels import check_device_name
 
         check_device_name(device, "device=")
-    return _advise(_table(trace), target_device=device, correct=correct, candidates=named)
+    return _advise(
+        _table(trace), target_device=device, correct=_flag("correct", correct), candidates=named
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -360,7 +372,7 @@ def diff(
         if real and not correct:
             raise OptionError("diff: give correct= (real= is its old name), not both")
         correct = real
-    out = _diff(ta, tb, top=top, real=correct)
+    out = _diff(ta, tb, top=top, real=_flag("correct", correct))
     if specs:
         from perfcast.whatif.registry import parse_spec
         from perfcast.whatif.runner import run_whatif

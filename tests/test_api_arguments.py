@@ -266,3 +266,12 @@ def test_a_model_description_with_wrong_values_is_refused(desc: str, says: str) 
 
     with pytest.raises(PerfcastError, match=says):
         load_desc(desc)
+
+
+@pytest.mark.parametrize("fn", ["summary", "replay", "dependency_graph", "advise"])
+def test_yes_no_arguments_take_only_true_or_false(table, fn: str) -> None:
+    """`correct="no"` was read as true, silently."""
+    with pytest.raises(OptionError, match="correct must be True or False, not 'no'"):
+        getattr(perfcast, fn)(table, correct="no")
+    with pytest.raises(OptionError, match="correct must be True or False"):
+        perfcast.predict(table, "amp", correct=None)
