@@ -101,7 +101,8 @@ def summary(trace: TraceLike, top: int = 10, correct: bool = True) -> Summary:
     from perfcast.analysis.summary import summarize
 
     top = _count("top", top)
-    return summarize(_table(trace), top=top, real=_flag("correct", correct))
+    correct = _flag("correct", correct)
+    return summarize(_table(trace), top=top, real=correct)
 
 
 def replay(trace: TraceLike, correct: bool = True) -> ReplayResult:
@@ -114,7 +115,8 @@ def replay(trace: TraceLike, correct: bool = True) -> ReplayResult:
     from perfcast.analysis.replay import replay_result
     from perfcast.graph import build_graph
 
-    world = real_world(build_graph(_table(trace)), correct=_flag("correct", correct))
+    correct = _flag("correct", correct)
+    world = real_world(build_graph(_table(trace)), correct=correct)
     return replay_result(world.traced, world)
 
 
@@ -153,7 +155,8 @@ def predict(trace: TraceLike, apply: list[str] | str, correct: bool = True) -> W
     from perfcast.whatif.runner import run_whatif
 
     specs = [parse_spec(s) for s in _specs(apply, "apply", allow_empty=True)]
-    result, _, _ = run_whatif(_table(trace), specs, correct=_flag("correct", correct))
+    correct = _flag("correct", correct)
+    result, _, _ = run_whatif(_table(trace), specs, correct=correct)
     return result
 
 
@@ -172,6 +175,7 @@ def advise(
     from perfcast.advisor.advisor import advise as _advise
     from perfcast.whatif.registry import checked_specs
 
+    correct = _flag("correct", correct)
     named = None
     if candidates is not None:
         named = _specs(candidates, "candidates")
@@ -183,9 +187,7 @@ def advise(
         from perfcast.whatif.kernels import check_device_name
 
         check_device_name(device, "device=")
-    return _advise(
-        _table(trace), target_device=device, correct=_flag("correct", correct), candidates=named
-    )
+    return _advise(_table(trace), target_device=device, correct=correct, candidates=named)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -367,12 +369,14 @@ def diff(
 
     top = _count("top", top)
     specs = [] if apply is None else _specs(apply, "apply", allow_empty=True)
-    ta, tb = _table(a, "a"), _table(b, "b")
+    correct = _flag("correct", correct)
     if real is not None:  # the old name
+        real = _flag("real", real)
         if real and not correct:
             raise OptionError("diff: give correct= (real= is its old name), not both")
         correct = real
-    out = _diff(ta, tb, top=top, real=_flag("correct", correct))
+    ta, tb = _table(a, "a"), _table(b, "b")
+    out = _diff(ta, tb, top=top, real=correct)
     if specs:
         from perfcast.whatif.registry import parse_spec
         from perfcast.whatif.runner import run_whatif

@@ -275,3 +275,34 @@ def test_yes_no_arguments_take_only_true_or_false(table, fn: str) -> None:
         getattr(perfcast, fn)(table, correct="no")
     with pytest.raises(OptionError, match="correct must be True or False"):
         perfcast.predict(table, "amp", correct=None)
+
+
+def test_what_the_checks_must_still_take(table) -> None:
+    """Found by a review of the checks above: values that worked before them still do."""
+    import numpy as np
+
+    from perfcast.errors import TraceFormatError
+    from perfcast.hardware.devices import lookup_device
+    from perfcast.plan import plan_model
+    from perfcast.plan.desc import ModelDesc
+    from perfcast.whatif.registry import build_options
+
+    # device's host is a ratio or a calibration file: a number or a Path, not only text.
+    assert build_options("device", {"target": "h100", "host": 1.5}).host == 1.5
+    assert _peak(table, [("device", {"target": "h100", "host": 2})]) is not None
+    # A GPU of the user's own, as a DeviceSpec.
+    assert plan_model("gpt-1.7b", 8, gpu=lookup_device("h100"), top=1).best
+    # numpy's integers and booleans where a whole number or a yes/no is asked.
+    desc = ModelDesc("m", np.int64(2), 1024, 16, 512, 1000, gated_mlp=np.bool_(True))
+    assert type(desc.layers) is int and desc.gated_mlp is True
+    assert build_options("remove-host-sync", {"reads": np.bool_(True)}).reads is True
+    # A NUL in a path is no such file, not a ValueError.
+    with pytest.raises(TraceFormatError, match="no such file"):
+        perfcast.load("a\0b")
+
+
+def test_a_bad_flag_is_refused_before_the_trace_is_read() -> None:
+    with pytest.raises(OptionError, match="correct must be True or False"):
+        perfcast.summary("/no/such/trace.json", correct="no")
+    with pytest.raises(OptionError, match="real must be True or False"):
+        perfcast.diff("/no/such/a.json", "/no/such/b.json", real="no")

@@ -335,8 +335,9 @@ def cmd_calibrate(args: argparse.Namespace, ui: Any) -> int:
     if out is not None and out.lower() in ("off", "none", "0"):
         out = None
     target = out or str(calibration.default_path())
-    if out is not None:  # before a minute of measuring, not after
-        _check_output(out, "")
+    # Before a minute of measuring, not after (save() creates missing folders).
+    if out is not None and os.path.isdir(out):
+        raise PerfcastError("the output is a folder", path=out, hint="give a file name inside it")
     # ~20 s on an idle 2-core VM, 4 s of it the workers' deliberate idle gaps; a busy machine
     # takes longer (the timing loops share the cores), and says so below.
     ui.note(

@@ -38,7 +38,7 @@ def load(path: str | os.PathLike[str], progress: ProgressFn | None = None) -> Ev
     path = os.fspath(path)
     try:
         os.stat(path)
-    except FileNotFoundError:
+    except (FileNotFoundError, ValueError):  # ValueError: a NUL in the path
         raise TraceFormatError("no such file or folder", path=path) from None
     except OSError as exc:  # os.path.exists says False here too, which reads as "no file"
         raise TraceFormatError(

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 import os
 from functools import partial
 from typing import Any
@@ -22,6 +23,7 @@ from perfcast.analysis.common import traced_device
 from perfcast.analysis.notes import refuse_counter_trace
 from perfcast.errors import OptionError, PerfcastError
 from perfcast.events import EventTable
+from perfcast.hardware.devices import DeviceSpec
 from perfcast.hardware.network import Cluster, calibrated_from, make_cluster
 from perfcast.plan.analytic import AnalyticWorkload
 from perfcast.plan.desc import PRESETS, ModelDesc, load_desc
@@ -56,8 +58,6 @@ def _check_counts(
 ) -> None:
     """The plan's counts are integers of at least 1 (global_batch may be None: the default),
     and the memory a positive number of GB."""
-    import numbers
-
     if memory_gb is not None and not (
         isinstance(memory_gb, (int, float))
         and not isinstance(memory_gb, bool)
@@ -83,10 +83,10 @@ def _check_counts(
 def _check_arguments(names: dict[str, Any], counts: dict[str, Any], what: str = "plan") -> None:
     """Names (GPU, links) are strings or None; optional counts are integers of at least 1:
     a wrong type stops here with its name, not as an AttributeError deep in the cluster."""
-    import numbers
-
     for name, value in names.items():
-        if value is not None and not isinstance(value, str):
+        # A GPU may also be a DeviceSpec of the user's own (a part perfcast does not list).
+        allowed = (str, DeviceSpec) if name == "gpu" else (str,)
+        if value is not None and not isinstance(value, allowed):
             raise OptionError(f"{what}: {name} must be a name (a string), not {value!r}")
     for name, value in counts.items():
         if value is None:
@@ -99,7 +99,7 @@ def _check_arguments(names: dict[str, Any], counts: dict[str, Any], what: str = 
 
 def _cluster_for(
     table: EventTable | None,
-    gpu: str | None,
+    gpu: str | DeviceSpec | None,
     link: str | None,
     inter: str | None,
     gpus_per_node: int,
@@ -196,7 +196,7 @@ def plan_trace(
     table: EventTable | str | os.PathLike[str],
     gpus: int,
     *,
-    gpu: str | None = None,
+    gpu: str | DeviceSpec | None = None,
     link: str | None = None,
     inter: str | None = None,
     memory_gb: float | None = None,
@@ -217,7 +217,7 @@ def plan_trace(
         {"batch": batch, "nics_per_node": nics_per_node},
         "plan_trace",
     )
-    if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int)):
+    if rank is not None and (isinstance(rank, bool) or not isinstance(rank, numbers.Integral)):
         raise OptionError(f"plan_trace: rank must be an integer, not {rank!r}")
     if isinstance(table, (str, os.PathLike)):
         from perfcast.ingest import load
@@ -327,7 +327,7 @@ def plan_model(
     model: str | ModelDesc,
     gpus: int,
     *,
-    gpu: str = "h100",
+    gpu: str | DeviceSpec = "h100",
     link: str | None = None,
     inter: str | None = None,
     memory_gb: float | None = None,

@@ -9,8 +9,11 @@ gives (`perfcast.plan.trace_workload`), so one cost model and one search serve b
 from __future__ import annotations
 
 import json
+import numbers
 import os
 from dataclasses import MISSING, asdict, dataclass, fields
+
+import numpy as np
 
 from perfcast.errors import PerfcastError
 
@@ -55,14 +58,19 @@ class ModelDesc:
             value = getattr(self, f.name)
             want = str(f.type)
             if want == "int":
-                ok = isinstance(value, int) and not isinstance(value, bool)
+                ok = isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
+                if ok:  # numpy's integers too, kept as Python ints
+                    value = int(value)
+                    object.__setattr__(self, f.name, value)
                 if ok and not 0 <= value <= MAX_SIZE:
                     raise PerfcastError(
                         f"model description {self.name!r}: {f.name}={value} is out of range "
                         f"(0 to {MAX_SIZE:,})"
                     )
             elif want == "bool":
-                ok = isinstance(value, bool)
+                ok = isinstance(value, (bool, np.bool_))
+                if ok:
+                    object.__setattr__(self, f.name, bool(value))
             else:
                 ok = isinstance(value, str)
             if not ok:

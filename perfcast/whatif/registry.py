@@ -137,7 +137,8 @@ def _typed(model: str, key: str, value: Any, hint: Any) -> Any:
             return None
         raise OptionError(f"option {key}=None of '{model}' needs a value", hint=_type_hint(base))
     if base in ("bool", "<class 'bool'>"):
-        ok = isinstance(value, bool)
+        ok = isinstance(value, (bool, np.bool_))
+        value = bool(value) if ok else value
     elif base in ("int", "<class 'int'>"):
         ok = isinstance(value, (int, np.integer)) and not isinstance(value, bool)
     elif base in ("float", "<class 'float'>"):

@@ -60,6 +60,7 @@ lookup, a compute kernel's dtype, op shapes) are in `perfcast.whatif.kernels`.
 from __future__ import annotations
 
 import math
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -100,7 +101,7 @@ class Options:
     target: str = ""  # required: the GPU to move to ("h100", "A100-SXM4-80GB", ...)
     source: str | None = None  # the trace's device, when its deviceProperties lack or misname it
     # the new machine's CPU speed relative to the traced one, or its calibration file
-    host: str = "1"
+    host: str | float | os.PathLike[str] = "1"  # a speed ratio or a calibration file
 
 
 # ---------------------------------------------------------------- the model
@@ -115,10 +116,10 @@ def _link_ratio(src: DeviceSpec, dst: DeviceSpec) -> float | None:
     return None
 
 
-def host_ratio(host: str, graph: Graph) -> tuple[float, str]:
+def host_ratio(host: str | float | os.PathLike[str], graph: Graph) -> tuple[float, str]:
     """The new host's speed relative to the traced one, and where it comes from: a number,
     or the new machine's calibration file against the one that fits the trace."""
-    text = str(host).strip()
+    text = (os.fspath(host) if isinstance(host, os.PathLike) else str(host)).strip()
     try:
         speed = float(text)
     except ValueError:
