@@ -126,51 +126,55 @@ _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
 
 
+def _option_type(hint: Any) -> tuple[str | None, bool]:
+    """The option's type as one of bool, int, float, str (None: another type, taken as
+    given) and whether it may be None; `hint` is a type or, under postponed annotations,
+    its text ("int | None")."""
+    text = str(hint)
+    base = text.removesuffix(" | None").removeprefix("<class '").removesuffix("'>")
+    return (base if base in _TYPE_HINTS else None), text.endswith(" | None")
+
+
+# What to give, per option type, when a value is of another.
+_TYPE_HINTS = {
+    "bool": "give True or False",
+    "int": "give a whole number",
+    "float": "give a number",
+    "str": "give a string",
+}
+
+
 def _typed(model: str, key: str, value: Any, hint: Any) -> Any:
     """A value given as a Python object (the API's `(name, {key: value})`), checked against
     the option's type, and numbers against the same bounds as text."""
-    text = str(hint)
-    optional = text.endswith("| None")
-    base = text.removesuffix(" | None")
+    kind, optional = _option_type(hint)
     if value is None:
         if optional:
             return None
-        raise OptionError(f"option {key}=None of '{model}' needs a value", hint=_type_hint(base))
-    if base in ("bool", "<class 'bool'>"):
-        ok = isinstance(value, (bool, np.bool_))
-        value = bool(value) if ok else value
-    elif base in ("int", "<class 'int'>"):
-        ok = isinstance(value, (int, np.integer)) and not isinstance(value, bool)
-    elif base in ("float", "<class 'float'>"):
-        ok = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(
-            value, bool
+        raise OptionError(
+            f"option {key}=None of '{model}' needs a value",
+            hint=_TYPE_HINTS.get(kind or "", "see perfcast whatif --list"),
         )
-    elif base in ("str", "<class 'str'>"):
+    if kind is None:
+        return value
+    if kind == "bool":
+        ok = isinstance(value, (bool, np.bool_))
+    elif kind == "str":
         ok = isinstance(value, str)
     else:
-        return value
+        numeric = (np.integer,) if kind == "int" else (float, np.integer, np.floating)
+        ok = isinstance(value, (int, *numeric)) and not isinstance(value, bool)
     if not ok:
         raise OptionError(
             f"option {key}={value!r} of '{model}' has the wrong type ({type(value).__name__})",
-            hint=_type_hint(base),
+            hint=_TYPE_HINTS[kind],
         )
-    if isinstance(value, (bool, str)):
+    if kind == "bool":
+        return bool(value)
+    if kind == "str":
         return value
-    number = float(value)
-    _check_number(model, key, value, number)
-    return int(value) if "int" in base else number
-
-
-def _type_hint(base: str) -> str:
-    for word in ("bool", "int", "float", "str"):
-        if word in base:
-            return {
-                "bool": "give True or False",
-                "int": "give a whole number",
-                "float": "give a number",
-                "str": "give a string",
-            }[word]
-    return "see perfcast whatif --list"
+    _check_number(model, key, value, float(value))
+    return int(value) if kind == "int" else float(value)
 
 
 def _check_number(model: str, key: str, value: Any, number: float) -> None:
@@ -186,9 +190,9 @@ def _check_number(model: str, key: str, value: Any, number: float) -> None:
 def _convert(model: str, key: str, value: Any, hint: Any) -> Any:
     if not isinstance(value, str):
         return _typed(model, key, value, hint)
-    text = str(hint)
+    kind, _ = _option_type(hint)
     try:
-        if hint is bool or text == "bool":
+        if kind == "bool":
             word = value.strip().lower()
             if word not in _TRUE + _FALSE:
                 raise OptionError(
@@ -196,9 +200,9 @@ def _convert(model: str, key: str, value: Any, hint: Any) -> Any:
                     hint=f"write {key}=true or {key}=false",
                 )
             return word in _TRUE
-        if hint is int or text in ("int", "int | None"):
+        if kind == "int":
             number: float = _whole(model, key, value)
-        elif hint is float or text in ("float", "float | None"):
+        elif kind == "float":
             number = float(value)
         else:
             return value
