@@ -12,11 +12,10 @@ perfcast.tree(table).incl["gpu_ns"][0]                # GPU time per call path (
 
 from __future__ import annotations
 
-import numbers
 import os
 from typing import TYPE_CHECKING, cast
 
-from perfcast.errors import OptionError, PerfcastError
+from perfcast.errors import OptionError, PerfcastError, whole_number
 from perfcast.events import EventTable
 from perfcast.ingest import load
 
@@ -40,18 +39,6 @@ def _table(trace: TraceLike, name: str = "trace") -> EventTable:
             f"{type(trace).__name__}"
         )
     return load(trace)
-
-
-def _count(name: str, value: object, minimum: int = 1) -> int:
-    """An integer argument (a count, a size) at least `minimum`: a wrong type or value stops
-    here with its name, instead of as a slice that means something else (top=-1: all but
-    one) or a TypeError from deep inside."""
-    # numbers.Integral: numpy's integers too (a count taken from an array).
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise OptionError(f"{name} must be an integer, not {value!r}")
-    if value < minimum:
-        raise OptionError(f"{name} must be at least {minimum}, not {value}")
-    return int(value)
 
 
 def _flag(name: str, value: object) -> bool:
@@ -100,7 +87,7 @@ def summary(trace: TraceLike, top: int = 10, correct: bool = True) -> Summary:
     """
     from perfcast.analysis.summary import summarize
 
-    top = _count("top", top)
+    top = whole_number("top", top)
     correct = _flag("correct", correct)
     return summarize(_table(trace), top=top, real=correct)
 
@@ -219,7 +206,7 @@ def analyze(trace: TraceLike, only: str | list[str] | None = None, top: int = 10
     """
     from perfcast.analysis.battery import analyze as _analyze
 
-    top = _count("top", top)
+    top = whole_number("top", top)
     if only is not None and not _strings(only):
         raise OptionError(f"only must be an analysis name or a list of them, not {only!r}")
     return _analyze(_table(trace), only=only, top=top)
@@ -232,7 +219,7 @@ def kernel_breakdown(trace: TraceLike, top: int = 10) -> KernelBreakdown:
     """
     from perfcast.analysis.kernels import kernel_breakdown as fn
 
-    top = _count("top", top)
+    top = whole_number("top", top)
     return fn(_table(trace), top=top)
 
 
@@ -243,7 +230,7 @@ def idle_time(trace: TraceLike, kernel_gap_ns: int = 30_000) -> IdleTime:
     """
     from perfcast.analysis.idle import idle_time as fn
 
-    kernel_gap_ns = _count("kernel_gap_ns", kernel_gap_ns, minimum=0)
+    kernel_gap_ns = whole_number("kernel_gap_ns", kernel_gap_ns, minimum=0)
     return fn(_table(trace), kernel_gap_ns=kernel_gap_ns)
 
 
@@ -254,7 +241,7 @@ def launch_stats(trace: TraceLike, top: int = 20) -> LaunchStats:
     """
     from perfcast.analysis.launches import launch_stats as fn
 
-    top = _count("top", top)
+    top = whole_number("top", top)
     return fn(_table(trace), top=top)
 
 
@@ -266,7 +253,7 @@ def launch_queue(trace: TraceLike, max_depth: int | None = None) -> LaunchQueue:
     from perfcast.analysis.launch_queue import launch_queue as fn
 
     if max_depth is not None:
-        max_depth = _count("max_depth", max_depth)
+        max_depth = whole_number("max_depth", max_depth)
     return fn(_table(trace), max_depth=max_depth)
 
 
@@ -287,7 +274,7 @@ def stragglers(trace: TraceLike, candidates: int = 2) -> Stragglers:
     """
     from perfcast.analysis.stragglers import stragglers as fn
 
-    candidates = _count("candidates", candidates)
+    candidates = whole_number("candidates", candidates)
     return fn(_table(trace), candidates=candidates)
 
 
@@ -309,7 +296,7 @@ def roofline(trace: TraceLike, top: int = 30) -> Roofline:
     """
     from perfcast.analysis.roofline import roofline as fn
 
-    top = _count("top", top)
+    top = whole_number("top", top)
     return fn(_table(trace), top=top)
 
 
@@ -320,7 +307,7 @@ def scopes(trace: TraceLike, top: int = 30) -> Scopes:
     """
     from perfcast.analysis.scopes import scopes as fn
 
-    top = _count("top", top)
+    top = whole_number("top", top)
     return fn(_table(trace), top=top)
 
 
@@ -331,7 +318,7 @@ def gpu_counters(trace: TraceLike, top: int = 30) -> GpuCounters:
     """
     from perfcast.analysis.counters import gpu_counters as fn
 
-    top = _count("top", top)
+    top = whole_number("top", top)
     return fn(_table(trace), top=top)
 
 
@@ -342,7 +329,7 @@ def op_kernels(trace: TraceLike, top: int = 30) -> OpKernelResult:
     """
     from perfcast.analysis.op_kernels import op_kernels as fn
 
-    top = _count("top", top)
+    top = whole_number("top", top)
     return fn(_table(trace), top=top)
 
 
@@ -367,7 +354,7 @@ def diff(
     from perfcast.analysis.diff import compare_prediction
     from perfcast.analysis.diff import diff as _diff
 
-    top = _count("top", top)
+    top = whole_number("top", top)
     specs = [] if apply is None else _specs(apply, "apply", allow_empty=True)
     correct = _flag("correct", correct)
     if real is not None:  # the old name
@@ -402,7 +389,7 @@ def tree(
     """
     from perfcast.analysis.context import context_tree
 
-    if rank is not None and (isinstance(rank, bool) or not isinstance(rank, numbers.Integral)):
-        raise OptionError(f"rank must be an integer, not {rank!r}")
+    if rank is not None:
+        whole_number("rank", rank, minimum=None)
     _name_or_none("phase", phase)
     return context_tree(_table(trace), rank=rank, phase=phase, step=step)

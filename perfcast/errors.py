@@ -90,3 +90,17 @@ def describe_internal(exc: BaseException, path: str | None) -> str:
         f"internal error{where}: {kind}{': ' + detail if detail else ''}; {REPORT_HINT} "
         "(--debug shows the traceback)"
     )
+
+
+def whole_number(name: str, value: object, minimum: int | None = 1) -> int:
+    """An integer argument (a count, a size, a rank) of at least `minimum` (None: any): a
+    wrong type or value stops where it enters, with its name, instead of as a slice that
+    means something else (top=-1: all but one) or a TypeError from deep inside."""
+    import numbers
+
+    # numbers.Integral: numpy's integers too (a count taken from an array); not a bool.
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise OptionError(f"{name} must be an integer, not {value!r}")
+    if minimum is not None and value < minimum:
+        raise OptionError(f"{name} must be at least {minimum}, not {value}")
+    return int(value)

@@ -124,11 +124,17 @@ def _check_output(path: str | None, inputs: str) -> None:
         raise PerfcastError(
             "refusing to overwrite the input trace", path=path, hint="choose another output file"
         )
-    if os.path.isdir(path):
-        raise PerfcastError("the output is a folder", path=path, hint="give a file name inside it")
+    _refuse_folder(path)
     parent = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(parent):
         raise PerfcastError("output folder does not exist", path=path)
+
+
+def _refuse_folder(path: str) -> None:
+    import os
+
+    if os.path.isdir(path):
+        raise PerfcastError("the output is a folder", path=path, hint="give a file name inside it")
 
 
 @contextmanager
@@ -336,8 +342,8 @@ def cmd_calibrate(args: argparse.Namespace, ui: Any) -> int:
         out = None
     target = out or str(calibration.default_path())
     # Before a minute of measuring, not after (save() creates missing folders).
-    if out is not None and os.path.isdir(out):
-        raise PerfcastError("the output is a folder", path=out, hint="give a file name inside it")
+    if out is not None:
+        _refuse_folder(out)
     # ~20 s on an idle 2-core VM, 4 s of it the workers' deliberate idle gaps; a busy machine
     # takes longer (the timing loops share the cores), and says so below.
     ui.note(

@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import numbers
 import os
 from functools import partial
 from typing import Any
 
 from perfcast.analysis.common import traced_device
 from perfcast.analysis.notes import refuse_counter_trace
-from perfcast.errors import OptionError, PerfcastError
+from perfcast.errors import OptionError, PerfcastError, whole_number
 from perfcast.events import EventTable
 from perfcast.hardware.devices import DeviceSpec
 from perfcast.hardware.network import Cluster, calibrated_from, make_cluster
@@ -74,10 +73,7 @@ def _check_counts(
     ):
         if value is None and name == "global_batch":
             continue
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-            raise OptionError(f"{name} must be an integer, not {value!r}")
-        if value < 1:
-            raise OptionError(f"{name} must be at least 1, not {value}")
+        whole_number(name, value)
 
 
 def _check_arguments(names: dict[str, Any], counts: dict[str, Any], what: str = "plan") -> None:
@@ -89,12 +85,8 @@ def _check_arguments(names: dict[str, Any], counts: dict[str, Any], what: str = 
         if value is not None and not isinstance(value, allowed):
             raise OptionError(f"{what}: {name} must be a name (a string), not {value!r}")
     for name, value in counts.items():
-        if value is None:
-            continue
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-            raise OptionError(f"{what}: {name} must be an integer, not {value!r}")
-        if value < 1:
-            raise OptionError(f"{what}: {name} must be at least 1, not {value}")
+        if value is not None:
+            whole_number(f"{what}: {name}", value)
 
 
 def _cluster_for(
@@ -217,8 +209,8 @@ def plan_trace(
         {"batch": batch, "nics_per_node": nics_per_node},
         "plan_trace",
     )
-    if rank is not None and (isinstance(rank, bool) or not isinstance(rank, numbers.Integral)):
-        raise OptionError(f"plan_trace: rank must be an integer, not {rank!r}")
+    if rank is not None:
+        whole_number("plan_trace: rank", rank, minimum=None)
     if isinstance(table, (str, os.PathLike)):
         from perfcast.ingest import load
 

@@ -34,13 +34,18 @@ _UNKNOWN_DEVICE = DeviceSpec(
 )
 
 
-def check_link(model: str, name: str | None) -> None:
-    """A link named in the options is one perfcast knows (checked when they are built)."""
-    if name and lookup_link(name) is None:
+def check_link(model: str, name: str | None) -> LinkSpec | None:
+    """The link named in the options (None when none is), refused unless perfcast knows it;
+    models check it when their options are built, and `link_for` uses it."""
+    if not name:
+        return None
+    link = lookup_link(name)
+    if link is None:
         raise OptionValueError(
             f"{model}: unknown link '{name}'",
             hint="known: " + ", ".join(ln.name for ln in list_links()),
         )
+    return link
 
 
 def check_node_options(model: str, gpus_per_node: int, nics_per_node: int | None) -> None:
@@ -53,14 +58,9 @@ def check_node_options(model: str, gpus_per_node: int, nics_per_node: int | None
 
 def link_for(graph: Graph, rank: int, name: str | None, model: str) -> tuple[LinkSpec, str]:
     """The link a model runs its collectives over, and where the choice came from."""
-    if name:
-        link = lookup_link(name)
-        if link is None:
-            raise OptionValueError(
-                f"{model}: unknown link '{name}'",
-                hint="known: " + ", ".join(ln.name for ln in list_links()),
-            )
-        return link, "given"
+    given = check_link(model, name)
+    if given is not None:
+        return given, "given"
     dev = graph.device_names.get(rank)
     spec = lookup_device(dev) if dev else None
     if spec is None:
