@@ -7,6 +7,7 @@ compute, memory copies/sets hidden by neither, and idle (nothing on any stream).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
 
@@ -93,26 +94,34 @@ class RankSummary:
     notes: list[str] = field(default_factory=list)
 
 
-# The columns of `Summary.to_pandas("steps")`, one row per rank and step.
-_STEP_COLUMNS = (
-    "rank",
-    "step",
-    "traced_ms",
-    "real_ms",
-    "measured_real_ms",
-    "source",
-    "gpu_compute_ms",
-    "comm_exposed_ms",
-    "copies_exposed_ms",
-    "gpu_idle_ms",
-    "comm_ms",
-    "comm_overlap_pct",
-    "cpu_dataloader_ms",
-    "cpu_forward_ms",
-    "cpu_backward_ms",
-    "cpu_optimizer_ms",
-    "cpu_comm_ms",
-    "kernels",
+def _gpu(name: str) -> Callable[[IterationSummary], object]:
+    return lambda it: getattr(it.gpu, name) if it.gpu else None
+
+
+def _cpu(name: str) -> Callable[[IterationSummary], object]:
+    return lambda it: getattr(it.cpu, name)
+
+
+# The columns of `Summary.to_pandas("steps")` (one row per rank and step) and how each is read
+# from a step; one list, so an empty table keeps the same columns as a full one.
+_STEP_COLUMNS: tuple[tuple[str, Callable[[IterationSummary], object]], ...] = (
+    ("step", lambda it: it.name),
+    ("traced_ms", lambda it: it.traced_ms),
+    ("real_ms", lambda it: it.real_ms),
+    ("measured_real_ms", lambda it: it.measured_real_ms),
+    ("source", lambda it: it.source),
+    ("gpu_compute_ms", _gpu("compute_ms")),
+    ("comm_exposed_ms", _gpu("communication_exposed_ms")),
+    ("copies_exposed_ms", _gpu("memcpy_exposed_ms")),
+    ("gpu_idle_ms", _gpu("idle_ms")),
+    ("comm_ms", _gpu("communication_ms")),
+    ("comm_overlap_pct", _gpu("communication_overlap_pct")),
+    ("cpu_dataloader_ms", _cpu("dataloader_ms")),
+    ("cpu_forward_ms", _cpu("forward_ms")),
+    ("cpu_backward_ms", _cpu("backward_ms")),
+    ("cpu_optimizer_ms", _cpu("optimizer_ms")),
+    ("cpu_comm_ms", _cpu("communication_ms")),
+    ("kernels", lambda it: it.kernels),
 )
 
 
@@ -131,33 +140,13 @@ class Summary(Tables):
     stragglers: list[int] = field(default_factory=list)
 
     def _tables(self) -> dict[str, Columns]:
-        steps: list[dict[str, object]] = []
-        for rs in self.ranks:
-            for it in rs.iterations:
-                g, c = it.gpu, it.cpu
-                steps.append(
-                    {
-                        "rank": rs.rank,
-                        "step": it.name,
-                        "traced_ms": it.traced_ms,
-                        "real_ms": it.real_ms,
-                        "measured_real_ms": it.measured_real_ms,
-                        "source": it.source,
-                        "gpu_compute_ms": g.compute_ms if g else None,
-                        "comm_exposed_ms": g.communication_exposed_ms if g else None,
-                        "copies_exposed_ms": g.memcpy_exposed_ms if g else None,
-                        "gpu_idle_ms": g.idle_ms if g else None,
-                        "comm_ms": g.communication_ms if g else None,
-                        "comm_overlap_pct": g.communication_overlap_pct if g else None,
-                        "cpu_dataloader_ms": c.dataloader_ms,
-                        "cpu_forward_ms": c.forward_ms,
-                        "cpu_backward_ms": c.backward_ms,
-                        "cpu_optimizer_ms": c.optimizer_ms,
-                        "cpu_comm_ms": c.communication_ms,
-                        "kernels": it.kernels,
-                    }
-                )
-        out = {"steps": dicts_to_columns(steps, _STEP_COLUMNS)}
+        steps = [
+            {"rank": rs.rank} | {name: read(it) for name, read in _STEP_COLUMNS}
+            for rs in self.ranks
+            for it in rs.iterations
+        ]
+        columns = ("rank", *(name for name, _ in _STEP_COLUMNS))
+        out = {"steps": dicts_to_columns(steps, columns)}
         for name in ("top_kernels", "top_ops", "top_scopes"):
             out[name] = dicts_to_columns(
                 [
