@@ -327,6 +327,38 @@ def test_unwritable_outputs_are_one_line_errors(
     assert ".perfcast-report-" not in err
 
 
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["analyze", "MISSING", "--csv", "{file}"], "--csv output is a file, not a folder"),
+        (["diff", "MISSING", "MISSING", "--parquet", "{file}"], "--parquet output is a file"),
+        (["analyze", "MISSING", "--csv", " "], "the --csv folder is empty"),
+        (["whatif", "MISSING", "--apply", "amp", "--export-trace", ""], "output path is empty"),
+    ],
+)
+def test_export_folders_are_checked_before_the_trace_is_read(
+    argv: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A table export that cannot be a folder fails at once (the trace named here does not
+    exist, so reading it first would give another error), and an empty output path blames
+    the option, not the trace."""
+    afile = tmp_path / "afile"
+    afile.write_text("keep")
+    missing = str(tmp_path / "missing.json")
+    args = [a.format(file=afile).replace("MISSING", missing) for a in argv]
+    assert main([*args, "-q"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and message in err, err
+    assert "missing.json" not in err
+    assert afile.read_text() == "keep"
+
+
+def test_a_missing_export_folder_is_created(tmp_path: Path) -> None:
+    out = tmp_path / "new" / "tables"
+    assert main(["analyze", str(EXAMPLE), "--only", "kernels", "--csv", str(out), "-q"]) == 0
+    assert any(out.glob("*.csv"))
+
+
 @pytest.mark.parametrize("command", ["summary", "replay", "advise", "tree", "analyze"])
 def test_a_trace_without_events_is_refused(
     command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]

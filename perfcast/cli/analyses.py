@@ -6,7 +6,7 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
-from perfcast.errors import PerfcastError
+from perfcast.errors import OptionError, PerfcastError
 
 
 def register(sub: Any, add_common: Callable[[Any], None], table: dict[str, Any]) -> None:
@@ -58,6 +58,24 @@ def _add_exports(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _check_exports(args: argparse.Namespace) -> None:
+    """Refuse an export folder that cannot be one before the trace is read (a large trace
+    takes minutes); a missing folder is created when the tables are written."""
+    import os
+
+    for flag, folder in (("--csv", args.csv), ("--parquet", args.parquet)):
+        if folder is None:
+            continue
+        if not folder.strip():
+            raise OptionError(f"the {flag} folder is empty", hint="give a folder name")
+        if os.path.exists(folder) and not os.path.isdir(folder):
+            raise PerfcastError(
+                f"the {flag} output is a file, not a folder",
+                path=folder,
+                hint="give a folder (it is created if missing)",
+            )
+
+
 def _write_exports(args: argparse.Namespace, tables: dict[str, Any], ui: Any) -> None:
     from perfcast.frames import write_tables
 
@@ -74,6 +92,7 @@ def cmd_analyze(args: argparse.Namespace, ui: Any) -> int:
     from perfcast.analysis.battery import analyze, parse_only
 
     only = parse_only(args.only)  # bad names fail before the trace is read
+    _check_exports(args)
     table = ui.load(args.path)
     result = analyze(table, only=only, top=args.top)
     _write_exports(args, result.tables(), ui)
@@ -95,6 +114,7 @@ def cmd_diff(args: argparse.Namespace, ui: Any) -> int:
 
         for spec in args.apply:
             parse_spec(spec)  # a bad spec fails before the traces are read
+    _check_exports(args)
     a = ui.load(args.a)
     b = ui.load(args.b)
     result = diff(a, b, apply=args.apply or None, top=args.top)

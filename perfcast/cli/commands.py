@@ -10,7 +10,7 @@ from typing import Any
 
 from rich.text import Text
 
-from perfcast.errors import PerfcastError
+from perfcast.errors import OptionError, PerfcastError
 
 
 def add_correction_option(p: Any) -> None:
@@ -119,7 +119,7 @@ def _check_output(path: str | None, inputs: str) -> None:
     if path is None:
         return
     if not path.strip():
-        raise PerfcastError("the output path is empty", hint="give a file name")
+        raise OptionError("the output path is empty", hint="give a file name")
     if os.path.exists(inputs) and os.path.exists(path) and os.path.samefile(path, inputs):
         raise PerfcastError(
             "refusing to overwrite the input trace", path=path, hint="choose another output file"
