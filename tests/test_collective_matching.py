@@ -12,7 +12,7 @@ import pytest
 
 import perfcast
 from perfcast.analysis.stragglers import _collective_lists, stragglers
-from perfcast.graph.collectives import PairedBy, pair_across_ranks, step_codes
+from perfcast.graph.collectives import PairedBy, message_codes, pair_across_ranks, step_codes
 from tests.tracegen import TraceBuilder
 
 SEED = Path(__file__).parent / "data" / "fuzz" / "seeds" / "gloo_ddp_2rank"
@@ -42,6 +42,34 @@ def test_equal_counts_in_steps_no_rank_shares_pair_in_order() -> None:
     # Ranks that number their steps differently: position is all there is to go by.
     p = pair_across_ranks([_a(1, 2), _a(3, 4)], [_a(0, 1), _a(2, 3)])
     assert p.how is PairedBy.IN_ORDER and p.positions.tolist() == [[0, 0], [1, 1]]
+
+
+def test_equal_counts_hiding_a_lost_and_an_extra_collective_pair_by_size() -> None:
+    # Rank 1 lost step 1's second all-reduce (size 7) and holds one outside every step (size
+    # 9) that rank 0 lacks: the counts are equal, but in order the sizes disagree from the
+    # loss on. Step by step they all agree.
+    lists = [_a(1, 2, 3, 4), _a(1, 2, 3, 4)]
+    steps = [_a(0, 0, 1, 1), _a(0, 0, 1, -1)]
+    sizes = [_a(5, 6, 5, 7), _a(5, 6, 5, 9)]
+    p = pair_across_ranks(lists, steps, sizes)
+    assert p.how is PairedBy.STEP_BY_STEP
+    assert p.positions.tolist() == [[0, 0], [1, 1], [2, 2]] and p.left_out == 2
+    # The same counts without sizes, or with sizes that agree in order, pair in order.
+    assert pair_across_ranks(lists, steps).how is PairedBy.IN_ORDER
+    same = [_a(5, 6, 5, 7), _a(5, 6, 5, 7)]
+    assert pair_across_ranks(lists, steps, same).how is PairedBy.IN_ORDER
+    # Unknown sizes (-1) never count as a disagreement.
+    unknown = [_a(5, 6, 5, -1), _a(5, 6, 5, 9)]
+    assert pair_across_ranks(lists, steps, unknown).how is PairedBy.IN_ORDER
+
+
+def test_sizes_that_disagree_either_way_keep_the_order() -> None:
+    # A collective across a step boundary on rank 1 (equal counts): step by step pairs no
+    # fewer mismatched sizes than in order, so in order stays.
+    lists = [_a(1, 2, 3, 4), _a(1, 2, 3, 4)]
+    steps = [_a(0, 0, 1, 1), _a(0, 1, 1, 1)]
+    sizes = [_a(5, 6, 5, 6), _a(5, 6, 5, 7)]
+    assert pair_across_ranks(lists, steps, sizes).how is PairedBy.IN_ORDER
 
 
 def test_a_trace_without_steps_pairs_in_order_up_to_the_fewest(write_trace) -> None:
@@ -122,7 +150,11 @@ def _pairs(folder: Path) -> set[tuple]:
     out = set()
     for key in set.intersection(*(set(lists[r]) for r in ranks)):
         per = [lists[r][key] for r in ranks]
-        pairing = pair_across_ranks(per, [step_codes(table, table.iteration[p]) for p in per])
+        pairing = pair_across_ranks(
+            per,
+            [step_codes(table, table.iteration[p]) for p in per],
+            [message_codes(table, p) for p in per],
+        )
         for pos in pairing.positions.tolist():
             out.add(
                 tuple(

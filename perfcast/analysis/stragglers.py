@@ -26,7 +26,7 @@ from perfcast.analysis.comms import collective_ops
 from perfcast.analysis.notes import input_notes
 from perfcast.events import EventTable
 from perfcast.frames import Tables, plain
-from perfcast.graph.collectives import pair_across_ranks, step_codes
+from perfcast.graph.collectives import message_codes, pair_across_ranks, step_codes
 from perfcast.graph.host_collectives import SUBGROUPS_NOTE, match_group, matchable_ranges
 from perfcast.graph.phases import (
     collective_kernel_mask,
@@ -114,7 +114,11 @@ def stragglers(table: EventTable, candidates: int = 2, top: int = 20) -> Straggl
     matched: list[tuple[str, str, int, np.ndarray]] = []  # (kind, group, index, rows per rank)
     for key in sorted(keys):
         per = [lists[r][key] for r in ranks]
-        pairing = pair_across_ranks(per, [step_codes(table, table.iteration[p]) for p in per])
+        pairing = pair_across_ranks(
+            per,
+            [step_codes(table, table.iteration[p]) for p in per],
+            [message_codes(table, p) for p in per],
+        )
         # (collectives, ranks): the rows of each match
         mat = np.stack([p[pairing.positions[:, j]] for j, p in enumerate(per)], axis=1)
         if pairing.counts_differed:

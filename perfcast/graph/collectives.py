@@ -9,8 +9,9 @@ started) and the transfer (the shortest duration among the ranks: the last
 to arrive did not wait). The transfer starts when every rank has arrived.
 
 Where the ranks hold different numbers of a collective (a killed job's trace cut short, or
-ranks profiled over different steps), they are matched step by step (ProfilerStep#N, by
-name): the n-th with the n-th up to the fewest any rank holds in that step.
+ranks profiled over different steps), or pairing in order would pair collectives of
+different sizes, they are matched step by step (ProfilerStep#N, by name): the n-th with the
+n-th up to the fewest any rank holds in that step.
 
 Rank clocks differ; they are aligned by the median end-time difference of
 matched collectives (collectives end at about the same time everywhere).
@@ -78,34 +79,78 @@ def step_codes(table: EventTable, iteration: np.ndarray) -> np.ndarray:
     return codes[np.where(iteration >= 0, iteration, -1)]
 
 
-def pair_across_ranks(lists: Sequence[np.ndarray], steps: Sequence[np.ndarray]) -> Pairing:
+def pair_across_ranks(
+    lists: Sequence[np.ndarray],
+    steps: Sequence[np.ndarray],
+    sizes: Sequence[np.ndarray] | None = None,
+) -> Pairing:
     """Pair one kind and group of collectives across ranks: `lists[j]` holds rank j's in start
-    order, `steps[j]` the step code of each (`step_codes`).
+    order, `steps[j]` the step code of each (`step_codes`), `sizes[j]` (optional) what each
+    moves as a code (`message_codes`, -1 where the trace does not say).
 
     Where every rank holds as many, the n-th pairs with the n-th (a collective straddling a
-    step boundary differently on two ranks is still the same one). Otherwise step by step,
-    in the steps every rank holds, the n-th with the n-th up to the fewest any rank holds
-    there: a collective needs every rank of its group, so fewer on one rank means events
-    lost, and a cut loses each stream's latest events (the kernels Kineto writes are in time
-    order per stream); nothing outside steps is paired then. Traces without steps pair in
-    order up to the fewest (a cut loses the end)."""
-    sizes = [int(x.size) for x in lists]
+    step boundary differently on two ranks is still the same one), unless that pairs
+    collectives of different sizes and pairing step by step pairs fewer such: then one rank
+    lost one and holds another the others lack (outside the steps), and equal counts hid it.
+    Otherwise step by step, in the steps every rank holds, the n-th with the n-th up to the
+    fewest any rank holds there: a collective needs every rank of its group, so fewer on one
+    rank means events lost, and a cut loses each stream's latest events (the kernels Kineto
+    writes are in time order per stream); nothing outside steps is paired then. Traces
+    without steps pair in order up to the fewest (a cut loses the end)."""
+    counts = [int(x.size) for x in lists]
     n_ranks = len(lists)
-    fewest = min(sizes)
+    fewest = min(counts)
     in_order = np.repeat(np.arange(fewest)[:, None], n_ranks, axis=1)
-    if len(set(sizes)) == 1:
+    no_steps = all((s < 0).all() for s in steps)
+    if len(set(counts)) == 1:
+        if sizes is not None and not no_steps:
+            wrong = _size_mismatches(in_order, sizes)
+            if wrong:
+                stepwise = _pair_step_by_step(steps, n_ranks)
+                if _size_mismatches(stepwise, sizes) < wrong:
+                    left = sum(counts) - stepwise.shape[0] * n_ranks
+                    return Pairing(stepwise, left, PairedBy.STEP_BY_STEP)
         return Pairing(in_order, 0, PairedBy.IN_ORDER)
-    if all((s < 0).all() for s in steps):
-        return Pairing(in_order, sum(sizes) - fewest * n_ranks, PairedBy.IN_ORDER_UP_TO_FEWEST)
+    if no_steps:
+        return Pairing(in_order, sum(counts) - fewest * n_ranks, PairedBy.IN_ORDER_UP_TO_FEWEST)
+    positions = _pair_step_by_step(steps, n_ranks)
+    return Pairing(positions, sum(counts) - positions.shape[0] * n_ranks, PairedBy.STEP_BY_STEP)
+
+
+def _pair_step_by_step(steps: Sequence[np.ndarray], n_ranks: int) -> np.ndarray:
+    """(matched, ranks) positions: in each step every rank holds, the n-th with the n-th up to
+    the fewest there; in the first rank's order."""
     common = set.intersection(*(set(s[s >= 0].tolist()) for s in steps))
     blocks = []
     for code in common:
         pos = [np.flatnonzero(s == code) for s in steps]
         k = min(p.size for p in pos)
         blocks.append(np.stack([p[:k] for p in pos], axis=1))
-    blocks.sort(key=lambda b: int(b[0, 0]) if b.size else -1)  # in the first rank's order
-    positions = np.concatenate(blocks) if blocks else np.zeros((0, n_ranks), dtype=np.int64)
-    return Pairing(positions, sum(sizes) - positions.shape[0] * n_ranks, PairedBy.STEP_BY_STEP)
+    blocks.sort(key=lambda b: int(b[0, 0]) if b.size else -1)
+    return np.concatenate(blocks) if blocks else np.zeros((0, n_ranks), dtype=np.int64)
+
+
+def _size_mismatches(positions: np.ndarray, sizes: Sequence[np.ndarray]) -> int:
+    """Matches whose ranks' collectives are known to move different sizes."""
+    if not positions.size:
+        return 0
+    codes = np.stack([sizes[j][positions[:, j]] for j in range(positions.shape[1])], axis=1)
+    known = (codes >= 0).all(axis=1)
+    differ = (codes != codes[:, :1]).any(axis=1)
+    return int((known & differ).sum())
+
+
+def message_codes(table: EventTable, rows: np.ndarray) -> np.ndarray:
+    """What each collective row moves (input elements and dtype) as one code; -1 where the
+    trace records no size (older PyTorch, a host collective)."""
+    rows = np.asarray(rows, dtype=np.int64)
+    out = np.full(rows.size, -1, dtype=np.int64)
+    ok = rows >= 0
+    nel = table.coll_in[rows[ok]]
+    dtype = table.coll_dtype[rows[ok]].astype(np.int64)
+    # Element counts stay far below 2**47; the dtype's name index goes in the low 16 bits.
+    out[ok] = np.where(nel >= 0, (nel << 16) | (dtype & 0xFFFF), -1)
+    return out
 
 
 def match_collectives(graph: Graph) -> dict[tuple[str, str, int], dict[int, int]]:
@@ -156,9 +201,11 @@ def match_collectives(graph: Graph) -> dict[tuple[str, str, int], dict[int, int]
         lists = [np.array(per_rank[r][key], dtype=np.int64) for r in ranks]
         if table is not None:
             steps = [step_codes(table, c["iteration"][lst]) for lst in lists]
+            sizes = [message_codes(table, c["event"][lst]) for lst in lists]
+            pairing = pair_across_ranks(lists, steps, sizes)
         else:
             steps = [np.full(lst.size, -1, dtype=np.int64) for lst in lists]
-        pairing = pair_across_ranks(lists, steps)
+            pairing = pair_across_ranks(lists, steps)
         stepwise += pairing.counts_differed
         left_out += pairing.left_out
         for i, pos in enumerate(pairing.positions.tolist()):
@@ -168,8 +215,9 @@ def match_collectives(graph: Graph) -> dict[tuple[str, str, int], dict[int, int]
     if stepwise:
         graph.assumptions.append(
             f"{stepwise} kind(s) of collective (per process group) are held a different number "
-            "of times, or in different steps, by different ranks (a trace cut short, or ranks "
-            "profiled over different steps): matched step by step (in order in a trace without "
+            "of times by different ranks, or in order would pair collectives of different "
+            "sizes (a trace cut short, or ranks profiled over different steps): matched step "
+            "by step (in order in a trace without "
             "steps), the n-th with the n-th up to the fewest any rank holds in the step; "
             f"{left_out} left unmatched (summed "
             "over the ranks) keep their measured waits for the other ranks"
