@@ -224,6 +224,28 @@ def test_memsets_faster_than_dram_are_flagged(write_trace) -> None:
     assert "up to 10,000 GB/s" in notes[0]
 
 
+def test_copies_without_a_size_are_not_zero_bytes(write_trace) -> None:
+    """A copy whose size the trace does not record (older ROCm traces) is left out of its
+    kind's bytes and bandwidths, not counted as 0 bytes (which showed 0 GB/s), and said."""
+    b = TraceBuilder()
+    b.step(1, 0, 1000)
+    b.launch(
+        "Memcpy HtoD (Pinned -> Device)", 10, 5, 100, 10, cat="gpu_memcpy",
+        name="cudaMemcpyAsync", bytes=1_000_000,
+    )  # fmt: skip
+    b.launch("Memcpy HtoD (Pinned -> Device)", 30, 5, 200, 90, cat="gpu_memcpy")
+    b.launch("Memset (Device)", 50, 5, 300, 1, cat="gpu_memset")
+    r = memory(perfcast.load(write_trace(b.doc())))
+    copies = {c.kind: c for c in r.copies}
+    htod, memset = copies["Memcpy HtoD"], copies["Memset"]
+    assert (htod.count, htod.unsized) == (2, 1)
+    assert htod.total_mb == pytest.approx(1.0)
+    assert htod.effective_gbs == pytest.approx(100.0)  # 1 MB in the sized copy's 10 µs
+    assert htod.time_ms == pytest.approx(0.1)  # time counts every call
+    assert (memset.count, memset.unsized, memset.total_mb, memset.max_gbs) == (1, 1, None, None)
+    assert any("2 of 3 copies and memsets have no size" in n for n in r.notes), r.notes
+
+
 def test_allocator_chains_split_interleaved_allocators() -> None:
     import numpy as np
 

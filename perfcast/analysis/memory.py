@@ -88,11 +88,13 @@ class CopyStats:
     rank: int
     kind: str  # Memcpy HtoD / DtoH / DtoD / PtoP / Memset
     count: int
-    total_mb: float
+    # Sizes and bandwidths over the calls whose size the trace records (None: none does).
+    total_mb: float | None
     time_ms: float
-    effective_gbs: float  # all bytes / all time
-    mean_gbs: float  # mean of per-event bandwidths
-    max_gbs: float
+    effective_gbs: float | None  # their bytes / their time
+    mean_gbs: float | None  # mean of their per-event bandwidths
+    max_gbs: float | None
+    unsized: int = 0  # calls the trace gives no size for
 
 
 @dataclass
@@ -418,8 +420,16 @@ def _copies(
     ts = table.ts[rows]
     # A 0-length copy is below the clock's resolution: count it as 1 µs, as HTA does.
     dur = np.where(table.dur[rows] > 0, table.dur[rows], 1000)
-    nbytes = np.maximum(table.nbytes[rows], 0).astype(np.float64)  # unknown size: 0 bytes
+    sized = table.nbytes[rows] >= 0
+    # An unknown size moves nothing in the bandwidth timeline and is left out of the sums.
+    nbytes = np.where(sized, table.nbytes[rows], 0).astype(np.float64)
     bw = nbytes / dur  # bytes per ns = GB/s
+    if not sized.all():
+        out.notes.append(
+            f"rank {rank}: {int((~sized).sum()):,} of {sized.size:,} copies and memsets have no "
+            "size in the trace: left out of their kind's MB and bandwidths (- where no call of "
+            "a kind has one) and of the bandwidth timeline"
+        )
     on_gpu = np.isin(k, [i for i, kind in enumerate(kinds) if kind in _ON_GPU])
     _note_beyond_dram(out, rank, on_gpu, bw, device)
     lo, hi = int(ts.min()), int((ts + dur).max())
@@ -428,16 +438,19 @@ def _copies(
         m = k == ki
         if not m.any():
             continue
+        ms = m & sized
+        known = bool(ms.any())
         out.copies.append(
             CopyStats(
                 rank=rank,
                 kind=kind,
                 count=int(m.sum()),
-                total_mb=float(nbytes[m].sum()) / MB,
+                total_mb=float(nbytes[ms].sum()) / MB if known else None,
                 time_ms=float(dur[m].sum()) / NS_PER_MS,
-                effective_gbs=float(nbytes[m].sum() / dur[m].sum()),
-                mean_gbs=float(bw[m].mean()),
-                max_gbs=float(bw[m].max()),
+                effective_gbs=float(nbytes[ms].sum() / dur[ms].sum()) if known else None,
+                mean_gbs=float(bw[ms].mean()) if known else None,
+                max_gbs=float(bw[ms].max()) if known else None,
+                unsized=int((m & ~sized).sum()),
             )
         )
         # Cumulative bytes moved, piecewise linear between copy starts and ends.
