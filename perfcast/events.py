@@ -45,6 +45,8 @@ STEP_PREFIX = "ProfilerStep#"
 # gloo (a CPU backend) runs each collective on a worker thread of its own, under a user
 # annotation named `gloo:<op>` (ProcessGroupGloo's profiling title) with the tensors' shapes.
 GLOO_RANGE_PREFIX = "gloo:"
+# NCCL's ranges inside c10d collectives (nccl:all_reduce, ...); they record their tensors.
+NCCL_RANGE_PREFIX = "nccl:"
 CPU_KINDS = (Kind.CPU_OP, Kind.USER_ANNOTATION, Kind.PYTHON_FUNCTION, Kind.RUNTIME, Kind.DRIVER)
 
 

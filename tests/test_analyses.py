@@ -293,6 +293,24 @@ def test_collectives_by_hand(table) -> None:
     assert row.pct_of_peak == pytest.approx(100 * 40 / row.link_peak_gbs)
 
 
+def test_collective_size_from_the_nccl_range_when_c10d_records_a_tensor_list(
+    write_trace,
+) -> None:
+    """DDP's c10d op records its bucket as a TensorList without dims (2023-era traces, no
+    collective arguments); the nccl:all_reduce range inside it records the flat tensor."""
+    b = TraceBuilder()
+    b.step(1, 0, 1000)
+    b.op("c10d::allreduce_", 100, 80, **{"Input Dims": [[], [], [], []]})
+    b.op("record_param_comms", 102, 70, **{"Input Dims": [[], [], [], [], [], [], []]})
+    b.op(
+        "nccl:all_reduce", 105, 60, cat="user_annotation",
+        **{"Input Dims": [[394241]], "Input type": ["float"]},
+    )  # fmt: skip
+    b.launch("ncclKernel_AllReduce_RING_LL_Sum_float", 110, 5, 200, 100)
+    row = collectives(perfcast.load(write_trace(b.doc()))).by_op[0]
+    assert (row.op, row.dtype, row.size_bytes) == ("allreduce", "float", 4 * 394241)
+
+
 def test_roofline_by_hand(table) -> None:
     assert op_cost("aten::mm", [[64, 256], [256, 128]], 4) == (4194304.0, 229376.0)
     r = roofline(table)

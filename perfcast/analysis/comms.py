@@ -151,7 +151,8 @@ def _op_args_fallback(
 ) -> tuple[list[str | None], list[str | None], list[int]]:
     """For collective kernels whose trace has no collective arguments (older PyTorch): the
     op from the enclosing `nccl:<op>` range, and the size and dtype from the shapes of the
-    enclosing `record_param_comms` / `c10d::` op (record_shapes). Per row: (op, dtype,
+    nearest enclosing `record_param_comms` / `c10d::` op or `nccl:<op>` range that records a
+    tensor (record_shapes). Per row: (op, dtype,
     elements), None / 0 where the trace does not say."""
     from perfcast.ingest.input_dims import parse_input_dims, tensor_shapes
 
@@ -162,9 +163,12 @@ def _op_args_fallback(
     op_of_name = [collective_from_kernel_name(n) if n.startswith("nccl:") else None for n in names]
     named = np.array([o is not None for o in op_of_name], dtype=bool)
     op_row = nearest_ancestor(table, start, named[table.name])
-    # The nearest enclosing record_param_comms / c10d:: op whose shapes hold a tensor.
-    comms_op = np.array(
-        [n == "record_param_comms" or n.startswith("c10d::") for n in names], dtype=bool
+    # The nearest enclosing record_param_comms / c10d:: op or nccl:<op> range whose shapes
+    # hold a tensor (DDP's c10d op records a TensorList without dims; the nccl: range inside
+    # it records the bucket's flat tensor).
+    comms_op = (
+        np.array([n == "record_param_comms" or n.startswith("c10d::") for n in names], dtype=bool)
+        | named
     )
     first_tensor: dict[int, list[int]] = {}
     for i in np.unique(table.shapes[comms_op[table.name] & (table.shapes >= 0)]).tolist():

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from perfcast.events import GLOO_RANGE_PREFIX, MEM_DEVICE_CPU, NONE, Kind
+from perfcast.events import GLOO_RANGE_PREFIX, MEM_DEVICE_CPU, NCCL_RANGE_PREFIX, NONE, Kind
 from perfcast.ingest.schema import (
     CATEGORY_KIND,
     FWDBWD_FLOW_CATS,
@@ -342,13 +342,18 @@ def _extract_chunk(
     shapes = np.full(n, NONE, dtype=np.int32)
     in_types = np.full(n, NONE, dtype=np.int32)
     long_shapes = 0
-    # Ops, and gloo's collective ranges (user annotations that carry their tensors' shapes;
-    # other annotations keep none, so nothing else reads shapes it did not before).
+    # Ops, and the collective ranges gloo and NCCL record as user annotations with their
+    # tensors' shapes (gloo:*, and nccl:* where DDP's c10d op records only a TensorList);
+    # other annotations keep none, so nothing else reads shapes it did not before.
     shaped = np.flatnonzero(kinds == Kind.CPU_OP)
     annotated = np.flatnonzero(kinds == Kind.USER_ANNOTATION)
-    gloo = [i for i in annotated.tolist() if str(rows[i].name).startswith(GLOO_RANGE_PREFIX)]
-    if gloo:
-        shaped = np.union1d(shaped, gloo)
+    ranges = [
+        i
+        for i in annotated.tolist()
+        if str(rows[i].name).startswith((GLOO_RANGE_PREFIX, NCCL_RANGE_PREFIX))
+    ]
+    if ranges:
+        shaped = np.union1d(shaped, ranges)
     for i in shaped.tolist():
         a = args[i]
         if a is not None and a.input_dims is not None:
