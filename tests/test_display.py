@@ -170,3 +170,24 @@ def test_empty_tables_keep_their_columns(tmp_path) -> None:
         "category",
         "ms",
     ]
+
+
+def test_the_many_ranks_overview_splits_the_step_in_80_columns(shared_traces: Path) -> None:
+    """With more than a few ranks, summary opens with one row per rank: its GPU columns add
+    up to the step (the copies column was missing), and it fits 80 columns."""
+    from io import StringIO
+
+    from rich.console import Console
+
+    from perfcast.report.terminal import render_summary
+
+    s = perfcast.summary(shared_traces / "dlrm_v100_8rank")
+    buf = StringIO()
+    render_summary(s, Console(file=buf, width=80, color_system=None))
+    text = buf.getvalue()
+    assert "copies" in text.split("stragglers")[0]
+    assert max(len(line) for line in text.splitlines()) <= 80
+    rank0 = next(line for line in text.splitlines() if line.startswith("│             0 │"))
+    figures = [float(x) for x in rank0.strip("│ ").split("│")[1:] if x.strip()]
+    step, compute, comm, copies, idle = figures[1:6]
+    assert compute + comm + copies + idle == pytest.approx(step, abs=0.03)
