@@ -553,3 +553,38 @@ def test_plan_says_when_the_traced_configuration_misses_the_trace(shared_traces:
     note = next(n for n in result.notes if n.startswith("the traced configuration"))
     assert "ms of collective kernels per step" in note and "-4." in note
     assert any("every plan fits" in n for n in result.notes)
+
+
+def test_a_plan_on_another_gpu_scales_each_kernel_at_its_own_dtype(tmp_path: Path) -> None:
+    """fp32 GEMMs stay fp32 on the new GPU (PyTorch leaves matmul TF32 off) and fp32
+    convolutions run in TF32 where it has TF32 tensor cores, as the device what-if reads
+    them; the plan scaled every fp32 kernel by TF32 peaks (V100 -> H100 x0.03, 7x the
+    device what-if's x0.23 on the same DLRM trace)."""
+    from perfcast.hardware.classify import KernelClass
+    from perfcast.hardware.devices import lookup_device
+    from perfcast.plan.trace_workload import _compute_ratio
+
+    v100, h100 = lookup_device("V100-SXM2-32GB"), lookup_device("H100-SXM5-80GB")
+    assert v100 is not None and h100 is not None
+    b = TraceBuilder()
+    b.launch("volta_sgemm_128x64_nn", 0, 5, 10, 30)
+    b.launch("cudnn::detail::wgrad_alg0_engine", 40, 5, 50, 10)
+    table = perfcast.load(b.write(tmp_path / "t.json"))
+    rows = np.flatnonzero(table.is_gpu())
+    classes = np.array([KernelClass.MATMUL, KernelClass.CONV], dtype=np.int16)
+    dur = np.array([3.0, 1.0])
+    ratio, dtypes = _compute_ratio(table, rows, classes, dur, v100, h100)
+    expect = (3 * 15.7 / h100.peak("fp32") + 1 * 15.7 / h100.peak("tf32")) / 4
+    assert ratio == pytest.approx(expect)
+    assert dtypes == "fp32 75%, fp32 -> tf32 25%"
+    # The other way round a convolution leaves TF32 for the V100's fp32 units.
+    back, _ = _compute_ratio(table, rows, classes, dur, h100, v100)
+    assert back == pytest.approx((3 * h100.peak("fp32") + h100.peak("tf32")) / 15.7 / 4)
+
+
+def test_plan_of_an_fp32_trace_on_another_gpu_follows_the_device_whatif(
+    shared_traces: Path,
+) -> None:
+    r = plan_trace(perfcast.load(str(shared_traces / "dlrm_v100_8rank")), 64, gpu="h100", top=1)
+    said = " ".join(r.assumptions)
+    assert "compute-bound kernels x0.23" in said and "fp32 100%" in said, said

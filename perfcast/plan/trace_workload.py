@@ -56,6 +56,7 @@ from perfcast.whatif.models._parallel_common import balanced_max as _balanced_ma
 
 if TYPE_CHECKING:
     from perfcast.analysis.real_step import RealWorld
+    from perfcast.hardware.devices import DeviceSpec
 
 _LINEAR_OP = re.compile(r"^aten::(linear|addmm|mm|matmul)$|^(Addmm|Mm|Linear|Matmul)Backward\d*$")
 _WEIGHT_OP = re.compile(r"^aten::(conv\d?d|convolution|linear|addmm|matmul|embedding)$")
@@ -453,12 +454,13 @@ def trace_workload(
     dev_cb = dev_mem = 1.0
     assumptions = [identified] if identified else []
     if spec is not None and spec.name != cluster.device.name:
-        dtype = facts.compute_dtype if facts.compute_dtype != "fp32" else "tf32"
-        dev_cb = spec.peak(dtype) / cluster.device.peak(dtype)
+        fb = cb & (fwd | bwd)
+        dev_cb, dtypes = _compute_ratio(table, k[fb], classes[fb], dur[fb], spec, cluster.device)
         dev_mem = spec.mem_bw_gbs / cluster.device.mem_bw_gbs
         assumptions.append(
             f"trace recorded on {spec.name}, planned for {cluster.device.name}: compute-bound "
-            f"kernels x{dev_cb:.2f} ({dtype} peaks), memory-bound x{dev_mem:.2f} (bandwidth)"
+            f"kernels x{dev_cb:.2f} (per kernel, the peaks of the dtype it runs in on each: "
+            f"{dtypes}), memory-bound x{dev_mem:.2f} (bandwidth)"
         )
     elif spec is None:
         assumptions.append(
@@ -534,6 +536,40 @@ def trace_workload(
     if autotune:
         w.assumptions.append(f"memory: {autotune}")
     return w
+
+
+def _compute_ratio(
+    table: EventTable,
+    rows: np.ndarray,
+    classes: np.ndarray,
+    dur: np.ndarray,
+    source: DeviceSpec,
+    target: DeviceSpec,
+) -> tuple[float, str]:
+    """Compute-bound GPU time on `target` over its time on `source`, kernel by kernel at the
+    peak of the dtype each runs in there: an fp32 GEMM stays fp32 (PyTorch leaves matmul
+    TF32 off), an fp32 convolution runs in TF32 where the device has TF32 tensor cores
+    (cuDNN's default), as the device what-if reads them. And the dtypes, time-weighted."""
+    from perfcast.whatif.kernels import convs_in_tf32, kernel_dtype
+
+    total = float(dur.sum())
+    if total <= 0:
+        return 1.0, "no compute-bound kernels"
+    src_tf32, dst_tf32 = convs_in_tf32(source), convs_in_tf32(target)
+    scaled = 0.0
+    share: dict[str, float] = {}
+    # Per distinct (kernel name, class): a step holds thousands of kernels, few names.
+    keys = np.stack([table.name[rows].astype(np.int64), classes.astype(np.int64)], axis=1)
+    uniq, inverse = np.unique(keys, axis=0, return_inverse=True)
+    per_key = np.bincount(inverse.ravel(), weights=dur, minlength=len(uniq))
+    for (name_id, klass), d in zip(uniq.tolist(), per_key.tolist()):
+        name = table.names[name_id]
+        src, dst = kernel_dtype(name, klass, src_tf32), kernel_dtype(name, klass, dst_tf32)
+        scaled += d * source.peak(src) / target.peak(dst)
+        key = src if src == dst else f"{src} -> {dst}"
+        share[key] = share.get(key, 0.0) + d
+    parts = sorted(share.items(), key=lambda kv: -kv[1])
+    return scaled / total, ", ".join(f"{k} {100 * v / total:.0f}%" for k, v in parts)
 
 
 def _allreduce_bytes_per_step(table: EventTable, rank: int, steps: int) -> float:
