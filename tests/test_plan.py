@@ -588,3 +588,24 @@ def test_plan_of_an_fp32_trace_on_another_gpu_follows_the_device_whatif(
     r = plan_trace(perfcast.load(str(shared_traces / "dlrm_v100_8rank")), 64, gpu="h100", top=1)
     said = " ".join(r.assumptions)
     assert "compute-bound kernels x0.23" in said and "fp32 100%" in said, said
+
+
+def test_full_checkpointing_in_a_plan_follows_the_checkpointing_whatif() -> None:
+    """A full-ckpt plan keeps what the memory model's checkpoint regions keep (it kept every
+    saved tensor of a CNN: 108 layer groups for 106 saved tensors) and pays the forward's
+    host time again (a host-bound step recomputed for free)."""
+    from perfcast.memory_model import predict_peak_memory
+
+    table = perfcast.load(RECORDED / "r50_base.json.gz")
+    rows = plan_trace(table, 1, top=40).best
+    plain = next(r for r in rows if r.label == "dp1 tp1 pp1 mb64x1 ddp")
+    ckpt = next(r for r in rows if r.label == "dp1 tp1 pp1 mb64x1 ddp full-ckpt")
+    whatif = perfcast.predict(table, "activation-checkpointing")
+    before = predict_peak_memory(table, [])
+    after = predict_peak_memory(table, ["activation-checkpointing"])
+    saved = (before.activations_bytes - after.activations_bytes) / 2**30
+    assert plain.activations_gib - ckpt.activations_gib == pytest.approx(saved, rel=0.15)
+    assert ckpt.step_ms == pytest.approx(whatif.predicted_ms, rel=0.05)
+    mlp = plan_trace(perfcast.load(RECORDED / "mlp_base.json.gz"), 1, top=40).best
+    by = {r.label: r.step_ms for r in mlp}
+    assert by["dp1 tp1 pp1 mb64x1 ddp full-ckpt"] > 1.05 * by["dp1 tp1 pp1 mb64x1 ddp"]

@@ -96,6 +96,13 @@ class TraceWorkload:
     dev_ratio_cb: float = 1.0
     dev_ratio_mem: float = 1.0
     grad_bytes: int = 4
+    # Full activation checkpointing at the traced batch, as the memory model places it on
+    # this trace's forward (repeated blocks, else regions of equal op counts): the bytes the
+    # regions keep, the largest region's recompute peak, and the forward host time that
+    # backward runs again. None: from the layer groups.
+    ckpt_kept_bytes: float | None = None
+    ckpt_region_bytes: float | None = None
+    host_fwd_s: float = 0.0
     source: str = "trace"
     assumptions: list[str] = field(default_factory=list)
 
@@ -143,7 +150,9 @@ class TraceWorkload:
         fwd = fwd + comm
         bwd = bwd + comm
         rec = np.where(p.ckpt == 2, fwd, 0.0)
-        host = self.host_s * share * np.where(p.amp > 0, self.amp_ratio_host, 1.0)
+        # Recomputing runs the forward's ops again on the host too.
+        host_s = self.host_s + np.where(p.ckpt == 2, self.host_fwd_s, 0.0)
+        host = host_s * share * np.where(p.amp > 0, self.amp_ratio_host, 1.0)
         return StageTimes(fwd, bwd, rec, 2 * comm + np.where(p.ckpt == 2, comm, 0.0), host)
 
     def _stage_share(self, p: Plans) -> np.ndarray:
@@ -173,7 +182,11 @@ class TraceWorkload:
         s = [x.nbytes for x in self.facts.saved]
         pair = max((s[i] + s[i + 1] for i in range(len(s) - 1)), default=s[0] if s else 0)
         amp = np.where((p.amp > 0) & (self.facts.act_bytes_per_elem == 4), 0.5, 1.0)
-        one_region = self.facts.activation_bytes / max(self.n_groups, 1)
+        one_region = (
+            self.ckpt_region_bytes
+            if self.ckpt_region_bytes is not None
+            else self.facts.activation_bytes / max(self.n_groups, 1)
+        )
         extra = np.where(p.ckpt == 2, one_region * p.pp, 0.0)
         copies = np.where(p.amp > 0, self.facts.params * 2.0 / p.pp, 0.0)
         return (pair + extra) * p.mb / self.batch * amp + copies
@@ -184,6 +197,8 @@ class TraceWorkload:
         return lin / total if total else 0.0
 
     def _group_input_bytes(self) -> float:
+        if self.ckpt_kept_bytes is not None:
+            return self.ckpt_kept_bytes
         # Full checkpointing keeps one input per layer group (the group's first saved tensor).
         s = self.facts.saved
         if not s:
@@ -420,10 +435,12 @@ def trace_workload(
     # on every thread, less the time they spent blocked in synchronizing calls.
     ops = np.flatnonzero(in_step & np.isin(table.kind, [Kind.CPU_OP, Kind.USER_ANNOTATION]))
     host_fb = _host_busy(table, ops, phases, (Phase.FORWARD, Phase.BACKWARD))
+    host_fwd = _host_busy(table, ops, phases, (Phase.FORWARD,))
     host_opt = _host_busy(table, ops, phases, (Phase.OPTIMIZER,))
     if host is not None:
         step_s = host.step_ns.get(step, step_s * 1e9) / 1e9
         host_fb *= host.kept(step, (Phase.FORWARD, Phase.BACKWARD))
+        host_fwd *= host.kept(step, (Phase.FORWARD,))
         host_opt *= host.kept(step, (Phase.OPTIMIZER,))
     gpu_opt = float(dur[ph == Phase.OPTIMIZER].sum())
     opt_s = max(host_opt, gpu_opt)
@@ -496,8 +513,13 @@ def trace_workload(
         amp_ratio_host=amp.host if amp else 1.0,
         dev_ratio_cb=dev_cb,
         dev_ratio_mem=dev_mem,
+        host_fwd_s=min(host_fwd, host_s),
         assumptions=assumptions,
     )
+    kept, region, how = _checkpoint_bytes(facts)
+    if how:
+        w.ckpt_kept_bytes, w.ckpt_region_bytes = kept, region
+        w.assumptions.append(f"full-ckpt plans: {how}")
     w.assumptions.extend(notes)
     if host is not None:
         w.assumptions.append(host.assumption)
@@ -570,6 +592,22 @@ def _compute_ratio(
         share[key] = share.get(key, 0.0) + d
     parts = sorted(share.items(), key=lambda kv: -kv[1])
     return scaled / total, ", ".join(f"{k} {100 * v / total:.0f}%" for k, v in parts)
+
+
+def _checkpoint_bytes(facts: TraceFacts) -> tuple[float, float, str]:
+    """(bytes the checkpointed regions keep, the largest region's recompute peak, the memory
+    model's note) at the traced batch, as `whatif activation-checkpointing` places the
+    regions; (0, 0, "") when the trace's forward shows none."""
+    from perfcast.memory_model.model import checkpointed_inputs
+
+    inp = checkpointed_inputs(inputs_from_facts(facts))
+    if inp is None or not inp.recompute_bytes:
+        return 0.0, 0.0, ""
+    return (
+        float(sum(inp.saved_bytes)),
+        float(max(inp.recompute_bytes)),
+        inp.assumptions[-1],
+    )
 
 
 def _allreduce_bytes_per_step(table: EventTable, rank: int, steps: int) -> float:
