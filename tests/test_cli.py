@@ -353,6 +353,31 @@ def test_export_folders_are_checked_before_the_trace_is_read(
     assert afile.read_text() == "keep"
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["replay", "{inp}", "--export-trace", "{inp}/replay.json"],
+        ["report", "{inp}", "-o", "{inp}/r.html"],
+        ["analyze", "{inp}", "--only", "kernels", "--csv", "{inp}"],
+        ["analyze", "{inp}", "--only", "kernels", "--parquet", "{inp}/sub/tables"],
+        ["tree", "{inp}", "--speedscope", "{inp}/t.json"],
+        ["diff", str(EXAMPLE), "{inp}", "--csv", "{inp}/x"],
+    ],
+)
+def test_no_output_goes_into_an_input_folder(
+    argv: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A replay exported into the folder of rank traces was read back as rank 1 by the next
+    command; every output inside an input folder is refused, before any work."""
+    inp = tmp_path / "ranks"
+    inp.mkdir()
+    (inp / "rank0.json.gz").write_bytes(EXAMPLE.read_bytes())
+    assert main([*(a.format(inp=inp) for a in argv), "-q"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "refusing to write into the input folder" in err
+    assert [p.name for p in inp.iterdir()] == ["rank0.json.gz"]
+
+
 def test_a_missing_export_folder_is_created(tmp_path: Path) -> None:
     out = tmp_path / "new" / "tables"
     assert main(["analyze", str(EXAMPLE), "--only", "kernels", "--csv", str(out), "-q"]) == 0

@@ -58,16 +58,21 @@ def _add_exports(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _check_exports(args: argparse.Namespace) -> None:
+def _check_exports(args: argparse.Namespace, *inputs: str) -> None:
     """Refuse an export folder that cannot be one before the trace is read (a large trace
-    takes minutes); a missing folder is created when the tables are written."""
+    takes minutes), or that lies in an input folder; a missing folder is created when the
+    tables are written."""
     import os
+
+    from perfcast.cli.commands import refuse_inside_input
 
     for flag, folder in (("--csv", args.csv), ("--parquet", args.parquet)):
         if folder is None:
             continue
         if not folder.strip():
             raise OptionError(f"the {flag} folder is empty", hint="give a folder name")
+        for given in inputs:
+            refuse_inside_input(folder, given, folder)
         if os.path.exists(folder) and not os.path.isdir(folder):
             raise PerfcastError(
                 f"the {flag} output is a file, not a folder",
@@ -92,7 +97,7 @@ def cmd_analyze(args: argparse.Namespace, ui: Any) -> int:
     from perfcast.analysis.battery import analyze, parse_only
 
     only = parse_only(args.only)  # bad names fail before the trace is read
-    _check_exports(args)
+    _check_exports(args, args.path)
     table = ui.load(args.path)
     result = analyze(table, only=only, top=args.top)
     _write_exports(args, result.tables(), ui)
@@ -114,7 +119,7 @@ def cmd_diff(args: argparse.Namespace, ui: Any) -> int:
 
         for spec in args.apply:
             parse_spec(spec)  # a bad spec fails before the traces are read
-    _check_exports(args)
+    _check_exports(args, args.a, args.b)
     a = ui.load(args.a)
     b = ui.load(args.b)
     result = diff(a, b, apply=args.apply or None, top=args.top)

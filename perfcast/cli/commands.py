@@ -126,8 +126,27 @@ def _check_output(path: str | None, inputs: str) -> None:
         )
     _refuse_folder(path)
     parent = os.path.dirname(os.path.abspath(path))
+    refuse_inside_input(parent, inputs, path)
     if not os.path.isdir(parent):
         raise PerfcastError("output folder does not exist", path=path)
+
+
+def refuse_inside_input(folder: str, inputs: str, path: str) -> None:
+    """Refuse an output in, or under, a folder given as input: the next run on that folder
+    would read a written trace as one more rank."""
+    import os
+
+    if not os.path.isdir(inputs):
+        return
+    inside = os.path.realpath(inputs)
+    where = os.path.realpath(folder)
+    if where == inside or where.startswith(inside.rstrip(os.sep) + os.sep):
+        raise PerfcastError(
+            "refusing to write into the input folder (perfcast leaves its input as it is; "
+            "the next run on the folder could take a written file for one more rank)",
+            path=path,
+            hint="choose a folder outside it",
+        )
 
 
 def _refuse_folder(path: str) -> None:
