@@ -285,6 +285,21 @@ class EventTable:
     def rank_ids(self) -> list[int]:
         return [r.rank for r in self.ranks]
 
+    def source(self) -> str:
+        """The trace as a user names it in a message: its file, or the folder its ranks'
+        files share."""
+        import os
+
+        paths = [r.path for r in self.ranks if r.path]
+        if not paths:
+            return "the trace"
+        if len(paths) == 1:
+            return paths[0]
+        try:
+            return os.path.commonpath([os.path.dirname(p) or "." for p in paths])
+        except ValueError:  # paths on different drives
+            return paths[0]
+
     def rank_info(self, rank: int) -> RankInfo:
         for info in self.ranks:
             if info.rank == rank:

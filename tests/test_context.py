@@ -435,7 +435,8 @@ def test_tree_command(
     capsys.readouterr()
     for argv, needle in (
         (["--focus", "("], "bad regular expression"),
-        (["--rank", "5"], "no rank 5"),
+        (["--rank", "5"], f"no rank 5 in {trace}"),  # which trace: the option is at fault
+        (["--step", "77"], f"no step '77' in {trace}"),
         (["--phase", "up"], "unknown phase"),
         (["--depth", "-1"], "--depth"),
         (["--folded", str(tmp_path / "nope" / "x.txt")], "output folder does not exist"),

@@ -884,7 +884,9 @@ def select_rows(
     sel: dict[str, object] = {}
     if rank is not None:
         if rank not in table.rank_ids():
-            raise OptionError(f"no rank {rank} in the trace", hint=f"ranks: {table.rank_ids()}")
+            raise OptionError(
+                f"no rank {rank} in {table.source()}", hint=f"ranks: {table.rank_ids()}"
+            )
         mask &= table.rank == rank
         sel["rank"] = rank
     ph = _phase_of(phase)
@@ -900,7 +902,7 @@ def select_rows(
         ]
         if not want:
             names = sorted({table.iterations[i].name for i in its})
-            raise OptionError(f"no step {step!r} in the trace", hint=f"steps: {names[:8]}")
+            raise OptionError(f"no step {step!r} in {table.source()}", hint=f"steps: {names[:8]}")
         mask &= np.isin(table.iteration, want)
         sel["step"] = table.iterations[want[0]].name
         its = want

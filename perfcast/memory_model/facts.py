@@ -186,7 +186,9 @@ def _trace_facts(table: EventTable, rank: int | None) -> TraceFacts:
     if rank not in table.rank_ids():
         from perfcast.errors import OptionError
 
-        raise OptionError(f"no rank {rank!r} in the trace", hint=f"ranks: {table.rank_ids()}")
+        raise OptionError(
+            f"no rank {rank!r} in {table.source()}", hint=f"ranks: {table.rank_ids()}"
+        )
     info = table.rank_info(rank)
     step = last_complete_step(table, rank)
     facts = TraceFacts(rank=rank, step=table.iterations[step].name if step is not None else None)
