@@ -452,6 +452,18 @@ def test_every_json_result_names_the_traced_real_and_measured_step(capsys):
     assert doc["measured_real_ms"] > 0 and doc["traced_ms"] > 0
 
 
+def test_summary_and_replay_text_show_the_measured_unprofiled_step(capsys):
+    """README: summary, replay and whatif show the measured step beside the estimate (the
+    summary showed it only in --json, and replay's header read 'measured so')."""
+    doc = _json(capsys, "summary", str(H200_TRACE), "--json")
+    measured = doc["ranks"][0]["iterations"][0]["measured_real_ms"]
+    assert main(["summary", str(H200_TRACE), "-q"]) == 0
+    assert f"measured without the profiler: {measured:,.2f} ms per step" in capsys.readouterr().out
+    assert main(["replay", str(H200_TRACE), "-q"]) == 0
+    out = capsys.readouterr().out
+    assert "measured" in out and f"{measured:,.2f}" in out and "measured so" not in out
+
+
 def test_a_trace_without_collectives_says_so(capsys):
     assert main(["analyze", str(H200_TRACE), "--only", "collectives"]) == 0
     out = capsys.readouterr().out

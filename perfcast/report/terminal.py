@@ -175,6 +175,16 @@ def render_summary(summary: Summary, console: Console, top: int = 5) -> None:
         console.print(
             Text("GPU columns split the step: compute + comm + copies + idle = step", style="dim")
         )
+        measured = sorted({it.measured_real_ms for it in rs.iterations if it.measured_real_ms})
+        if measured:
+            lo, hi = measured[0], measured[-1]
+            figures = f"{lo:,.2f}" if lo == hi else f"{lo:,.2f} to {hi:,.2f}"
+            console.print(
+                Text(
+                    f"measured without the profiler: {figures} ms per step (steps timed "
+                    "beside the trace, when the profiler was off)"
+                )
+            )
         if real and correction is not None and not several:
             console.print(Text(correction.assumption()))
         console.print(
@@ -240,10 +250,10 @@ def _render_notes(console: Console, notes: list[str]) -> None:
 def render_replay(result: ReplayResult, console: Console) -> None:
     _render_notes(console, result.notes)
     t = Table(title="replay: traced vs simulated step time", title_justify="left")
-    cols = ["rank", "step", "traced ms", "simulated ms", "error", "without profiler ms"]
+    cols = ["rank", "step", "traced ms", "simulated ms", "error", "without\nprofiler ms"]
     measured = any(it.measured_real_ms is not None for rr in result.ranks for it in rr.iterations)
     if measured:
-        cols.append("measured so")
+        cols.append("measured w/o\nprofiler ms")
     for col in cols:
         t.add_column(col, justify="left" if col == "step" else "right")
     for rr in result.ranks:
@@ -251,7 +261,7 @@ def render_replay(result: ReplayResult, console: Console) -> None:
             style = "red" if abs(it.error_pct) > 1.0 else None
             row: list[str | Text] = [
                 str(rr.rank),
-                Text(it.name),
+                Text(it.name.replace("ProfilerStep", "step ")),
                 _ms(it.measured_ms),
                 _ms(it.simulated_ms),
                 Text(f"{it.error_pct:+.2f}%", style=style or ""),
