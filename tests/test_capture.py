@@ -129,7 +129,9 @@ def test_run_profile_script(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
 def test_run_profile_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     rc = run_profile(["-o", str(tmp_path), "--", "python", str(tmp_path / "missing.py")])
     assert rc == 2
-    assert "script not found" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    # One line in the form every command's errors take.
+    assert err.startswith("perfcast: error: script not found") and err.count("\n") == 1
 
     idle = tmp_path / "idle.py"
     idle.write_text("x = 1\n")

@@ -515,7 +515,10 @@ _PY_FLAGS_WITH_VALUE = {"-W", "-X", "--check-hash-based-pycs"}
 
 
 def _fail(msg: str) -> int:
-    print(f"perfcast profile: {msg}", file=sys.stderr)
+    # The same one-line form as every other command's errors.
+    from perfcast.errors import one_line
+
+    print(f"perfcast: error: {one_line(msg)}", file=sys.stderr)
     return 2
 
 
