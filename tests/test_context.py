@@ -727,3 +727,12 @@ def test_critical_paths_from_completion_add_up_to_step_times() -> None:
         steps = {(r, n): s for r, n, _, s in tl.iteration_ns()}
         for cp in critical_paths(tl, keep_steps=False):
             assert cp.total_ms * 1e6 == pytest.approx(steps[(cp.rank, cp.iteration)], abs=1)
+
+
+def test_an_empty_selection_says_so() -> None:
+    """A phase the trace does not hold (no CUDA graph replays in the example) drew an empty
+    tree with no word on why."""
+    example = Path(perfcast.__file__).parent / "examples" / "ddp_a100_rank0.json.gz"
+    notes = perfcast.tree(example, phase="graph").notes
+    assert any("no events in the selection (phase CUDA graph replay)" in n for n in notes), notes
+    assert not any("no events in the selection" in n for n in perfcast.tree(example).notes)

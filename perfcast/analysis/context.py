@@ -996,6 +996,9 @@ def _aggregate(
         steps=n_steps,
     )
     tree.notes = _notes(tree)
+    if not use.any():
+        chosen = ", ".join(f"{k} {v}" for k, v in sel.items()) or "the whole trace"
+        tree.notes.append(f"no events in the selection ({chosen}): nothing to show")
     return tree
 
 

@@ -22,7 +22,9 @@ def register(sub: Any, add_common: Callable[[Any], None], table: dict[str, Any])
     add_view_options(p)
     p.add_argument("--rank", type=int, help="only this rank")
     p.add_argument(
-        "--phase", help="only this phase: forward, backward, optimizer, dataloader, communication"
+        "--phase",
+        help="only this phase: forward, backward, optimizer, dataloader, communication, graph "
+        "(CUDA graph replays)",
     )
     p.add_argument("--step", help="only this step (ProfilerStep#N, or N)")
     p.add_argument(
