@@ -478,3 +478,13 @@ def test_launch_queue_depth_and_cupti_on_h100_resnet() -> None:
     s = r.by_stream[0]
     assert s.cupti_blocked_calls == 13 and s.blocked_calls == 13
     assert s.blocked_ms == pytest.approx(s.cupti_blocked_ms, rel=0.02)
+
+
+def test_analyses_with_nothing_to_report_say_why(shared_traces: Path) -> None:
+    """On a CPU-only job the GPU analyses printed empty sections without a word."""
+    a = analyze(perfcast.load(shared_traces / "hta_cpu_only_gloo_rank34.json.gz"))
+    for name in ("kernels", "idle", "launches", "queue", "ops"):
+        assert getattr(a, name).notes == [
+            "nothing to report: the trace holds no GPU work (a CPU-only job)"
+        ], name
+    assert not any("nothing to report" in n for n in a.collectives.notes)

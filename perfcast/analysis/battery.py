@@ -113,5 +113,21 @@ def analyze(table: EventTable, only: str | list[str] | None = None, top: int = 1
         fn, _ = ANALYSES[name]
         res = fn(table, top)
         res.notes = [n for n in res.notes if n not in out.notes]  # input notes once, at the top
+        if not res.notes and _all_empty(res):
+            res.notes.append(
+                "nothing to report: the trace holds no GPU work (a CPU-only job)"
+                if not table.is_gpu().any()
+                else "nothing to report for this trace"
+            )
         setattr(out, name, res)
     return out
+
+
+def _all_empty(result: object) -> bool:
+    """Every table of an analysis' result without a row."""
+    from perfcast.frames import result_tables
+
+    tables = result_tables(result)
+    return bool(tables) and all(
+        not any(len(col) for col in cols.values()) for cols in tables.values()
+    )
