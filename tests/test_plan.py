@@ -320,8 +320,11 @@ def test_optimizer_state_follows_the_traced_class() -> None:
 
 def test_load_desc_errors(tmp_path: Path) -> None:
     assert load_desc('{"layers": 2, "hidden": 64, "heads": 4, "seq": 16, "vocab": 100}').layers == 2
-    with pytest.raises(perfcast.errors.PerfcastError):
+    with pytest.raises(perfcast.errors.PerfcastError, match="unknown model"):
         load_desc("no-such-model")
+    # Inline JSON with a typo is a JSON error, not an unknown model.
+    with pytest.raises(perfcast.errors.PerfcastError, match=r"not valid JSON .*line 1 column 2"):
+        load_desc("{bad")
     with pytest.raises(perfcast.errors.PerfcastError):
         load_desc('{"layers": 2, "hidden": 64, "heads": 4, "seq": 16, "vocab": 100, "x": 1}')
     with pytest.raises(perfcast.errors.PerfcastError):

@@ -175,7 +175,13 @@ def load_desc(text: str) -> ModelDesc:
     else:
         try:
             raw = json.loads(text)
-        except ValueError:
+        except ValueError as exc:
+            if text.lstrip().startswith(("{", "[")):  # meant as inline JSON
+                raise PerfcastError(
+                    f"the model description is not valid JSON ({exc})",
+                    hint='e.g. {"layers": 24, "hidden": 2048, "heads": 16, "seq": 2048, '
+                    '"vocab": 51200}',
+                ) from None
             raise PerfcastError(
                 f"unknown model {text!r}",
                 hint="a preset (" + ", ".join(PRESETS) + "), a JSON file or inline JSON",
