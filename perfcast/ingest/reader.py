@@ -974,6 +974,15 @@ class TraceReader:
             parts.append(f"from byte {tail_at:,} on the data is too damaged to read")
         elif tail_at < src.size and not cut_off:
             parts.append(f"the {size - tail_at:,} bytes from byte {tail_at:,} on could not be read")
+        if src.problem and not src.cut:
+            # Damaged deflate data inflates garbage that can still read as events (names,
+            # times and durations spliced from elsewhere) before the JSON breaks, and the
+            # checksum that says so is only at the end: where the damage began is unknown.
+            where = f"near byte {spans[0][0]:,}" if spans else "somewhere in the file"
+            parts.append(
+                "a corrupt gzip stream can also inflate wrong values that still read as "
+                f"events: events from the damage ({where}) on may carry wrong names and times"
+            )
         if cut_off:
             # The data just stops: whatever followed was never written (or is gone).
             parts.append("anything written after the cut is lost, and how much that was is unknown")
