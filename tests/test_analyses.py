@@ -311,6 +311,17 @@ def test_collective_size_from_the_nccl_range_when_c10d_records_a_tensor_list(
     assert (row.op, row.dtype, row.size_bytes) == ("allreduce", "float", 4 * 394241)
 
 
+def test_a_collective_no_range_sizes_is_unsized_not_zero_bytes(write_trace) -> None:
+    b = TraceBuilder()
+    b.step(1, 0, 1000)
+    b.op("nccl:all_reduce", 105, 60, cat="user_annotation")
+    b.launch("ncclKernel_AllReduce_RING_LL_Sum_float", 110, 5, 200, 100)
+    r = collectives(perfcast.load(write_trace(b.doc())))
+    row = r.by_op[0]
+    assert (row.op, row.size_bytes, row.busbw_gbs) == ("allreduce", None, None)
+    assert r.summary[0].total_mb is None and any("carry no size" in n for n in r.notes)
+
+
 def test_roofline_by_hand(table) -> None:
     assert op_cost("aten::mm", [[64, 256], [256, 128]], 4) == (4194304.0, 229376.0)
     r = roofline(table)
