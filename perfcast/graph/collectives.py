@@ -199,13 +199,13 @@ def match_collectives(graph: Graph) -> dict[tuple[str, str, int], dict[int, int]
     stepwise = left_out = 0
     for key in sorted(keys):  # not set order: the same trace gives the same graph
         lists = [np.array(per_rank[r][key], dtype=np.int64) for r in ranks]
+        sizes: list[np.ndarray] | None = None
         if table is not None:
             steps = [step_codes(table, c["iteration"][lst]) for lst in lists]
             sizes = [message_codes(table, c["event"][lst]) for lst in lists]
-            pairing = pair_across_ranks(lists, steps, sizes)
         else:
             steps = [np.full(lst.size, -1, dtype=np.int64) for lst in lists]
-            pairing = pair_across_ranks(lists, steps)
+        pairing = pair_across_ranks(lists, steps, sizes)
         stepwise += pairing.counts_differed
         left_out += pairing.left_out
         for i, pos in enumerate(pairing.positions.tolist()):
@@ -217,8 +217,8 @@ def match_collectives(graph: Graph) -> dict[tuple[str, str, int], dict[int, int]
             f"{stepwise} kind(s) of collective (per process group) are held a different number "
             "of times by different ranks, or in order would pair collectives of different "
             "sizes (a trace cut short, or ranks profiled over different steps): matched step "
-            "by step (in order in a trace without "
-            "steps), the n-th with the n-th up to the fewest any rank holds in the step; "
+            "by step (in order in a trace without steps), the n-th with the n-th up to the "
+            "fewest any rank holds in the step; "
             f"{left_out} left unmatched (summed "
             "over the ranks) keep their measured waits for the other ranks"
         )

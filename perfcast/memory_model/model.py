@@ -442,8 +442,6 @@ def _checkpoint(inp: MemoryInputs, o: Mapping[str, Any]) -> MemoryInputs:
 def checkpointed_inputs(inp: MemoryInputs) -> MemoryInputs | None:
     """The inputs with full activation checkpointing applied as the what-if's default places
     it (repeated blocks, else regions of equal op counts); None without saved tensors."""
-    if not inp.saved_bytes:
-        return None
     out = _checkpoint(inp, {})
     return out if out.recompute_bytes is not None else None
 

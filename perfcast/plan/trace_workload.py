@@ -516,9 +516,9 @@ def trace_workload(
         host_fwd_s=min(host_fwd, host_s),
         assumptions=assumptions,
     )
-    kept, region, how = _checkpoint_bytes(facts)
-    if how:
-        w.ckpt_kept_bytes, w.ckpt_region_bytes = kept, region
+    ckpt = _checkpoint_bytes(facts)
+    if ckpt is not None:
+        w.ckpt_kept_bytes, w.ckpt_region_bytes, how = ckpt
         w.assumptions.append(f"full-ckpt plans: {how}")
     w.assumptions.extend(notes)
     if host is not None:
@@ -594,15 +594,15 @@ def _compute_ratio(
     return scaled / total, ", ".join(f"{k} {100 * v / total:.0f}%" for k, v in parts)
 
 
-def _checkpoint_bytes(facts: TraceFacts) -> tuple[float, float, str]:
+def _checkpoint_bytes(facts: TraceFacts) -> tuple[float, float, str] | None:
     """(bytes the checkpointed regions keep, the largest region's recompute peak, the memory
     model's note) at the traced batch, as `whatif activation-checkpointing` places the
-    regions; (0, 0, "") when the trace's forward shows none."""
+    regions; None when the trace's forward shows none."""
     from perfcast.memory_model.model import checkpointed_inputs
 
     inp = checkpointed_inputs(inputs_from_facts(facts))
     if inp is None or not inp.recompute_bytes:
-        return 0.0, 0.0, ""
+        return None
     return (
         float(sum(inp.saved_bytes)),
         float(max(inp.recompute_bytes)),

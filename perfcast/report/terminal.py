@@ -44,6 +44,14 @@ def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else 0.0
 
 
+# Under every table whose GPU columns split a step.
+_GPU_SPLIT = "GPU columns split the step: compute + comm + copies + idle = step"
+
+
+def _step_label(name: str) -> Text:
+    return Text(name.replace("ProfilerStep", "step "))
+
+
 def _render_rank_overview(summary: Summary, console: Console) -> None:
     t = Table(title="ranks (means over steps)", title_justify="left")
     # Two-line headers keep the table within 80 columns with a copies column.
@@ -75,8 +83,7 @@ def _render_rank_overview(summary: Summary, console: Console) -> None:
     console.print(t)
     console.print(
         Text(
-            "GPU columns split the step: compute + comm + copies + idle = step; data load is "
-            "the host's time in the DataLoader",
+            f"{_GPU_SPLIT}; data load is the host's time in the DataLoader",
             style="dim",
         )
     )
@@ -141,7 +148,7 @@ def render_summary(summary: Summary, console: Console, top: int = 5) -> None:
         for it in rs.iterations:
             g = it.gpu
             c = it.cpu
-            label = Text(it.name.replace("ProfilerStep", "step "))
+            label = _step_label(it.name)
             row: list[str | Text] = [
                 label,
                 _fig(it.measured_ms),
@@ -172,9 +179,7 @@ def render_summary(summary: Summary, console: Console, top: int = 5) -> None:
         # Titles and captions are lines of their own: inside a table they wrap to its width.
         console.print(Text(title, style="bold"))
         console.print(_figures_table(cols, rows))
-        console.print(
-            Text("GPU columns split the step: compute + comm + copies + idle = step", style="dim")
-        )
+        console.print(Text(_GPU_SPLIT, style="dim"))
         measured = sorted({it.measured_real_ms for it in rs.iterations if it.measured_real_ms})
         if measured:
             lo, hi = measured[0], measured[-1]
@@ -261,7 +266,7 @@ def render_replay(result: ReplayResult, console: Console) -> None:
             style = "red" if abs(it.error_pct) > 1.0 else None
             row: list[str | Text] = [
                 str(rr.rank),
-                Text(it.name.replace("ProfilerStep", "step ")),
+                _step_label(it.name),
                 _ms(it.measured_ms),
                 _ms(it.simulated_ms),
                 Text(f"{it.error_pct:+.2f}%", style=style or ""),
