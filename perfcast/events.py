@@ -88,6 +88,7 @@ class RankInfo:
     has_steps: bool = True
     # Salvage information for truncated files: events lost is an estimate.
     truncated: bool = False
+    tail_lost: bool = False  # the file stops inside the event list (a cut): later events lost
     salvage_note: str | None = None
     n_events: int = 0
     warnings: list[str] = field(default_factory=list)

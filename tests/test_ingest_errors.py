@@ -574,3 +574,78 @@ def test_events_written_twice_are_counted_once(tmp_path: Path) -> None:
     assert not any("appear twice" in w for w in a.ranks[0].warnings)
     steps = [it.real_ms for it in perfcast.summary(a).ranks[0].iterations]
     assert [it.real_ms for it in perfcast.summary(b).ranks[0].iterations] == steps
+
+
+def _example_json() -> bytes:
+    example = Path(__file__).parents[1] / "perfcast" / "examples" / "ddp_a100_rank0.json.gz"
+    return gzip.decompress(example.read_bytes())
+
+
+@pytest.mark.parametrize("tail", [b"}", b"},", b"},\n", b"},\n  "])
+def test_a_cut_after_an_events_comma_keeps_that_event(tmp_path: Path, tail: bytes) -> None:
+    """A cut that falls after a whole event (and its comma) loses nothing of the file."""
+    data = _example_json()
+    end = data.index(b"\n  },\n", len(data) // 2) + 4  # the "}" of an event
+    path = tmp_path / "cut.json"
+    path.write_bytes(data[:end] + tail[1:])
+    table = perfcast.load(path)
+    whole_events = data[:end].count(b'"ph":')
+    assert len(table) + _not_rows(data[:end]) == whole_events
+    assert "(the cut fell between two events)" in table.ranks[0].salvage_note
+
+
+def _not_rows(data: bytes) -> int:
+    """Events that are not table rows (flow arrows, metadata)."""
+    return data.count(b'"ph": "s"') + data.count(b'"ph": "f"') + data.count(b'"ph": "M"')
+
+
+@pytest.mark.parametrize("keep", [1, 40, 200])
+def test_a_cut_or_damaged_header_after_the_list_keeps_every_event(
+    tmp_path: Path, keep: int
+) -> None:
+    """The header after the event list (device, base time) cut `keep` bytes after the "]":
+    every event is kept, the header fields before the cut are read, and it says so."""
+    data = _example_json()
+    close = data.index(b"]", data.rindex(b"\n  }\n"))  # the event list's own "]"
+    full = perfcast.load(Path(__file__).parents[1] / "perfcast/examples/ddp_a100_rank0.json.gz")
+    path = tmp_path / "cut.json"
+    path.write_bytes(data[: close + keep])
+    table = perfcast.load(path)
+    info = table.ranks[0]
+    assert len(table) == len(full)
+    assert not info.truncated and info.salvage_note is None
+    said = " ".join(info.warnings)
+    assert "after the whole event list (every event kept)" in said
+    # A damaged key, not a cut: the same.
+    damaged = data[:close] + data[close:].replace(b'"traceName"', b'#traceName"')
+    path.write_bytes(damaged)
+    table = perfcast.load(path)
+    assert len(table) == len(full) and "every event kept" in " ".join(table.ranks[0].warnings)
+
+
+def test_a_gzip_without_its_footer_lost_nothing(tmp_path: Path) -> None:
+    """The gzip stream's last 8 bytes (checksum, size) missing: the JSON is whole."""
+    example = Path(__file__).parents[1] / "perfcast" / "examples" / "ddp_a100_rank0.json.gz"
+    path = tmp_path / "nofooter.json.gz"
+    path.write_bytes(example.read_bytes()[:-8])
+    table = perfcast.load(path)
+    info = table.ranks[0]
+    assert len(table) == len(perfcast.load(example))
+    assert not info.truncated and not info.tail_lost
+    assert any("only its checksum is missing" in w for w in info.warnings)
+    assert not any("GPU-side" in w for w in info.warnings)
+
+
+def test_the_step_a_cut_fell_in_is_named(tmp_path: Path) -> None:
+    """A cut drops a step's last launches and kernels together, so the step reads complete,
+    only shorter: the step of the last event the file holds is named, also for one step."""
+    data = _example_json()
+    path = tmp_path / "cut.json"
+    path.write_bytes(data[: int(len(data) * 0.99)])
+    table = perfcast.load(path)
+    last = table.iterations[-1].name
+    said = " ".join(table.ranks[0].warnings)
+    assert f"cut off while {last}'s events were being written" in said
+    tree = perfcast.tree(table)
+    assert any("cut off while" in n for n in tree.notes)
+    assert any("truncated trace" in n for n in tree.notes)

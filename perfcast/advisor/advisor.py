@@ -413,10 +413,13 @@ def _facts(graph: Graph, tl: Timeline) -> dict[str, float]:
     return facts
 
 
-def _bottleneck(f: dict[str, float]) -> str:
-    """What sets the step: the largest share of the critical path (which adds up to it)."""
+def _bottleneck(f: dict[str, float], gpu_side_lost: bool = False) -> str:
+    """What sets the step: the largest share of the critical path (which adds up to it).
+    `gpu_side_lost`: a GPU run's file lost events to a cut or damage."""
     if "host_critical_pct" not in f:
         return "unknown (no steps to analyse)"
+    if f.get("gpu_ms", 0.0) == 0.0 and gpu_side_lost:
+        return "unknown: no GPU work survived in this GPU run's damaged or cut-off file"
     if f.get("gpu_ms", 0.0) == 0.0:
         parts = [
             f"{label} {f.get(key, 0.0):.0f}%"
@@ -579,7 +582,9 @@ def advise(
         baseline_ms=baseline_ms,
         traced_ms=traced_ms,
         correction=world.correction,
-        bottleneck=_bottleneck(facts),
+        bottleneck=_bottleneck(
+            facts, any(r.truncated and r.device_name is not None for r in table.ranks)
+        ),
         suggestions=ranked,
         uncertain=uncertain,
         plan=_plan(ranked, world, baseline_ms, traits, unranked=uncertain),

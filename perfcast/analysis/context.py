@@ -995,7 +995,11 @@ def _aggregate(
         selection=sel,
         steps=n_steps,
     )
-    tree.notes = _notes(tree)
+    from perfcast.analysis.notes import input_notes
+
+    # A cut or damaged input is said here too, after the level (which views print apart).
+    level, *rest = _notes(tree)
+    tree.notes = [level, *input_notes(t), *rest]
     if not use.any():
         chosen = ", ".join(f"{k} {v}" for k, v in sel.items()) or "the whole trace"
         tree.notes.append(f"no events in the selection ({chosen}): nothing to show")

@@ -150,6 +150,7 @@ def _load_one(path: str, names: Interner, rank_hint: int | None) -> tuple[RankIn
         raw.perfcast_unprofiled_after_step_ms, info
     )
     info.truncated = decoded.truncated
+    info.tail_lost = decoded.tail_lost
     info.salvage_note = decoded.note
     info.warnings.extend(decoded.warnings)
     info.warnings.extend(cols.warnings)
@@ -484,6 +485,8 @@ def _derive(
             it.window_start_ns = prev.end_ns
     if info.truncated:
         _note_gpu_side_lost_at_the_cut(c, parent, iteration, iterations, info)
+    if info.tail_lost:
+        _note_step_at_the_cut(c, parent, iteration, iterations, info)
     return {"parent": parent, "launch": launch, "fwd_bwd": fwd_bwd, "iteration": iteration}, (
         iterations
     )
@@ -549,6 +552,34 @@ def _note_gpu_side_lost_at_the_cut(
         "the cut lost GPU-side events of some steps (Kineto writes runtime calls and kernels "
         "after all CPU ops): the share of ops with a launch recorded, equal in every step of "
         f"a complete trace, is {shares}; {action}"
+    )
+
+
+def _note_step_at_the_cut(
+    c: dict[str, np.ndarray],
+    parent: np.ndarray,
+    iteration: np.ndarray,
+    iterations: list[Iteration],
+    info: RankInfo,
+) -> None:
+    """Name the step a cut fell in: the step of the last event the file holds (rows are in
+    file order). Kineto writes a step's launches and kernels together, so a cut drops both
+    and leaves nothing dangling: a step that lost its last kernels reads as complete, only
+    shorter, and the share check above misses a small loss and cannot judge a single step."""
+    kind = c["kind"]
+    if info.device_name is not None and not (kind == Kind.RUNTIME).any():
+        return  # "no runtime call survived the cut" says more
+    stepped = np.flatnonzero(iteration >= 0)
+    if stepped.size == 0 or not info.has_steps:
+        return
+    k = int(iteration[stepped[-1]])
+    later = len(iterations) - 1 - k
+    name = iterations[k].name
+    after = f" and the {later:,} step{'s' * (later != 1)} after it" if later else ""
+    info.warnings.append(
+        f"the file is cut off while {name}'s events were being written (the last event it "
+        f"holds belongs to {name}): {name}{after} may be missing events written after the "
+        "cut, so their GPU time and predictions from them may read low"
     )
 
 

@@ -60,6 +60,10 @@ _GZ_IN = 1 << 14  # small: inflated offsets map back to file offsets closely
 _EVENT_GAP = re.compile(rb"\}\s*,\s*\{")
 _EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*')
 _LEAD = re.compile(rb"[\s,]*")
+# How many cut points a damaged header is tried at (each a small decode).
+_MAX_HEADER_TRIES = 2_000
+# After the event list's "]": more header keys, the object's end, or the end of the data.
+_HEADER_START = re.compile(rb"\s*(?:,|\}|$)")
 _NONSPACE = re.compile(rb"\S")
 _ERROR_AT = re.compile(r"\(byte (\d+)\)")
 
@@ -361,6 +365,7 @@ class Decoded:
 
     header: RawTrace
     truncated: bool = False
+    tail_lost: bool = False  # the data stops inside the event list: later events are missing
     note: str | None = None  # salvage: what was lost, truthfully, one line
     warnings: list[str] = field(default_factory=list)
 
@@ -441,8 +446,20 @@ class TraceReader:
             warnings.append("invalid UTF-8 in strings was replaced by U+FFFD")
         if self._src.trailing:
             warnings.append(self._src.trailing)
+        if self._src.cut and self._events_whole() and not self._cut_header:
+            warnings.append(
+                "the gzip stream ends early, after the whole JSON: only its checksum is "
+                "missing, so the data could not be verified"
+            )
         note = self._salvage_note()
-        return Decoded(header=header, truncated=note is not None, note=note, warnings=warnings)
+        tail_lost = not self._closed and (self._cut_at is not None or self._src.problem is not None)
+        return Decoded(
+            header=header,
+            truncated=note is not None,
+            tail_lost=tail_lost,
+            note=note,
+            warnings=warnings,
+        )
 
     def _open(self) -> None:
         """Read up to the event list's "[": the list itself, or the header's traceEvents."""
@@ -516,7 +533,9 @@ class TraceReader:
                 self._close_at(0)
                 return
             if self._eof:
-                end = len(self._buf)  # the rest: last events, "]" and the header
+                # The rest: last events, "]" and the header. A cut right after an event's
+                # comma leaves "},": without it the last whole event decodes as one.
+                end = len(self._buf.rstrip(b" \t\r\n,"))
             else:
                 m = _EVENT_GAP.search(self._buf, SLICE_BYTES)
                 if m is None:
@@ -544,7 +563,7 @@ class TraceReader:
                 end = r.end
                 continue
             except _Damage as d:
-                if d.kind == "closed" and self._verify_close(d.at):
+                if d.kind == "closed" and self._verify_close(d.at, closed_list=True):
                     events = self._recover(d.at, final=True, closing=True)
                     self._close_at(0)
                     return events
@@ -569,20 +588,46 @@ class TraceReader:
             self._fill(len(self._buf) + _BLOCK)
         header = self._try_header(bytes(self._buf))
         if header is None:
-            cut = self._src.problem or "the file is cut off or damaged after the event list"
-            self._header_problem = (
-                f"{cut}: the header fields after the event list (device, rank, base time) "
-                "could not be read"
+            cut = self._src.problem or "the file is cut off or damaged"
+            header, read_to = self._partial_header(bytes(self._buf))
+            lost = (
+                "its header fields after the list could not be read"
+                if read_to == 0
+                else "its header fields after the list were read up to byte "
+                f"{self._file_offset(self._base + read_to):,}; those after it are lost"
             )
+            self._header_problem = f"{cut} after the whole event list (every event kept): {lost}"
             self._cut_header = True
-            header = self._try_header(b"}")
         self._header = header
 
-    def _verify_close(self, at: int) -> bool:
-        """Is the "]" at _buf[at] the end of the event list? Only if a header follows."""
+    def _partial_header(self, suffix: bytes) -> tuple[RawTrace | None, int]:
+        """The header fields of a cut or damaged `suffix` that precede the damage: the
+        longest run of whole "key": value pairs (ended at a comma) that decodes, and where
+        it ends in `suffix`; (the fields before the list, 0) when none does."""
+        commas = [m.start() for m in re.finditer(rb",", suffix[:MAX_HEADER_BYTES])]
+        for at in reversed(commas[-_MAX_HEADER_TRIES:]):
+            if at == 0:
+                break
+            header = self._try_header(suffix[:at] + b"}")
+            if header is not None:
+                return header, at
+        return self._try_header(b"}"), 0
+
+    def _verify_close(self, at: int, closed_list: bool = False) -> bool:
+        """Is the "]" at _buf[at] the end of the event list? If a header follows; or, where
+        the decoder saw the list end there (`closed_list`), if the file ends within a
+        header's length after it and what follows starts like one: a cut or damaged
+        header must not cost the last event (the header's problem is said on its own)."""
         while not self._eof and len(self._buf) - at < MAX_HEADER_BYTES:
             self._fill(len(self._buf) + _BLOCK)
-        return self._try_header(bytes(self._buf[at + 1 :])) is not None
+        if self._try_header(bytes(self._buf[at + 1 :])) is not None:
+            return True
+        return (
+            closed_list
+            and self._eof
+            and self._prefix is not None
+            and _HEADER_START.match(self._buf, at + 1) is not None
+        )
 
     def _try_header(self, suffix: bytes) -> RawTrace | None:
         if self._prefix is None:  # a bare event list: nothing may follow it
@@ -839,7 +884,11 @@ class TraceReader:
             self._good(limit - pos)
             return whole, after, None
         self._window = _MIN_WINDOW
-        if whole.kind == "closed" and not closing and self._verify_close(pos + whole.at):
+        if (
+            whole.kind == "closed"
+            and not closing
+            and self._verify_close(pos + whole.at, closed_list=True)
+        ):
             got = self._attempt(pos, pos + whole.at)
             return (got if isinstance(got, _Got) else None), pos + whole.at, pos + whole.at
         # Pieces (split at `},{`) up to a little past the damage only: dense damage then
@@ -937,6 +986,10 @@ class TraceReader:
         """How byte offsets into the JSON are named: of a gzip file, once inflated."""
         return " of the inflated JSON" if self._src.gz else ""
 
+    def _events_whole(self) -> bool:
+        """The event list was read to its "]" with nothing skipped."""
+        return self._closed and not self._losses and self._cut_at is None and not self._gave_up
+
     def _salvage_note(self) -> str | None:
         """What was lost, in bytes of the file on disk; None when nothing was.
 
@@ -946,6 +999,8 @@ class TraceReader:
         A file that simply ends early (a cut) cannot say how much was never written.
         """
         src = self._src
+        if self._events_whole() and (not src.problem or src.cut):
+            return None  # a cut after the list: the header's warning or the footer's says so
         size = max(src.size, 1)
         tail_at = size  # from here on, everything is lost (file offsets)
         if src.problem_at is not None:
@@ -992,15 +1047,18 @@ class TraceReader:
             return None
         share = 100.0 * lost / size
         sizes = "about " if src.gz else ""
+        kept = f"{self._kept:,} complete event{'s' * (self._kept != 1)}"
         if cut_off and not spans and not self._gave_up:
             # Only the unfinished event at the cut was dropped from what the file holds; how
             # much was never written is said above ("unknown"), not counted as a share.
-            return (
-                f"{'; '.join(parts)}; kept {self._kept:,} complete events (the unfinished one "
-                f"at the cut, {sizes}{lost:,} bytes, dropped)"
+            dropped = (
+                f"the unfinished one at the cut, {sizes}{lost:,} byte{'s' * (lost != 1)}, dropped"
+                if lost
+                else "the cut fell between two events"
             )
+            return f"{'; '.join(parts)}; kept {kept} ({dropped})"
         return (
-            f"{'; '.join(parts)}; kept {self._kept:,} complete events; lost {sizes}{lost:,} "
+            f"{'; '.join(parts)}; kept {kept}; lost {sizes}{lost:,} "
             f"of the file's {src.size:,} bytes ({share:.1f}%)"
         )
 
