@@ -258,8 +258,8 @@ def plan_trace(
     amp_choices = (0, 1) if amp is not None else (0,)
     world = max((i.world_size or 1) for i in table.ranks)
     # The traced configuration itself: its predicted step checks the scaling against what
-    # the trace measured.
-    base = Plans.single(dp=world if world <= max(gpus, world) else 1, mb=w.batch, m=1)
+    # the trace measured (on its own GPU count, which may exceed the search's).
+    base = Plans.single(dp=world, mb=w.batch, m=1)
     searched = partial(
         search, w, cluster, gpus, gb, capacity_gib=memory_gb, fixed_s=w.fixed_s, ckpt=(0, 2)
     )

@@ -262,7 +262,9 @@ def search(
         bc = evaluate(workload, baseline, cluster, overlap_dp=overlap_dp, fixed_s=fixed_s)
         result.baseline = _row(0, 0, baseline, bc, tokens, _reasons(0, baseline, bc, best_step))
         b = result.baseline
-        if rows and b.samples_per_s > rows[0].samples_per_s * 1.005:
+        # Only a configuration on no more GPUs than the search's can be kept instead.
+        used = int(baseline.dp[0] * baseline.tp[0] * baseline.pp[0])
+        if rows and used <= gpus and b.samples_per_s > rows[0].samples_per_s * 1.005:
             result.notes.append(
                 f"the trace's own configuration ({b.label}: {b.samples_per_s:,.0f} samples/s) is "
                 f"predicted faster than every plan searched (best {rows[0].samples_per_s:,.0f} "
