@@ -107,3 +107,35 @@ def test_pipeline_without_shapes_says_p2p_is_not_counted(mlp, shared_traces: Pat
     )
     g = _apply(mlp, "pipeline-parallel", pp=2, act_mb=4)
     assert "4.00 MiB per micro-batch" in " ".join(g.assumptions)
+
+
+def test_tensor_parallel_sizes_mm_by_its_output(shared_traces: Path) -> None:
+    """aten::mm takes the weight transposed ([in, out]): a pair's forward all-reduce is its
+    output, [327680, 10] fp32 for the 267 -> 10 layer here, not [327680, 267]."""
+    table = perfcast.load(str(shared_traces / "hta_sampled_128rank" / "rank-0.json.gz"))
+    g = _apply(table, "tensor-parallel", tp=2)
+    nodes = _named(g, "modelled TP")
+    forward = g.cols["nbytes"][nodes][g.cols["phase"][nodes] == 1]
+    assert 327680 * 10 * 4 in forward.tolist()
+    assert 327680 * 267 * 4 not in forward.tolist()
+
+
+def test_tensor_parallel_backward_all_reduces_match_forward(mlp) -> None:
+    """Each pair's backward all-reduce is its input gradient: the forward one's size."""
+    g = _apply(mlp, "tensor-parallel", tp=2)
+    nodes = _named(g, "modelled TP")
+    c = g.cols
+    for it in np.unique(c["iteration"][nodes]).tolist():
+        mine = nodes[c["iteration"][nodes] == it]
+        fwd = c["nbytes"][mine][c["phase"][mine] == 1]
+        bwd = c["nbytes"][mine][c["phase"][mine] == 2]
+        assert bwd.tolist() == fwd[::-1].tolist()
+
+
+def test_zero3_reduce_scatters_run_beside_the_gathers(mlp) -> None:
+    """On one stream the next backward unit's gather would wait for this unit's
+    reduce-scatter: FSDP and DeepSpeed give the reduce-scatters a stream of their own."""
+    g = _apply(mlp, "zero", gpus=8, stage=3, units=4)
+    gathers = _named(g, "AllGather (modelled, FSDP unit)")
+    scatters = _named(g, "ReduceScatter (modelled")
+    assert not set(g.cols["lane"][gathers].tolist()) & set(g.cols["lane"][scatters].tolist())

@@ -10,8 +10,9 @@ What is modelled (Shoeybi et al., "Megatron-LM", 2019):
   each pair (the same size), on the compute stream: Megatron does not overlap them. With
   `sequence_parallel`, an all-gather and a reduce-scatter of the same volume take their place
   and the elementwise work between pairs (norms, dropout, residual adds) is split too;
-- size: the row-parallel layer's output (its input's leading dimensions x its weight's first
-  dimension, from the recorded shapes), at the layer's dtype (bf16/fp16 kernels 2 bytes, else
+- size: the row-parallel layer's output (its input's leading dimensions x its output
+  features, from the recorded shapes; in backward each pair's forward size, the shape of its
+  input gradient), at the layer's dtype (bf16/fp16 kernels 2 bytes, else
   4); time: ring all-reduce in the cluster model `perfcast plan` uses (10 µs + 2(t-1) alpha +
   2(t-1)/t N / busbw, busbw 80% of the peak of `link`, NVIDIA's nccl-tests figures, or what
   the trace's own large collectives reached), `link` by default the device's intra-node link;
@@ -88,6 +89,7 @@ def apply(graph: Graph, options: Options) -> Graph:
         )
         link = comm.cluster.intra
         note = comm.describe(t)
+        forward_bytes: list[float] = []  # this step's forward all-reduce sizes, in order
         for phase, pattern in ((Phase.FORWARD, _LINEAR_FWD), (Phase.BACKWARD, _LINEAR_BWD)):
             layers = _linear_layers(graph, rank, it, phase, pattern)
             if not layers:
@@ -101,6 +103,15 @@ def apply(graph: Graph, options: Options) -> Graph:
                 K.scale_variable(graph, nodes, 1.0 / t, fixed)
             split_ns += before - sum(int(graph.cols["dur"][n].sum()) for n, _ in layers)
             sizes = _pair_sizes(graph, layers, phase)
+            if phase == Phase.FORWARD:
+                forward_bytes = [nbytes for _, nbytes in sizes]
+            elif len(forward_bytes) == len(sizes):
+                # A pair's backward all-reduce is its input gradient: the shape of its input,
+                # the previous pair's output, not the gradient its row layer receives.
+                sizes = [
+                    (last, nbytes)
+                    for (last, _), nbytes in zip(sizes, reversed(forward_bytes), strict=True)
+                ]
             for last, nbytes in sizes:
                 if options.sequence_parallel:
                     us = comm.time_us("allgather", nbytes, t) + comm.time_us(
@@ -214,7 +225,9 @@ def _out_bytes(graph: Graph, nodes: np.ndarray) -> float:
     if name.endswith("addmm") and len(dims) > 2 and _is_shape(dims[1]) and _is_shape(dims[2]):
         numel = math.prod(dims[1][:-1]) * dims[2][-1]  # bias, x, W^T
     elif len(dims) > 1 and _is_shape(dims[0]) and _is_shape(dims[1]) and len(dims[1]) == 2:
-        numel = math.prod(dims[0][:-1]) * dims[1][0]  # x, W (linear / mm / matmul)
+        # linear's weight is [out, in]; mm and matmul take it transposed, [in, out]
+        out = dims[1][0] if name.endswith("linear") else dims[1][1]
+        numel = math.prod(dims[0][:-1]) * out
     elif _is_shape(dims[0]):
         numel = math.prod(dims[0])  # a backward node: the incoming gradient
     dt = dtype_from_kernel_name(graph.name_of(node))
