@@ -102,6 +102,11 @@ def apply(graph: Graph, options: Options) -> Graph:
         comm = C.comm_model(graph, rank, o.link, "zero", o.gpus_per_node, cache, o.nics_per_node)
         link = comm.cluster.intra
         lane = C.comm_lane(graph, rank, f"modelled ZeRO-{o.stage} collectives")
+        # FSDP and DeepSpeed reduce-scatter on a stream of their own: on the gathers' stream
+        # the next backward unit's gather would queue behind this unit's reduce-scatter.
+        rs_lane = (
+            C.comm_lane(graph, rank, "modelled ZeRO-3 reduce-scatters") if o.stage == 3 else lane
+        )
         c = graph.cols
         f_units = C.chunks(fwd, o.units)
         b_units = C.chunks(bwd, o.units)
@@ -118,7 +123,7 @@ def apply(graph: Graph, options: Options) -> Graph:
         order = c["launch_order"][last] + 0.25
         rs = C.insert_collective(
             graph,
-            lane,
+            rs_lane,
             np.full(k, round(rs_us * 1000)),
             np.full(k, per_unit * o.grad_bytes),
             order,
