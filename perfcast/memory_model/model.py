@@ -589,6 +589,12 @@ def _fused(inp: MemoryInputs, o: Mapping[str, Any]) -> MemoryInputs:
     return replace(inp, optimizer_impl=kind, assumptions=[*inp.assumptions, f"optimizer: {kind}"])
 
 
+# The scale-out what-ifs' defaults, so that memory and time assume the same plan: zero's
+# layer units and pipeline-parallel's micro-batches per stage.
+ZERO_UNITS = 16
+PP_MICROBATCHES_PER_STAGE = 4
+
+
 def _ddp(inp: MemoryInputs, o: Mapping[str, Any]) -> MemoryInputs:
     g = inp.params * inp.grad_bytes
     note = (
@@ -601,20 +607,26 @@ def _ddp(inp: MemoryInputs, o: Mapping[str, Any]) -> MemoryInputs:
 def _zero(inp: MemoryInputs, o: Mapping[str, Any]) -> MemoryInputs:
     n = int(_opt(o, "gpus", 8, int))
     stage = int(_opt(o, "stage", 3, int))
-    units = int(_opt(o, "units", 0, int) or 0)
+    units = int(_opt(o, "units", 0, int) or ZERO_UNITS)
+    prefetch = int(_opt(o, "prefetch", 1, int))
     sw = 1 / n if stage >= 3 else 1.0
     sg = 1 / n if stage >= 2 else 1.0
     so = 1 / n if stage >= 1 else 1.0
     extra = 0
     if stage >= 3 and inp.param_numels:
-        # Two units' full parameters are live at once (the one running, the one prefetched).
-        k = units or max(1, round(math.sqrt(len(inp.param_numels))))
-        per_unit = inp.params / k * inp.param_bytes
-        extra = int(2 * per_unit)
+        # The unit running and those prefetched hold their full parameters at once.
+        live = min(prefetch + 1, units)
+        per_unit = inp.params / units * inp.param_bytes
+        extra = int(live * per_unit)
     note = (
         f"ZeRO-{stage} / FSDP over {n} GPUs: optimizer state"
         f"{', gradients' if stage >= 2 else ''}{', parameters' if stage >= 3 else ''} sharded "
-        f"1/{n}" + (f"; two gathered units live at once (+{extra / MIB:.0f} MiB)" if extra else "")
+        f"1/{n}"
+        + (
+            f"; {live} of {units} gathered units live at once (+{extra / MIB:.0f} MiB)"
+            if extra
+            else ""
+        )
     )
     return replace(
         inp,
@@ -631,7 +643,9 @@ def _tp(inp: MemoryInputs, o: Mapping[str, Any], linear_share: float) -> MemoryI
     lin = linear_share
     note = (
         f"tensor parallel x{t}: linear layers' parameters ({lin:.0%} of all) and their state "
-        f"split 1/{t}; activations inside the split pairs 1/{t}, the rest replicated"
+        f"split 1/{t}; saved activations scaled by the same share (which activations sit "
+        "inside the split pairs is not traced; Megatron without sequence parallelism keeps "
+        "norms' inputs and dropout masks whole, so this is a lower bound)"
     )
     scale = (1 - lin) + lin / t
     return replace(
@@ -656,7 +670,7 @@ def _tp(inp: MemoryInputs, o: Mapping[str, Any], linear_share: float) -> MemoryI
 
 def _pp(inp: MemoryInputs, o: Mapping[str, Any]) -> MemoryInputs:
     p = int(_opt(o, "pp", 2, int))
-    m = int(_opt(o, "microbatches", 0, int) or 2 * p)
+    m = int(_opt(o, "microbatches", 0, int) or PP_MICROBATCHES_PER_STAGE * p)
     inflight = min(p, m)
     # The first stage holds the most: its share of the layers for `inflight` micro-batches.
     n = len(inp.saved_bytes)

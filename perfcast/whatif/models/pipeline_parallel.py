@@ -35,6 +35,7 @@ import numpy as np
 from perfcast.errors import NotApplicableError, OptionValueError
 from perfcast.graph.model import Graph
 from perfcast.graph.phases import Phase
+from perfcast.memory_model.model import PP_MICROBATCHES_PER_STAGE
 from perfcast.whatif import kernels as K
 from perfcast.whatif import primitives as P
 from perfcast.whatif.models import _parallel_common as C
@@ -59,7 +60,7 @@ def check_options(o: Options) -> None:
     """Values the model cannot take (the registry calls this when it builds the options)."""
     if o.pp < 2:
         raise OptionValueError("pipeline-parallel: pp must be at least 2")
-    m = o.microbatches or 4 * o.pp
+    m = o.microbatches or PP_MICROBATCHES_PER_STAGE * o.pp
     if m < 1 or o.virtual < 1:
         raise OptionValueError("pipeline-parallel: microbatches and virtual must be >= 1")
     C.check_link("pipeline-parallel", o.link)
@@ -68,7 +69,7 @@ def check_options(o: Options) -> None:
 def apply(graph: Graph, options: Options) -> Graph:
     K.refuse_graph_replays(graph, "pipeline-parallel")
     o = options
-    m = o.microbatches or 4 * o.pp
+    m = o.microbatches or PP_MICROBATCHES_PER_STAGE * o.pp
     if m < o.pp:
         # 1F1B keeps every stage busy only with at least one micro-batch per stage; fewer
         # leaves stages idle beyond the bubble this model counts.

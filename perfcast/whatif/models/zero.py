@@ -37,6 +37,7 @@ import numpy as np
 from perfcast.errors import NotApplicableError, OptionValueError
 from perfcast.graph.model import Graph
 from perfcast.graph.phases import Phase
+from perfcast.memory_model.model import ZERO_UNITS
 from perfcast.whatif import kernels as K
 from perfcast.whatif.models import _parallel_common as C
 
@@ -53,7 +54,7 @@ MIB = 1 << 20
 class Options:
     gpus: int = 8
     stage: int = 3
-    units: int = 16
+    units: int = ZERO_UNITS
     prefetch: int = 1
     link: str | None = None
     gpus_per_node: int = 8
