@@ -31,14 +31,15 @@ TraceLike = EventTable | str | os.PathLike[str]
 
 
 def _table(trace: TraceLike, name: str = "trace") -> EventTable:
+    """The loaded trace, refused (as the command line refuses it) when it holds no event."""
     if isinstance(trace, EventTable):
-        return trace
+        return trace.require_events()
     if not isinstance(trace, (str, os.PathLike)):
         raise OptionError(
             f"{name} must be a path (str or pathlib.Path) or a loaded EventTable, not "
             f"{type(trace).__name__}"
         )
-    return load(trace)
+    return load(trace).require_events()
 
 
 def _flag(name: str, value: object) -> bool:
@@ -138,10 +139,10 @@ def predict(trace: TraceLike, apply: list[str] | str, correct: bool = True) -> W
     >>> r = perfcast.predict("trace.json.gz", "fused-optimizer:kind=fused")  # doctest: +SKIP
     >>> r.baseline_ms, r.predicted_ms, r.speedup, r.correction.source       # doctest: +SKIP
     """
-    from perfcast.whatif.registry import parse_spec
+    from perfcast.whatif.registry import checked_specs
     from perfcast.whatif.runner import run_whatif
 
-    specs = [parse_spec(s) for s in _specs(apply, "apply", allow_empty=True)]
+    specs = checked_specs(_specs(apply, "apply", allow_empty=True))  # before any load
     correct = _flag("correct", correct)
     result, _, _ = run_whatif(_table(trace), specs, correct=correct)
     return result
@@ -355,7 +356,10 @@ def diff(
     from perfcast.analysis.diff import diff as _diff
 
     top = whole_number("top", top)
+    from perfcast.whatif.registry import checked_specs
+
     specs = [] if apply is None else _specs(apply, "apply", allow_empty=True)
+    checked = checked_specs(specs)  # an unknown name or option fails before any load
     correct = _flag("correct", correct)
     if real is not None:  # the old name
         real = _flag("real", real)
@@ -365,10 +369,9 @@ def diff(
     ta, tb = _table(a, "a"), _table(b, "b")
     out = _diff(ta, tb, top=top, real=correct)
     if specs:
-        from perfcast.whatif.registry import parse_spec
         from perfcast.whatif.runner import run_whatif
 
-        result, _, predicted = run_whatif(ta, [parse_spec(s) for s in specs], correct=correct)
+        result, _, predicted = run_whatif(ta, checked, correct=correct)
         compare_prediction(out, ta, tb, specs, result, predicted, top=top)
     return out
 

@@ -21,6 +21,9 @@ _HTML_FORMAT = (
 )
 
 
+MIN_TEXT_WIDTH = 40
+
+
 class Displayed:
     """Mixin for result classes: `RENDERER` names the terminal renderer (module, function)
     that draws the result into a rich Console."""
@@ -44,6 +47,10 @@ class Displayed:
 
     def text(self, width: int = 100) -> str:
         """The result as the command line prints it, as plain text (no trailing spaces)."""
+        from perfcast.errors import whole_number
+
+        # Narrower than this, rich drops whole columns and lines without a word.
+        width = whole_number("width", width, minimum=MIN_TEXT_WIDTH)
         text = str(self._draw(width).export_text(styles=False))
         return "\n".join(line.rstrip() for line in text.splitlines()) + "\n"
 

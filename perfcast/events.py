@@ -286,6 +286,20 @@ class EventTable:
     def rank_ids(self) -> list[int]:
         return [r.rank for r in self.ranks]
 
+    def require_events(self) -> EventTable:
+        """This table, or a PerfcastError when it holds no complete event: every analysis
+        would print empty tables and 0 ms."""
+        if len(self) == 0:
+            from perfcast.errors import PerfcastError
+
+            raise PerfcastError(
+                "the trace holds no complete events: nothing to analyse",
+                path=self.source(),
+                hint="profile at least one step: torch.profiler with prof.step(), or "
+                "`perfcast profile`",
+            )
+        return self
+
     def source(self) -> str:
         """The trace as a user names it in a message: its file, or the folder its ranks'
         files share."""

@@ -306,3 +306,38 @@ def test_a_bad_flag_is_refused_before_the_trace_is_read() -> None:
         perfcast.summary("/no/such/trace.json", correct="no")
     with pytest.raises(OptionError, match="real must be True or False"):
         perfcast.diff("/no/such/a.json", "/no/such/b.json", real="no")
+
+
+def test_predict_and_diff_check_every_option_before_the_trace(tmp_path) -> None:
+    """A bad option value (not only a bad name) fails before any load: the path below does
+    not exist, so reaching the load would say so instead."""
+    missing = tmp_path / "never-read.json"
+    for spec in ("amp:dtype=fp8", "ddp:gpus=-1", "batch-size:factor=0", "amp:foo=1"):
+        with pytest.raises(OptionError):
+            perfcast.predict(missing, spec)
+        with pytest.raises(OptionError):
+            perfcast.diff(missing, missing, apply=spec)
+    for host in ("-1", "nan", "0", str(tmp_path / "no-calibration.json")):
+        with pytest.raises(OptionError, match="host"):
+            perfcast.predict(missing, f"device:target=h100,host={host}")
+
+
+def test_text_width_and_load_progress_are_checked(table) -> None:
+    summary = perfcast.summary(table, correct=False)
+    for width in ("100", 100.5, 0, -1):
+        with pytest.raises(OptionError, match="width"):
+            summary.text(width=width)
+    with pytest.raises(OptionError, match="progress must be a function"):
+        perfcast.load(EXAMPLE, progress=5)
+
+
+def test_a_trace_without_events_is_refused_as_the_command_line_refuses_it(tmp_path) -> None:
+    from perfcast.errors import PerfcastError
+
+    empty = tmp_path / "empty.json"
+    empty.write_text('{"traceEvents": []}')
+    with pytest.raises(PerfcastError, match="holds no complete events") as info:
+        perfcast.summary(empty)
+    assert str(empty) in str(info.value)
+    with pytest.raises(PerfcastError, match="holds no complete events"):
+        perfcast.diff(EXAMPLE, empty)

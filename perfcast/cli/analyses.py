@@ -115,10 +115,9 @@ def cmd_diff(args: argparse.Namespace, ui: Any) -> int:
     from perfcast.frames import result_tables
 
     if args.apply:
-        from perfcast.whatif.registry import parse_spec
+        from perfcast.whatif.registry import checked_specs
 
-        for spec in args.apply:
-            parse_spec(spec)  # a bad spec fails before the traces are read
+        checked_specs(args.apply)  # a bad name or option fails before the traces are read
     _check_exports(args, args.a, args.b)
     a = ui.load(args.a)
     b = ui.load(args.b)

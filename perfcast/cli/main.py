@@ -42,17 +42,7 @@ class UI:
         """Load a trace (refusing one without a single complete event: every command would
         print empty tables and 0 ms); on a terminal, a progress bar when it may take a
         second or more."""
-        table = self._load(path)
-        if len(table) == 0:
-            from perfcast.errors import PerfcastError
-
-            raise PerfcastError(
-                "the trace holds no complete events: nothing to analyse",
-                path=path,
-                hint="profile at least one step: torch.profiler with prof.step(), or "
-                "`perfcast profile`",
-            )
-        return table
+        return self._load(path).require_events()
 
     def _load(self, path: str):
         from perfcast.ingest import load

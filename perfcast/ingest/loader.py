@@ -35,6 +35,10 @@ def load(path: str | os.PathLike[str], progress: ProgressFn | None = None) -> Ev
         raise OptionError(
             f"a trace is a path (str or pathlib.Path) to a file or folder, not {path!r}"
         )
+    if progress is not None and not callable(progress):
+        raise OptionError(
+            f"progress must be a function (file, done, total) or None, not {progress!r}"
+        )
     path = os.fspath(path)
     try:
         os.stat(path)

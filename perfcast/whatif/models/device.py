@@ -119,18 +119,31 @@ def _link_ratio(src: DeviceSpec, dst: DeviceSpec) -> float | None:
 def host_ratio(host: str | float | os.PathLike[str], graph: Graph) -> tuple[float, str]:
     """The new host's speed relative to the traced one, and where it comes from: a number,
     or the new machine's calibration file against the one that fits the trace."""
+    speed = _host_speed(host)
+    if speed is None:
+        return _host_ratio_from_calibration(_host_path(host), graph)
+    return speed, f"host={speed:g}"
+
+
+def _host_path(host: str | float | os.PathLike[str]) -> Path:
+    text = (os.fspath(host) if isinstance(host, os.PathLike) else str(host)).strip()
+    return Path(text).expanduser()
+
+
+def _host_speed(host: str | float | os.PathLike[str]) -> float | None:
+    """The option as a speed ratio (checked), or None when it names a file."""
     text = (os.fspath(host) if isinstance(host, os.PathLike) else str(host)).strip()
     try:
         speed = float(text)
     except ValueError:
-        return _host_ratio_from_calibration(Path(text).expanduser(), graph)
+        return None
     if not _sane_speed(speed):
-        raise PerfcastError(
+        raise OptionValueError(
             "device: host must be a positive speed ratio or a calibration file",
             hint=f"e.g. host=1.3 (between {1 / MAX_OPTION:g} and {MAX_OPTION:g}), or "
             "host=other-machine.json written by perfcast calibrate there",
         )
-    return speed, f"host={speed:g}"
+    return speed
 
 
 def _sane_speed(speed: float) -> bool:
@@ -155,7 +168,7 @@ def _host_ratio_from_calibration(path: Path, graph: Graph) -> tuple[float, str]:
     except (OSError, ValueError):  # a name too long for the OS, a NUL byte
         is_file = False
     if not is_file:
-        raise PerfcastError(
+        raise OptionValueError(
             f"device: host={str(path)[:200]} is neither a number nor a file",
             hint="host=1.3, or the file `perfcast calibrate -o FILE` wrote on the new machine",
         )
@@ -205,6 +218,17 @@ def check_options(options: Options) -> None:
         raise OptionValueError(
             "device needs a target GPU", hint=f"e.g. device:target=h100; {known_devices_text()}"
         )
+    if _host_speed(options.host) is None:  # a file: it must exist (its contents: at apply)
+        path = _host_path(options.host)
+        try:
+            is_file = path.is_file()
+        except (OSError, ValueError):
+            is_file = False
+        if not is_file:
+            raise OptionValueError(
+                f"device: host={str(path)[:200]} is neither a number nor a file",
+                hint="host=1.3, or the file `perfcast calibrate -o FILE` wrote on the new machine",
+            )
 
 
 def apply(graph: Graph, options: Options) -> Graph:
