@@ -41,8 +41,27 @@ def test_replay_json_and_export(capsys, tmp_path):
         assert it["simulated_ms"] == pytest.approx(it["measured_ms"], rel=0.01)
     trace = json.loads(out.read_text())
     names = {e["args"]["name"] for e in trace["traceEvents"] if e.get("name") == "process_name"}
-    assert names == {"simulated · rank 0"}
+    assert names == {"simulated, as traced · rank 0"}
     assert any(e["ph"] == "s" for e in trace["traceEvents"])  # launch arrows
+    # Each op is one slice spanning its children (a step is one slice, not its self-time
+    # pieces), and slices on a thread nest: none ends inside another and outlives it.
+    slices = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    steps = [e for e in slices if e["name"].startswith("ProfilerStep#")]
+    assert [e["name"] for e in steps] == ["ProfilerStep#4", "ProfilerStep#5", "ProfilerStep#6"]
+    for e, it in zip(steps, doc["ranks"][0]["iterations"], strict=True):
+        assert 0.9 * it["simulated_ms"] < e["dur"] / 1e3 <= it["simulated_ms"] + 1e-6
+    by_tid: dict[int, list[tuple[int, int]]] = {}
+    for e in slices:
+        if e["cat"] in ("cpu_op", "launch", "runtime"):
+            by_tid.setdefault(e["tid"], []).append((round(e["ts"] * 1e3), -round(e["dur"] * 1e3)))
+    for spans in by_tid.values():
+        open_ends: list[int] = []
+        for ts, neg in sorted(spans):
+            end = ts - neg
+            while open_ends and open_ends[-1] <= ts:
+                open_ends.pop()
+            assert not open_ends or end <= open_ends[-1]
+            open_ends.append(end)
     # A launch-queue counter track per GPU stream: never negative, empty at the end.
     queue = [e for e in trace["traceEvents"] if e["ph"] == "C"]
     assert queue and all(e["name"].startswith("launch queue · ") for e in queue)
@@ -75,7 +94,10 @@ def test_whatif_json_and_side_by_side_export(capsys, tmp_path):
     assert len(doc["iterations"]) == 3
     trace = json.loads(gzip.decompress(out.read_bytes()))
     procs = {e["args"]["name"] for e in trace["traceEvents"] if e.get("name") == "process_name"}
-    assert procs == {"baseline (simulated) · rank 0", "predicted · rank 0"}
+    assert procs == {
+        "baseline (without the profiler) · rank 0",
+        "predicted (without the profiler) · rank 0",
+    }
 
 
 def test_advise_json(capsys):
@@ -515,3 +537,18 @@ def test_option_errors_are_one_line(capsys, argv):
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "error:" in err and "usage:" not in err
+
+
+def test_a_many_rank_export_puts_every_rank_on_one_clock(tmp_path, shared_traces) -> None:
+    """Each rank's replay starts at 0; the export shifts them by the offsets that aligned
+    their collectives, so one all-reduce ends at about the same time on every rank (its
+    arrows were up to 7.5 ms apart, half of them backwards)."""
+    out = tmp_path / "dlrm.json"
+    assert main(["replay", str(shared_traces / "dlrm_v100_8rank"), "--export-trace", str(out)]) == 0
+    events = json.loads(out.read_text())["traceEvents"]
+    ends: dict[int, list[float]] = {}
+    for e in events:
+        if e.get("cat") == "collective" and e["ph"] in ("s", "f"):
+            ends.setdefault(e["id"], []).append(e["ts"])
+    gaps = sorted(abs(a - b) for a, b in ends.values())
+    assert len(gaps) > 50 and gaps[len(gaps) // 2] < 100  # µs: a wait, not a clock offset

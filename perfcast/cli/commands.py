@@ -208,7 +208,7 @@ def cmd_replay(args: argparse.Namespace, ui: Any) -> int:
     graph = build_graph(table)
     tl = simulate(graph, engine=args.engine)
     world = real_world(graph, correct=args.correct, traced=tl)
-    _export([("simulated", tl)], args.export_trace, ui)
+    _export([("simulated, as traced", tl)], args.export_trace, ui)
     return _output(replay_result(tl, world), "render_replay", args, ui)
 
 
@@ -230,7 +230,12 @@ def cmd_whatif(args: argparse.Namespace, ui: Any) -> int:
     _check_output(args.export_trace, args.path)
     table = ui.load(args.path)
     result, base_tl, pred_tl = run_whatif(table, specs, correct=args.correct)
-    _export([("baseline (simulated)", base_tl), ("predicted", pred_tl)], args.export_trace, ui)
+    world = "without the profiler" if args.correct else "as traced"
+    _export(
+        [(f"baseline ({world})", base_tl), (f"predicted ({world})", pred_tl)],
+        args.export_trace,
+        ui,
+    )
     if args.tree:
         from perfcast.cli.tree import whatif_tree
 

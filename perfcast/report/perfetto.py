@@ -33,6 +33,72 @@ _SOURCE_LABEL = {
 }
 
 
+# Flow arrows attach to the slice open at their timestamp; one placed exactly on a slice's
+# edge can attach to its neighbour, so each end sits this far (µs) inside its slice.
+_INSIDE_US = 0.001
+
+
+def _clock_shift_ns(g: Any) -> np.ndarray:
+    """Per node, ns to add so that every rank is on one clock: the ranks' replays start at 0
+    each, and the offsets that aligned their collectives put them on a common one."""
+    c = g.cols
+    shift = g.rank_clock_ns
+    if not shift or len(g) == 0:
+        return np.zeros(len(g), dtype=np.int64)
+    base = min(shift.values())
+    per_rank = np.zeros(max(int(c["rank"].max()), max(shift)) + 1, dtype=np.int64)
+    for r, x in shift.items():
+        per_rank[r] = x - base
+    return per_rank[c["rank"]]
+
+
+def _op_spans(
+    g: Any, pieces: np.ndarray, start: np.ndarray, end: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """One slice per op instead of its self-time pieces: (op rows, lane, start, end, pieces
+    left to draw one by one). An op spans its own pieces and every descendant op's (host
+    nodes: CPU pieces, runtime calls), so ops nest as they ran and a step is one slice. An
+    op whose pieces a what-if put on more than one lane is drawn as its pieces."""
+    c = g.cols
+    table = g.table
+    op = c["op"][pieces]
+    if table is None or pieces.size == 0:
+        return (np.zeros(0, np.int64),) * 4 + (pieces,)  # type: ignore[return-value]
+    n = len(table)
+    lane = c["lane"][pieces].astype(np.int64)
+    lane_lo = np.full(n, np.iinfo(np.int64).max)
+    lane_hi = np.full(n, -1, dtype=np.int64)
+    np.minimum.at(lane_lo, op, lane)
+    np.maximum.at(lane_hi, op, lane)
+    split = lane_lo != lane_hi
+    one_lane = ~split[op]
+    lo = np.full(n, np.inf)
+    hi = np.full(n, -np.inf)
+    np.minimum.at(lo, op[one_lane], start[pieces][one_lane])
+    np.maximum.at(hi, op[one_lane], end[pieces][one_lane])
+    lane_of = np.where(split, -1, np.where(lane_hi >= 0, lane_hi, -1))
+    # Bounds climb the op tree one level per pass (a parent may have no piece of its own);
+    # a row updated in a pass passes its bounds on in the next.
+    parent = table.parent
+    frontier = np.unique(op[one_lane])
+    for _ in range(256):
+        if frontier.size == 0:
+            break
+        up = parent[frontier]
+        ok = up >= 0
+        child, up = frontier[ok], up[ok]
+        same = (lane_of[up] < 0) | (lane_of[up] == lane_of[child])
+        same &= ~split[up]
+        child, up = child[same], up[same]
+        lane_of[up] = lane_of[child]
+        before_lo, before_hi = lo[up].copy(), hi[up].copy()
+        np.minimum.at(lo, up, lo[child])
+        np.maximum.at(hi, up, hi[child])
+        frontier = np.unique(up[(lo[up] < before_lo) | (hi[up] > before_hi)])
+    rows = np.flatnonzero(np.isfinite(lo) & (lane_of >= 0))
+    return rows, lane_of[rows], lo[rows], hi[rows], pieces[~one_lane]
+
+
 def timeline_events(
     tl: Timeline, label: str, pid_base: int, flows: bool = True
 ) -> list[dict[str, Any]]:
@@ -75,8 +141,34 @@ def timeline_events(
         )
     names = g.names
     kind = c["kind"]
-    start = (tl.start / 1000.0).tolist()  # µs, as Python floats for the encoder
-    end = (tl.end / 1000.0).tolist()
+    shift = _clock_shift_ns(g)
+    start_ns, end_ns = tl.start + shift, tl.end + shift
+    # µs as Python floats for the encoder; durations from integer ns (no float noise).
+    start = (start_ns / 1000.0).tolist()
+    end = (end_ns / 1000.0).tolist()
+    dur = ((end_ns - start_ns) / 1000.0).tolist()
+    host = drawn[(kind[drawn] != NodeKind.GPU) & (c["op"][drawn] >= 0)]
+    op_rows, op_lane, op_lo, op_hi, loose = _op_spans(g, host, start_ns, end_ns)
+    table = g.table
+    for row, lane, lo, hi in zip(
+        op_rows.tolist(), op_lane.tolist(), op_lo.tolist(), op_hi.tolist(), strict=True
+    ):
+        events.append(
+            {
+                "ph": "X",
+                "cat": "cpu_op",
+                "name": table.names[int(table.name[row])],  # type: ignore[union-attr]
+                "pid": pid_of[g.lanes[lane].rank],
+                "tid": lane,
+                "ts": lo / 1000.0,
+                "dur": (hi - lo) / 1000.0,
+                "args": {"op": row},
+            }
+        )
+    # CPU self-time pieces are inside their op's slice; runtime calls and GPU work are drawn.
+    drawn = np.union1d(drawn[kind[drawn] != NodeKind.CPU], loose)
+    if table is None:
+        drawn = np.union1d(drawn, host)
     for node in drawn.tolist():
         lane = int(c["lane"][node])
         nm_idx = int(c["name"][node])
@@ -90,15 +182,21 @@ def timeline_events(
                 "pid": pid_of[g.lanes[lane].rank],
                 "tid": lane,
                 "ts": start[node],
-                "dur": end[node] - start[node],
+                "dur": dur[node],
                 "args": {
                     "duration source": _SOURCE_LABEL.get(int(c["source"][node]), "?"),
                     "node": int(node),
                 },
             }
         )
-    events.extend(_queue_counters(tl, pid_of))
+    events.extend(_queue_counters(tl, pid_of, start_ns, end_ns))
     if flows:
+
+        def inside(node: int, at_end: bool) -> float:
+            """A point just inside the node's slice, near its start or its end."""
+            step = min(_INSIDE_US, dur[node] / 2)
+            return end[node] - step if at_end else start[node] + step
+
         gpu = alive[(kind[alive] == NodeKind.GPU) & (c["launch"][alive] >= 0)]
         live = g.alive
         for node in gpu.tolist():
@@ -114,7 +212,7 @@ def timeline_events(
                     "name": "launch",
                     "pid": pid_of[int(c["rank"][lnode])],
                     "tid": int(c["lane"][lnode]),
-                    "ts": start[lnode],
+                    "ts": inside(lnode, at_end=False),
                 }
             )
             events.append(
@@ -126,12 +224,18 @@ def timeline_events(
                     "name": "launch",
                     "pid": pid_of[int(c["rank"][node])],
                     "tid": int(c["lane"][node]),
-                    "ts": start[node],
+                    "ts": inside(node, at_end=False),
                 }
             )
-        # Stored dependencies: cross-stream waits, thread hand-offs, collectives.
-        for e, (src, dst, etype) in enumerate(
-            zip(g.edge_src.tolist(), g.edge_dst.tolist(), g.edge_type.tolist())
+        # Stored dependencies: cross-stream waits, thread hand-offs, collectives. An edge
+        # that bounds its destination's end points at that end.
+        for e, (src, dst, etype, at_end) in enumerate(
+            zip(
+                g.edge_src.tolist(),
+                g.edge_dst.tolist(),
+                g.edge_type.tolist(),
+                g.edge_at_end.tolist(),
+            )
         ):
             if not (live[src] and live[dst]):
                 continue
@@ -145,7 +249,7 @@ def timeline_events(
                     "name": cat,
                     "pid": pid_of[int(c["rank"][src])],
                     "tid": int(c["lane"][src]),
-                    "ts": end[src],
+                    "ts": inside(src, at_end=True),
                 }
             )
             events.append(
@@ -157,13 +261,15 @@ def timeline_events(
                     "name": cat,
                     "pid": pid_of[int(c["rank"][dst])],
                     "tid": int(c["lane"][dst]),
-                    "ts": start[dst],
+                    "ts": inside(dst, at_end=bool(at_end)),
                 }
             )
     return events
 
 
-def _queue_counters(tl: Timeline, pid_of: dict[int, int]) -> list[dict[str, Any]]:
+def _queue_counters(
+    tl: Timeline, pid_of: dict[int, int], start_ns: np.ndarray, end_ns: np.ndarray
+) -> list[dict[str, Any]]:
     """A counter track per GPU stream: GPU operations launched and not yet finished, as the
     timeline has them (HTA's queue length: +1 when the launch call starts, -1 when the
     operation ends), cut to at most QUEUE_COUNTER_POINTS samples (fewer when many streams share
@@ -180,7 +286,7 @@ def _queue_counters(tl: Timeline, pid_of: dict[int, int]) -> list[dict[str, Any]
     points = max(50, min(QUEUE_COUNTER_POINTS, QUEUE_COUNTER_BUDGET // max(len(lanes), 1)))
     for lane in lanes:
         on = gpu[c["lane"][gpu] == lane]
-        t = np.r_[tl.start[c["launch"][on]], tl.end[on]]
+        t = np.r_[start_ns[c["launch"][on]], end_ns[on]]
         d = np.r_[np.ones(on.size, np.int64), -np.ones(on.size, np.int64)]
         order = np.lexsort((d, t))  # at equal times the slot frees first
         t, q = t[order], np.cumsum(d[order])
