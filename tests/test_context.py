@@ -736,3 +736,30 @@ def test_an_empty_selection_says_so() -> None:
     notes = perfcast.tree(example, phase="graph").notes
     assert any("no events in the selection (phase CUDA graph replay)" in n for n in notes), notes
     assert not any("no events in the selection" in n for n in perfcast.tree(example).notes)
+
+
+def test_exports_keep_the_roots_own_time(hand: ContextTree) -> None:
+    """With a top-level frame hidden (library frames are, by default), its own time lands
+    on the root: folded stacks and speedscope still add up to the root's total."""
+    lib = np.zeros(len(hand.index), dtype=bool)
+    lib[hand.index.parent == 0] = True  # every top-level frame hidden
+    p = project(hand, ~lib)
+    for metric in ("gpu_ns", "cpu_ns"):
+        total = int(p.incl[metric][0])
+        lines = folded_lines(p, metric)
+        assert sum(int(x.rsplit(" ", 1)[1]) for x in lines) == total
+    assert any(int(p.excl[m][0]) > 0 for m in ("gpu_ns", "cpu_ns"))
+    doc = speedscope_document(p)
+    check_speedscope(json.loads(json.dumps(doc)))
+    for prof in doc["profiles"]:
+        depth, covered, opened = 0, 0, 0
+        for e in prof["events"]:
+            if e["type"] == "O":
+                if depth == 0:
+                    opened = e["at"]
+                depth += 1
+            else:
+                depth -= 1
+                if depth == 0:
+                    covered += e["at"] - opened
+        assert covered == prof["endValue"]

@@ -74,7 +74,9 @@ def speedscope_document(tree: ContextTree, name: str = "perfcast") -> dict[str, 
     metrics = [m for m in ("gpu_ns", "cpu_ns") if int(tree.incl[m][0]) > 0]
     index = tree.index
     orders = {m: _dfs_order(tree, m)[0] for m in metrics}
-    every = np.unique(np.concatenate([o for o in orders.values()] or [np.zeros(0, np.int64)]))
+    # The root's own time (hidden library frames' time lands there): a frame of its own.
+    roots = [np.zeros(1, np.int64)] if any(int(tree.excl[m][0]) > 0 for m in metrics) else []
+    every = np.unique(np.concatenate([*orders.values(), *roots] or [np.zeros(0, np.int64)]))
     frames, inv = _frames(tree, every)
     frame_of = np.full(len(index), -1, dtype=np.int64)
     frame_of[every] = inv
@@ -116,7 +118,11 @@ def _evented(
         done = open_nodes.pop()
         end = open_at.pop() + int(incl[done])
         events.append({"type": "C", "frame": int(frame_of[done]), "at": end})
+        clock = end
     total = int(incl[0])
+    if total > clock and frame_of[0] >= 0:  # the root's own time, after its children
+        events.append({"type": "O", "frame": int(frame_of[0]), "at": clock})
+        events.append({"type": "C", "frame": int(frame_of[0]), "at": total})
     return {
         "type": "evented",
         "name": METRIC_NAMES.get(metric, metric),
@@ -137,6 +143,9 @@ def folded_lines(tree: ContextTree, metric: str = "gpu_ns") -> list[str]:
     lines = []
     stack: list[tuple[int, str]] = []  # (node, its path)
     parent = index.parent
+    root_own = int(excl[0])
+    if root_own > 0:  # time no child holds (hidden library frames' own time lands here)
+        lines.append(f"{_folded_name(index.labels[int(index.label[0])])} {root_own}")
     for node in order.tolist():
         p = int(parent[node])
         while stack and stack[-1][0] != p:
@@ -144,7 +153,7 @@ def folded_lines(tree: ContextTree, metric: str = "gpu_ns") -> list[str]:
         lab = int(index.label[node])
         name = clean.get(lab)
         if name is None:
-            name = index.labels[lab].replace(";", ":").replace("\n", " ").replace("\r", " ")
+            name = _folded_name(index.labels[lab])
             clean[lab] = name
         path = f"{stack[-1][1]};{name}" if stack else name
         stack.append((node, path))
@@ -152,6 +161,10 @@ def folded_lines(tree: ContextTree, metric: str = "gpu_ns") -> list[str]:
         if value > 0:
             lines.append(f"{path} {value}")
     return lines
+
+
+def _folded_name(label: str) -> str:
+    return label.replace(";", ":").replace("\n", " ").replace("\r", " ")
 
 
 def _write_atomic(path: str, text: str) -> None:
