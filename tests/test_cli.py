@@ -211,6 +211,21 @@ def test_show_renders_a_saved_whatif_with_its_memory(capsys, tmp_path):
     assert shown == live
 
 
+def test_show_renders_a_saved_whatif_with_its_gain_tree(capsys, tmp_path):
+    """`whatif --tree --json` saves the gain per call path; show drew the prediction and
+    dropped the tree without a word."""
+    saved = tmp_path / "whatif.json"
+    args = ["whatif", str(EXAMPLE), "--apply", "remove-host-sync", "--tree", "-q"]
+    assert main([*args, "--json"]) == 0
+    saved.write_text(capsys.readouterr().out)
+    assert main(args) == 0
+    live = capsys.readouterr().out
+    assert main(["show", str(saved), "-q"]) == 0
+    shown = capsys.readouterr().out
+    assert "where the gain lands" in shown
+    assert shown == live
+
+
 def test_advise_refuses_an_unknown_device_before_loading(capsys):
     assert main(["advise", str(EXAMPLE), "--device", "tpu", "-q"]) == 2
     err = capsys.readouterr().err

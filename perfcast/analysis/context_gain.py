@@ -32,7 +32,7 @@ from perfcast.analysis.context import (
     _aggregate,
     _sum_up,
 )
-from perfcast.analysis.context_views import sites
+from perfcast.analysis.context_views import TreeRow, sites
 from perfcast.analysis.critical_path import critical_paths
 from perfcast.events import NONE, EventTable
 from perfcast.graph.model import Graph, NodeKind
@@ -64,6 +64,23 @@ class GainAttribution:
     method: str  # how the call sites share the gain: "critical path" or "time removed"
     sites: list[CallSite] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class SavedGainTree:
+    """What `whatif --tree --json` saves of a gain tree: what `perfcast show` draws."""
+
+    rows: list[TreeRow]
+    sites: list[CallSite]
+    step_saved_ms: float
+    method: str
+    steps: int = 1
+    min_pct: float = 1.0
+
+
+@dataclass
+class SavedWhatifTree:
+    tree: SavedGainTree
 
 
 def _innermost_rows(

@@ -304,10 +304,20 @@ def cmd_show(args: argparse.Namespace, ui: Any) -> int:
         if key in keys:
             try:
                 result = msgspec.json.decode(data, type=cls)
+                gain = None
+                if cls is WhatIfResult and "tree" in keys and not args.json:
+                    from perfcast.analysis.context_gain import SavedWhatifTree
+
+                    gain = msgspec.json.decode(data, type=SavedWhatifTree).tree
             except (msgspec.ValidationError, RecursionError) as exc:
                 why = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
                 raise PerfcastError(f"not a perfcast result ({why})", path=args.result) from None
-            return _output(result, render, args, ui)
+            _output(result, render, args, ui)
+            if gain is not None:  # saved by `whatif --tree --json`: the gain tree too
+                from perfcast.report.tree import render_gain_tree
+
+                render_gain_tree(gain, gain.rows, ui.out, gain.min_pct)  # type: ignore[arg-type]
+            return 0
     raise PerfcastError(
         "not a perfcast result",
         path=args.result,

@@ -135,6 +135,8 @@ def whatif_tree(table: Any, base: Any, predicted: Any, args: argparse.Namespace,
     rows = tree_rows(tree, "path_saved_ns", depth=args.depth, min_pct=args.min_pct)
     if args.json:
         return {
+            "steps": gain.steps,
+            "min_pct": args.min_pct,
             "step_saved_ms": gain.step_saved_ms,
             "method": gain.method,
             "sites": gain.sites,
