@@ -629,3 +629,20 @@ def test_real_ddp_on_a_trace_with_kernels_without_launch_links(shared_traces: Pa
     table = perfcast.load(shared_traces / "resnet50_v100_nw4_2021.json.gz")
     result, _, _ = run_whatif(table, [parse_spec("ddp:gpus=4")])
     assert math.isfinite(result.speedup) and 0.9 < result.speedup <= 1.0
+
+
+def test_ddp_reducer_work_is_backward() -> None:
+    """DDP's reducer copies the reduced buckets back into the gradients from autograd hooks
+    (161 copy kernels per step in the example trace): backward work, not the forward the
+    unnamed default would make it, so ZeRO units and pipeline stages cut from forward do
+    not take them."""
+    from perfcast.graph.phases import Phase, event_phases, phase_of_name
+
+    assert phase_of_name("torch.distributed.ddp.reducer::copy_bucket_to_grad") == Phase.BACKWARD
+    import numpy as np
+
+    table = perfcast.load(Path(__file__).parents[1] / "perfcast/examples/ddp_a100_rank0.json.gz")
+    phase = event_phases(table)
+    reducer = [i for i, n in enumerate(table.names) if n.startswith("torch.distributed.ddp")]
+    rows = np.flatnonzero(np.isin(table.name, reducer))
+    assert rows.size and (phase[rows] == Phase.BACKWARD).all()

@@ -74,7 +74,11 @@ _PATTERNS: list[tuple[Phase, re.Pattern[str]]] = [
     ),
     (
         Phase.BACKWARD,
-        re.compile(r"^autograd::engine::evaluate_function|Backward\d*$|^## backward|backward"),
+        re.compile(
+            r"^autograd::engine::evaluate_function|Backward\d*$|^## backward|backward"
+            # DDP's reducer runs from autograd hooks: copying reduced buckets back to grads
+            r"|^torch\.distributed\.ddp\.reducer::"
+        ),
     ),
     (
         Phase.COMMUNICATION,
