@@ -227,6 +227,20 @@ def test_plan_trace_example() -> None:
     assert any("no input shapes" in a for a in r.assumptions)
 
 
+def test_plan_keeps_the_traced_configuration_only_on_as_many_gpus() -> None:
+    """The example ran on 2 GPUs: planned for 1, its 2-GPU throughput is no plan to keep."""
+    r = plan_trace(perfcast.load(str(EXAMPLE)), 1, top=3)
+    assert r.baseline is not None and r.best
+    assert r.baseline.samples_per_s > r.best[0].samples_per_s  # two GPUs' samples/s
+    assert not any("keep it" in n for n in r.notes)
+
+
+def test_plan_says_which_model_parallel_traffic_no_plan_models(shared_traces: Path) -> None:
+    r = plan_trace(perfcast.load(str(shared_traces / "dlrm_v100_8rank")), 8, top=1)
+    said = " ".join(r.assumptions)
+    assert "also runs alltoall" in said and "no plan models" in said
+
+
 def test_plan_trace_recorded_reproduces_its_step() -> None:
     table = perfcast.load(str(RECORDED / "r50_fused.json.gz"))
     r = plan_trace(table, 8, top=3)
