@@ -626,3 +626,15 @@ def test_full_checkpointing_in_a_plan_follows_the_checkpointing_whatif() -> None
     mlp = plan_trace(perfcast.load(RECORDED / "mlp_base.json.gz"), 1, top=40).best
     by = {r.label: r.step_ms for r in mlp}
     assert by["dp1 tp1 pp1 mb64x1 ddp full-ckpt"] > 1.05 * by["dp1 tp1 pp1 mb64x1 ddp"]
+
+
+def test_plan_without_parameters_says_why_and_what_the_trace_measured(
+    shared_traces: Path,
+) -> None:
+    """An inference trace has shapes but no gradients; a trace with [memory] events
+    measured its peak, which plans without parameters do not include."""
+    bert = plan_trace(perfcast.load(str(shared_traces / "tracelens_h100_bert_small.json.gz")), 8)
+    assert any("no backward pass (inference?)" in n for n in bert.notes)
+    v100 = perfcast.load(str(shared_traces / "hta_ddp_v100_rank1_memory.json.gz"))
+    said = " ".join(plan_trace(v100, 8, memory_gb=4).notes)
+    assert "memory events measured 6.2 GiB per rank" in said

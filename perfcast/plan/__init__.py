@@ -288,10 +288,30 @@ def plan_trace(
             f"trace's step is {w.step_s * 1e3:.1f} ms ({100 * off:+.1f}%)" + why
         )
     if not w.facts.params:
+        from perfcast.graph.phases import Phase, event_phases
+
+        trained = bool((event_phases(table) == Phase.BACKWARD).any())
+        why = (
+            "no shapes, no sized all-reduces"
+            if trained
+            else "the trace has no backward pass (inference?), so no gradients name them"
+        )
+        fix = (
+            "trace with record_shapes=True for a plan that prices them"
+            if trained
+            else "plan a training step from a trace of one"
+        )
+        measured = w.facts.measured_peak_bytes
+        seen = (
+            f" (the trace's memory events measured {measured / 2**30:.1f} GiB per rank, which "
+            "the plans' memory does not include)"
+            if measured
+            else ""
+        )
         result.notes.append(
-            "the model's parameters are unknown (no shapes, no sized all-reduces): gradient "
-            "traffic, weights and optimizer state count as 0, so data parallelism looks free "
-            "and every plan fits; trace with record_shapes=True for a plan that prices them"
+            f"the model's parameters are unknown ({why}): gradient traffic, weights and "
+            f"optimizer state count as 0, so data parallelism looks free and every plan "
+            f"fits{seen}; " + fix
         )
     return result
 
