@@ -98,6 +98,12 @@ def test_whatif_json_and_side_by_side_export(capsys, tmp_path):
         "baseline (without the profiler) · rank 0",
         "predicted (without the profiler) · rank 0",
     }
+    # Every arrow has one start and one end, its id unique across both timelines.
+    ends: dict[int, list[str]] = {}
+    for e in trace["traceEvents"]:
+        if e["ph"] in ("s", "f"):
+            ends.setdefault(e["id"], []).append(e["ph"])
+    assert ends and all(sorted(v) == ["f", "s"] for v in ends.values())
 
 
 def test_advise_json(capsys):

@@ -9,6 +9,8 @@ queue fills or drains.
 from __future__ import annotations
 
 import gzip
+import itertools
+from collections.abc import Iterator
 from typing import Any
 
 import msgspec
@@ -100,8 +102,15 @@ def _op_spans(
 
 
 def timeline_events(
-    tl: Timeline, label: str, pid_base: int, flows: bool = True
+    tl: Timeline,
+    label: str,
+    pid_base: int,
+    flows: bool = True,
+    flow_ids: Iterator[int] | None = None,
 ) -> list[dict[str, Any]]:
+    """The timeline's slices, launch-queue counters and flow arrows, its ranks as processes
+    numbered from `pid_base`; flow ids drawn from `flow_ids` (unique across timelines)."""
+    ids = itertools.count(1) if flow_ids is None else flow_ids
     g = tl.graph
     c = g.cols
     alive = np.flatnonzero(g.alive)
@@ -203,7 +212,7 @@ def timeline_events(
             lnode = int(c["launch"][node])
             if not live[lnode]:
                 continue
-            fid = pid_base * 10_000_000 + node
+            fid = next(ids)
             events.append(
                 {
                     "ph": "s",
@@ -229,17 +238,16 @@ def timeline_events(
             )
         # Stored dependencies: cross-stream waits, thread hand-offs, collectives. An edge
         # that bounds its destination's end points at that end.
-        for e, (src, dst, etype, at_end) in enumerate(
-            zip(
-                g.edge_src.tolist(),
-                g.edge_dst.tolist(),
-                g.edge_type.tolist(),
-                g.edge_at_end.tolist(),
-            )
+        for src, dst, etype, at_end in zip(
+            g.edge_src.tolist(),
+            g.edge_dst.tolist(),
+            g.edge_type.tolist(),
+            g.edge_at_end.tolist(),
+            strict=True,
         ):
             if not (live[src] and live[dst]):
                 continue
-            fid = pid_base * 10_000_000 + 5_000_000 + e
+            fid = next(ids)
             cat = _EDGE_LABEL.get(int(etype), "dependency")
             events.append(
                 {
@@ -307,8 +315,12 @@ def _queue_counters(
 def export_timelines(timelines: list[tuple[str, Timeline]], path: str) -> None:
     """Write labelled timelines side by side to `path` (.json or .json.gz)."""
     events: list[dict[str, Any]] = []
+    flow_ids = itertools.count(1)
+    # Process ids: a block per timeline, wide enough for any number of ranks.
+    ranks = max((len({ln.rank for ln in tl.graph.lanes}) for _, tl in timelines), default=1)
+    width = max(10 ** len(str(ranks)), 1000)
     for i, (label, tl) in enumerate(timelines):
-        events.extend(timeline_events(tl, label, pid_base=1000 * (i + 1)))
+        events.extend(timeline_events(tl, label, pid_base=width * (i + 1), flow_ids=flow_ids))
     doc = {"traceEvents": events, "displayTimeUnit": "ms", "otherData": {"generator": "perfcast"}}
     data = msgspec.json.encode(doc)
     if path.endswith(".gz"):
