@@ -94,6 +94,26 @@ def result_tables(result: Any) -> dict[str, Columns]:
     return out
 
 
+def scalar_columns(result: Any) -> Columns | None:
+    """A result's own figures that are not tables (stragglers' candidate ranks, roofline's
+    coverage, counts) as one row, lists of numbers joined by spaces; None when it has none.
+    Notes are left to the JSON."""
+    row: Columns = {}
+    for f in dataclasses.fields(result):
+        value = getattr(result, f.name)
+        if f.name == "notes" or _is_row_list(value):
+            continue
+        if isinstance(value, (bool, int, float, str)):
+            row[f.name] = [value]
+        elif isinstance(value, list) and all(
+            isinstance(v, (int, float, str)) and not isinstance(v, bool) for v in value
+        ):
+            if f.name in getattr(result, "ROW_TYPES", {}):
+                continue  # an empty table, written as such
+            row[f.name] = [" ".join(str(v) for v in value)]
+    return row or None
+
+
 def columns_to_pandas(cols: Columns) -> Any:
     pd = _need("pandas")
     return pd.DataFrame({k: v for k, v in cols.items()}, copy=False)

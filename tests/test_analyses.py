@@ -398,6 +398,11 @@ def test_results_are_json_and_tables(table) -> None:
     assert data["idle"]["by_stream"][0]["stream"] == 7
     names = result.tables()
     assert "kernels.top" in names and "queue.series" in names
+    # Figures that are not tables (stragglers' candidates, roofline's coverage) are written
+    # too, one row per analysis.
+    if result.stragglers is not None:
+        assert "stragglers.figures" in names
+        assert "candidates" in names["stragglers.figures"]
     assert len(repr(result)) < 2000
     assert len(repr(table)) < 200
 

@@ -26,7 +26,7 @@ from perfcast.analysis.stragglers import Stragglers, stragglers
 from perfcast.display import Displayed
 from perfcast.errors import OptionError
 from perfcast.events import EventTable
-from perfcast.frames import result_tables
+from perfcast.frames import result_tables, scalar_columns
 
 # name -> (function(table, top) -> result, one-line title). Order is the report's order.
 _RUN: dict[str, Callable[[EventTable, int], Any]] = {
@@ -73,12 +73,16 @@ class Analyses(Displayed):
         return {name: getattr(self, name) for name in ANALYSES if getattr(self, name) is not None}
 
     def tables(self) -> dict[str, dict[str, Any]]:
-        """Every table of every result, named `analysis.table` (as `--csv` writes them)."""
-        return {
-            f"{name}.{tname}": cols
-            for name, res in self.results().items()
-            for tname, cols in result_tables(res).items()
-        }
+        """Every table of every result, named `analysis.table` (as `--csv` writes them), and
+        each result's own figures (stragglers' candidates, ...) as `analysis.figures`."""
+        out: dict[str, dict[str, Any]] = {}
+        for name, res in self.results().items():
+            for tname, cols in result_tables(res).items():
+                out[f"{name}.{tname}"] = cols
+            figures = scalar_columns(res)
+            if figures is not None and f"{name}.figures" not in out:
+                out[f"{name}.figures"] = figures
+        return out
 
     def __repr__(self) -> str:
         return f"Analyses({', '.join(repr(r) for r in self.results().values())})"
