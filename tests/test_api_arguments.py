@@ -341,3 +341,11 @@ def test_a_trace_without_events_is_refused_as_the_command_line_refuses_it(tmp_pa
     assert str(empty) in str(info.value)
     with pytest.raises(PerfcastError, match="holds no complete events"):
         perfcast.diff(EXAMPLE, empty)
+
+
+def test_advice_to_pandas_takes_a_table_name_like_the_other_results(table) -> None:
+    pytest.importorskip("pandas")
+    advice = perfcast.advise(table, candidates="remove-host-sync", correct=False)
+    assert advice.to_pandas("suggestions").equals(advice.to_pandas())
+    with pytest.raises(OptionError, match="no table 'x'"):
+        advice.to_pandas("x")

@@ -52,7 +52,7 @@ try:
 except ImportError:  # pragma: no cover
     KernelClass = None  # type: ignore[assignment,misc]
 
-from perfcast.errors import OptionValueError, PerfcastError
+from perfcast.errors import OptionError, OptionValueError, PerfcastError
 
 
 @dataclass
@@ -129,10 +129,14 @@ class Advice(Displayed):
     # What the trace shows that limits the step and no modelled optimization addresses.
     findings: list[str] = field(default_factory=list)
 
-    def to_pandas(self) -> Any:
+    def to_pandas(self, name: str | None = None) -> Any:
         """One row per predicted optimization, ranked ones first (status "ranked"), then
-        those within their error band ("not ranked", with `why`); times in ms."""
+        those within their error band ("not ranked", with `why`); times in ms. `name`, as
+        other results take it: None or "suggestions", the one table."""
         from perfcast.frames import _need
+
+        if name not in (None, "suggestions"):
+            raise OptionError(f"no table {name!r} in this result: it has 'suggestions'")
 
         pd = _need("pandas")
         rows = []
