@@ -277,7 +277,7 @@ def test_plan_amp_follows_the_amp_whatif() -> None:
     plan's AMP row 1.5x; a trace already in bf16 gets no AMP plans, and says why."""
     table = perfcast.load(str(RECORDED / "r50_base.json.gz"))
     rows = {r.label: r.step_ms for r in plan_trace(table, 1, top=50).best}
-    gain = rows["dp1 tp1 pp1 mb64x1 ddp"] / rows["dp1 tp1 pp1 mb64x1 ddp AMP"]
+    gain = rows["dp1 tp1 pp1 mb64x1"] / rows["dp1 tp1 pp1 mb64x1 AMP"]
     whatif = perfcast.predict(table, "amp:dtype=bf16").speedup
     assert gain == pytest.approx(whatif, abs=0.1)
     bf16 = plan_trace(perfcast.load(str(RECORDED / "r50_amp_bf16.json.gz")), 1, top=50)
@@ -615,8 +615,8 @@ def test_full_checkpointing_in_a_plan_follows_the_checkpointing_whatif() -> None
 
     table = perfcast.load(RECORDED / "r50_base.json.gz")
     rows = plan_trace(table, 1, top=40).best
-    plain = next(r for r in rows if r.label == "dp1 tp1 pp1 mb64x1 ddp")
-    ckpt = next(r for r in rows if r.label == "dp1 tp1 pp1 mb64x1 ddp full-ckpt")
+    plain = next(r for r in rows if r.label == "dp1 tp1 pp1 mb64x1")
+    ckpt = next(r for r in rows if r.label == "dp1 tp1 pp1 mb64x1 full-ckpt")
     whatif = perfcast.predict(table, "activation-checkpointing")
     before = predict_peak_memory(table, [])
     after = predict_peak_memory(table, ["activation-checkpointing"])
@@ -625,7 +625,7 @@ def test_full_checkpointing_in_a_plan_follows_the_checkpointing_whatif() -> None
     assert ckpt.step_ms == pytest.approx(whatif.predicted_ms, rel=0.05)
     mlp = plan_trace(perfcast.load(RECORDED / "mlp_base.json.gz"), 1, top=40).best
     by = {r.label: r.step_ms for r in mlp}
-    assert by["dp1 tp1 pp1 mb64x1 ddp full-ckpt"] > 1.05 * by["dp1 tp1 pp1 mb64x1 ddp"]
+    assert by["dp1 tp1 pp1 mb64x1 full-ckpt"] > 1.05 * by["dp1 tp1 pp1 mb64x1"]
 
 
 def test_plan_without_parameters_says_why_and_what_the_trace_measured(

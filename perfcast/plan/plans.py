@@ -65,7 +65,9 @@ def describe(row: dict[str, int]) -> str:
     """ "dp8 tp2 pp4/v2 mb1x16 zero-1 sel-ckpt SP": v = interleaved virtual stages, mb = the
     micro-batch size x micro-batches per step and data-parallel rank."""
     pp = f"pp{row['pp']}" + (f"/v{row['v']}" if row["v"] > 1 else "")
-    parts = [f"dp{row['dp']} tp{row['tp']} {pp} mb{row['mb']}x{row['m']}", ZERO_NAMES[row["zero"]]]
+    parts = [f"dp{row['dp']} tp{row['tp']} {pp} mb{row['mb']}x{row['m']}"]
+    if row["dp"] > 1 or row["zero"]:  # one data-parallel rank: no DDP or sharding to name
+        parts.append(ZERO_NAMES[row["zero"]])
     if row["ckpt"]:
         parts.append(("sel" if row["ckpt"] == 1 else "full") + "-ckpt")
     if row["sp"]:

@@ -256,7 +256,7 @@ def search(
         smallest = int(np.argmin(costs.peak_b))
         result.notes.append(
             f"no plan fits in {cap_gib:g} GiB: the smallest needs "
-            f"{costs.peak_b[smallest] / GIB:.1f} GiB ({describe(plans.row(smallest))})"
+            f"{costs.peak_b[smallest] / GIB:.3g} GiB ({describe(plans.row(smallest))})"
         )
     if baseline is not None:
         bc = evaluate(workload, baseline, cluster, overlap_dp=overlap_dp, fixed_s=fixed_s)
