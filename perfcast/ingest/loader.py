@@ -521,6 +521,7 @@ def _note_gpu_side_lost_at_the_cut(
     every step.
     """
     kind = c["kind"]
+    loss = "the cut" if info.tail_lost else "the damage"  # a cut end, or damage inside
     runtime_parent = parent[(kind == Kind.RUNTIME) & (parent >= 0)]
     action = (
         "GPU time, idle time and predictions from this file are unreliable: record fewer "
@@ -529,7 +530,7 @@ def _note_gpu_side_lost_at_the_cut(
     if runtime_parent.size == 0:
         if info.device_name is not None:  # a GPU run cut before its GPU side was written
             info.warnings.append(
-                "no runtime call or GPU event survived the cut (Kineto writes them after all "
+                f"no runtime call or GPU event survived {loss} (Kineto writes them after all "
                 f"CPU ops): the GPU side of every step is lost; {action}"
             )
         return
@@ -553,7 +554,7 @@ def _note_gpu_side_lost_at_the_cut(
         for k, s in zip(np.flatnonzero(has_ops).tolist(), share.tolist(), strict=True)
     )
     info.warnings.append(
-        "the cut lost GPU-side events of some steps (Kineto writes runtime calls and kernels "
+        f"{loss} lost GPU-side events of some steps (Kineto writes runtime calls and kernels "
         "after all CPU ops): the share of ops with a launch recorded, equal in every step of "
         f"a complete trace, is {shares}; {action}"
     )
