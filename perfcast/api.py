@@ -166,11 +166,12 @@ def advise(
     correct = _flag("correct", correct)
     named = None
     if candidates is not None:
-        named = _specs(candidates, "candidates")
+        named = list(dict.fromkeys(_specs(candidates, "candidates")))  # each once
         try:
             checked_specs(named)
         except PerfcastError as e:
             raise OptionError(f"candidates: {e}") from None
+    _name_or_none("device", device)
     if device:  # None or "": the trace's own GPU
         from perfcast.whatif.kernels import check_device_name
 

@@ -349,3 +349,13 @@ def test_advice_to_pandas_takes_a_table_name_like_the_other_results(table) -> No
     assert advice.to_pandas("suggestions").equals(advice.to_pandas())
     with pytest.raises(OptionError, match="no table 'x'"):
         advice.to_pandas("x")
+
+
+def test_advise_takes_each_candidate_once_and_a_device_name_only(table) -> None:
+    advice = perfcast.advise(table, candidates=["remove-host-sync", "remove-host-sync"])
+    tried = [s.name for s in advice.suggestions + advice.uncertain]
+    tried += [str(n) for n in advice.not_applicable]
+    assert len(tried) == 1
+    for device in (0, False, 5):
+        with pytest.raises(OptionError, match="device must be a name"):
+            perfcast.advise(table, device=device)
