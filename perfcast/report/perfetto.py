@@ -101,6 +101,40 @@ def _op_spans(
     return rows, lane_of[rows], lo[rows], hi[rows], pieces[~one_lane]
 
 
+def _gpu_overlap_tracks(
+    g: Any, gpu: np.ndarray, start_ns: np.ndarray, end_ns: np.ndarray
+) -> np.ndarray:
+    """Per node, the track (tid) it is drawn on: its lane, or for GPU work that starts
+    before its stream predecessor ends (programmatic dependent launch on Blackwell: the
+    B200 trace has 74 such pairs) an extra track of that lane, since a viewer cannot draw
+    partly overlapping slices on one track."""
+    c = g.cols
+    tid = c["lane"].astype(np.int64)
+    if gpu.size < 2:
+        return tid
+    order = gpu[np.lexsort((start_ns[gpu], c["lane"][gpu]))]
+    lane = c["lane"][order]
+    same = np.r_[False, lane[1:] == lane[:-1]]
+    # The latest end so far on the lane, before each node (ends are per lane: restart the
+    # running maximum where the lane changes by offsetting each lane's block).
+    ends = end_ns[order].astype(np.float64)
+    block = np.cumsum(~same)
+    offset = block * (float(end_ns.max()) + 1.0)
+    running = np.maximum.accumulate(ends + offset) - offset
+    before = np.r_[-np.inf, running[:-1]]
+    overlap = same & (start_ns[order] < before)
+    # The overlapping ones (few) share extra tracks per lane, each on the first whose last
+    # slice has ended: track k of lane l is tid k * len(lanes) + l.
+    last_end: dict[tuple[int, int], int] = {}
+    for node in order[overlap].tolist():
+        ln, k = int(c["lane"][node]), 1
+        while last_end.get((ln, k), -1) > start_ns[node]:
+            k += 1
+        last_end[(ln, k)] = int(end_ns[node])
+        tid[node] = k * len(g.lanes) + ln
+    return tid
+
+
 def timeline_events(
     tl: Timeline,
     label: str,
@@ -178,6 +212,19 @@ def timeline_events(
     drawn = np.union1d(drawn[kind[drawn] != NodeKind.CPU], loose)
     if table is None:
         drawn = np.union1d(drawn, host)
+    tid_of = _gpu_overlap_tracks(g, drawn[kind[drawn] == NodeKind.GPU], start_ns, end_ns)
+    for extra in np.unique(tid_of[tid_of >= len(g.lanes)]).tolist():
+        k, lane = divmod(extra, len(g.lanes))
+        ln = g.lanes[lane]
+        events.append(
+            {
+                "ph": "M",
+                "name": "thread_name",
+                "pid": pid_of[ln.rank],
+                "tid": extra,
+                "args": {"name": f"{ln.name} (work overlapping its predecessor, {k})"},
+            }
+        )
     for node in drawn.tolist():
         lane = int(c["lane"][node])
         nm_idx = int(c["name"][node])
@@ -189,7 +236,7 @@ def timeline_events(
                 "cat": k.name.lower(),
                 "name": name,
                 "pid": pid_of[g.lanes[lane].rank],
-                "tid": lane,
+                "tid": int(tid_of[node]),
                 "ts": start[node],
                 "dur": dur[node],
                 "args": {
@@ -220,7 +267,7 @@ def timeline_events(
                     "cat": "launch",
                     "name": "launch",
                     "pid": pid_of[int(c["rank"][lnode])],
-                    "tid": int(c["lane"][lnode]),
+                    "tid": int(tid_of[lnode]),
                     "ts": inside(lnode, at_end=False),
                 }
             )
@@ -232,7 +279,7 @@ def timeline_events(
                     "cat": "launch",
                     "name": "launch",
                     "pid": pid_of[int(c["rank"][node])],
-                    "tid": int(c["lane"][node]),
+                    "tid": int(tid_of[node]),
                     "ts": inside(node, at_end=False),
                 }
             )
@@ -256,7 +303,7 @@ def timeline_events(
                     "cat": cat,
                     "name": cat,
                     "pid": pid_of[int(c["rank"][src])],
-                    "tid": int(c["lane"][src]),
+                    "tid": int(tid_of[src]),
                     "ts": inside(src, at_end=True),
                 }
             )
@@ -268,7 +315,7 @@ def timeline_events(
                     "cat": cat,
                     "name": cat,
                     "pid": pid_of[int(c["rank"][dst])],
-                    "tid": int(c["lane"][dst]),
+                    "tid": int(tid_of[dst]),
                     "ts": inside(dst, at_end=bool(at_end)),
                 }
             )
