@@ -50,7 +50,9 @@ class _Flat:
     def bytes_per_param(self) -> tuple[int, int, int]:
         return 4, 4, 8
 
-    def optimizer_s(self, params: np.ndarray, gpu_lag_s: object = 0.0) -> np.ndarray:
+    def optimizer_s(
+        self, params: np.ndarray, gpu_lag_s: object = 0.0, tensor_share: object = 1.0
+    ) -> np.ndarray:
         return np.zeros_like(params)
 
     def act_bytes_stage(self, p: Plans) -> np.ndarray:

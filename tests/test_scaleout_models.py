@@ -139,3 +139,15 @@ def test_zero3_reduce_scatters_run_beside_the_gathers(mlp) -> None:
     gathers = _named(g, "AllGather (modelled, FSDP unit)")
     scatters = _named(g, "ReduceScatter (modelled")
     assert not set(g.cols["lane"][gathers].tolist()) & set(g.cols["lane"][scatters].tolist())
+
+
+def test_pipeline_stage_runs_its_share_of_the_optimizers_host_work(mlp) -> None:
+    """A stage holds 1/pp of the parameter tensors: a for-loop optimizer launches 1/pp."""
+    from perfcast.whatif import primitives as P
+
+    base = build_graph(mlp)
+    g = _apply(mlp, "pipeline-parallel", pp=4, microbatches=8)
+    host_before = base.cols["dur"][P.select(base, kind="host", phase="optimizer")].sum()
+    host_after = g.cols["dur"][P.select(g, kind="host", phase="optimizer")].sum()
+    assert host_before > 0
+    assert host_after == pytest.approx(host_before / 4, rel=0.01)

@@ -575,9 +575,13 @@ class AnalyticWorkload:
         return self.act_bytes * p.mb * d.seq * d.hidden / p.tp
 
     def optimizer_s(
-        self, params_gpu: np.ndarray, gpu_lag_s: np.ndarray | float = 0.0
+        self,
+        params_gpu: np.ndarray,
+        gpu_lag_s: np.ndarray | float = 0.0,
+        tensor_share: np.ndarray | float = 1.0,
     ) -> np.ndarray:
-        """GPU time of the optimizer step (no host time modelled: `gpu_lag_s` is unused)."""
+        """GPU time of the optimizer step (no host time modelled: `gpu_lag_s` and
+        `tensor_share` are unused)."""
         return params_gpu * self.opt_update_bytes / (self.bw * E_MEM)
 
     def bytes_per_param(self) -> tuple[int, int, int]:

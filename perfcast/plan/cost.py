@@ -142,7 +142,7 @@ def evaluate(
     # the micro-batches the host enqueued faster than the GPU ran them (with a pipeline,
     # the last one's).
     gpu_lag = np.maximum(compute - st.host, 0.0) * np.where(p.pp > 1, 1.0, m)
-    optimizer = w.optimizer_s(opt_params, gpu_lag)  # type: ignore[attr-defined]
+    optimizer = w.optimizer_s(opt_params, gpu_lag, 1.0 / pp)  # type: ignore[attr-defined]
     step = pipeline + dp_exposed + optimizer + fixed_s
 
     # Memory of the worst stage.

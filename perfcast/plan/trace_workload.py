@@ -212,16 +212,22 @@ class TraceWorkload:
         return mid * p.mb / self.batch / p.tp
 
     def optimizer_s(
-        self, params_gpu: np.ndarray, gpu_lag_s: np.ndarray | float = 0.0
+        self,
+        params_gpu: np.ndarray,
+        gpu_lag_s: np.ndarray | float = 0.0,
+        tensor_share: np.ndarray | float = 1.0,
     ) -> np.ndarray:
         """Time the optimizer adds after backward. GPU time scales with the parameters a GPU
-        updates; host time (a for-loop optimizer's launches) with the parameter tensors,
-        which sharding does not reduce. The host starts the optimizer while the GPU still
-        runs backward work queued `gpu_lag_s` ahead of it, so only its host time beyond
-        that lag adds to the step: max(GPU, host - lag)."""
+        updates; host time (a for-loop optimizer's launches) with the parameter tensors it
+        holds, `tensor_share` of them: a pipeline stage holds 1/pp, sharding leaves every
+        tensor (a shard of each) on every rank. The host starts the optimizer while the GPU
+        still runs backward work queued `gpu_lag_s` ahead of it, so only its host time
+        beyond that lag adds to the step: max(GPU, host - lag)."""
         n = max(float(self.facts.params), 1.0)
         return _optimizer_added(
-            self.optimizer_s_measured * params_gpu / n, self.optimizer_host_s, gpu_lag_s
+            self.optimizer_s_measured * params_gpu / n,
+            self.optimizer_host_s * tensor_share,
+            gpu_lag_s,
         )
 
     def bytes_per_param(self) -> tuple[int, int, int]:
@@ -235,7 +241,7 @@ class TraceWorkload:
         return float(inputs_from_facts(self.facts).workspace_bytes)
 
 
-def _optimizer_added(gpu_s: Any, host_s: float, gpu_lag_s: Any) -> np.ndarray:
+def _optimizer_added(gpu_s: Any, host_s: Any, gpu_lag_s: Any) -> np.ndarray:
     """Time the optimizer adds after backward: its GPU time, or its host time beyond the
     GPU's lag behind the host (the host starts it while backward's kernels drain)."""
     return np.maximum(gpu_s, np.maximum(host_s - gpu_lag_s, 0.0))

@@ -20,10 +20,10 @@ GPU Clusters Using Megatron-LM", section 2.2):
   the bus bandwidth the trace's own collectives reached), on the compute stream (blocking,
   as Megatron's p2p is); neighbouring stages are assumed inside one node.
 
-The optimizer and the trace's other work keep their measured times (the optimizer updates
-1/pp of the parameters: its GPU kernels are scaled by 1/pp). Assumes m >= pp, stages of equal
-memory and lock-step ranks. The memory model reports the activations of the micro-batches in
-flight.
+The trace's other work keeps its measured times; the optimizer updates 1/pp of the
+parameters and tensors: its GPU kernels and its host time are scaled by 1/pp. Assumes
+m >= pp, stages of equal memory and lock-step ranks. The memory model reports the
+activations of the micro-batches in flight.
 """
 
 from __future__ import annotations
@@ -116,6 +116,10 @@ def apply(graph: Graph, options: Options) -> Graph:
         P.scale(graph, host, share * m)
         opt = C.step_gpu_nodes(graph, rank, it, Phase.OPTIMIZER)
         K.scale_variable(graph, opt, 1.0 / o.pp, fixed)
+        # A stage holds 1/pp of the parameter tensors: a for-loop optimizer's per-tensor
+        # launches (its host time) shrink with them, as `plan` counts them.
+        opt_host = P.select(graph, kind="host", phase="optimizer", rank=rank, iteration=it)
+        P.scale(graph, opt_host, 1 / o.pp)
         per_mb = (int(c["dur"][fwd].sum()) + int(c["dur"][bwd].sum())) / m
         bubble = round((o.pp - 1) / o.virtual * per_mb)
         p2p_us = comm.p2p_us(act_bytes) if act_bytes > 0 else 0.0
@@ -158,8 +162,8 @@ def apply(graph: Graph, options: Options) -> Graph:
         f"{f', interleaved x{o.virtual}' if o.virtual > 1 else ' (1F1B)'}: slowest stage "
         f"{share:.0%} of the forward work; bubble {bubble_ns / n_steps / 1e6:.2f} ms per step "
         f"({frac:.0%}: (pp-1)/v of m + (pp-1)/v slots); {p2p_text}; host work repeated per "
-        "micro-batch; kernels pay their fixed cost once per micro-batch: "
-        + K.fixed_cost_text(fixed)
+        "micro-batch; the optimizer's GPU and host work 1/pp (a stage's tensors); kernels "
+        "pay their fixed cost once per micro-batch: " + K.fixed_cost_text(fixed)
     )
     return graph
 
