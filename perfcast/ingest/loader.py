@@ -490,7 +490,7 @@ def _derive(
     if info.truncated:
         _note_gpu_side_lost_at_the_cut(c, parent, iteration, iterations, info)
     if info.tail_lost:
-        _note_step_at_the_cut(c, parent, iteration, iterations, info)
+        _note_step_at_the_cut(c, iteration, iterations, info)
     return {"parent": parent, "launch": launch, "fwd_bwd": fwd_bwd, "iteration": iteration}, (
         iterations
     )
@@ -561,11 +561,7 @@ def _note_gpu_side_lost_at_the_cut(
 
 
 def _note_step_at_the_cut(
-    c: dict[str, np.ndarray],
-    parent: np.ndarray,
-    iteration: np.ndarray,
-    iterations: list[Iteration],
-    info: RankInfo,
+    c: dict[str, np.ndarray], iteration: np.ndarray, iterations: list[Iteration], info: RankInfo
 ) -> None:
     """Name the step a cut fell in: the step of the last event the file holds (rows are in
     file order). Kineto writes a step's launches and kernels together, so a cut drops both
