@@ -208,7 +208,7 @@ def load(path: str | Path) -> Calibration:
         dl = raw.get("dataloader")
         ck = raw.get("checkpoint")
         pr = raw.get("profiler")
-        return Calibration(
+        cal = Calibration(
             machine=dict(raw["machine"]),
             created=str(raw["created"]),
             dataloader=DataLoaderCosts(**dl) if dl else None,
@@ -216,12 +216,64 @@ def load(path: str | Path) -> Calibration:
             path=str(p),
             profiler=ProfilerCosts(**pr) if pr else None,
         )
+        _check_values(cal)
+        return cal
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise PerfcastError(
             f"not a perfcast calibration file ({exc}); run 'perfcast calibrate' again "
             f"or set {ENV}=off",
             path=str(p),
         ) from None
+
+
+# A per-event profiler cost or a host op above this (1 ms) is no measurement of this kind.
+_MAX_EVENT_NS = 1e6
+
+
+def _number(name: str, value: object, low: float, high: float) -> None:
+    """ValueError unless `value` is a real number in [low, high] (the message names it)."""
+    ok = isinstance(value, int | float) and not isinstance(value, bool)
+    if not ok or not math.isfinite(float(value)) or not low <= float(value) <= high:  # type: ignore[arg-type]
+        raise ValueError(f"{name} is {value!r}, expected a number from {low:g} to {high:g}")
+
+
+def _check_values(cal: Calibration) -> None:
+    """The values the models compute with, in range: a hand-edited or damaged file fails
+    here with its field's name, not as an internal error (or a step slower without the
+    profiler than with it) in whatever model reads it later."""
+    pr = cal.profiler
+    if pr is not None:
+        for name in ("op_ns", "input_ns", "op_no_shapes_ns", "python_ns", "memory_ns"):
+            _number(f"profiler.{name}", getattr(pr, name), 0.0, _MAX_EVENT_NS)
+        for name in ("runtime_ns", "host_op_ns"):
+            if getattr(pr, name) is not None:
+                _number(f"profiler.{name}", getattr(pr, name), 0.0, _MAX_EVENT_NS)
+        if pr.work_share is not None:
+            _number("profiler.work_share", pr.work_share, 0.0, 1.0)
+    dl = cal.dataloader
+    if dl is not None:
+        lists = {"gaps_ms": dl.gaps_ms, "batch_ms": dl.batch_ms, "tensor_ms": dl.tensor_ms}
+        for name, values in lists.items():
+            if not isinstance(values, list) or not values:
+                raise ValueError(f"dataloader.{name} is not a list of numbers")
+            for v in values:
+                _number(f"dataloader.{name}", v, -1e3 if name == "tensor_ms" else 0.0, 1e4)
+        if len({len(v) for v in lists.values()}) != 1:
+            raise ValueError("dataloader.gaps_ms, batch_ms and tensor_ms differ in length")
+        if min(dl.gaps_ms) <= 0:
+            raise ValueError("dataloader.gaps_ms must be above 0")
+        _number("dataloader.worker_batch_ms", dl.worker_batch_ms, -1e3, 1e4)
+        _number("dataloader.worker_tensor_ms", dl.worker_tensor_ms, -1e3, 1e4)
+    ck = cal.checkpoint
+    if ck is not None:
+        _number("checkpoint.region_ms", ck.region_ms, -1e3, 1e4)
+        _number("checkpoint.op_ms", ck.op_ms, -1e3, 1e4)
+        if not isinstance(ck.samples, dict) or not all(
+            isinstance(k, str) and k.isdigit() for k in ck.samples
+        ):
+            raise ValueError("checkpoint.samples is not a map of op counts to ms")
+        for v in ck.samples.values():
+            _number("checkpoint.samples", v, -1e4, 1e4)
 
 
 def save(cal: Calibration, path: str | Path) -> Path:

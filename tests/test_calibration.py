@@ -61,6 +61,42 @@ def test_bad_files_give_one_line_errors(tmp_path: Path) -> None:
         assert "\n" not in str(err.value) and str(bad) in str(err.value)
 
 
+@pytest.mark.parametrize(
+    ("path", "value", "says"),
+    [
+        (("profiler", "op_ns"), "fast", "profiler.op_ns is 'fast'"),
+        (("profiler", "op_ns"), float("nan"), "profiler.op_ns is nan"),
+        (("profiler", "op_ns"), -5000, "profiler.op_ns is -5000"),
+        (("profiler", "op_ns"), 1e9, "profiler.op_ns is 1000000000.0"),
+        (("profiler", "work_share"), 5.0, "profiler.work_share is 5.0"),
+        (("dataloader", "batch_ms"), [1.0], "differ in length"),
+        (("dataloader", "gaps_ms"), "abc", "gaps_ms is not a list"),
+    ],
+)
+def test_values_out_of_range_are_refused_in_one_line(
+    tmp_path: Path, path: tuple[str, str], value: object, says: str
+) -> None:
+    """A hand-edited or damaged value was an internal error in the model that read it, or
+    (a negative cost) a step slower without the profiler than with it."""
+    good = calibration.save(sample(), tmp_path / "good.json")
+    raw = json.loads(good.read_text())
+    if raw.get(path[0]) is None:  # the sample leaves this part out: add a measured one
+        raw[path[0]] = {
+            "op_ns": 500.0,
+            "input_ns": 50.0,
+            "op_no_shapes_ns": 400.0,
+            "python_ns": 100.0,
+            "memory_ns": 100.0,
+            "runtime_ns": None,
+        }
+    raw[path[0]][path[1]] = value
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(raw))
+    with pytest.raises(PerfcastError, match="not a perfcast calibration file") as err:
+        calibration.load(bad)
+    assert says in str(err.value) and "\n" not in str(err.value)
+
+
 def test_active_follows_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.delenv("PERFCAST_CALIBRATION", raising=False)

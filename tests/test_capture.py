@@ -140,6 +140,22 @@ def test_run_profile_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     assert "no training steps" in capsys.readouterr().err
 
 
+def test_run_profile_refuses_a_folder_it_cannot_write_before_the_script_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The profiler's export fails silently: the script trained to its end for nothing, a
+    traceback came from inside its optimizer step, and then "too few steps"."""
+    script = tmp_path / "train.py"
+    marker = tmp_path / "ran.txt"
+    script.write_text(_SCRIPT)
+    a_file = tmp_path / "a-file"
+    a_file.write_text("not a folder")
+    rc = run_profile(["-o", str(a_file / "sub"), "--", "python", str(script), "3", str(marker)])
+    assert rc == 2 and not marker.exists()
+    err = capsys.readouterr().err
+    assert err.startswith("perfcast: error: cannot write traces to") and err.count("\n") == 1
+
+
 _SCRIPT = """
 import pathlib, sys
 import torch

@@ -799,8 +799,11 @@ def _prepare_out(out: Path, overwrite: bool) -> str | None:
     ranks); with --overwrite, remove the ones perfcast wrote. Returns the problem, if any."""
     if out.exists() and not out.is_dir():
         return f"{out} exists and is not a folder; choose another -o"
+    unwritable = _unwritable(out)
+    if unwritable:
+        return unwritable
     if not out.is_dir():
-        return None
+        return None  # made by the run itself, once it starts
     traces = sorted(
         p.name for p in out.iterdir() if p.is_file() and p.name.endswith((".json", ".json.gz"))
     )
@@ -821,6 +824,30 @@ def _prepare_out(out: Path, overwrite: bool) -> str | None:
     for name in traces:
         (out / name).unlink(missing_ok=True)  # another node's parent may have been first
     (out / PROFILER_LOG).unlink(missing_ok=True)
+    return None
+
+
+def _unwritable(out: Path) -> str | None:
+    """Why traces cannot be written to `out` (created here if missing), before the script
+    runs: the profiler's own export fails silently, and the script would train to the end
+    for nothing."""
+    import tempfile
+
+    made = []  # folders made for the probe, removed again: nothing is left on a failure
+    folder = out.absolute()
+    while not folder.exists() and folder != folder.parent:
+        made.append(folder)
+        folder = folder.parent
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=out, prefix=".perfcast-probe-"):
+            pass
+    except OSError as exc:
+        return f"cannot write traces to {out} ({exc.strerror or exc}); choose another -o"
+    finally:
+        for path in made:  # deepest first
+            with contextlib.suppress(OSError):
+                path.rmdir()
     return None
 
 
