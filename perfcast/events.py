@@ -96,6 +96,9 @@ class RankInfo:
     # the profiler before the traced window and after it (ms), and the machine that ran them.
     unprofiled_step_ms: list[float] = field(default_factory=list)
     unprofiled_after_step_ms: list[float] = field(default_factory=list)
+    # The capture stopped inside the last ProfilerStep (the script ended mid-window): that
+    # "step" holds what the script did after its loop, not a training step.
+    last_step_open: bool = False
     # What the trace says about the machine it was taken on (None: nothing): "host_id"
     # (calibration.machine_id of its host name), "from" (which field said so), and what
     # `perfcast profile` records besides (cpu_model, cores, torch).

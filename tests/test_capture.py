@@ -72,13 +72,24 @@ def test_explicit_steps_disable_hook(tmp_path: Path) -> None:
 
 
 def test_several_cycles_and_rank_from_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import perfcast
+
     monkeypatch.setenv("RANK", "3")
     with capture(tmp_path, wait=0, warmup=1, active=1, repeat=2, unprofiled=0) as cap:
         _train(5)
-    assert [p.name for p in cap.trace_paths] == ["rank3.step2.json.gz", "rank3.step4.json.gz"]
+    # One folder per cycle, each holding every rank's trace of it: a folder loads as one run
+    # (two files of one rank in one folder are refused as two claims on rank 3).
+    assert [p.relative_to(tmp_path).as_posix() for p in cap.trace_paths] == [
+        "step2/rank3.json.gz",
+        "step4/rank3.json.gz",
+    ]
     assert cap.finished
     for path in cap.trace_paths:
         assert _step_names(_load(path))
+    assert perfcast.load(tmp_path / "step4").ranks[0].rank == 3
+    with pytest.raises(perfcast.PerfcastError, match="one folder per profiled cycle") as info:
+        perfcast.load(tmp_path)
+    assert "step2, step4" in str(info.value.hint)
 
 
 def test_step_without_capture_is_noop() -> None:
@@ -124,6 +135,9 @@ def test_run_profile_script(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
         "ProfilerStep#3",
         "ProfilerStep#4",
     ]
+    # The step hook runs inside `Optimizer.step#...`: the stop leaves that range open in every
+    # trace perfcast profile writes, which is no news to the user.
+    assert not any("range(s) open" in w for w in perfcast.load(str(out2)).ranks[0].warnings)
 
 
 def test_run_profile_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -138,6 +152,16 @@ def test_run_profile_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     rc = run_profile(["-o", str(tmp_path / "t"), "--", "python", str(idle)])
     assert rc == 2
     assert "no training steps" in capsys.readouterr().err
+
+
+def test_a_script_that_fails_early_keeps_its_exit_status(tmp_path: Path, capsys) -> None:
+    """It was reported as perfcast's "too few steps" (exit 2), under the script's traceback."""
+    script = tmp_path / "train.py"
+    script.write_text(_SCRIPT.replace("    opt.step()\n", "    opt.step()\n    sys.exit(3)\n"))
+    rc = run_profile(["-o", str(tmp_path / "t"), "--", "python", str(script), "5", "x"])
+    err = capsys.readouterr().err
+    assert rc == 3
+    assert "the script failed (exit status 3) after 1 step(s), before a trace was written" in err
 
 
 def test_run_profile_refuses_a_folder_it_cannot_write_before_the_script_runs(
@@ -194,6 +218,82 @@ def test_run_profile_refuses_a_folder_with_traces(tmp_path: Path, capsys) -> Non
     assert run_profile(["-o", str(out), "--overwrite", *cmd]) == 2
     assert "did not write (colleague.json)" in capsys.readouterr().err
     assert (out / "colleague.json").read_text() == "{}"
+
+
+def test_run_profile_replaces_its_cycle_folders_and_killed_runs_temporary_files(
+    tmp_path: Path, capsys
+) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(_SCRIPT)
+    out = tmp_path / "traces"
+    cmd = ["--", "python", str(script), "30", str(tmp_path / "done")]
+    assert run_profile(["-o", str(out), "--repeat", "2", "--unprofiled-steps", "0", *cmd]) == 0
+    assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*.gz")) == [
+        "step10/rank0.json.gz",
+        "step5/rank0.json.gz",
+    ]
+    assert "step5/rank0.json.gz, step10/rank0.json.gz" in capsys.readouterr().out
+    assert run_profile(["-o", str(out), *cmd]) == 2
+    assert "already holds traces (step5/rank0.json.gz, step10/" in capsys.readouterr().err
+    # What a run killed while holding its export leaves: hidden, never read as a trace.
+    (out / ".rank0.json.gz.4242.json").write_text("{}")
+    assert run_profile(["-o", str(out), "--overwrite", *cmd]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["profiler.log", "rank0.json.gz"]
+
+
+_SIGTERM_SCRIPT = """
+import os, signal, sys
+import torch
+from perfcast.capture import capture
+
+model = torch.nn.Linear(8, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+with capture(sys.argv[1], wait=0, warmup=1, active=2, unprofiled=2, unprofiled_after=3) as cap:
+    for i in range(40):
+        model(torch.randn(4, 8)).sum().backward()
+        opt.step()
+        if cap._held:  # the window after the trace is being timed: the job is told to stop
+            os.kill(os.getpid(), signal.SIGTERM)
+"""
+
+
+def test_a_sigterm_while_the_steps_after_the_trace_are_timed_still_writes_it(
+    tmp_path: Path,
+) -> None:
+    """By default SIGTERM ends Python without cleanup: the finished trace was lost and its
+    hidden temporary file blocked the folder."""
+    import subprocess
+    import sys
+
+    import perfcast
+
+    script = tmp_path / "kill.py"
+    script.write_text(_SIGTERM_SCRIPT)
+    out = tmp_path / "t"
+    done = subprocess.run([sys.executable, str(script), str(out)], timeout=300, check=False)
+    assert done.returncode == -15  # still ended by the signal, as without perfcast
+    assert sorted(p.name for p in out.iterdir() if p.name != "profiler.log") == ["rank0.json.gz"]
+    assert len(perfcast.load(out).iterations) == 2
+
+
+def test_a_script_that_ends_inside_the_window_has_its_open_last_step_left_out(
+    tmp_path: Path,
+) -> None:
+    """The ProfilerStep the last boundary opened holds what ran after the loop: it was
+    counted as a step (a 24 ms "step" among 1 ms ones, and a profiler-cost fit 5x off)."""
+    import perfcast
+
+    with capture(tmp_path, wait=0, warmup=1, active=3, unprofiled=0) as cap:
+        _train(3)  # the window's 3rd step is open when the loop ends
+        torch.randn(256, 256) @ torch.randn(256, 256)  # after the loop
+    assert not cap.finished
+    assert _load(cap.trace_paths[0])["perfcast_last_step_open"] is True
+    trace = perfcast.load(cap.trace_paths[0])
+    assert [it.name for it in trace.iterations] == ["ProfilerStep#1", "ProfilerStep#2"]
+    note = "the last step, ProfilerStep#3 ("
+    assert any(
+        w.startswith(note) and "still open when the script" in w for w in trace.ranks[0].warnings
+    )
 
 
 def test_run_profile_stops_the_script_once_the_capture_is_written(tmp_path: Path, capsys) -> None:

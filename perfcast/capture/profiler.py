@@ -117,6 +117,16 @@ def _record(prof: Any, key: str, value: Any) -> None:
             preset(key, json.dumps(value))
 
 
+def _add_metadata(prof: Any, key: str, value: Any) -> None:
+    """Put a JSON value in the header of the trace a running profiler will write."""
+    import json
+
+    add = getattr(prof, "add_metadata_json", None)
+    if add is not None:
+        with contextlib.suppress(Exception):  # an older torch, or a profiler not recording
+            add(key, json.dumps(value))
+
+
 def _record_machine(prof: Any) -> None:
     """Put this machine's identity in the trace header ("perfcast_machine"), so that a
     calibration can be checked against the machine the trace comes from."""
@@ -131,8 +141,13 @@ PROFILER_LOG = "profiler.log"
 # step after the export ran 10-20% slower than the steps before the trace, the second 5-8%,
 # the third 2%, later ones as before (caches and allocator refilled after the export).
 AFTER_SETTLE_STEPS = 3
-# The files perfcast profile writes (see Capture._trace_name): --overwrite may replace them.
+# The files perfcast profile writes (see Capture._trace_path): --overwrite may replace them
+# (rank<R>.step<N>.json.gz: what versions before per-cycle folders wrote for --repeat).
 _OWN_TRACE = re.compile(r"rank\d+(\.step\d+)?\.json\.gz")
+# Its temporary files (_on_trace_ready, _write_trace), left behind when it is killed.
+_OWN_TEMPORARY = re.compile(r"\.rank\d+(\.step\d+)?\.json\.gz\.\d+\.(json|tmp)")
+# With several cycles each one gets a folder, so that each loads as one run of every rank.
+_CYCLE_FOLDER = re.compile(r"step\d+")
 
 
 class Capture:
@@ -195,6 +210,7 @@ class Capture:
         # Traces exported but held back (uncompressed) until the window after them is timed,
         # so that its times can go into them: (exported JSON, final path).
         self._held: list[tuple[Path, Path]] = []
+        self._previous_sigterm: Any = None  # the SIGTERM handler replaced while traces are held
         self.trace_paths: list[Path] = []
         #: training steps seen so far (explicit or from the optimizer hook)
         self.steps = 0
@@ -286,7 +302,11 @@ class Capture:
         prof, self._prof = self._prof, None
         try:
             if prof is not None:
-                # Stopping mid-cycle still flushes a partial trace through _on_trace_ready.
+                # Stopping mid-cycle still flushes a partial trace through _on_trace_ready;
+                # its last ProfilerStep was opened by the last step boundary and never
+                # closed: what ran after the loop. The trace says so for the loader.
+                if not self.finished:
+                    _add_metadata(prof, "perfcast_last_step_open", True)
                 self._stopping = True
                 try:
                     with _profiler_output(self):
@@ -390,7 +410,42 @@ class Capture:
         self.unprofiled_after_step_ms = [round(ms, 4)]
         self._release_held()
 
+    def _write_held_on_sigterm(self) -> None:
+        """A trace held back while the steps after it are timed is written even when the
+        process is told to stop then (SIGTERM: torchrun stopping its workers when one fails,
+        a job scheduler), which by default ends Python without running any cleanup."""
+        import signal
+        import threading
+
+        if self._previous_sigterm is not None or threading.current_thread() is not (
+            threading.main_thread()
+        ):
+            return
+        try:
+            previous = signal.getsignal(signal.SIGTERM)
+            if previous is not signal.SIG_DFL:
+                return  # the script handles SIGTERM itself (and ends through its own code)
+
+            def write_then_stop(signum: int, frame: Any) -> None:
+                self._restore_sigterm()
+                self._release_held()
+                os.kill(os.getpid(), signum)  # the default action, now that the trace is out
+
+            signal.signal(signal.SIGTERM, write_then_stop)
+            self._previous_sigterm = previous
+        except (ValueError, OSError):  # no signals here (an embedded interpreter)
+            pass
+
+    def _restore_sigterm(self) -> None:
+        import signal
+
+        previous, self._previous_sigterm = self._previous_sigterm, None
+        if previous is not None:
+            with contextlib.suppress(ValueError, OSError):
+                signal.signal(signal.SIGTERM, previous)
+
     def _release_held(self) -> None:
+        self._restore_sigterm()
         held, self._held = self._held, []
         extra = {}
         if self.unprofiled_after_step_ms:
@@ -398,15 +453,17 @@ class Capture:
         for exported, final in held:
             self._write_trace(exported, final, extra)
 
-    def _trace_name(self, step_num: int) -> str:
-        rank = _current_rank()
+    def _trace_path(self, step_num: int) -> Path:
+        name = f"rank{_current_rank()}.json.gz"
         if self.repeat == 1:
-            return f"rank{rank}.json.gz"
-        # Several cycles per rank: the step number keeps their files apart.
-        return f"rank{rank}.step{step_num}.json.gz"
+            return self.out_dir / name
+        # Several cycles: one folder each (named by the step that ended it), holding every
+        # rank's trace of that cycle, which is what a folder load takes as one run.
+        return self.out_dir / f"step{step_num}" / name
 
     def _on_trace_ready(self, prof: Any) -> None:
-        final = self.out_dir / self._trace_name(int(prof.step_num))
+        final = self._trace_path(int(prof.step_num))
+        final.parent.mkdir(parents=True, exist_ok=True)
         tmp_json = final.with_name(f".{final.name}.{os.getpid()}.json")
         try:
             prof.export_chrome_trace(str(tmp_json))
@@ -417,6 +474,7 @@ class Capture:
             self._write_trace(tmp_json, final, {})
         else:
             self._held.append((tmp_json, final))
+            self._write_held_on_sigterm()
         if not self._stopping:
             self.cycles_completed += 1
 
@@ -460,7 +518,8 @@ def capture(
     unprofiled: int = 6,
     unprofiled_after: int | None = None,
 ) -> Capture:
-    """Profile the enclosed training loop into ``out_dir/rank{R}.json.gz``.
+    """Profile the enclosed training loop into ``out_dir/rank{R}.json.gz`` (with ``repeat``
+    other than 1: ``out_dir/step{N}/rank{R}.json.gz``, one folder per cycle).
 
     Use as ``with capture("traces") as cap: ...``; steps are marked by ``step()`` or, if it is
     never called, by every ``optimizer.step()`` of the first optimizer seen.  ``activities``
@@ -566,7 +625,11 @@ def _build_parser() -> argparse.ArgumentParser:
         "--active", type=int, default=3, help="steps recorded per cycle (default 3)"
     )
     parser.add_argument(
-        "--repeat", type=int, default=1, help="cycles (default 1; 0: until the end)"
+        "--repeat",
+        type=int,
+        default=1,
+        help="cycles (default 1; 0: until the end); with several, each cycle's traces go to "
+        "their own folder, OUT/step<N>/",
     )
     parser.add_argument("--with-stack", action="store_true", help="record Python stacks")
     parser.add_argument("--with-modules", action="store_true", help="record nn.Module scopes")
@@ -721,10 +784,11 @@ def run_profile(argv: list[str]) -> int:
 
     out = Path(ns.out)
     if cap.steps == 0 and rc != 0 and not stopped:
-        return _fail(
+        _fail(
             f"the script failed (exit status {rc}) before its first training step: no trace "
             f"written to {out}"
         )
+        return rc
     if cap.steps == 0:
         return _fail(
             "no training steps seen (no optimizer.step() or perfcast.capture.step() call); "
@@ -732,6 +796,14 @@ def run_profile(argv: list[str]) -> int:
         )
     if not cap.trace_paths:
         need = cap.pre_steps + ns.wait + ns.warmup + 1
+        if rc != 0 and not stopped:
+            # The script's own failure is the news (its traceback is above); its exit status
+            # is kept, as running it without perfcast would.
+            _fail(
+                f"the script failed (exit status {rc}) after {cap.steps} step(s), before a "
+                f"trace was written (the schedule needs {need}+ steps)"
+            )
+            return rc
         return _fail(f"no trace written: only {cap.steps} step(s) ran, the schedule needs {need}+")
     if ns.json and not is_launched_worker():
         import json
@@ -744,7 +816,7 @@ def run_profile(argv: list[str]) -> int:
         }
         print(json.dumps(doc))
     else:
-        names = ", ".join(p.name for p in cap.trace_paths)
+        names = ", ".join(p.relative_to(out).as_posix() for p in cap.trace_paths)
         print(
             f"perfcast: {cap.steps} steps seen; wrote {len(cap.trace_paths)} trace(s) to {out}: "
             f"{names}",
@@ -777,8 +849,13 @@ def _profile_through_launcher(launcher: list[str], opt_argv: list[str], ns: Any)
         return _fail(str(exc))
     rc = run_launcher(command)
     traces = sorted(
-        (p for p in out.glob("rank*.json.gz") if _OWN_TRACE.fullmatch(p.name)),
-        key=lambda p: [int(x) for x in re.findall(r"\d+", p.name)],
+        (
+            p
+            for p in [*out.glob("rank*.json.gz"), *out.glob("step*/rank*.json.gz")]
+            if _OWN_TRACE.fullmatch(p.name)
+            and (p.parent == out or _CYCLE_FOLDER.fullmatch(p.parent.name))
+        ),
+        key=lambda p: _in_step_order(p.relative_to(out).as_posix()),
     )
     if not traces:
         return _fail(f"the launcher exited with status {rc} and no worker wrote a trace to {out}")
@@ -787,7 +864,7 @@ def _profile_through_launcher(launcher: list[str], opt_argv: list[str], ns: Any)
 
         print(json.dumps({"traces": [str(p) for p in traces], "launcher_exit_status": rc}))
     else:
-        names = ", ".join(p.name for p in traces)
+        names = ", ".join(p.relative_to(out).as_posix() for p in traces)
         print(f"perfcast: the workers wrote {len(traces)} trace(s) to {out}: {names}")
     if rc != 0:
         print(f"perfcast: warning: the launcher exited with status {rc}", file=sys.stderr)
@@ -804,27 +881,49 @@ def _prepare_out(out: Path, overwrite: bool) -> str | None:
         return unwritable
     if not out.is_dir():
         return None  # made by the run itself, once it starts
+    cycles = [p for p in out.iterdir() if p.is_dir() and _CYCLE_FOLDER.fullmatch(p.name)]
+    files = [p for folder in (out, *cycles) for p in folder.iterdir() if p.is_file()]
     traces = sorted(
-        p.name for p in out.iterdir() if p.is_file() and p.name.endswith((".json", ".json.gz"))
+        (p for p in files if p.name.endswith((".json", ".json.gz")) or _is_leftover(p)),
+        key=lambda p: _in_step_order(p.relative_to(out).as_posix()),
     )
     if not traces:
         return None
-    shown = ", ".join(traces[:3]) + (f" and {len(traces) - 3} more" if len(traces) > 3 else "")
+    names = [p.relative_to(out).as_posix() for p in traces]
+    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
     if not overwrite:
         return (
             f"{out} already holds traces ({shown}); write to another folder with -o, "
             "or pass --overwrite to replace them"
         )
-    foreign = [name for name in traces if not _OWN_TRACE.fullmatch(name)]
+    foreign = [n for n, p in zip(names, traces, strict=True) if not _is_own(p)]
     if foreign:
         return (
             f"{out} holds trace files perfcast profile did not write ({', '.join(foreign[:3])}); "
             "--overwrite only replaces its own: choose another folder with -o"
         )
-    for name in traces:
-        (out / name).unlink(missing_ok=True)  # another node's parent may have been first
+    for path in traces:
+        path.unlink(missing_ok=True)  # another node's parent may have been first
     (out / PROFILER_LOG).unlink(missing_ok=True)
+    for folder in cycles:
+        with contextlib.suppress(OSError):  # one that holds other files stays
+            folder.rmdir()
     return None
+
+
+def _in_step_order(name: str) -> tuple[list[int], str]:
+    """Sort key: step5/ before step10/, rank2 before rank10."""
+    return [int(x) for x in re.findall(r"\d+", name)], name
+
+
+def _is_leftover(path: Path) -> bool:
+    """A temporary file of a `perfcast profile` that was killed while writing its trace."""
+    return bool(_OWN_TEMPORARY.fullmatch(path.name))
+
+
+def _is_own(path: Path) -> bool:
+    """A trace (or temporary file) that `perfcast profile` writes, where it writes it."""
+    return _is_leftover(path) or bool(_OWN_TRACE.fullmatch(path.name))
 
 
 def _unwritable(out: Path) -> str | None:

@@ -60,10 +60,17 @@ def load(path: str | os.PathLike[str], progress: ProgressFn | None = None) -> Ev
                 hint="check its permissions",
             ) from None
         if not files:
+            cycles = reader.cycle_folders_in(path)
             raise TraceFormatError(
                 "folder holds no trace files",
                 path=path,
-                hint="expected *.json or *.json.gz files written by torch.profiler",
+                hint=(
+                    f"it holds one folder per profiled cycle ({', '.join(cycles[:3])}"
+                    f"{', ...' if len(cycles) > 3 else ''}): pass one of them, e.g. "
+                    f"{os.path.join(path, cycles[-1])}"
+                    if cycles
+                    else "expected *.json or *.json.gz files written by torch.profiler"
+                ),
             )
     else:
         files = [path]
@@ -153,6 +160,7 @@ def _load_one(path: str, names: Interner, rank_hint: int | None) -> tuple[RankIn
     info.unprofiled_after_step_ms = _read_unprofiled_steps(
         raw.perfcast_unprofiled_after_step_ms, info
     )
+    info.last_step_open = raw.perfcast_last_step_open is True
     info.truncated = decoded.truncated
     info.tail_lost = decoded.tail_lost
     info.salvage_note = decoded.note
@@ -352,11 +360,24 @@ def _clip_ranges_open_at_stop(
     pick = ranges if ranges.size else over_open
     named = int(pick[np.argmax(ts[pick])])
     dur[over] = np.maximum(cut - ts[over], 0)
+    if _own_hook_range(c, names, info, ranges):
+        return  # expected: said nowhere, as every perfcast profile trace would say it
     info.warnings.append(
         f"{over_open.size} range(s) open when the profiler stopped (e.g. "
         f"'{names.names[int(c['name'][named])]}') end where the rest of the trace ends: "
         f"the trace ended them at the stop, {lost_ns / 1e6:.2f} ms later"
     )
+
+
+def _own_hook_range(
+    c: dict[str, np.ndarray], names: Interner, info: RankInfo, ranges: np.ndarray
+) -> bool:
+    """Whether the only ranges open at the stop are optimizer steps in a trace `perfcast
+    profile` wrote: its step hook runs inside `Optimizer.step#...`, so the step that ends
+    the window always leaves that range open."""
+    if not str((info.machine or {}).get("from", "")).startswith("the perfcast_machine"):
+        return False
+    return all(names.names[int(c["name"][r])].startswith("Optimizer.step#") for r in ranges)
 
 
 # Events that are work: ops, ranges, runtime and driver calls, GPU tasks (not Python frames,
@@ -440,6 +461,20 @@ def _derive(
             info.warnings.append(
                 f"the last step, {nm} ({dur[i] / 1e6:.2f} ms), holds no work (the profiler "
                 "stopped as it began): it is not counted as a step"
+            )
+        elif len(ordered) > 1 and info.last_step_open:
+            nm, i = ordered.pop()
+            info.warnings.append(
+                f"the last step, {nm} ({dur[i] / 1e6:.2f} ms), was still open when the script "
+                "ended (perfcast profile stopped mid-window): it holds what ran after the "
+                "training loop, and is not counted as a step"
+            )
+        elif info.last_step_open:
+            nm, i = ordered[-1]
+            info.warnings.append(
+                f"the only step, {nm} ({dur[i] / 1e6:.2f} ms), was still open when the script "
+                "ended (perfcast profile stopped mid-window): it may hold what ran after the "
+                "training loop; profile more steps for a whole one"
             )
         for nm, i in ordered:
             s, e = int(ts[i]), int(ts[i] + dur[i])

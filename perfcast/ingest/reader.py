@@ -1131,11 +1131,30 @@ def read_inflated(path: str, limit: int | None = None) -> tuple[bytes, bool]:
 
 
 def trace_files_in(folder: str) -> list[str]:
-    """Trace files in a folder (not recursive), sorted for a stable rank order."""
+    """Trace files in a folder (not recursive), sorted for a stable rank order. Hidden files
+    are not traces (a writer's temporary files, e.g. `perfcast profile`'s held export)."""
     names = sorted(os.listdir(folder))
     return [
         os.path.join(folder, n)
         for n in names
         if (n.endswith(".json") or n.endswith(".json.gz"))
+        and not n.startswith(".")
         and os.path.isfile(os.path.join(folder, n))
     ]
+
+
+# `perfcast profile --repeat N` writes each cycle's traces to OUT/step<N>/.
+CYCLE_FOLDER = re.compile(r"step\d+")
+
+
+def cycle_folders_in(folder: str) -> list[str]:
+    """The per-cycle folders of a `perfcast profile --repeat` run in `folder`, in step order."""
+    try:
+        names = [
+            n
+            for n in os.listdir(folder)
+            if CYCLE_FOLDER.fullmatch(n) and os.path.isdir(os.path.join(folder, n))
+        ]
+    except OSError:
+        return []
+    return sorted(names, key=lambda n: int(n[4:]))

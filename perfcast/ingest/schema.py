@@ -110,6 +110,8 @@ class RawTrace(msgspec.Struct, gc=False):
     # after it.
     perfcast_unprofiled_step_ms: Any = None
     perfcast_unprofiled_after_step_ms: Any = None
+    # True when the script ended inside its last ProfilerStep (no step boundary closed it).
+    perfcast_last_step_open: Any = None
 
 
 # Category -> Kind for every generation. Lookup is lower-cased.

@@ -121,13 +121,24 @@ def host_ratio(host: str | float | os.PathLike[str], graph: Graph) -> tuple[floa
     or the new machine's calibration file against the one that fits the trace."""
     speed = _host_speed(host)
     if speed is None:
-        return _host_ratio_from_calibration(_host_path(host), graph)
+        return _host_ratio_from_calibration(_host_file(host), graph)
     return speed, f"host={speed:g}"
 
 
-def _host_path(host: str | float | os.PathLike[str]) -> Path:
+def _host_file(host: str | float | os.PathLike[str]) -> Path:
+    """The option as the calibration file it names; an OptionValueError when no such file."""
     text = (os.fspath(host) if isinstance(host, os.PathLike) else str(host)).strip()
-    return Path(text).expanduser()
+    path = Path(text).expanduser()
+    try:
+        is_file = path.is_file()
+    except (OSError, ValueError):  # a name too long for the OS, a NUL byte
+        is_file = False
+    if not is_file:
+        raise OptionValueError(
+            f"device: host={str(path)[:200]} is neither a number nor a file",
+            hint="host=1.3, or the file `perfcast calibrate -o FILE` wrote on the new machine",
+        )
+    return path
 
 
 def _host_speed(host: str | float | os.PathLike[str]) -> float | None:
@@ -163,15 +174,6 @@ def _host_op_ns(cal: object) -> float | None:
 def _host_ratio_from_calibration(path: Path, graph: Graph) -> tuple[float, str]:
     from perfcast import calibration
 
-    try:
-        is_file = path.is_file()
-    except (OSError, ValueError):  # a name too long for the OS, a NUL byte
-        is_file = False
-    if not is_file:
-        raise OptionValueError(
-            f"device: host={str(path)[:200]} is neither a number nor a file",
-            hint="host=1.3, or the file `perfcast calibrate -o FILE` wrote on the new machine",
-        )
     try:
         new = calibration.load(path)
     except PerfcastError as exc:
@@ -219,16 +221,7 @@ def check_options(options: Options) -> None:
             "device needs a target GPU", hint=f"e.g. device:target=h100; {known_devices_text()}"
         )
     if _host_speed(options.host) is None:  # a file: it must exist (its contents: at apply)
-        path = _host_path(options.host)
-        try:
-            is_file = path.is_file()
-        except (OSError, ValueError):
-            is_file = False
-        if not is_file:
-            raise OptionValueError(
-                f"device: host={str(path)[:200]} is neither a number nor a file",
-                hint="host=1.3, or the file `perfcast calibrate -o FILE` wrote on the new machine",
-            )
+        _host_file(options.host)
 
 
 def apply(graph: Graph, options: Options) -> Graph:
