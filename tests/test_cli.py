@@ -265,7 +265,7 @@ def test_show_refuses_other_files(capsys, tmp_path):
     assert "not a perfcast result" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("command", [["analyze"], ["plan", "--gpus", "4"], ["tree"]])
+@pytest.mark.parametrize("command", [["plan", "--gpus", "4"], ["tree"]])
 def test_show_names_the_results_it_does_not_render(capsys, tmp_path, command):
     saved = tmp_path / "result.json"
     assert main([command[0], str(EXAMPLE), *command[1:], "--json", "-q"]) == 0
@@ -273,6 +273,26 @@ def test_show_names_the_results_it_does_not_render(capsys, tmp_path, command):
     assert main(["show", str(saved)]) == 2
     err = capsys.readouterr().err
     assert f"a `perfcast {command[0]}` result: show re-renders summary, replay" in err
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["analyze", str(EXAMPLE), "--only", "idle,launches"],
+        ["diff", str(EXAMPLE), str(EXAMPLE), "--apply", "amp"],
+    ],
+)
+def test_show_renders_saved_analyses_and_diffs_as_their_commands_did(capsys, tmp_path, command):
+    """They were refused ("run it again"), though every other command's result is shown."""
+    saved = tmp_path / "result.json"
+    assert main([*command, "--json", "-q"]) == 0
+    saved.write_text(capsys.readouterr().out)
+    assert main([*command, "-q"]) == 0
+    live = capsys.readouterr().out
+    assert main(["show", str(saved)]) == 0
+    assert capsys.readouterr().out == live
+    assert main(["show", str(saved), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == json.loads(saved.read_text())
 
 
 # ---------------------------------------------------------------------------------------------

@@ -408,3 +408,20 @@ def test_a_calibration_brings_its_own_work_share(tmp_path: Path, monkeypatch) ->
     correction = perfcast.predict(mine, "remove-host-sync").correction
     assert correction.source == "calibration" and correction.work_pct == pytest.approx(20.0)
     assert "measured by calibrate on a reference training step" in correction.note
+
+
+def test_diff_apply_compares_the_unprofiled_prediction_with_bs_measured_step(
+    tmp_path: Path,
+) -> None:
+    """diff --apply compared only the profiled prediction with B as traced; B's measured
+    unprofiled step (what the user will see) was never set against the unprofiled one."""
+    a = H100 / "mlp_base.json.gz"
+    b = _with_measured(H100 / "mlp_fused.json.gz", tmp_path, [6.0, 6.2])
+    p = perfcast.diff(a, b, apply="fused-optimizer:kind=fused").prediction
+    assert p is not None and p.predicted_real_ms is not None
+    assert p.measured_real_ms == pytest.approx(6.1) and p.measured_real_source == "measured"
+    assert p.real_error_pct == pytest.approx(100 * (p.predicted_real_ms - 6.1) / 6.1)
+    assert p.measured_real_speedup is not None and p.measured_real_speedup > 2
+    # Without the correction there is no unprofiled prediction to compare.
+    off = perfcast.diff(a, b, apply="fused-optimizer:kind=fused", correct=False).prediction
+    assert off is not None and off.measured_real_ms is None and off.real_error_pct is None

@@ -45,6 +45,7 @@ class StepDelta:
     b_real_ms: float | None = None
     real_speedup: float | None = None
     real_source: str | None = None  # "A: default, B: fit"
+    b_real_source: str | None = None  # B's alone: "measured" (steps it carries) or a correction
 
 
 @dataclass
@@ -84,6 +85,13 @@ class Prediction:
     error_pct: float  # (predicted − measured) / measured
     predicted_real_ms: float | None = None  # A after the what-ifs, without the profiler
     real_speedup: float | None = None  # the predicted speedup without the profiler
+    # B without the profiler (measured when B carries unprofiled steps, else estimated), the
+    # speedup that makes, and the error of `predicted_real_ms` against it: the comparison in
+    # the run the user will see, beside the profiled one above.
+    measured_real_ms: float | None = None
+    measured_real_source: str | None = None
+    measured_real_speedup: float | None = None
+    real_error_pct: float | None = None
     assumptions: list[str] = field(default_factory=list)
 
 
@@ -340,6 +348,7 @@ def diff(a: EventTable, b: EventTable, top: int = 20, real: bool = True) -> Trac
             st.a_real_ms, st.b_real_ms = a_real, b_real
             st.real_speedup = a_real / b_real
             st.real_source = f"A: {a_src}, B: {b_src}"
+            st.b_real_source = b_src
     return plain(out)
 
 
@@ -394,6 +403,11 @@ def compare_prediction(
         real_speedup=result.speedup if corrected else None,
         assumptions=[x for ap in result.applied for x in ap.assumptions],
     )
+    p, st = out.prediction, out.step
+    if p.predicted_real_ms is not None and st.b_real_ms:
+        p.measured_real_ms, p.measured_real_source = st.b_real_ms, st.b_real_source
+        p.measured_real_speedup = st.real_speedup
+        p.real_error_pct = 100.0 * (p.predicted_real_ms - st.b_real_ms) / st.b_real_ms
     rows: list[PredictedRow] = []
     for kind, pred, a_t, b_t in (
         ("kernel", pred_k, pa.kernel_ms, pb.kernel_ms),

@@ -74,7 +74,9 @@ def register(sub: Any, add_common: Callable[[Any], None], table: dict[str, Any])
 
     p = sub.add_parser("show", help="render a saved --json result again, without the trace")
     p.add_argument(
-        "result", help="a file written by `perfcast summary|replay|whatif|advise ... --json > FILE`"
+        "result",
+        help="a file written by `perfcast summary|replay|whatif|advise|analyze|diff ... --json "
+        "> FILE`",
     )
     add_common(p)
     table["show"] = cmd_show
@@ -193,6 +195,18 @@ def _output(result: Any, render: str, args: argparse.Namespace, ui: Any) -> int:
         # Every row the saved summary holds (it was cut to its own --top when saved).
         render_summary(result, ui.out)
         return 0
+    if render == "render_diff":
+        from perfcast.report.analyses_terminal import render_diff
+
+        # Every row the saved diff holds (`diff` shows its --top, which it saved).
+        longest = max(len(result.ops), len(result.kernels), len(result.phases), 1)
+        render_diff(result, ui.out, rows=longest)
+        return 0
+    if render == "render_analyses":
+        from perfcast.report.analyses_terminal import render_analyses
+
+        render_analyses(result, ui.out)
+        return 0
     getattr(terminal, render)(result, ui.out)
     return 0
 
@@ -266,6 +280,8 @@ def cmd_show(args: argparse.Namespace, ui: Any) -> int:
     import msgspec
 
     from perfcast.advisor.advisor import Advice
+    from perfcast.analysis.battery import Analyses
+    from perfcast.analysis.diff import TraceDiff
     from perfcast.analysis.replay import ReplayResult
     from perfcast.analysis.summary import Summary
     from perfcast.whatif.runner import WhatIfResult
@@ -281,27 +297,27 @@ def cmd_show(args: argparse.Namespace, ui: Any) -> int:
         raise PerfcastError(f"cannot read a saved result ({why})", path=args.result) from None
     # Results show does not re-render (their own commands print them): say which it is.
     others = {
-        "analyze": {"idle", "launches", "queue", "roofline", "scopes"},
-        "diff": {"step", "kernels", "ops", "phases"},
         "plan": {"best", "evaluated", "fitting"},
         "tree": {"paths", "selection", "coverage", "level_text"},
     }
     for command, marks in others.items():
         if len(keys & marks) >= 2:
             raise PerfcastError(
-                f"a `perfcast {command}` result: show re-renders summary, replay, whatif and "
-                "advise results",
+                f"a `perfcast {command}` result: show re-renders {_SHOWN}",
                 path=args.result,
                 hint=f"run `perfcast {command}` again to see it, or read the JSON",
             )
-    kinds: list[tuple[str, Any, str]] = [
-        ("suggestions", Advice, "render_advice"),
-        ("unresolved_dependencies", ReplayResult, "render_replay"),
-        ("applied", WhatIfResult, "render_whatif"),
-        ("ranks", Summary, "render_summary"),
+    # Each kind by keys only its results have (two of them, for the analyses and diff).
+    kinds: list[tuple[set[str], Any, str]] = [
+        ({"suggestions"}, Advice, "render_advice"),
+        ({"unresolved_dependencies"}, ReplayResult, "render_replay"),
+        ({"applied"}, WhatIfResult, "render_whatif"),
+        ({"idle", "launches", "queue", "roofline", "scopes"}, Analyses, "render_analyses"),
+        ({"step", "phases"}, TraceDiff, "render_diff"),
+        ({"ranks"}, Summary, "render_summary"),
     ]
-    for key, cls, render in kinds:
-        if key in keys:
+    for marks, cls, render in kinds:
+        if len(keys & marks) >= min(2, len(marks)):
             try:
                 result = msgspec.json.decode(data, type=cls)
                 gain = None
@@ -321,9 +337,12 @@ def cmd_show(args: argparse.Namespace, ui: Any) -> int:
     raise PerfcastError(
         "not a perfcast result",
         path=args.result,
-        hint="show re-renders summary, replay, whatif and advise results: write one with "
-        "`perfcast summary|replay|whatif|advise ... --json > FILE`",
+        hint=f"show re-renders {_SHOWN}: write one with "
+        "`perfcast summary|replay|whatif|advise|analyze|diff ... --json > FILE`",
     )
+
+
+_SHOWN = "summary, replay, whatif, advise, analyze and diff results"
 
 
 def cmd_report(args: argparse.Namespace, ui: Any) -> int:

@@ -185,10 +185,26 @@ def render_diff(result: TraceDiff, console: Console, rows: int = 15) -> None:
             )
         )
         if p.predicted_real_ms is not None and p.real_speedup is not None:
+            against = ""
+            if p.measured_real_ms is not None and p.real_error_pct is not None:
+                how = (
+                    "measured (the unprofiled steps B carries)"
+                    if p.measured_real_source == "measured"
+                    else f"estimated ({p.measured_real_source})"
+                )
+                speedup = (
+                    f" (speedup {p.measured_real_speedup:.3f}×)"
+                    if p.measured_real_speedup is not None
+                    else ""
+                )
+                against = (
+                    f", B without the profiler {p.measured_real_ms:,.3f} ms{speedup}, {how}: "
+                    f"error {p.real_error_pct:+.1f}%"
+                )
             console.print(
                 Text(
                     f"  without the profiler (as `whatif` reports it): {p.predicted_real_ms:,.3f} "
-                    f"ms per step (speedup {p.real_speedup:.3f}×)"
+                    f"ms per step (speedup {p.real_speedup:.3f}×){against}"
                 )
             )
     for tname, cols in result_tables(result).items():
