@@ -11,6 +11,7 @@ import perfcast
 from perfcast.errors import NotApplicableError
 from perfcast.graph.build import build_graph
 from perfcast.sim.timeline import simulate
+from perfcast.whatif.models import _parallel_common as C
 from perfcast.whatif.registry import build_options, get_model
 
 RECORDED = Path(__file__).parents[1] / "benchmarks" / "accuracy" / "recorded" / "traces" / "h100"
@@ -84,7 +85,7 @@ def test_tensor_parallel_pairs_and_refusal(mlp) -> None:
     # 17 linear layers: 8 pairs forward and 8 backward, per step.
     assert _named(g, "modelled TP").size == 3 * 16
     said = " ".join(g.assumptions)
-    assert "8 linear-layer pairs per step" in said and "16 collectives" in said
+    assert "8 units of linear layers per step" in said and "16 collectives" in said
     with pytest.raises(NotApplicableError, match="linear"):
         _apply(perfcast.load(str(RECORDED / "r50_fused.json.gz")), "tensor-parallel", tp=2)
 
@@ -151,3 +152,25 @@ def test_pipeline_stage_runs_its_share_of_the_optimizers_host_work(mlp) -> None:
     host_after = g.cols["dur"][P.select(g, kind="host", phase="optimizer")].sum()
     assert host_before > 0
     assert host_after == pytest.approx(host_before / 4, rel=0.01)
+
+
+def test_tensor_parallel_splits_q_k_v_together_and_the_output_projection_by_rows(
+    shared_traces: Path,
+) -> None:
+    """BERT's attention has separate query, key and value projections: Megatron splits the
+    three by columns and the output projection by rows, one all-reduce per attention block.
+    Pairing consecutive layers made (Q, K) and (V, O) pairs: two all-reduces, one of them
+    after the key projection, where no partial sum exists."""
+    from perfcast.whatif.models.tensor_parallel import units_per_step
+
+    table = perfcast.load(str(shared_traces / "tracelens_h100_bert_small.json.gz"))
+    g = _apply(table, "tensor-parallel", tp=2)
+    said = " ".join(g.assumptions)
+    # 4 encoder layers (Q, K, V + output; intermediate + output) and the pooler/classifier.
+    assert "9 units of linear layers per step" in said and "4 with several column" in said
+    steps = len({it for _, it in C.groups(g)})
+    assert _named(g, "modelled TP").size == 9 * steps
+    assert units_per_step(build_graph(table), table.ranks[0].rank) == 9
+    # A sequential MLP (Linear, ReLU, Linear, ... on one width) still pairs up.
+    mlp = perfcast.load(str(RECORDED / "mlp_fused.json.gz"))
+    assert units_per_step(build_graph(mlp), 0) == 8

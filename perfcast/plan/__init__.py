@@ -241,7 +241,12 @@ def plan_trace(
     fp32 = facts.act_bytes_per_elem == 4
     amp_or_why = amp_effect(rw.graph) if fp32 else "the trace already runs in 16 bits"
     amp = amp_or_why if isinstance(amp_or_why, AmpEffect) else None
-    w = trace_workload(table, cluster, rank=rank, batch=batch, host=host, amp=amp)
+    from perfcast.whatif.models.tensor_parallel import units_per_step
+
+    tp_units = units_per_step(rw.graph, facts.rank)
+    w = trace_workload(
+        table, cluster, rank=rank, batch=batch, host=host, amp=amp, tp_units=tp_units
+    )
     if amp is not None:
         w.assumptions.append(
             f"AMP plans (bf16 autocast) scale forward and backward as `whatif amp:dtype=bf16` "

@@ -24,8 +24,9 @@ Read from the rank's steps (median step; kernels of the last complete step):
   balanced time).
 
 Scaling rules a plan applies: tensor parallelism divides the linear layers' GEMM time by tp
-and adds an all-reduce of each paired linear layer's output forward and backward (Megatron
-pairs: column- then row-parallel); everything else stays replicated. AMP on an fp32 trace
+and adds an all-reduce of each unit's output forward and backward (Megatron: column-parallel
+layers, then a row-parallel one, formed as `whatif tensor-parallel` forms them); everything
+else stays replicated. AMP on an fp32 trace
 scales compute-bound and memory-bound GPU time and the host time of forward and backward as
 `whatif amp:dtype=bf16` changes them on the trace's own graph (`AmpEffect`: achieved 16-bit
 efficiency, the casts and their CPU dispatch), so plan and whatif agree. Another GPU
@@ -359,9 +360,11 @@ def trace_workload(
     batch: int | None = None,
     host: HostCorrection | None = None,
     amp: AmpEffect | None = None,
+    tp_units: float | None = None,
 ) -> TraceWorkload:
     """Read the workload of one rank (the first by default) from a loaded trace; with `host`,
-    its step and host times are taken without the profiler's own cost."""
+    its step and host times are taken without the profiler's own cost; `tp_units`: the
+    tensor-parallel units per step the what-if forms on the trace's graph."""
     facts = trace_facts(table, rank)
     rank = facts.rank
     its = [it for it in table.iterations if it.rank == rank]
@@ -468,10 +471,13 @@ def trace_workload(
         groups = np.bincount(g, weights=table.dur[fk] / 1e9, minlength=wts.size)
     else:
         groups = np.array([fl + fc + fm])
-    # Tensor-parallel pairs: every two linear layers; the all-reduce carries the output of
-    # the second (row-parallel) one, taken as the size of the layer's input per sample.
+    # Tensor-parallel units: column layers, then a row layer, as the what-if forms them
+    # (`tp_units`), else every two linear layers; the all-reduce carries the row layer's
+    # output, taken as the size of the layer's input per sample.
     lin_saved = [s for s in facts.saved if s.linear]
-    pairs = len(lin_saved) // 2
+    pairs = 0  # without shapes (nothing saved by a linear layer) the all-reduce is unsized
+    if lin_saved:
+        pairs = round(tp_units) if tp_units is not None else len(lin_saved) // 2
     tp_bytes = float(np.mean([s.nbytes for s in lin_saved])) / b0 if lin_saved else 0.0
     spec, _, identified = traced_device(table)
     dev_cb = dev_mem = 1.0

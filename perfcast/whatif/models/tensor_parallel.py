@@ -3,22 +3,26 @@
 What is modelled (Shoeybi et al., "Megatron-LM", 2019):
 
 - the linear layers are the ops `aten::linear` / `addmm` / `matmul` (forward) and their
-  backward nodes (`AddmmBackward0`, `MmBackward0`, ...); they pair up in launch order: the
-  first of a pair split by columns, the second by rows, so each does 1/tp of its GEMM work
-  (kernel time t -> f + (t - f)/tp, f the trace's fixed cost per kernel);
-- after each pair's forward its output is all-reduced, and in backward the input gradient of
-  each pair (the same size), on the compute stream: Megatron does not overlap them. With
+  backward nodes (`AddmmBackward0`, `MmBackward0`, ...); in launch order they form units of
+  column-parallel layers followed by one row-parallel layer, so each does 1/tp of its GEMM
+  work (kernel time t -> f + (t - f)/tp, f the trace's fixed cost per kernel). Layers that
+  read an input of the same shape with no GEMM, attention or softmax kernel between them
+  are one column group (separate Q, K and V projections; a gated MLP's gate and up
+  projections); the next layer is the row layer. Without shapes, consecutive layers pair up;
+- after each unit's forward its output is all-reduced, and in backward the input gradient of
+  its column group (the unit's input), on the compute stream: Megatron does not overlap
+  them. Backward units mirror the forward ones when the layer counts match. With
   `sequence_parallel`, an all-gather and a reduce-scatter of the same volume take their place
-  and the elementwise work between pairs (norms, dropout, residual adds) is split too;
+  and the elementwise work between units (norms, dropout, residual adds) is split too;
 - size: the row-parallel layer's output (its input's leading dimensions x its output
-  features, from the recorded shapes; in backward each pair's forward size, the shape of its
-  input gradient), at the layer's dtype (bf16/fp16 kernels 2 bytes, else
+  features, from the recorded shapes; in backward the column group's input), at the layer's
+  dtype (bf16/fp16 kernels 2 bytes, else
   4); time: ring all-reduce in the cluster model `perfcast plan` uses (10 µs + 2(t-1) alpha +
   2(t-1)/t N / busbw, busbw 80% of the peak of `link`, NVIDIA's nccl-tests figures, or what
   the trace's own large collectives reached), `link` by default the device's intra-node link;
   a group of more than `gpus_per_node` GPUs crosses nodes, bound by their NICs.
 
-Everything else (convolutions, elementwise work outside pairs, the optimizer on the linear
+Everything else (convolutions, elementwise work outside units, the optimizer on the linear
 layers' shards aside) runs replicated: a convolutional network gains little. Assumes the
 output features divide by tp and the ranks of a group run in lock step.
 """
@@ -40,7 +44,7 @@ from perfcast.whatif import primitives as P
 from perfcast.whatif.models import _parallel_common as C
 
 SUMMARY = (
-    "tensor parallel over tp GPUs: linear layers split in column/row pairs with their "
+    "tensor parallel over tp GPUs: linear layers split by columns, then rows, with their "
     "all-reduces (tp=N, link=NAME, gpus_per_node=8, nics_per_node=, sequence_parallel=false)"
 )
 _LINEAR_FWD = r"^aten::(linear|addmm|matmul|mm)$"
@@ -69,13 +73,14 @@ def apply(graph: Graph, options: Options) -> Graph:
     t = options.tp
     C.require_gpu_steps(graph, "tensor-parallel")
     fixed = K.kernel_fixed_cost_ns(graph)
-    n_pairs = 0  # forward pairs (each also all-reduced in backward, where there is one)
+    n_pairs = 0  # forward units (each also all-reduced in backward, where there is one)
     n_collectives = 0
     backward = False
     comm_ns = 0
     split_ns = 0
     n_steps = 0
     note = ""
+    n_grouped = 0  # forward units whose column group holds more than one layer
     cache: dict[str | None, C.CommModel] = {}
     for rank, it in C.groups(graph):
         comm = C.comm_model(
@@ -89,7 +94,10 @@ def apply(graph: Graph, options: Options) -> Graph:
         )
         link = comm.cluster.intra
         note = comm.describe(t)
-        forward_bytes: list[float] = []  # this step's forward all-reduce sizes, in order
+        # This step's forward units (indices into its linear layers, column group then row
+        # layer) and each unit's input size, which backward all-reduces.
+        forward_layers, forward_units = 0, []
+        group_inputs: list[float] = []
         for phase, pattern in ((Phase.FORWARD, _LINEAR_FWD), (Phase.BACKWARD, _LINEAR_BWD)):
             layers = _linear_layers(graph, rank, it, phase, pattern)
             if not layers:
@@ -102,16 +110,36 @@ def apply(graph: Graph, options: Options) -> Graph:
             for nodes, _ in layers:
                 K.scale_variable(graph, nodes, 1.0 / t, fixed)
             split_ns += before - sum(int(graph.cols["dur"][n].sum()) for n, _ in layers)
-            sizes = _pair_sizes(graph, layers, phase)
             if phase == Phase.FORWARD:
-                forward_bytes = [nbytes for _, nbytes in sizes]
-            elif len(forward_bytes) == len(sizes):
-                # A pair's backward all-reduce is its input gradient: the shape of its input,
-                # the previous pair's output, not the gradient its row layer receives.
-                sizes = [
-                    (last, nbytes)
-                    for (last, _), nbytes in zip(sizes, reversed(forward_bytes), strict=True)
+                units = _forward_units(graph, rank, it, layers)
+                forward_layers, forward_units = len(layers), units
+                sizes = _unit_sizes(graph, layers, units)
+                # Without the input's shape, the row layer's output (a block keeps its width).
+                fallback = float(np.median([b for _, b in sizes])) if sizes else 0.0
+                group_inputs = [
+                    _in_bytes(graph, layers[u[0]][0])
+                    or _out_bytes(graph, layers[u[-1]][0])
+                    or fallback
+                    for u in units
+                    if len(u) > 1
                 ]
+                n_grouped += sum(len(u) > 2 for u in units)
+            elif len(layers) == forward_layers and forward_units:
+                # Backward runs the forward units in reverse, row layer first; each one's
+                # all-reduce is its column group's input gradient, once the group is done.
+                units, start = [], 0
+                for u in reversed(forward_units):
+                    units.append(list(range(start, start + len(u))))
+                    start += len(u)
+                whole = [u for u in units if len(u) > 1]
+                sizes = [
+                    (int(layers[u[-1]][0][-1]), nbytes)
+                    for u, nbytes in zip(whole, reversed(group_inputs), strict=True)
+                    if nbytes > 0
+                ]
+            else:
+                units = [[i, i + 1] for i in range(0, len(layers) - 1, 2)]
+                sizes = _unit_sizes(graph, layers, units)
             for last, nbytes in sizes:
                 if options.sequence_parallel:
                     us = comm.time_us("allgather", nbytes, t) + comm.time_us(
@@ -136,7 +164,7 @@ def apply(graph: Graph, options: Options) -> Graph:
                 n_pairs += phase == Phase.FORWARD
     if n_collectives == 0:
         raise NotApplicableError(
-            "tensor-parallel: no pairs of linear layers (aten::linear / addmm / matmul with "
+            "tensor-parallel: no column and row linear layers (aten::linear / addmm / matmul with "
             "recorded shapes) in the trace's steps: nothing to split"
         )
     if options.sequence_parallel:
@@ -148,16 +176,31 @@ def apply(graph: Graph, options: Options) -> Graph:
     steps = max(n_steps, 1)
     where = "forward and backward" if backward else "forward (the trace has no backward)"
     graph.assumptions.append(
-        f"tensor parallel x{t}: {n_pairs / steps:g} linear-layer pairs per step split 1/{t} "
-        f"({split_ns / steps / 1e6:.2f} ms of GEMM time saved), "
+        f"tensor parallel x{t}: {n_pairs / steps:g} units of linear layers per step (column "
+        f"layers, then a row layer; {n_grouped / steps:g} with several column layers) split "
+        f"1/{t} ({split_ns / steps / 1e6:.2f} ms of GEMM time saved), "
         f"{'all-gather + reduce-scatter' if options.sequence_parallel else 'all-reduce'} of "
-        f"each pair's activations {where} on the compute stream, "
+        f"each unit's activations {where} on the compute stream, "
         f"{n_collectives / steps:g} collectives ({comm_ns / steps / 1e6:.2f} ms per step, over "
-        f"{note}); consecutive linear layers paired in launch order (Megatron pairs attention's "
-        "QKV with its output projection and the MLP's two layers); everything else replicated; "
+        f"{note}); layers on an input of one shape with no GEMM, attention or softmax kernel "
+        "between them split by columns together (Megatron: attention's Q, K, V and a gated "
+        "MLP's gate and up projections), the next one by rows; everything else replicated; "
         + K.fixed_cost_text(fixed)
     )
     return graph
+
+
+def units_per_step(graph: Graph, rank: int) -> float | None:
+    """How many forward units (column layers and their row layer: one all-reduce each way)
+    a step of `rank` holds, as `apply` forms them; None without linear layers."""
+    counts = []
+    for r, it in C.groups(graph):
+        if r != rank:
+            continue
+        layers = _linear_layers(graph, rank, it, Phase.FORWARD, _LINEAR_FWD)
+        if layers:
+            counts.append(sum(len(u) > 1 for u in _forward_units(graph, rank, it, layers)))
+    return float(np.mean(counts)) if counts else None
 
 
 def _linear_layers(
@@ -197,20 +240,108 @@ def _linear_layers(
     return out
 
 
-def _pair_sizes(
-    graph: Graph, layers: list[tuple[np.ndarray, int]], phase: Phase
+# Kernels that mix what the layers before them computed (attention's score and value GEMMs,
+# softmax): a layer after one reads the mix, not the column group's shared input.
+_MIXING = np.array([int(KernelClass.MATMUL), int(KernelClass.ATTENTION), int(KernelClass.SOFTMAX)])
+
+
+def _forward_units(
+    graph: Graph, rank: int, it: int, layers: list[tuple[np.ndarray, int]]
+) -> list[list[int]]:
+    """The forward linear layers (indices, launch order) as units: a column group (layers
+    on an input of one shape, no mixing kernel between them) and the row layer after it. The
+    last unit may lack its row layer (a final projection): it is all-reduced nowhere."""
+    step = C.step_gpu_nodes(graph, rank, it, Phase.FORWARD)
+    position = {int(n): i for i, n in enumerate(step.tolist())}
+    in_layer = np.zeros(step.size, dtype=bool)
+    for nodes, _ in layers:
+        in_layer[[position[int(n)] for n in nodes.tolist()]] = True
+    mixing = np.isin(graph.cols["klass"][step], _MIXING) & ~in_layer
+    mixed_before = np.cumsum(mixing)  # mixing kernels launched up to each position
+    other_before = np.cumsum(~in_layer)  # any other kernel
+
+    def launched_between(a: int, b: int, counts: np.ndarray) -> bool:
+        first, last = position[int(layers[b][0][0])], position[int(layers[a][0][-1])]
+        return bool(counts[first] > counts[last])
+
+    def joins(i: int, group: list[int], shape: tuple[int, ...] | None) -> bool:
+        """Whether layer i reads the column group's input rather than what came before it:
+        an input of the group's shape, no mixing kernel since the group's last layer, and
+        either nothing launched between them (Q, K, V) or an input that cannot be the last
+        layer's output (a gated MLP's up projection, after the gate's activation)."""
+        here = _in_shape(graph, int(layers[i][0][0]))
+        last = group[-1]
+        if here is None or here != shape or launched_between(last, i, mixed_before):
+            return False
+        if not launched_between(last, i, other_before):
+            return True
+        return _out_shape(graph, int(layers[last][0][0])) not in (None, here)
+
+    units: list[list[int]] = []
+    group: list[int] = []
+    shape = None
+    for i, (nodes, _) in enumerate(layers):
+        if not group:
+            group, shape = [i], _in_shape(graph, int(nodes[0]))
+        elif joins(i, group, shape):
+            group.append(i)
+        else:
+            units.append([*group, i])
+            group = []
+    if group:
+        units.append(group)
+    return units
+
+
+def _unit_sizes(
+    graph: Graph, layers: list[tuple[np.ndarray, int]], units: list[list[int]]
 ) -> list[tuple[int, float]]:
-    """(last node of the pair, bytes all-reduced) for every pair of linear layers."""
-    out = []
-    sizes = [_out_bytes(graph, nodes) for nodes, _ in layers]
+    """(last node of the unit's row layer, bytes all-reduced) for every unit that has one."""
+    whole = [u for u in units if len(u) > 1]
+    sizes = [_out_bytes(graph, layers[u[-1]][0]) for u in whole]
     known = [s for s in sizes if s > 0]
     fallback = float(np.median(known)) if known else 0.0
-    for i in range(0, len(layers) - 1, 2):
-        nodes = layers[i + 1][0]
-        nbytes = sizes[i + 1] or fallback
+    out = []
+    for u, nbytes in zip(whole, sizes, strict=True):
+        nbytes = nbytes or fallback
         if nbytes > 0:
-            out.append((int(nodes[-1]), nbytes))
+            out.append((int(layers[u[-1]][0][-1]), nbytes))
     return out
+
+
+def _in_shape(graph: Graph, node: int) -> tuple[int, ...] | None:
+    """The shape of a forward linear layer's input (x), from the recorded shapes."""
+    dims = K.op_input_dims(graph, node)
+    if not dims:
+        return None
+    op = int(graph.cols["op_name"][node])
+    name = graph.names[op] if op >= 0 else ""
+    x = dims[1] if name.endswith("addmm") and len(dims) > 2 else dims[0]
+    return tuple(x) if _is_shape(x) else None
+
+
+def _out_shape(graph: Graph, node: int) -> tuple[int, ...] | None:
+    """The shape of a forward linear layer's output, from the recorded shapes."""
+    dims = K.op_input_dims(graph, node)
+    x = _in_shape(graph, node)
+    if not dims or x is None:
+        return None
+    op = int(graph.cols["op_name"][node])
+    name = graph.names[op] if op >= 0 else ""
+    w = dims[2] if name.endswith("addmm") and len(dims) > 2 else dims[1] if len(dims) > 1 else None
+    if not isinstance(w, list) or not _is_shape(w) or len(w) != 2:
+        return None
+    # linear's weight is [out, in]; mm, matmul and addmm take it transposed, [in, out]
+    return (*x[:-1], w[0] if name.endswith("linear") else w[1])
+
+
+def _in_bytes(graph: Graph, nodes: np.ndarray) -> float:
+    """Bytes of a forward layer's input: its input gradient's size in backward."""
+    shape = _in_shape(graph, int(nodes[0]))
+    if shape is None:
+        return 0.0
+    dt = dtype_from_kernel_name(graph.name_of(int(nodes[0])))
+    return float(math.prod(shape) * (2 if dt in ("bf16", "fp16") else 4))
 
 
 def _out_bytes(graph: Graph, nodes: np.ndarray) -> float:
