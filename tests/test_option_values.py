@@ -50,8 +50,8 @@ def test_a_yes_no_option_refuses_other_words() -> None:
     ("spec", "says"),
     [
         ("ddp:gpus=2.5", "is not a whole number"),
-        ("torch-compile:graph_call_us=-100000", "graph_call_us must be >= 0"),
-        ("cuda-graphs:graph_launch_us=-5", "graph_launch_us must be >= 0"),
+        ("torch-compile:graph_call_us=-100000", "graph_call_us cannot be negative"),
+        ("cuda-graphs:graph_launch_us=-5", "graph_launch_us cannot be negative"),
         ("zero:stage=5", "stage must be 1, 2 or 3"),
         ("batch-size:factor=0", "factor must be > 0"),
         # Checks that once ran only when the model was applied to a graph.
@@ -94,7 +94,7 @@ def test_values_a_model_cannot_take_are_refused_before_the_trace_is_read(
         ("ddp", {"gpus": True}, r"gpus=True of 'ddp' has the wrong type \(bool\)"),
         ("ddp", {"gpus": 2.5}, r"gpus=2.5 of 'ddp' has the wrong type \(float\)"),
         ("ddp", {"gpus": "4", "link": 5}, r"link=5 of 'ddp' has the wrong type"),
-        ("batch-size", {"factor": -2}, "factor must be >= 0, not -2"),
+        ("batch-size", {"factor": -2}, r"factor cannot be negative \(-2\)"),
         ("batch-size", {"factor": float("nan")}, "factor=nan of 'batch-size' is out of range"),
         ("remove-host-sync", {"reads": 1}, r"reads=1 .* has the wrong type \(int\)"),
         ("torch-compile", {"graphs": 0}, "graphs must be at least 1"),

@@ -184,7 +184,8 @@ def _check_number(model: str, key: str, value: Any, number: float) -> None:
             hint=f"a finite number of at most {MAX_OPTION:,.0f} in size",
         )
     if number < 0:  # no option counts, sizes or times below zero
-        raise OptionValueError(f"{model}: {key} must be >= 0, not {value}")
+        # Said as what it is, not ">= 0": some options take no 0 either (tp, gpus).
+        raise OptionValueError(f"{model}: {key} cannot be negative ({value})")
 
 
 def _convert(model: str, key: str, value: Any, hint: Any) -> Any:
