@@ -571,7 +571,10 @@ class TraceReader:
             self._commit(got, 0)
             self._consume(end)
             return [got.events]
-        return self._recover(end, final=self._eof and end == len(self._buf))
+        # Final: nothing but the whitespace and comma the end of the data was stripped of
+        # follows (else a cut inside the last event read as a damaged stretch).
+        final = self._eof and not self._buf[end:].strip(b" \t\r\n,")
+        return self._recover(end, final=final)
 
     def _close_at(self, at: int) -> None:
         """The event list ends at _buf[at] ("]"): read and decode the header after it."""
