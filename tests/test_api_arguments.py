@@ -104,7 +104,7 @@ def test_dependency_graph_is_a_corrected_copy(table) -> None:
         (lambda t: perfcast.predict(t, "amp:foo=1"), "'amp' has no option 'foo'"),
         (lambda t: perfcast.predict(t, "amp:dtype=fp8"), "dtype must be bf16 or fp16"),
         (lambda t: perfcast.predict(t, "ddp:gpus=0"), "gpus must be at least 2"),
-        (lambda t: perfcast.predict(t, "batch-size:factor=-2"), "factor must be"),
+        (lambda t: perfcast.predict(t, "batch-size:factor=-2"), "factor cannot be negative"),
         (lambda t: perfcast.tree(t, phase="bogus"), "unknown phase 'bogus'"),
         (lambda t: perfcast.tree(t, rank=99), "no rank 99"),
         (lambda t: perfcast.tree(t, step="nope"), "no step 'nope'"),

@@ -198,3 +198,25 @@ def test_recorded_h100_mlp_is_host_bound_and_compile_helps():
     assert 1.2 < result.speedup < 1.6
     said = [a for applied in result.applied for a in applied.assumptions]
     assert any("generated kernels" in a for a in said)
+
+
+def test_reduce_overhead_calls_the_phases_the_step_has_once_each(write_trace, shared_traces):
+    """One compiled call per phase a step has (forward, backward), before its first replay:
+    a forward-only step has one, not the forward+backward default's two; and a sync that
+    splits the capture into two replays does not charge the calls twice."""
+
+    def calls(g: Any) -> list[int]:
+        names = [(n, g.name_of(n)) for n in np.flatnonzero(g.alive)]
+        return [int(g.cols["dur"][n]) for n, nm in names if nm.startswith("torch.compile graph")]
+
+    table = perfcast.load(write_trace(host_bound_step(STEP), "t.json"))
+    _, _, g = predict(table, "torch-compile:mode=reduce-overhead")
+    assert calls(g) == [2 * GRAPH_CALL_NS]  # forward and backward, before the one replay
+    _, _, g = predict(table, "torch-compile:mode=reduce-overhead,phases=forward")
+    assert calls(g) == [GRAPH_CALL_NS]
+    inference = perfcast.load(shared_traces / "tracelens_h100_bert_small.json.gz")
+    _, _, g = predict(inference, "torch-compile:mode=reduce-overhead")
+    launches = [n for n in np.flatnonzero(g.alive) if g.name_of(n) == "cudaGraphLaunch"]
+    assert len(launches) == 2  # a sync splits the capture
+    assert calls(g) == [GRAPH_CALL_NS]  # one forward: one call (it charged 2 x 2)
+    assert "1 graph call(s) of" in " ".join(g.assumptions)

@@ -250,7 +250,10 @@ class Graph:
         return np.array(per_thread, dtype=np.int64)[codes]
 
     def name_of(self, node: int) -> str:
-        return self.names[int(self.cols["name"][node])]
+        # NONE (host time outside every op) must not index from the end: it read as the
+        # last name a what-if interned.
+        i = int(self.cols["name"][node])
+        return self.names[i] if i >= 0 else "(outside any op)"
 
     def append(self, **values: np.ndarray | int | float) -> np.ndarray:
         """Add nodes; columns not given take defaults. Returns the new node ids."""

@@ -228,6 +228,18 @@ def _replay_as_cuda_graphs(graph: Graph, options: Options) -> Graph:
     the graph call's guards and bookkeeping still paid per phase before the replay."""
     from perfcast.whatif.models import cuda_graphs
 
+    # The compiled phases each step has (an inference step: its forward only), each one a
+    # graph call of its own: forward and backward are separate compiled graphs.
+    c = graph.cols
+    host = np.flatnonzero(
+        graph.alive
+        & (c["iteration"] >= 0)
+        & (c["kind"] != NodeKind.GPU)
+        & np.isin(c["phase"], _phases(options))
+    )
+    step_key = (c["rank"][host].astype(np.int64) << 32) | c["iteration"][host]
+    pairs = np.unique(np.stack([step_key, c["phase"][host].astype(np.int64)]), axis=1)
+    keys, n_phases = np.unique(pairs[0], return_counts=True)
     try:
         graph = cuda_graphs.apply(graph, cuda_graphs.Options(phases=options.phases))
     except NotApplicableError as exc:
@@ -242,18 +254,25 @@ def _replay_as_cuda_graphs(graph: Graph, options: Options) -> Graph:
     launches = np.flatnonzero(
         (c["name"] == graph.intern("cudaGraphLaunch")) & graph.alive & (c["iteration"] >= 0)
     )
-    calls = len(_phases(options)) * options.graphs
+    # The calls of a step (one per compiled phase it has, times graphs) before its first
+    # replay: not per replay (syncs split a capture into several) nor per phase asked for.
+    firsts = _first_per_step(graph, launches, by_phase=False)
+    first_key = (c["rank"][firsts].astype(np.int64) << 32) | c["iteration"][firsts]
+    at = np.clip(np.searchsorted(keys, first_key), 0, max(keys.size - 1, 0))
+    found = keys[at] == first_key if keys.size else np.zeros(firsts.size, dtype=bool)
+    n_calls = np.where(found, n_phases[at] if keys.size else 1, 1) * options.graphs
     _insert_before(
         graph,
-        launches,
-        int(options.graph_call_us * 1000) * calls,
+        firsts,
+        int(options.graph_call_us * 1000) * n_calls,
         "torch.compile graph calls (guards, CUDA graph tree bookkeeping)",
     )
+    calls = float(n_calls.mean()) if n_calls.size else 0.0
     graph.assumptions.append(
         f"torch-compile mode=reduce-overhead: the compiled {options.phases} replayed from CUDA "
-        f"graphs, {calls} graph call(s) of {options.graph_call_us:g} µs per step kept before "
-        "each replay; the optimizer stays eager (compile it too, or capture the whole step: "
-        "see cuda-graphs)"
+        f"graphs, {calls:g} graph call(s) of {options.graph_call_us:g} µs per step (one per "
+        "compiled phase and graph, before its first replay); the optimizer stays eager "
+        "(compile it too, or capture the whole step: see cuda-graphs)"
     )
     return graph
 
@@ -275,8 +294,9 @@ def _first_per_step(graph: Graph, nodes: np.ndarray, by_phase: bool) -> np.ndarr
     return nodes[ranked[first]]
 
 
-def _insert_before(graph: Graph, anchors: np.ndarray, dur_ns: int, name: str) -> None:
-    """One CPU node of `dur_ns` right before each anchor on its lane (a single append)."""
+def _insert_before(graph: Graph, anchors: np.ndarray, dur_ns: int | np.ndarray, name: str) -> None:
+    """One CPU node of `dur_ns` (one for all, or one per anchor) right before each anchor on
+    its lane (a single append)."""
     if anchors.size == 0:
         return
     slots = P.order_slots(graph, anchors, 1, after=False)[:, 0]
