@@ -317,3 +317,54 @@ def test_ranked_items_carry_the_profiled_prediction_whatif_gives(mlp_advice) -> 
     r = perfcast.predict(MLP, s.name)
     assert s.predicted_traced_ms == pytest.approx(r.predicted_traced_ms)
     assert all(u.predicted_traced_ms is None for u in mlp_advice.uncertain)
+
+
+def test_a_plan_seeded_by_a_shut_out_suggestion_wins_when_faster(shared_traces: Path) -> None:
+    """BERT (inference, H100): reduce-overhead ranks first and shut out torch-compile and
+    cuda-graphs, both ranked and compatible with each other: the plan was reduce-overhead
+    with its sync enabler, 0.71 ms, where torch-compile + cuda-graphs (+ the enabler) is
+    0.62 ms. And the enabler comes before the capture (applied after it, the sync still
+    split the capture: 2 graph launches)."""
+    advice = perfcast.advise(shared_traces / "tracelens_h100_bert_small.json.gz")
+    plan = advice.plan
+    assert plan is not None
+    assert plan.specs == ["remove-host-sync:reads=true", "torch-compile", "cuda-graphs"]
+    alone = perfcast.predict(
+        shared_traces / "tracelens_h100_bert_small.json.gz",
+        ["remove-host-sync:reads=true", "torch-compile", "cuda-graphs"],
+    )
+    assert plan.predicted_ms == pytest.approx(alone.predicted_ms)
+    best_alone = min(s.predicted_ms for s in advice.suggestions)
+    assert plan.predicted_ms < 0.99 * best_alone
+
+
+def test_whatif_refuses_two_captures_of_the_step(shared_traces: Path) -> None:
+    """The advisor never planned them together; whatif applied both without a word."""
+    with pytest.raises(perfcast.OptionError, match="cannot be applied together"):
+        perfcast.predict(
+            shared_traces / "tracelens_h100_bert_small.json.gz",
+            ["torch-compile:mode=reduce-overhead", "cuda-graphs:syncs=move"],
+        )
+
+
+def test_reasons_do_not_repeat_the_items_name(shared_traces: Path) -> None:
+    advice = perfcast.advise(shared_traces / "dlrm_v100_8rank")
+    for item in advice.not_applicable:
+        model = item.name.split(":")[0]
+        assert not item.reason.startswith(model), item.reason
+
+
+def test_a_ranked_items_range_never_prints_as_reaching_no_gain() -> None:
+    from perfcast.report.terminal import _band
+
+    s = adv.Suggestion(
+        name="x",
+        predicted_ms=1.0,
+        speedup=1.06,
+        gain_ms=0.06,
+        explanation="",
+        assumptions=[],
+        measured_share=1.0,
+    )
+    s.speedup_low, s.speedup_high, s.band_pairs = 1.003, 1.12, 23
+    assert _band(s) == "1.003-1.12× (23 pairs)"

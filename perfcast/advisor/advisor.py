@@ -15,6 +15,7 @@ applied together, and is predicted as one what-if.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
@@ -28,6 +29,7 @@ from perfcast.analysis.optimizers import (
     TORCH_OPTIMIZERS,
     capture_support,
     optimizer_class,
+    optimizer_classes,
 )
 from perfcast.analysis.real_step import RealWorld, real_world
 from perfcast.display import Displayed
@@ -198,6 +200,8 @@ class TraceTraits:
     optimizer: str | None = None  # the torch.optim (or other) class of Optimizer.step# ranges
     phases: frozenset[str] = frozenset({"forward", "backward", "optimizer"})
     has_gpu: bool = True
+    # Every optimizer class the steps name (`optimizer` is None when there are several).
+    optimizers: frozenset[str] = frozenset()
     # Which host syncs the steps hold, as remove-host-sync tells them apart: "read",
     # "h2d" (a blocking host-to-device copy), "shape" (sizing a data-dependent output).
     syncs: frozenset[str] = frozenset({"read"})
@@ -215,6 +219,7 @@ class TraceTraits:
         names = {SHAPE: "shape", H2D_COPY: "h2d"}
         return cls(
             optimizer=optimizer_class(table),
+            optimizers=optimizer_classes(table),
             phases=frozenset(phase_names(c["phase"][host])),
             has_gpu=bool(((c["kind"] == NodeKind.GPU) & in_steps).any()),
             syncs=frozenset(names.get(k, "read") for k in kinds),
@@ -287,6 +292,13 @@ def _capture_code(t: TraceTraits) -> str:
         return (
             f"{whole}; {optimizer} is not a torch.optim class: its step must keep its step "
             "count on the GPU to be captured (as torch.optim's capturable=True does)"
+        )
+    if t.optimizers:
+        # Several classes (a wrapper around an optimizer): no single line fits them.
+        named = " and ".join(sorted(t.optimizers))
+        return (
+            f"{whole}; the steps of {named} must keep their step counts on the GPU to be "
+            "captured (torch.optim's capturable=True does it for its own classes)"
         )
     return (
         f"{whole}, with the optimizer's capturable=True "
@@ -544,8 +556,13 @@ def advise(
             if isinstance(exc, OptionValueError) and text in user_named:
                 raise  # a value the user wrote is wrong: say so, as whatif does
             reason = str(exc)
-            model = f"{text.split(':')[0]}: "  # the model names itself; the item does too
-            return NotApplicable(text, reason.removeprefix(model))
+            # The model names itself ("torch-compile: ...", "torch-compile mode=...: ..."),
+            # and the item does too.
+            model = text.split(":")[0]
+            head, sep, rest = reason.partition(": ")
+            if sep and head.split(" ")[0] == model:
+                reason = rest
+            return NotApplicable(text, reason)
         predicted = predicted_step_ms(base, tl, applied)
         speedup = baseline_ms / predicted if predicted > 0 else float("inf")
         band, pairs = _band(text, bands)
@@ -761,22 +778,52 @@ def _why_uncertain(s: Suggestion) -> str:
     return ""
 
 
+# Code changes first, capture last (torch.compile's reduce-overhead captures too): a sync
+# removed after a capture would still have split it.
 _PLAN_ORDER = [
     "fused-optimizer",
     "amp",
-    "torch-compile",
-    "fuse-elementwise",
     "remove-host-sync",
     "dataloader-overlap",
+    "fuse-elementwise",
+    "torch-compile",
     "cuda-graphs",
 ]
 
 
+# Greedy plans tried: from the best suggestion and from up to two it shuts out (each plan is
+# a few replays; the ranked list is short).
+_PLAN_SEEDS = 3
+
+
+def _greedy_plan(
+    order: list[Suggestion], world: RealWorld
+) -> tuple[list[Suggestion], float, list[str]]:
+    """The greedy plan over `order`: (its suggestions, its predicted step, the compatible
+    ones left out for gaining under 1% with the others)."""
+    chosen: list[Suggestion] = []
+    for s in order:
+        if _compatible(s, chosen):
+            chosen.append(s)
+    plan, best = [chosen[0]], chosen[0].predicted_ms
+    left_out: list[str] = []
+    for s in chosen[1:]:
+        predicted = _predict_together([*plan, s], world)
+        if predicted is not None and predicted < best * 0.99:
+            plan, best = [*plan, s], predicted
+        else:
+            left_out.append(s.name)
+    return plan, best, left_out
+
+
 def _compatible(s: Suggestion, chosen: list[Suggestion]) -> bool:
+    from perfcast.whatif.registry import parse_spec
+    from perfcast.whatif.runner import conflict
+
     model = s.name.split(":")[0]
     if model == "device" or any(c.name.split(":")[0] == model for c in chosen):
         return False  # one variant per model; a GPU change is a purchase, not a code change
-    return not any({s.name, c.name} in _EXCLUSIVE for c in chosen)
+    return not any(conflict([parse_spec(s.name), parse_spec(c.name)]) for c in chosen)
 
 
 # Changes with no gain of their own that another change can need, as the plan asks for
@@ -797,23 +844,26 @@ def _plan(
     Greedy, best first: a suggestion joins the plan when the plan with it is predicted at
     least 1% faster than without it (a CUDA graph over an already fused optimizer, or a
     second way to hide the same wait, may add nothing, and capture can even add work).
+    A suggestion that the first choice shuts out (another variant of its model, or a change
+    that cannot be made with it) seeds a greedy plan of its own; the fastest plan wins.
     Then an unranked enabler (remove-host-sync) that slows nothing by itself joins on the
     same terms.
     """
-    chosen: list[Suggestion] = []
-    for s in ranked:
-        if _compatible(s, chosen):
-            chosen.append(s)
-    if not chosen:
+    if not ranked:
         return None
-    plan, best = [chosen[0]], chosen[0].predicted_ms
+    seeds = [ranked[0]]
+    for s in ranked[1:]:
+        if len(seeds) < _PLAN_SEEDS and not _compatible(s, [ranked[0]]):
+            seeds.append(s)
+    plan: list[Suggestion] = []
+    best = math.inf
     left_out: list[str] = []
-    for s in chosen[1:]:
-        predicted = _predict_together([*plan, s], world)
-        if predicted is not None and predicted < best * 0.99:
-            plan, best = [*plan, s], predicted
-        else:
-            left_out.append(s.name)
+    for seed in seeds:
+        order = [seed, *(s for s in ranked if s is not seed)]
+        got, got_ms, got_left = _greedy_plan(order, world)
+        # Another seed's plan wins by 1% or more, as every change in a plan must.
+        if not plan or got_ms < best * 0.99:
+            plan, best, left_out = got, got_ms, got_left
     enablers: list[str] = []
     for s in unranked or []:
         if s.name.split(":")[0] not in _ENABLERS or s.speedup < 0.99:
@@ -836,11 +886,6 @@ def _plan(
         left_out=left_out,
         enablers=enablers,
     )
-
-
-# Changes that cannot be made together: reduce-overhead's CUDA graph trees cannot run inside
-# a capture of the whole step.
-_EXCLUSIVE = [{"cuda-graphs", "torch-compile:mode=reduce-overhead"}]
 
 
 def _in_plan_order(suggestions: list[Suggestion]) -> list[Suggestion]:

@@ -17,7 +17,8 @@ TORCH_OPTIMIZERS = frozenset(
         "NAdam", "RAdam", "RMSprop", "Rprop", "SGD", "SparseAdam",
     }
 )  # fmt: skip
-# Classes with a fused implementation (torch 2.4+; Adagrad's runs on the CPU only).
+# Classes with a fused implementation (torch 2.4+; Adagrad's ran on the CPU only until a
+# later release added its CUDA kernel: torch 2.13's documentation says "CPU and CUDA").
 FUSED_OPTIMIZERS = frozenset({"Adagrad", "Adam", "AdamW", "SGD"})
 # Classes with `capturable=True`: the step count and its bias corrections kept on the GPU, so
 # that a CUDA graph replay advances them.
@@ -33,13 +34,19 @@ _OPTIMIZER_RANGE = re.compile(
 )
 
 
+def optimizer_classes(table: EventTable | None) -> frozenset[str]:
+    """Every optimizer class the trace's `Optimizer.step#<Class>.step` ranges name (a
+    wrapper and the optimizer it wraps: EMAOptimizer and Shampoo)."""
+    if table is None:
+        return frozenset()
+    return frozenset(m.group(1) for name in table.names if (m := _OPTIMIZER_RANGE.match(name)))
+
+
 def optimizer_class(table: EventTable | None) -> str | None:
     """The optimizer class the trace's `Optimizer.step#<Class>.step` ranges name, or None
     when there is none or more than one."""
-    if table is None:
-        return None
-    found = {m.group(1) for name in table.names if (m := _OPTIMIZER_RANGE.match(name))}
-    return found.pop() if len(found) == 1 else None
+    found = optimizer_classes(table)
+    return next(iter(found)) if len(found) == 1 else None
 
 
 def capture_support(optimizer: str | None) -> str:

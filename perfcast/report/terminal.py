@@ -466,7 +466,12 @@ def _band(s: Suggestion) -> str:
     if s.speedup_low is None or s.speedup_high is None:
         return "-"
     pairs = f"{s.band_pairs} pair{'s' * (s.band_pairs != 1)}" if s.band_pairs else "no pairs"
-    return f"{s.speedup_low:.2f}-{s.speedup_high:.2f}× ({pairs})"
+    # A low end just above 1 gets the digits that show it is above 1 (1.003, not 1.00: a
+    # ranked item's range must not read as reaching no gain).
+    low = f"{s.speedup_low:.2f}"
+    if low == "1.00" and s.speedup_low != 1.0:
+        low = f"{s.speedup_low:.3f}" if abs(s.speedup_low - 1) >= 5e-4 else f"{s.speedup_low:.4f}"
+    return f"{low}-{s.speedup_high:.2f}× ({pairs})"
 
 
 def calibration(cal: Calibration, console: Console) -> None:

@@ -170,7 +170,34 @@ def _keep_acyclic(graph: Graph, spec: Spec) -> None:
     )
 
 
+def conflict(specs: list[Spec]) -> str | None:
+    """Why these changes cannot be made together, or None. torch.compile's reduce-overhead
+    replays its CUDA graph trees from its own pools: they cannot run inside a capture of the
+    whole step (cuda-graphs), and each model alone already captures what the other would."""
+
+    def captures(spec: Spec) -> bool:
+        if spec.name == "cuda-graphs":
+            return True
+        if spec.name == "torch-compile":
+            return str(getattr(build_options(spec.name, spec.options), "mode", "")) == (
+                "reduce-overhead"
+            )
+        return False
+
+    capturing = [str(s) for s in specs if captures(s)]
+    if len(capturing) > 1:
+        return (
+            f"{' and '.join(capturing)} cannot be applied together: both capture the step in "
+            "CUDA graphs (reduce-overhead's graph trees cannot run inside a capture of the "
+            "whole step); apply one"
+        )
+    return None
+
+
 def apply_specs(graph: Graph, specs: list[Spec]) -> tuple[Graph, list[AppliedModel]]:
+    why = conflict(specs)
+    if why:
+        raise OptionError(why)
     g = graph
     applied = []
     for spec in specs:
