@@ -504,3 +504,18 @@ def test_analyses_with_nothing_to_report_say_why(shared_traces: Path) -> None:
             "nothing to report: the trace holds no GPU work (a CPU-only job)"
         ], name
     assert not any("nothing to report" in n for n in a.collectives.notes)
+
+
+def test_launch_queue_does_not_count_blocks_at_cudas_depth_past_which_the_queue_grew(
+    shared_traces: Path,
+) -> None:
+    """MI300X: the queue reached 1,840 pending launches; counted against CUDA's 1,024 (HTA's
+    default), 1,649 launches "blocked" that took as long as any other (3.2 µs)."""
+    r = launch_queue(
+        perfcast.load(shared_traces / "tracelens_mi300x_resnet_act_ckpt_rank0.json.gz")
+    )
+    s = max(r.by_stream, key=lambda x: x.max_length)
+    assert s.max_length == 1840
+    assert s.blocked_calls == 0 and s.time_at_max_ms == 0
+    assert r.depth_source.startswith("unknown") and r.max_depth > 1840
+    assert any("past HTA's 1,024" in n for n in r.notes)

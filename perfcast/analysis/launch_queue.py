@@ -215,7 +215,20 @@ def launch_queue(table: EventTable, max_depth: int | None = None) -> LaunchQueue
         measured = _measured_depth(streams)
         source = "measured on this trace" if measured is not None else "HTA's default"
         max_depth = measured if measured is not None else CUDA_MAX_LAUNCH_QUEUE
-    out = LaunchQueue([], [], max_depth, depth_source=source, notes=input_notes(table))
+    notes = input_notes(table)
+    reached = max((int(s.q.max()) for s in streams if s.q.size), default=0)
+    if source == "HTA's default" and reached > max_depth:
+        # The queue grew past CUDA's limit without blocking there (ROCm's is deeper): the
+        # limit is not known, so no launch is counted as blocked by it.
+        notes.append(
+            f"a stream's queue reached {reached:,} pending launches, past HTA's "
+            f"{CUDA_MAX_LAUNCH_QUEUE:,} (CUDA's limit; this device's is deeper, ROCm's for "
+            "one) and no depth where launches blocked shows in the trace: none is counted "
+            "as blocked (pass max_depth to set one)"
+        )
+        max_depth = reached + 1
+        source = f"unknown: above the {reached:,} this trace reached"
+    out = LaunchQueue([], [], max_depth, depth_source=source, notes=notes)
     cupti = cupti_blocked_launches(table)
     # GPU work whose launch call the trace lacks holds queue slots this count cannot place.
     unlaunched = np.flatnonzero(table.is_gpu() & (table.launch < 0))
