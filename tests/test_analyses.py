@@ -519,3 +519,14 @@ def test_launch_queue_does_not_count_blocks_at_cudas_depth_past_which_the_queue_
     assert s.blocked_calls == 0 and s.time_at_max_ms == 0
     assert r.depth_source.startswith("unknown") and r.max_depth > 1840
     assert any("past HTA's 1,024" in n for n in r.notes)
+
+
+def test_stragglers_pair_collectives_by_the_op_they_run(shared_traces: Path) -> None:
+    """hta_sampled_128rank: NCCL runs its all-to-alls and all-reduces alike as SendRecv
+    kernels; paired in order as one kind, 6 of 10 pairs were different collectives (an
+    all-to-all on rank 0 with an all-reduce on rank 1). And all-reduces of different sizes
+    on the two ranks (groups the trace does not name) are said to be uncertain."""
+    r = stragglers(perfcast.load(shared_traces / "hta_sampled_128rank"))
+    assert {w.kind for w in r.worst} == {"alltoall", "allreduce", "allgather"}
+    assert r.matched == 10
+    assert any("2 of the 4 allreduce collectives" in n for n in r.notes)

@@ -146,7 +146,7 @@ def _first_input_dtype(table: EventTable, row: int) -> str | None:
     return _CPP_TYPES.get(first, first) if first else None
 
 
-def _op_args_fallback(
+def enclosing_op_args(
     table: EventTable, rows: np.ndarray
 ) -> tuple[list[str | None], list[str | None], list[int]]:
     """For collective kernels whose trace has no collective arguments (older PyTorch): the
@@ -204,7 +204,7 @@ def collective_ops(table: EventTable, rows: np.ndarray) -> list[str | None]:
     ]
     missing = np.array([j for j, o in enumerate(out) if o is None], dtype=np.int64)
     if missing.size:
-        ops, _, _ = _op_args_fallback(table, rows[missing])
+        ops, _, _ = enclosing_op_args(table, rows[missing])
         for j, o in zip(missing.tolist(), ops, strict=True):
             out[j] = o
     return out
@@ -264,7 +264,7 @@ def collectives(table: EventTable, link: str | None = None) -> Collectives:
     # gloo range carries its own tensors' shapes.
     on_host = host[rows]
     missing = np.flatnonzero(~has & ~on_host)
-    fb_op, fb_dtype, fb_n = _op_args_fallback(table, rows[missing])
+    fb_op, fb_dtype, fb_n = enclosing_op_args(table, rows[missing])
     fallback = {int(j): (o, d, k) for j, o, d, k in zip(missing, fb_op, fb_dtype, fb_n)}
     own = np.flatnonzero(on_host)
     fallback.update(

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from perfcast.analysis.common import NS_PER_MS, NS_PER_US
-from perfcast.analysis.comms import collective_ops
+from perfcast.analysis.comms import enclosing_op_args, collective_ops
 from perfcast.analysis.notes import input_notes
 from perfcast.events import EventTable
 from perfcast.frames import Tables, plain
@@ -86,12 +86,41 @@ def _collective_lists(table: EventTable) -> dict[int, dict[tuple[str, str], np.n
     out: dict[int, dict[tuple[str, str], list[int]]] = defaultdict(lambda: defaultdict(list))
     rows = rows[np.argsort(table.ts[rows], kind="stable")]
     groups = table.coll_ranks[rows]
-    for r, nm, rk, gr in zip(
-        rows.tolist(), table.name[rows].tolist(), table.rank[rows].tolist(), groups.tolist()
+    # The collective each kernel runs where its arguments or its `nccl:<op>` range say: NCCL
+    # runs all-to-alls and all-reduces alike as SendRecv kernels, and pairing those in order
+    # paired an all-to-all on one rank with an all-reduce on another.
+    ops = collective_ops(table, rows)
+    for r, nm, rk, gr, op in zip(
+        rows.tolist(),
+        table.name[rows].tolist(),
+        table.rank[rows].tolist(),
+        groups.tolist(),
+        ops,
+        strict=True,
     ):
         group = table.names[gr] if gr >= 0 else (match_group(table, r) if host[r] else "")
-        out[rk][(kind_of[nm], group)].append(r)
+        out[rk][(op or kind_of[nm], group)].append(r)
     return {rk: {k: np.array(v) for k, v in d.items()} for rk, d in out.items()}
+
+
+# Collectives whose ranks may move different sizes (an all-to-all's splits, a send and its
+# receive are one size but each rank may hold either).
+_UNEVEN_KINDS = frozenset({"alltoall", "sendrecv", "collective"})
+
+
+def _unequal_sizes(table: EventTable, mat: np.ndarray) -> int:
+    """Matches (rows: collectives, columns: ranks) whose ranks' sizes are known and differ:
+    the kernel's own arguments, else its enclosing op's shapes (older traces)."""
+    if mat.size == 0:
+        return 0
+    codes = message_codes(table, mat.ravel())
+    missing = np.flatnonzero(codes < 0)
+    if missing.size:
+        _, _, elems = enclosing_op_args(table, mat.ravel()[missing])
+        codes[missing] = np.where(np.array(elems) > 0, np.array(elems, dtype=np.int64), -1)
+    codes = codes.reshape(mat.shape)
+    known = (codes >= 0).all(axis=1)
+    return int((known & (codes != codes[:, :1]).any(axis=1)).sum())
 
 
 def stragglers(table: EventTable, candidates: int = 2, top: int = 20) -> Stragglers:
@@ -127,6 +156,14 @@ def stragglers(table: EventTable, candidates: int = 2, top: int = 20) -> Straggl
                 f"differ across ranks (a trace cut short?); matched {pairing.how.value}: "
                 f"{mat.shape[0]:,} matched on every rank, {pairing.left_out:,} (summed over "
                 "the ranks) not"
+            )
+        unequal = _unequal_sizes(table, mat) if key[0] not in _UNEVEN_KINDS else 0
+        if unequal:
+            out.notes.append(
+                f"{unequal:,} of the {mat.shape[0]:,} {key[0]} collectives matched in group "
+                f"{key[1] or '(default)'} move different sizes on different ranks: the ranks "
+                "run them in process groups the trace does not name, so which ones pair up, "
+                "and the waits read from them, are uncertain"
             )
         matched.extend((key[0], key[1], i, mat[i]) for i in range(mat.shape[0]))
     if not matched:
