@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from perfcast.analysis.common import NS_PER_MS, NS_PER_US
-from perfcast.analysis.comms import enclosing_op_args, collective_ops
+from perfcast.analysis.comms import collective_ops, enclosing_op_args
 from perfcast.analysis.notes import input_notes
 from perfcast.events import EventTable
 from perfcast.frames import Tables, plain
