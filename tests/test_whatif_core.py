@@ -155,7 +155,7 @@ def test_cuda_graphs_refuse_data_dependent_shapes(tmp_path):
     assert result.predicted_ms < result.baseline_ms
 
 
-def test_reduce_overhead_refuses_in_its_own_name(monkeypatch):
+def test_reduce_overhead_refuses_in_its_own_name(monkeypatch, tmp_path):
     from perfcast.whatif.models import cuda_graphs, torch_compile
 
     def refuse(graph: Any, options: Any) -> Any:
@@ -163,8 +163,9 @@ def test_reduce_overhead_refuses_in_its_own_name(monkeypatch):
 
     monkeypatch.setattr(cuda_graphs, "apply", refuse)
     options = torch_compile.Options(mode="reduce-overhead")
+    graph = build_graph(perfcast.load(_gpu_bound(tmp_path)))
     with pytest.raises(NotApplicableError) as info:
-        torch_compile._replay_as_cuda_graphs(None, options)  # type: ignore[arg-type]
+        torch_compile._replay_as_cuda_graphs(graph, options)
     assert str(info.value) == (
         "torch-compile mode=reduce-overhead: shapes change (make them static)"
     )
