@@ -134,7 +134,13 @@ def apply(graph: Graph, options: Options) -> Graph:
         C.wait(graph, last, rs)
         total_rs += rs_us * k
         if opt.size:
-            C.wait(graph, rs[-1:], opt[:1])
+            # The update waits for the last gradients: its first kernel after the backward's
+            # last. Optimizer-phase kernels launched before that (zero_grad's memsets at the
+            # step's start, or a 2021 trace's interleaved ones) precede the backward on the
+            # stream: a wait there was a cycle, dropped with the reduce-scatters' waits.
+            after = opt[c["launch_order"][opt] > c["launch_order"][bwd[-1]]]
+            if after.size:
+                C.wait(graph, rs[-1:], after[:1])
             K.scale_variable(graph, opt, 1.0 / o.gpus, fixed)
             if o.stage < 3:
                 whole_us = comm.time_us("allgather", params * o.param_bytes, o.gpus)
