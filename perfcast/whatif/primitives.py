@@ -241,7 +241,12 @@ def remove_gpu_work(graph: Graph, gpu_nodes: np.ndarray, remove_launches: bool =
     live_gpu = (c["kind"] == NodeKind.GPU) & graph.alive
     live_launch = c["launch"][live_gpu]
     hit = live_launch[np.isin(live_launch, launches, kind="table")]
-    remove(graph, launches[~np.isin(launches, hit)])
+    gone = launches[~np.isin(launches, hit)]
+    # A launch that took a one-time cost (lazy initialisation, module loading) keeps it: the
+    # work it launched going away does not make the first use cheaper.
+    from perfcast.analysis.notes import ONE_TIME_NS
+
+    remove(graph, gone[c["dur_measured"][gone] < ONE_TIME_NS])
 
 
 # Attribution columns a new node copies from the node it stands in for.
