@@ -79,3 +79,19 @@ def test_a_faster_gpu_never_lengthens_the_step_through_the_window_start() -> Non
     faster, _, _ = run_whatif(table, [parse_spec("device:target=h200")])
     assert same.predicted_ms == pytest.approx(same.baseline_ms)
     assert faster.predicted_ms < same.predicted_ms
+
+
+def test_a_move_to_a_pcie_part_slows_its_collectives() -> None:
+    """Collectives were scaled only between two NVLink parts: the A100 DDP example moved to
+    a V100-PCIe (PCIe 3) kept its NVLink collective times and came out faster than on a
+    V100-SXM2, a faster part on every count; A100-PCIe tied A100-SXM4."""
+    import perfcast
+
+    example = Path(__file__).parents[1] / "perfcast" / "examples" / "ddp_a100_rank0.json.gz"
+    table = perfcast.load(example)
+
+    def ms(target: str) -> float:
+        return perfcast.predict(table, f"device:target={target}").predicted_ms
+
+    assert ms("V100-SXM2-32GB") < ms("V100-PCIe-32GB")
+    assert ms("A100-SXM4-40GB") < ms("A100-PCIe-40GB")

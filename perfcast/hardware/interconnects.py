@@ -239,3 +239,9 @@ def default_intra_node_link(device: DeviceSpec) -> LinkSpec:
     Unknown devices get PCIe 4.0 x16, the most common slot of the period this table covers.
     """
     return _BY_NAME[_INTRA_NODE.get(device.name, "pcie4")]
+
+
+def known_intra_node_link(device: DeviceSpec) -> LinkSpec | None:
+    """The device's intra-node link when the table names one (no PCIe 4.0 guess)."""
+    name = _INTRA_NODE.get(device.name)
+    return _BY_NAME[name] if name else None

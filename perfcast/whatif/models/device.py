@@ -18,11 +18,11 @@ bounds that kind of kernel. Here, from `perfcast.hardware` datasheet figures:
 - memory-bound classes (elementwise, reductions, norms, softmax, copies,
   embeddings, optimizer, memsets, unclassified kernels): by the ratio of DRAM
   bandwidths;
-- communication kernels: unchanged, unless both devices' typical intra-node
-  links are NVLink (`hardware.interconnects.default_intra_node_link`); then by
-  the ratio of NVLink bandwidths, which assumes the collectives run within one
-  node (a multi-node job's network would not change). Time a collective spends
-  waiting for slower peers scales with it;
+- communication kernels: by the ratio of the two devices' typical intra-node
+  links' bandwidths (`hardware.interconnects.known_intra_node_link`: NVLink,
+  PCIe, Infinity Fabric), which assumes the collectives run within one node (a
+  multi-node job's network would not change); unchanged where a device's link
+  is not known. Time a collective spends waiting for slower peers scales with it;
 - memcpy: device-to-device copies by the bandwidth ratio; host<->device and
   peer copies unchanged (same PCIe host link and topology assumed);
 - where the project measured both parts (`perfcast.hardware.measured`, e.g. H100 -> H200),
@@ -69,11 +69,8 @@ import numpy as np
 
 from perfcast.errors import OptionValueError, PerfcastError
 from perfcast.graph.model import GpuKind, Graph, NodeKind
-from perfcast.hardware import (
-    DeviceSpec,
-    KernelClass,
-    default_intra_node_link,
-)
+from perfcast.hardware import DeviceSpec, KernelClass
+from perfcast.hardware.interconnects import known_intra_node_link
 from perfcast.hardware.measured import achieved_gemm, achieved_gemm_or_stand_in, measured_ratio
 from perfcast.whatif import primitives as P
 from perfcast.whatif.kernels import (
@@ -110,10 +107,13 @@ _MEMCPY_DTOD = re.compile(r"DtoD|Device -> Device", re.IGNORECASE)
 
 
 def _link_ratio(src: DeviceSpec, dst: DeviceSpec) -> float | None:
-    a, b = default_intra_node_link(src), default_intra_node_link(dst)
-    if a.name.startswith("nvlink") and b.name.startswith("nvlink"):
-        return a.bw_gbs_per_direction / b.bw_gbs_per_direction
-    return None
+    """Communication time's ratio: the intra-node links' bandwidths, where both parts' links
+    are known (NVLink, PCIe, Infinity Fabric alike: moving from NVLink to a PCIe part slows
+    collectives as much as the other way speeds them up)."""
+    a, b = known_intra_node_link(src), known_intra_node_link(dst)
+    if a is None or b is None or a.bw_gbs_per_direction <= 0 or b.bw_gbs_per_direction <= 0:
+        return None
+    return a.bw_gbs_per_direction / b.bw_gbs_per_direction
 
 
 def host_ratio(host: str | float | os.PathLike[str], graph: Graph) -> tuple[float, str]:
@@ -296,11 +296,16 @@ def apply(graph: Graph, options: Options) -> Graph:
     # Later models (amp, batch-size) see the new device; a fresh dict, as copies share it.
     graph.device_names = {**graph.device_names, **dict.fromkeys(sources, target.name)}
     src_names = ", ".join(sorted({s.name for s in sources.values()}))
-    comm = (
-        "communication kernels scaled by the NVLink bandwidth ratio"
-        if comm_scaled
-        else "communication kernels unchanged"
-    )
+    comm = "communication kernels unchanged (a device's intra-node link is not known)"
+    if comm_scaled:
+        links = {
+            f"{known_intra_node_link(s).name} -> {known_intra_node_link(target).name}"  # type: ignore[union-attr]
+            for s in sources.values()
+        }
+        comm = (
+            "communication kernels scaled by the intra-node links' bandwidth ratio "
+            f"({', '.join(sorted(links))}; collectives taken to run within one node)"
+        )
     how = (
         f"by ratios {'; '.join(sorted(measured_used))}"
         if measured_used
