@@ -216,6 +216,14 @@ def check_options(options: Options) -> None:
 
 def apply(graph: Graph, options: Options) -> Graph:
     refuse_graph_replays(graph, "torch-compile")
+    captured = graph.alive & (graph.cols["name"] == graph.intern("cudaGraphLaunch"))
+    if (captured & (graph.cols["source"] == Source.MODELLED)).any():
+        # Compiling a captured step would fuse kernels the replay already launches without
+        # host work, and take away host work the capture already removed.
+        raise NotApplicableError(
+            "torch-compile: the step is already captured by an earlier what-if (cuda-graphs); "
+            "apply torch-compile first, or use torch-compile:mode=reduce-overhead"
+        )
     graph = _compile(graph, options)
     if options.mode == "reduce-overhead":
         graph = _replay_as_cuda_graphs(graph, options)
