@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -875,3 +876,21 @@ def test_a_program_that_went_on_after_its_last_step_keeps_its_ranges(write_trace
     nxt = [r for r in range(len(table)) if table.name_of(r).startswith("enumerate")]
     assert [int(table.dur[r]) for r in nxt] == [2_050_000]
     assert not any("profiler stopped" in w for w in table.ranks[0].warnings)
+
+
+def test_epoch_nanosecond_timestamps_are_read_exactly(shared_traces: Path) -> None:
+    """hta_v100_ns_resolution writes epoch microseconds with 3 decimals (~1.7e15): a double
+    holds them only to 0.125 µs, which moved idle gaps between categories (host wait 1.29
+    against the exact 1.347 ms). Their text is read instead."""
+    import gzip
+    import json
+
+    path = shared_traces / "hta_v100_ns_resolution.json.gz"
+    doc = json.loads(gzip.decompress(path.read_bytes()), parse_float=Decimal)
+    table = perfcast.load(path)
+    kernels = [e for e in doc["traceEvents"] if e.get("cat") == "kernel"][:200]
+    want = sorted(int(Decimal(e["ts"]) * 1000) for e in kernels)
+    got = set((table.ts[table.kind == perfcast.Kind.KERNEL]).tolist())
+    assert set(want) <= got
+    idle = perfcast.idle_time(table).by_stream[0]
+    assert idle.host_wait_ms == pytest.approx(1.347125, abs=1e-6)

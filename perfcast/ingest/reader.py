@@ -34,7 +34,14 @@ import numpy as np
 
 from perfcast.errors import TraceFormatError
 from perfcast.ingest.checks import DropLog, check_event, json_type
-from perfcast.ingest.schema import FastEvent, RawEvent, RawTrace
+from perfcast.ingest.schema import (
+    INEXACT_US,
+    FastEvent,
+    PreciseEvent,
+    RawEvent,
+    RawTrace,
+    exact_float,
+)
 
 EventList = list[Any]  # RawEvent or FastEvent structs (same attribute names)
 
@@ -81,6 +88,12 @@ _OTHER_FORMATS = (
 )
 
 _fast_list = msgspec.json.Decoder(list[FastEvent])  # type: ignore[valid-type]
+_precise_list = msgspec.json.Decoder(
+    list[PreciseEvent],  # type: ignore[valid-type]
+    float_hook=exact_float,
+)
+# Events looked at to tell whether a trace's timestamps need the precise decoder.
+_PRECISION_SAMPLE = 64
 _lenient_list = msgspec.json.Decoder(list[RawEvent])  # type: ignore[valid-type]
 _lenient_one = msgspec.json.Decoder(RawEvent)
 _header_decoder = msgspec.json.Decoder(RawTrace)
@@ -388,6 +401,9 @@ class TraceReader:
         self._losses: list[tuple[int, int, str]] = []  # damaged stretches (inflated offsets)
         self._drops = DropLog()
         self._nested = 0  # values nested too deeply, read as null
+        # The typed decoder: _fast_list, or _precise_list once timestamps show nanosecond
+        # decimals on an epoch clock (see _needs_precision).
+        self._fast: msgspec.json.Decoder[Any] = _fast_list
         self._nested_at: int | None = None  # the first one (inflated offset)
         self._utf8_fixed = False
         self._cut_header = False
@@ -677,7 +693,7 @@ class TraceReader:
         with memoryview(self._buf) as view:
             data += view[start:end]
         data += b"]"
-        for decoder in (_fast_list, _lenient_list):
+        for decoder in (self._fast, _lenient_list):
             try:
                 events = decoder.decode(data)
             except msgspec.ValidationError:
@@ -695,10 +711,24 @@ class TraceReader:
             except UnicodeDecodeError:
                 self._utf8_fixed = True
                 raise self._repaired(start, end, fix_utf8(data)) from None
-            if decoder is _fast_list:
+            if decoder is _fast_list and self._needs_precision(events):
+                self._fast = _precise_list
+                events = _precise_list.decode(data)
+            if decoder is not _lenient_list:
                 return _Got(events, len(events), [])
             return self._validated(events, data)
         return self._one_by_one(data)
+
+    @staticmethod
+    def _needs_precision(events: EventList) -> bool:
+        """Whether timestamps carry decimals a float64 rounds: large (epoch microseconds)
+        and not whole. Rounded already, a value with 3 decimals still shows a fraction (the
+        nearest double to .xyz is a multiple of 0.125 µs, whole only for .000 or so)."""
+        for ev in events[:_PRECISION_SAMPLE]:
+            ts = ev.ts
+            if type(ts) is float and abs(ts) >= INEXACT_US and ts != int(ts):
+                return True
+        return False
 
     def _repaired(self, start: int, end: int, data: bytes | bytearray) -> _Repaired:
         body = data[1:-1]
