@@ -724,7 +724,8 @@ class TraceReader:
         """Whether timestamps carry decimals a float64 rounds: large (epoch microseconds)
         and not whole. Rounded already, a value with 3 decimals still shows a fraction (the
         nearest double to .xyz is a multiple of 0.125 µs, whole only for .000 or so)."""
-        for ev in events[:_PRECISION_SAMPLE]:
+        # Spread over the slice: a trace may open with metadata events at time 0.
+        for ev in events[:: max(1, len(events) // _PRECISION_SAMPLE)]:
             ts = ev.ts
             if type(ts) is float and abs(ts) >= INEXACT_US and ts != int(ts):
                 return True
