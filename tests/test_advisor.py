@@ -368,3 +368,17 @@ def test_a_ranked_items_range_never_prints_as_reaching_no_gain() -> None:
     )
     s.speedup_low, s.speedup_high, s.band_pairs = 1.003, 1.12, 23
     assert _band(s) == "1.003-1.12× (23 pairs)"
+
+
+def test_a_plan_of_a_device_move_alone_is_no_plan() -> None:
+    """Only a device move ranked: no code change can join a plan (it raised IndexError)."""
+    s = adv.Suggestion(
+        name="device:target=b200",
+        predicted_ms=1.0,
+        speedup=2.0,
+        gain_ms=1.0,
+        explanation="",
+        assumptions=[],
+        measured_share=1.0,
+    )
+    assert adv._plan([s], None, 2.0) is None  # type: ignore[arg-type]

@@ -95,3 +95,14 @@ def test_a_move_to_a_pcie_part_slows_its_collectives() -> None:
 
     assert ms("V100-SXM2-32GB") < ms("V100-PCIe-32GB")
     assert ms("A100-SXM4-40GB") < ms("A100-PCIe-40GB")
+
+
+def test_a_multi_node_jobs_collectives_stay_with_the_network(shared_traces) -> None:
+    """128 ranks: the collectives cross nodes; an intra-node link ratio (NVLink 3 -> PCIe 4)
+    made an L4 move 0.37x where the GPU change alone gives 0.61x."""
+    import perfcast
+
+    table = perfcast.load(shared_traces / "hta_sampled_128rank")
+    r = perfcast.predict(table, "device:target=l4,source=a100-sxm4-80gb")
+    said = " ".join(a for ap in r.applied for a in ap.assumptions)
+    assert "communication kernels unchanged: the job has 128 ranks" in said

@@ -229,3 +229,11 @@ def test_compiling_an_already_captured_step_is_refused(shared_traces):
     with pytest.raises(NotApplicableError, match="apply torch-compile first"):
         perfcast.predict(table, ["cuda-graphs", "torch-compile"])
     assert perfcast.predict(table, ["torch-compile", "cuda-graphs"]).speedup > 4
+
+
+def test_the_refusals_name_what_captured_the_step(shared_traces):
+    table = perfcast.load(shared_traces / "tracelens_h100_bert_small.json.gz")
+    with pytest.raises(NotApplicableError, match="already by torch-compile:mode=reduce-overhead"):
+        perfcast.predict(table, ["torch-compile:mode=reduce-overhead", "torch-compile"])
+    with pytest.raises(perfcast.OptionError, match="cuda-graphs is given twice"):
+        perfcast.predict(table, ["cuda-graphs", "cuda-graphs"])

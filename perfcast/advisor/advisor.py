@@ -805,6 +805,8 @@ def _greedy_plan(
     for s in order:
         if _compatible(s, chosen):
             chosen.append(s)
+    if not chosen:  # only a device move ranked: no code change to plan
+        return [], math.inf, []
     plan, best = [chosen[0]], chosen[0].predicted_ms
     left_out: list[str] = []
     for s in chosen[1:]:
@@ -853,7 +855,9 @@ def _plan(
         return None
     seeds = [ranked[0]]
     for s in ranked[1:]:
-        if len(seeds) < _PLAN_SEEDS and not _compatible(s, [ranked[0]]):
+        # A device move joins no plan: it seeds none either.
+        shut_out = s.name.split(":")[0] != "device" and not _compatible(s, [ranked[0]])
+        if len(seeds) < _PLAN_SEEDS and shut_out:
             seeds.append(s)
     plan: list[Suggestion] = []
     best = math.inf

@@ -207,10 +207,8 @@ class Capture:
         self._timing: list[float] = []  # window edge times (perf_counter)
         self._after_edges: list[float] = []
         self._after_seen = 0  # step boundaries since the trace was exported
-        # Traces exported but held back (uncompressed) until the window after them is timed,
-        # so that its times can go into them: (exported JSON, final path).
-        self._held: list[tuple[Path, Path]] = []
-        self._previous_sigterm: Any = None  # the SIGTERM handler replaced while traces are held
+        # Traces written before the window after them is timed: its times are added to them.
+        self._held: list[Path] = []
         self.trace_paths: list[Path] = []
         #: training steps seen so far (explicit or from the optimizer hook)
         self.steps = 0
@@ -410,48 +408,14 @@ class Capture:
         self.unprofiled_after_step_ms = [round(ms, 4)]
         self._release_held()
 
-    def _write_held_on_sigterm(self) -> None:
-        """A trace held back while the steps after it are timed is written even when the
-        process is told to stop then (SIGTERM: torchrun stopping its workers when one fails,
-        a job scheduler), which by default ends Python without running any cleanup."""
-        import signal
-        import threading
-
-        if self._previous_sigterm is not None or threading.current_thread() is not (
-            threading.main_thread()
-        ):
-            return
-        try:
-            previous = signal.getsignal(signal.SIGTERM)
-            if previous is not signal.SIG_DFL:
-                return  # the script handles SIGTERM itself (and ends through its own code)
-
-            def write_then_stop(signum: int, frame: Any) -> None:
-                self._restore_sigterm()
-                self._release_held()
-                os.kill(os.getpid(), signum)  # the default action, now that the trace is out
-
-            signal.signal(signal.SIGTERM, write_then_stop)
-            self._previous_sigterm = previous
-        except (ValueError, OSError):  # no signals here (an embedded interpreter)
-            pass
-
-    def _restore_sigterm(self) -> None:
-        import signal
-
-        previous, self._previous_sigterm = self._previous_sigterm, None
-        if previous is not None:
-            with contextlib.suppress(ValueError, OSError):
-                signal.signal(signal.SIGTERM, previous)
-
     def _release_held(self) -> None:
-        self._restore_sigterm()
+        """The traces written before the window after them was timed get its times."""
         held, self._held = self._held, []
-        extra = {}
-        if self.unprofiled_after_step_ms:
-            extra["perfcast_unprofiled_after_step_ms"] = self.unprofiled_after_step_ms
-        for exported, final in held:
-            self._write_trace(exported, final, extra)
+        if not self.unprofiled_after_step_ms:
+            return  # the script ended first: the traces stand as written
+        extra = {"perfcast_unprofiled_after_step_ms": self.unprofiled_after_step_ms}
+        for final in held:
+            self._amend(final, extra)
 
     def _trace_path(self, step_num: int) -> Path:
         name = f"rank{_current_rank()}.json.gz"
@@ -470,35 +434,51 @@ class Capture:
         except BaseException:
             tmp_json.unlink(missing_ok=True)
             raise
-        if self._stopping or not self.unprofiled_after:
-            self._write_trace(tmp_json, final, {})
-        else:
-            self._held.append((tmp_json, final))
-            self._write_held_on_sigterm()
+        # Written at once, whole: a job stopped while the steps after it are timed (torchrun
+        # stopping its workers, a scheduler's SIGTERM) keeps it; those steps' times are
+        # added once measured (_release_held), after the timing.
+        self._write_trace(tmp_json, final, {})
+        if not self._stopping and self.unprofiled_after:
+            self._held.append(final)
         if not self._stopping:
             self.cycles_completed += 1
 
     def _write_trace(self, exported: Path, final: Path, extra: dict[str, Any]) -> None:
         """Gzip an exported trace to `final`, with `extra` as top-level keys put first."""
-        import json
-
-        tmp_gz = final.with_name(f".{final.name}.{os.getpid()}.tmp")
         try:
-            with open(exported, "rb") as src, gzip.open(tmp_gz, "wb", compresslevel=6) as dst:
-                head = src.read(1 << 16)
-                brace = head.find(b"{")
-                if extra and brace >= 0:
-                    # The export is one JSON object: open it with the extra keys.
-                    items = ", ".join(f"{json.dumps(k)}: {json.dumps(v)}" for k, v in extra.items())
-                    head = head[: brace + 1] + items.encode() + b", " + head[brace + 1 :]
-                dst.write(head)
-                shutil.copyfileobj(src, dst, 1 << 20)
-            # Atomic rename: readers never see a half-written trace.
-            os.replace(tmp_gz, final)
+            with open(exported, "rb") as src:
+                _gzip_with_keys(src, final, extra)
         finally:
-            for leftover in (exported, tmp_gz):
-                leftover.unlink(missing_ok=True)
+            exported.unlink(missing_ok=True)
         self.trace_paths.append(final)
+
+    def _amend(self, final: Path, extra: dict[str, Any]) -> None:
+        """Rewrite a written trace with `extra` as top-level keys put first."""
+        # Gone or unreadable: it stays as it was.
+        with contextlib.suppress(OSError), gzip.open(final, "rb") as src:
+            _gzip_with_keys(src, final, extra)
+
+
+def _gzip_with_keys(src: Any, final: Path, extra: dict[str, Any]) -> None:
+    """Write the JSON object read from `src` gzipped to `final` (atomically), `extra`'s keys
+    first in it."""
+    import json
+
+    tmp_gz = final.with_name(f".{final.name}.{os.getpid()}.tmp")
+    try:
+        with gzip.open(tmp_gz, "wb", compresslevel=6) as dst:
+            head = src.read(1 << 16)
+            brace = head.find(b"{")
+            if extra and brace >= 0:
+                # The export is one JSON object: open it with the extra keys.
+                items = ", ".join(f"{json.dumps(k)}: {json.dumps(v)}" for k, v in extra.items())
+                head = head[: brace + 1] + items.encode() + b", " + head[brace + 1 :]
+            dst.write(head)
+            shutil.copyfileobj(src, dst, 1 << 20)
+        # Atomic rename: readers never see a half-written trace.
+        os.replace(tmp_gz, final)
+    finally:
+        tmp_gz.unlink(missing_ok=True)
 
 
 def capture(
@@ -532,7 +512,8 @@ def capture(
     (``perfcast_unprofiled_step_ms``), and perfcast fits its profiler-cost correction to them.
     With one cycle (``repeat=1``), ``unprofiled_after`` more steps (default: half as many)
     are timed after the traced window, following ``AFTER_SETTLE_STEPS`` that absorb the export
-    (``perfcast_unprofiled_after_step_ms``); the trace file is written once they are.
+    (``perfcast_unprofiled_after_step_ms``, added to the trace, written at once, when they are
+    timed: a job stopped meanwhile keeps its trace).
     """
     return Capture(
         out_dir,

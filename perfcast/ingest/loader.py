@@ -473,8 +473,8 @@ def _derive(
             nm, i = ordered[-1]
             info.warnings.append(
                 f"the only step, {nm} ({dur[i] / 1e6:.2f} ms), was still open when the script "
-                "ended (perfcast profile stopped mid-window): it may hold what ran after the "
-                "training loop; profile more steps for a whole one"
+                "ended (perfcast profile stopped mid-window): it holds what ran after the "
+                "training loop, not a training step; profile more steps for a whole one"
             )
         for nm, i in ordered:
             s, e = int(ts[i]), int(ts[i] + dur[i])

@@ -185,6 +185,9 @@ def conflict(specs: list[Spec]) -> str | None:
         return False
 
     capturing = [str(s) for s in specs if captures(s)]
+    twice = sorted({c for c in capturing if capturing.count(c) > 1})
+    if twice:
+        return f"{twice[0]} is given twice: apply it once"
     if len(capturing) > 1:
         return (
             f"{' and '.join(capturing)} cannot be applied together: both capture the step in "

@@ -106,6 +106,10 @@ class Options:
 _MEMCPY_DTOD = re.compile(r"DtoD|Device -> Device", re.IGNORECASE)
 
 
+# GPUs in one node, as the scale-out models' gpus_per_node defaults to.
+GPUS_PER_NODE = 8
+
+
 def _link_ratio(src: DeviceSpec, dst: DeviceSpec) -> float | None:
     """Communication time's ratio: the intra-node links' bandwidths, where both parts' links
     are known (NVLink, PCIe, Infinity Fabric alike: moving from NVLink to a PCIe part slows
@@ -234,6 +238,10 @@ def apply(graph: Graph, options: Options) -> Graph:
     ratio = np.ones(gpu.size, dtype=np.float64)
     counts = {"compute": 0, "memory": 0, "comm": 0, "copy": 0}
     comm_scaled = False
+    # A job of more ranks than a node holds runs its collectives over the network, which a
+    # GPU change does not change (the intra-node link bounds only a one-node job).
+    world = max((i.world_size or 0 for i in graph.table.ranks), default=0) if graph.table else 0
+    multi_node = world > GPUS_PER_NODE
     measured_used: set[str] = set()
     achieved_used: set[str] = set()
     peaks_used: set[tuple[str, float, float]] = set()
@@ -256,7 +264,7 @@ def apply(graph: Graph, options: Options) -> Graph:
             continue
         k = int(c["klass"][n])
         if k == KernelClass.COMMUNICATION:
-            r = _link_ratio(src, target)
+            r = None if multi_node else _link_ratio(src, target)
             if r is not None:
                 ratio[i] = r
                 comm_scaled = True
@@ -297,6 +305,11 @@ def apply(graph: Graph, options: Options) -> Graph:
     graph.device_names = {**graph.device_names, **dict.fromkeys(sources, target.name)}
     src_names = ", ".join(sorted({s.name for s in sources.values()}))
     comm = "communication kernels unchanged (a device's intra-node link is not known)"
+    if multi_node:
+        comm = (
+            f"communication kernels unchanged: the job has {world} ranks, more than a node's "
+            f"{GPUS_PER_NODE} GPUs, so its collectives are taken as bound by the network"
+        )
     if comm_scaled:
         links = {
             f"{known_intra_node_link(s).name} -> {known_intra_node_link(target).name}"  # type: ignore[union-attr]

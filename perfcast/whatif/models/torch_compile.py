@@ -220,9 +220,15 @@ def apply(graph: Graph, options: Options) -> Graph:
     if (captured & (graph.cols["source"] == Source.MODELLED)).any():
         # Compiling a captured step would fuse kernels the replay already launches without
         # host work, and take away host work the capture already removed.
+        if any(a.startswith("torch-compile mode=reduce-overhead") for a in graph.assumptions):
+            raise NotApplicableError(
+                "torch-compile: the step is compiled and captured already by "
+                "torch-compile:mode=reduce-overhead; apply one of the two"
+            )
         raise NotApplicableError(
-            "torch-compile: the step is already captured by an earlier what-if (cuda-graphs); "
-            "apply torch-compile first, or use torch-compile:mode=reduce-overhead"
+            "torch-compile: the step is already captured by cuda-graphs, applied before it; "
+            "apply torch-compile first (--apply torch-compile --apply cuda-graphs), or "
+            "torch-compile:mode=reduce-overhead instead of cuda-graphs"
         )
     graph = _compile(graph, options)
     if options.mode == "reduce-overhead":
