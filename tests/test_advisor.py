@@ -354,31 +354,28 @@ def test_reasons_do_not_repeat_the_items_name(shared_traces: Path) -> None:
         assert not item.reason.startswith(model), item.reason
 
 
-def test_a_ranked_items_range_never_prints_as_reaching_no_gain() -> None:
-    from perfcast.report.terminal import _band
-
-    s = adv.Suggestion(
-        name="x",
+def _suggestion(name: str, speedup: float) -> adv.Suggestion:
+    """A bare suggestion of a 1 ms prediction, for the parts that only read its figures."""
+    return adv.Suggestion(
+        name=name,
         predicted_ms=1.0,
-        speedup=1.06,
-        gain_ms=0.06,
+        speedup=speedup,
+        gain_ms=speedup - 1.0,
         explanation="",
         assumptions=[],
         measured_share=1.0,
     )
+
+
+def test_a_ranked_items_range_never_prints_as_reaching_no_gain() -> None:
+    from perfcast.report.terminal import _band
+
+    s = _suggestion("x", 1.06)
     s.speedup_low, s.speedup_high, s.band_pairs = 1.003, 1.12, 23
     assert _band(s) == "1.003-1.12× (23 pairs)"
 
 
 def test_a_plan_of_a_device_move_alone_is_no_plan() -> None:
     """Only a device move ranked: no code change can join a plan (it raised IndexError)."""
-    s = adv.Suggestion(
-        name="device:target=b200",
-        predicted_ms=1.0,
-        speedup=2.0,
-        gain_ms=1.0,
-        explanation="",
-        assumptions=[],
-        measured_share=1.0,
-    )
+    s = _suggestion("device:target=b200", 2.0)
     assert adv._plan([s], None, 2.0) is None  # type: ignore[arg-type]
