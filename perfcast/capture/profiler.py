@@ -30,6 +30,7 @@ from perfcast.capture.launch import (
     run_launcher,
     worker_command,
 )
+from perfcast.ingest.reader import CYCLE_FOLDER
 from perfcast.paths import native_stderr_to
 
 __all__ = ["Capture", "MaxStepsReached", "active_capture", "capture", "run_profile", "step"]
@@ -107,24 +108,17 @@ def _synchronize() -> None:
         pass
 
 
-def _record(prof: Any, key: str, value: Any) -> None:
-    """Put a JSON value in the trace header under `key` (torch's metadata API)."""
-    import json
-
-    preset = getattr(prof, "preset_metadata_json", None) or getattr(prof, "add_metadata_json", None)
-    if preset is not None:
-        with contextlib.suppress(Exception):  # an older torch: the trace just says less
-            preset(key, json.dumps(value))
-
-
-def _add_metadata(prof: Any, key: str, value: Any) -> None:
-    """Put a JSON value in the header of the trace a running profiler will write."""
+def _record(prof: Any, key: str, value: Any, running: bool = False) -> None:
+    """Put a JSON value in the trace header under `key` (torch's metadata API): preset
+    before the profiler starts, added while it runs (`running`)."""
     import json
 
     add = getattr(prof, "add_metadata_json", None)
-    if add is not None:
-        with contextlib.suppress(Exception):  # an older torch, or a profiler not recording
-            add(key, json.dumps(value))
+    method = add if running else getattr(prof, "preset_metadata_json", None) or add
+    if method is not None:
+        # An older torch, or a profiler not recording: the trace just says less.
+        with contextlib.suppress(Exception):
+            method(key, json.dumps(value))
 
 
 def _record_machine(prof: Any) -> None:
@@ -146,8 +140,6 @@ AFTER_SETTLE_STEPS = 3
 _OWN_TRACE = re.compile(r"rank\d+(\.step\d+)?\.json\.gz")
 # Its temporary files (_on_trace_ready, _write_trace), left behind when it is killed.
 _OWN_TEMPORARY = re.compile(r"\.rank\d+(\.step\d+)?\.json\.gz\.\d+\.(json|tmp)")
-# With several cycles each one gets a folder, so that each loads as one run of every rank.
-_CYCLE_FOLDER = re.compile(r"step\d+")
 
 
 class Capture:
@@ -304,7 +296,7 @@ class Capture:
                 # its last ProfilerStep was opened by the last step boundary and never
                 # closed: what ran after the loop. The trace says so for the loader.
                 if not self.finished:
-                    _add_metadata(prof, "perfcast_last_step_open", True)
+                    _record(prof, "perfcast_last_step_open", True, running=True)
                 self._stopping = True
                 try:
                     with _profiler_output(self):
@@ -829,13 +821,9 @@ def _profile_through_launcher(launcher: list[str], opt_argv: list[str], ns: Any)
     except ValueError as exc:
         return _fail(str(exc))
     rc = run_launcher(command)
+    _, files = _files_written_to(out)
     traces = sorted(
-        (
-            p
-            for p in [*out.glob("rank*.json.gz"), *out.glob("step*/rank*.json.gz")]
-            if _OWN_TRACE.fullmatch(p.name)
-            and (p.parent == out or _CYCLE_FOLDER.fullmatch(p.parent.name))
-        ),
+        (p for p in files if _OWN_TRACE.fullmatch(p.name)),
         key=lambda p: _in_step_order(p.relative_to(out).as_posix()),
     )
     if not traces:
@@ -862,8 +850,7 @@ def _prepare_out(out: Path, overwrite: bool) -> str | None:
         return unwritable
     if not out.is_dir():
         return None  # made by the run itself, once it starts
-    cycles = [p for p in out.iterdir() if p.is_dir() and _CYCLE_FOLDER.fullmatch(p.name)]
-    files = [p for folder in (out, *cycles) for p in folder.iterdir() if p.is_file()]
+    cycles, files = _files_written_to(out)
     traces = sorted(
         (p for p in files if p.name.endswith((".json", ".json.gz")) or _is_leftover(p)),
         key=lambda p: _in_step_order(p.relative_to(out).as_posix()),
@@ -890,6 +877,15 @@ def _prepare_out(out: Path, overwrite: bool) -> str | None:
         with contextlib.suppress(OSError):  # one that holds other files stays
             folder.rmdir()
     return None
+
+
+def _files_written_to(out: Path) -> tuple[list[Path], list[Path]]:
+    """The per-cycle folders in `out` and the files in it and in them, where a capture
+    writes its traces; none when `out` is not a folder."""
+    if not out.is_dir():
+        return [], []
+    cycles = [p for p in out.iterdir() if p.is_dir() and CYCLE_FOLDER.fullmatch(p.name)]
+    return cycles, [p for folder in (out, *cycles) for p in folder.iterdir() if p.is_file()]
 
 
 def _in_step_order(name: str) -> tuple[list[int], str]:

@@ -19,6 +19,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
+from perfcast.analysis.notes import ONE_TIME_NS
 from perfcast.arrays import sorted_unique
 from perfcast.errors import OptionValueError
 from perfcast.graph.model import NONE, Graph, Lane, NodeKind, Source
@@ -244,8 +245,6 @@ def remove_gpu_work(graph: Graph, gpu_nodes: np.ndarray, remove_launches: bool =
     gone = launches[~np.isin(launches, hit)]
     # A launch that took a one-time cost (lazy initialisation, module loading) keeps it: the
     # work it launched going away does not make the first use cheaper.
-    from perfcast.analysis.notes import ONE_TIME_NS
-
     remove(graph, gone[c["dur_measured"][gone] < ONE_TIME_NS])
 
 

@@ -309,14 +309,17 @@ def _unit_sizes(
     return out
 
 
+def _op_name(graph: Graph, node: int) -> str:
+    op = int(graph.cols["op_name"][node])
+    return graph.names[op] if op >= 0 else ""
+
+
 def _in_shape(graph: Graph, node: int) -> tuple[int, ...] | None:
     """The shape of a forward linear layer's input (x), from the recorded shapes."""
     dims = K.op_input_dims(graph, node)
     if not dims:
         return None
-    op = int(graph.cols["op_name"][node])
-    name = graph.names[op] if op >= 0 else ""
-    x = dims[1] if name.endswith("addmm") and len(dims) > 2 else dims[0]
+    x = dims[1] if _op_name(graph, node).endswith("addmm") and len(dims) > 2 else dims[0]
     return tuple(x) if _is_shape(x) else None
 
 
@@ -326,43 +329,39 @@ def _out_shape(graph: Graph, node: int) -> tuple[int, ...] | None:
     x = _in_shape(graph, node)
     if not dims or x is None:
         return None
-    op = int(graph.cols["op_name"][node])
-    name = graph.names[op] if op >= 0 else ""
-    w = dims[2] if name.endswith("addmm") and len(dims) > 2 else dims[1] if len(dims) > 1 else None
+    name = _op_name(graph, node)
+    if name.endswith("addmm") and len(dims) > 2:
+        w = dims[2]  # bias, x, W^T
+        return (*x[:-1], w[-1]) if _is_shape(w) else None
+    w = dims[1] if len(dims) > 1 else None
     if not isinstance(w, list) or not _is_shape(w) or len(w) != 2:
         return None
-    # linear's weight is [out, in]; mm, matmul and addmm take it transposed, [in, out]
+    # linear's weight is [out, in]; mm and matmul take it transposed, [in, out]
     return (*x[:-1], w[0] if name.endswith("linear") else w[1])
+
+
+def _nbytes(graph: Graph, node: int, shape: tuple[int, ...] | None) -> float:
+    """Bytes of a tensor of `shape` at the layer's dtype (bf16/fp16 kernels 2, else 4)."""
+    if shape is None:
+        return 0.0
+    dt = dtype_from_kernel_name(graph.name_of(node))
+    return float(math.prod(shape) * (2 if dt in ("bf16", "fp16") else 4))
 
 
 def _in_bytes(graph: Graph, nodes: np.ndarray) -> float:
     """Bytes of a forward layer's input: its input gradient's size in backward."""
-    shape = _in_shape(graph, int(nodes[0]))
-    if shape is None:
-        return 0.0
-    dt = dtype_from_kernel_name(graph.name_of(int(nodes[0])))
-    return float(math.prod(shape) * (2 if dt in ("bf16", "fp16") else 4))
+    node = int(nodes[0])
+    return _nbytes(graph, node, _in_shape(graph, node))
 
 
 def _out_bytes(graph: Graph, nodes: np.ndarray) -> float:
     """Bytes of the layer's output (forward) or of the gradient it receives (backward)."""
     node = int(nodes[0])
-    dims = K.op_input_dims(graph, node)
-    if not dims or not isinstance(dims[0], list):
-        return 0.0
-    op = int(graph.cols["op_name"][node])
-    name = graph.names[op] if op >= 0 else ""
-    numel = 0
-    if name.endswith("addmm") and len(dims) > 2 and _is_shape(dims[1]) and _is_shape(dims[2]):
-        numel = math.prod(dims[1][:-1]) * dims[2][-1]  # bias, x, W^T
-    elif len(dims) > 1 and _is_shape(dims[0]) and _is_shape(dims[1]) and len(dims[1]) == 2:
-        # linear's weight is [out, in]; mm and matmul take it transposed, [in, out]
-        out = dims[1][0] if name.endswith("linear") else dims[1][1]
-        numel = math.prod(dims[0][:-1]) * out
-    elif _is_shape(dims[0]):
-        numel = math.prod(dims[0])  # a backward node: the incoming gradient
-    dt = dtype_from_kernel_name(graph.name_of(node))
-    return float(numel * (2 if dt in ("bf16", "fp16") else 4))
+    shape = _out_shape(graph, node)
+    if shape is None:  # a backward node: the incoming gradient
+        dims = K.op_input_dims(graph, node)
+        shape = tuple(dims[0]) if dims and _is_shape(dims[0]) else None
+    return _nbytes(graph, node, shape)
 
 
 def _is_shape(d: object) -> bool:

@@ -251,9 +251,14 @@ def _replay_as_cuda_graphs(graph: Graph, options: Options) -> Graph:
         & (c["kind"] != NodeKind.GPU)
         & np.isin(c["phase"], _phases(options))
     )
-    step_key = (c["rank"][host].astype(np.int64) << 32) | c["iteration"][host]
-    pairs = np.unique(np.stack([step_key, c["phase"][host].astype(np.int64)]), axis=1)
-    keys, n_phases = np.unique(pairs[0], return_counts=True)
+    phases_of: dict[tuple[int, int], set[int]] = {}
+    for key in zip(
+        c["rank"][host].tolist(),
+        c["iteration"][host].tolist(),
+        c["phase"][host].tolist(),
+        strict=True,
+    ):
+        phases_of.setdefault(key[:2], set()).add(key[2])
     try:
         graph = cuda_graphs.apply(graph, cuda_graphs.Options(phases=options.phases))
     except NotApplicableError as exc:
@@ -271,10 +276,9 @@ def _replay_as_cuda_graphs(graph: Graph, options: Options) -> Graph:
     # The calls of a step (one per compiled phase it has, times graphs) before its first
     # replay: not per replay (syncs split a capture into several) nor per phase asked for.
     firsts = _first_per_step(graph, launches, by_phase=False)
-    first_key = (c["rank"][firsts].astype(np.int64) << 32) | c["iteration"][firsts]
-    at = np.clip(np.searchsorted(keys, first_key), 0, max(keys.size - 1, 0))
-    found = keys[at] == first_key if keys.size else np.zeros(firsts.size, dtype=bool)
-    n_calls = np.where(found, n_phases[at] if keys.size else 1, 1) * options.graphs
+    steps = zip(c["rank"][firsts].tolist(), c["iteration"][firsts].tolist(), strict=True)
+    n_calls = np.array([len(phases_of.get(s, ())) or 1 for s in steps], dtype=np.int64)
+    n_calls *= options.graphs
     _insert_before(
         graph,
         firsts,
