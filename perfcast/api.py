@@ -13,19 +13,30 @@ perfcast.tree(table).incl["gpu_ns"][0]                # GPU time per call path (
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, cast
+from typing import cast
 
+from perfcast.advisor.advisor import Advice
+from perfcast.analysis.battery import Analyses
+from perfcast.analysis.comms import Collectives
+from perfcast.analysis.context import ContextTree
+from perfcast.analysis.counters import GpuCounters
+from perfcast.analysis.diff import TraceDiff
+from perfcast.analysis.idle import IdleTime
+from perfcast.analysis.kernels import KernelBreakdown
+from perfcast.analysis.launch_queue import LaunchQueue
+from perfcast.analysis.launches import LaunchStats
+from perfcast.analysis.memory import Memory
+from perfcast.analysis.op_kernels import OpKernelResult
+from perfcast.analysis.replay import ReplayResult
+from perfcast.analysis.roofline import Roofline
+from perfcast.analysis.scopes import Scopes
+from perfcast.analysis.stragglers import Stragglers
+from perfcast.analysis.summary import Summary
 from perfcast.errors import OptionError, PerfcastError, whole_number
 from perfcast.events import EventTable
+from perfcast.graph.model import Graph
 from perfcast.ingest import load
-
-if TYPE_CHECKING:
-    from perfcast.advisor.advisor import Advice
-    from perfcast.analysis.context import ContextTree
-    from perfcast.analysis.replay import ReplayResult
-    from perfcast.analysis.summary import Summary
-    from perfcast.graph.model import Graph
-    from perfcast.whatif.runner import WhatIfResult
+from perfcast.whatif.runner import WhatIfResult
 
 TraceLike = EventTable | str | os.PathLike[str]
 
@@ -182,21 +193,6 @@ def advise(
 # ---------------------------------------------------------------------------------------------
 # Trace analyses (HTA / TraceLens parity) and trace comparison. Every result has
 # `.to_pandas(table)`, `.to_polars(table)`, `.to_arrow(table)` and `.table_names()`.
-
-if TYPE_CHECKING:
-    from perfcast.analysis.battery import Analyses
-    from perfcast.analysis.comms import Collectives
-    from perfcast.analysis.counters import GpuCounters
-    from perfcast.analysis.diff import TraceDiff
-    from perfcast.analysis.idle import IdleTime
-    from perfcast.analysis.kernels import KernelBreakdown
-    from perfcast.analysis.launch_queue import LaunchQueue
-    from perfcast.analysis.launches import LaunchStats
-    from perfcast.analysis.memory import Memory
-    from perfcast.analysis.op_kernels import OpKernelResult
-    from perfcast.analysis.roofline import Roofline
-    from perfcast.analysis.scopes import Scopes
-    from perfcast.analysis.stragglers import Stragglers
 
 
 def analyze(trace: TraceLike, only: str | list[str] | None = None, top: int = 10) -> Analyses:

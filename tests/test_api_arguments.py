@@ -359,3 +359,44 @@ def test_advise_takes_each_candidate_once_and_a_device_name_only(table) -> None:
     for device in (0, False, 5):
         with pytest.raises(OptionError, match="device must be a name"):
             perfcast.advise(table, device=device)
+
+
+def _perfcast_classes(hint: object) -> list[type]:
+    import inspect
+    import typing
+
+    return [
+        t
+        for t in (typing.get_args(hint) or (hint,))
+        if inspect.isclass(t) and t.__module__.startswith("perfcast")
+    ]
+
+
+def test_public_api_type_hints_resolve() -> None:
+    """typing.get_type_hints (pydantic, typeguard, IDEs, docs) resolves every public function's
+    annotations and those of the result types they return, recursively: names imported only for
+    the type checker raise NameError there."""
+    import subprocess
+    import sys
+    import typing
+
+    seen: set[type] = set()
+    todo: list[type] = []
+    for name in perfcast.__all__:
+        obj = getattr(perfcast, name)
+        if callable(obj) and not isinstance(obj, type):
+            for hint in typing.get_type_hints(obj).values():
+                todo += _perfcast_classes(hint)
+    while todo:
+        cls = todo.pop()
+        if cls in seen:
+            continue
+        seen.add(cls)
+        for hint in typing.get_type_hints(cls).values():
+            todo += _perfcast_classes(hint)
+    assert len(seen) > 20  # the results and what they hold were walked
+    # the command line's `import perfcast` does not import the API's result types
+    probe = "import sys, perfcast; print('perfcast.advisor.advisor' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+    assert "advise" in dir(perfcast) and perfcast.api.advise is perfcast.advise
