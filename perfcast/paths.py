@@ -40,3 +40,42 @@ def native_stderr_to(path: str | os.PathLike[str]) -> Iterator[None]:
         os.dup2(saved, 2)
         os.close(saved)
         os.close(target)
+
+
+def write_output(path: str | os.PathLike[str], data: bytes) -> None:
+    """Write `data` to the user's output `path`, never leaving half a file behind.
+
+    A regular file (new or replaced) is written to a temporary file beside it and renamed
+    over it, with the permissions a new file would get. A symbolic link is followed: its
+    target is written that way and the link stays. Anything else that exists (a FIFO read by
+    another program, /dev/stdout, /dev/null) is written through, as a shell redirection
+    would: renaming over it would replace a device node with a file.
+    """
+    import stat
+    import tempfile
+
+    target = os.path.realpath(path)  # a link's target; the path itself otherwise
+    try:
+        mode: int | None = os.stat(target).st_mode
+    except FileNotFoundError:
+        mode = None
+    if mode is not None and not stat.S_ISREG(mode):
+        with open(target, "wb") as fh:
+            fh.write(data)
+        return
+    fd, tmp = tempfile.mkstemp(prefix=".perfcast-", dir=os.path.dirname(target))
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes it private; an output is not
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask

@@ -613,3 +613,69 @@ def test_gpu_work_overlapping_its_predecessor_gets_a_track_of_its_own(
     for spans in tracks.values():
         spans.sort()
         assert all(b[0] >= a[1] - 1e-6 for a, b in itertools.pairwise(spans))
+
+
+def _overlapping_kernels_trace(path: Path) -> Path:
+    """Three steps whose kernels all claim the same 5 ms at the trace's start, before the
+    calls that launched them: a damaged trace (found by the bad-input review)."""
+    from tests.tracegen import TraceBuilder
+
+    b = TraceBuilder()
+    for step in range(3):
+        t0 = step * 1000
+        b.step(step + 1, t0, 900)
+        b.op("aten::linear", t0 + 10, 300, **{"Input Dims": [[8, 64], [32, 64], [32]]})
+        b.launch("volta_sgemm_128x64_nn", t0 + 20, 5, t0 + 30, 200, stream=7)
+        b.launch("ncclKernel_AllReduce_RING_LL_Sum_float", t0 + 60, 5, t0 + 70, 300, stream=13)
+        b.op("Optimizer.step#SGD.step", t0 + 820, 60)
+    doc = b.doc()
+    for e in doc["traceEvents"]:
+        if e.get("cat") == "kernel":
+            e["ts"], e["dur"] = 30, 5000
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def test_steps_done_before_the_previous_step_take_no_time(tmp_path, capsys):
+    """Step 2's and 3's kernels end with step 1's: their steps took 0 ms, not -3 ms (a step's
+    time runs from the previous step's completion), in the trace's figures and the replay's."""
+    trace = _overlapping_kernels_trace(tmp_path / "t.json")
+    assert main(["replay", str(trace), "--json"]) == 0
+    captured = capsys.readouterr()
+    steps = json.loads(captured.out)["ranks"][0]["iterations"]
+    assert [round(s["traced_ms"], 2) for s in steps] == [5.03, 0.0, 0.0]
+    assert [round(s["simulated_ms"], 2) for s in steps] == [5.03, 0.0, 0.0]
+    assert "2 step(s) completed before the step before them" in captured.out  # its notes
+
+
+def test_export_of_gpu_work_before_time_zero_finishes(tmp_path):
+    """The Perfetto export's overlap tracks looped forever on a slice that starts before
+    time zero (a prediction on a damaged trace placed GPU work at -12 ms)."""
+    trace = _overlapping_kernels_trace(tmp_path / "t.json")
+    out = tmp_path / "w.json"
+    spec = "faster-op:pattern=nccl,factor=2"
+    assert main(["whatif", str(trace), "--apply", spec, "--export-trace", str(out)]) == 0
+    assert json.loads(out.read_text())["traceEvents"]
+
+
+def test_outputs_follow_links_and_write_through_fifos(tmp_path):
+    """An output path that is a symbolic link writes the link's target (the link stays); a
+    FIFO (or /dev/stdout) is written through, not replaced by a regular file."""
+    import os
+    import threading
+
+    target = tmp_path / "real.html"
+    target.write_text("old")
+    link = tmp_path / "link.html"
+    link.symlink_to(target)
+    assert main(["report", str(EXAMPLE), "-o", str(link), "--quiet"]) == 0
+    assert link.is_symlink() and target.read_text().startswith("<!")
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()))
+    reader.start()
+    assert main(["tree", str(EXAMPLE), "--folded", str(fifo), "--quiet"]) == 0
+    reader.join(timeout=60)
+    assert fifo.is_fifo() and got and b";" in got[0]

@@ -520,8 +520,19 @@ def _derive(
         if backlog.any() and info.has_steps:
             first = iterations[0]
             first.window_start_ns = max(first.start_ns, int((ts + dur)[backlog].max()))
+        early = 0
         for prev, it in itertools.pairwise(iterations):
+            # Steps complete in order: one whose work all ended before the previous step's
+            # (GPU times that contradict their launches: a damaged trace) took no time.
+            if it.end_ns < prev.end_ns:
+                it.end_ns = prev.end_ns
+                early += 1
             it.window_start_ns = prev.end_ns
+        if early:
+            info.warnings.append(
+                f"{early} step(s) completed before the step before them (GPU times out of "
+                "order with their launches?): counted as 0 ms"
+            )
     if info.truncated:
         _note_gpu_side_lost_at_the_cut(c, parent, iteration, iterations, info)
     if info.tail_lost:

@@ -20,7 +20,6 @@ import json
 import math
 import os
 import re
-import tempfile
 from importlib import resources
 from typing import Any
 
@@ -32,6 +31,7 @@ from perfcast.errors import PerfcastError
 from perfcast.events import EventTable, Kind
 from perfcast.graph.model import NONE, GpuKind, Graph, NodeKind
 from perfcast.graph.phases import collective_kernel_mask, host_collective_mask
+from perfcast.paths import write_output
 from perfcast.report import shorten
 from perfcast.sim.timeline import Timeline
 
@@ -64,23 +64,7 @@ SECTIONS = (
 def write_report(table: EventTable, output_path: str, correct: bool = True) -> None:
     """Analyse `table` and write the HTML report to `output_path` (atomically)."""
     text = render_report(table, correct=correct)
-    folder = os.path.dirname(os.path.abspath(output_path))
-    fd, tmp = tempfile.mkstemp(prefix=".perfcast-report-", suffix=".html", dir=folder)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as fh:
-            fh.write(text)
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes it private; a report is not
-        os.replace(tmp, output_path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
-def _umask() -> int:
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
+    write_output(output_path, text.encode("utf-8"))
 
 
 def render_report(table: EventTable, correct: bool = True) -> str:

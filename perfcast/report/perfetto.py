@@ -17,6 +17,7 @@ import msgspec
 import numpy as np
 
 from perfcast.graph.model import EdgeType, NodeKind, Source
+from perfcast.paths import write_output
 from perfcast.sim.timeline import Timeline
 
 _EDGE_LABEL = {
@@ -128,7 +129,7 @@ def _gpu_overlap_tracks(
     last_end: dict[tuple[int, int], int] = {}
     for node in order[overlap].tolist():
         ln, k = int(c["lane"][node]), 1
-        while last_end.get((ln, k), -1) > start_ns[node]:
+        while (ln, k) in last_end and last_end[(ln, k)] > start_ns[node]:
             k += 1
         last_end[(ln, k)] = int(end_ns[node])
         tid[node] = k * len(g.lanes) + ln
@@ -370,9 +371,4 @@ def export_timelines(timelines: list[tuple[str, Timeline]], path: str) -> None:
         events.extend(timeline_events(tl, label, pid_base=width * (i + 1), flow_ids=flow_ids))
     doc = {"traceEvents": events, "displayTimeUnit": "ms", "otherData": {"generator": "perfcast"}}
     data = msgspec.json.encode(doc)
-    if path.endswith(".gz"):
-        with gzip.open(path, "wb") as fh:
-            fh.write(data)
-    else:
-        with open(path, "wb") as fh:
-            fh.write(data)
+    write_output(path, gzip.compress(data) if path.endswith(".gz") else data)

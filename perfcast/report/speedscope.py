@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from typing import Any
 
 import numpy as np
@@ -24,6 +23,7 @@ import numpy as np
 from perfcast import __version__
 from perfcast.analysis.context import ContextTree, CtxKind, parse_frame
 from perfcast.errors import PerfcastError
+from perfcast.paths import write_output
 
 SCHEMA_URL = "https://www.speedscope.app/file-format-schema.json"
 METRIC_NAMES = {"gpu_ns": "GPU time (kernels, copies, memsets)", "cpu_ns": "CPU time"}
@@ -168,19 +168,9 @@ def _folded_name(label: str) -> str:
 
 
 def _write_atomic(path: str, text: str) -> None:
-    folder = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(folder):
+    if not os.path.isdir(os.path.dirname(os.path.abspath(path))):
         raise PerfcastError("output folder does not exist", path=path)
-    fd, tmp = tempfile.mkstemp(prefix=".perfcast-", dir=folder)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as fh:
-            fh.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    write_output(path, text.encode("utf-8"))
 
 
 def write_speedscope(tree: ContextTree, path: str, name: str = "perfcast") -> None:

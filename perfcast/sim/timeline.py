@@ -49,6 +49,7 @@ class Timeline:
             ends = np.flatnonzero(np.r_[its[1:] != its[:-1], True])
             last_gpu = dict(zip(its[ends].tolist(), o[ends].tolist()))
         prev_done = self._backlog_done()
+        prev_node: dict[int, int] = {}
         for span in g.iterations:
             if span.start_node == NONE:
                 on_rank = np.flatnonzero((c["rank"] == span.rank) & alive)
@@ -62,8 +63,13 @@ class Timeline:
                 if x != NONE and self.end[x] > self.end[end_node]:
                     end_node = x
                 begin = prev_done.get(span.rank, int(self.start[span.start_node]))
-                prev_done[span.rank] = int(self.end[end_node])
-            out.append(StepWindow(span, begin, int(self.end[end_node]), end_node))
+                if self.end[end_node] < begin and span.rank in prev_node:
+                    # Done before the step before it (a damaged trace's GPU times): it
+                    # completes with that step and takes no time.
+                    end_node = prev_node[span.rank]
+                prev_node[span.rank] = end_node
+                prev_done[span.rank] = max(int(self.end[end_node]), begin)
+            out.append(StepWindow(span, begin, max(int(self.end[end_node]), begin), end_node))
         return out
 
     def iteration_ns(self) -> list[tuple[int, str, int, int]]:
