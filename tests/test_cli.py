@@ -679,3 +679,13 @@ def test_outputs_follow_links_and_write_through_fifos(tmp_path):
     assert main(["tree", str(EXAMPLE), "--folded", str(fifo), "--quiet"]) == 0
     reader.join(timeout=60)
     assert fifo.is_fifo() and got and b";" in got[0]
+
+
+@pytest.mark.parametrize("device", ["h100,h200", "h100,host=0", ""])
+def test_advise_device_is_one_gpu_name(device, capsys):
+    """--device was pasted into device:target=NAME: "h100,h200" ran with an option "h200"
+    (a "not applicable" line, exit 0), "h100,host=0" complained of an option never given,
+    and "" was ignored."""
+    assert main(["advise", str(EXAMPLE), "--device", device]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--device" in err

@@ -265,7 +265,7 @@ def cmd_whatif(args: argparse.Namespace, ui: Any) -> int:
 def cmd_advise(args: argparse.Namespace, ui: Any) -> int:
     from perfcast.advisor.advisor import advise
 
-    if args.device:
+    if args.device is not None:
         from perfcast.whatif.kernels import check_device_name
 
         # Checked before loading: a typo would only show as a "not applicable" line deep in

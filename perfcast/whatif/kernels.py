@@ -121,7 +121,15 @@ def check_device_name(name: str, label: str) -> None:
     error (OptionError) naming the argument, e.g. label "--device" or "device="."""
     from perfcast.errors import OptionError
 
-    if isinstance(name, str):
+    if isinstance(name, str) and any(c in name for c in ",=:"):
+        # One GPU's name: advise pastes it into device:target=NAME, where "h100,h200" read
+        # as h100 with an option "h200"
+        raise OptionError(
+            f"{label}{name!r}: name one GPU (e.g. h100); for the device what-if's other "
+            "options use whatif --apply device:target=...,host=...",
+            hint=known_devices_text(),
+        )
+    if isinstance(name, str) and name.strip():
         try:
             resolve_device(name, "", "")
             return
