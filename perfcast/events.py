@@ -295,8 +295,16 @@ class EventTable:
         if len(self) == 0:
             from perfcast.errors import PerfcastError
 
+            # Why nothing is left, when events were there: unreadable times, wrong types.
+            skipped = [
+                w
+                for r in self.ranks
+                for w in [*r.warnings, r.salvage_note or ""]
+                if "were skipped" in w or w.startswith("dropped ") or "NaN or Infinity" in w
+            ]
             raise PerfcastError(
-                "the trace holds no complete events: nothing to analyse",
+                "the trace holds no complete events: nothing to analyse"
+                + (f" ({skipped[0]})" if skipped else ""),
                 path=self.source(),
                 hint="profile at least one step: torch.profiler with prof.step(), or "
                 "`perfcast profile`",

@@ -190,10 +190,11 @@ def test_bad_events_inside_a_good_file_are_skipped(write_trace):
     assert table.names_of(np.arange(len(table))) == ["aten::add", "k"]
     assert table.ts.tolist() == [1000, 4000]
     assert table.dur.tolist() == [2000, 0]
-    dropped, no_time = table.ranks[0].warnings
+    dropped, no_time, negative = table.ranks[0].warnings
     assert dropped.startswith("dropped 1 events whose fields have the wrong type")
     assert "event #2 at byte " in dropped and "'name' is a number, expected a string" in dropped
-    assert no_time == "1 events without a readable timestamp were skipped"
+    assert no_time.startswith("1 events without a readable time were skipped (the first: 'ts'")
+    assert negative == "1 events with a negative 'dur' were read as 0 long"
 
 
 def test_trace_without_events(write_trace):
@@ -666,3 +667,60 @@ def test_a_cut_inside_an_event_after_its_nested_object_is_the_unfinished_event(
     path.write_bytes(data[:args_end] + tail)
     note = perfcast.load(path).ranks[0].salvage_note
     assert "damaged" not in note and "the unfinished one at the cut" in note
+
+
+def _small_trace_text() -> str:
+    from tests.tracegen import TraceBuilder
+
+    b = TraceBuilder()
+    for step in range(2):
+        t0 = step * 1000
+        b.step(step + 1, t0, 900)
+        b.op("aten::linear", t0 + 10, 300)
+        b.launch("volta_sgemm_128x64_nn", t0 + 20, 5, t0 + 30, 200, stream=7)
+    return json.dumps(b.doc())
+
+
+@pytest.mark.parametrize(
+    "field, literal, says",
+    [
+        ("dur", '"5"', "'dur' is a string"),
+        ("dur", "1e300", "'dur' is 1e+300"),
+        ("ts", "1.7e18", "'ts' is 1.7e+18"),  # epoch nanoseconds written as microseconds
+        ("ts", "123456789012345678901234567890", "'ts' is 1234567890"),
+        ("dur", "NaN", "NaN or Infinity, which JSON does not allow"),
+        ("ts", "Infinity", "NaN or Infinity, which JSON does not allow"),
+    ],
+)
+def test_every_time_unreadable_names_the_field(tmp_path, field, literal, says):
+    """Every event's time out of range or of the wrong type: the error said "the trace holds
+    no complete events ... profile at least one step", as if nothing had been recorded."""
+    text = re.sub(rf'"{field}": [0-9.]+', f'"{field}": {literal}', _small_trace_text())
+    path = tmp_path / "t.json"
+    path.write_text(text)
+    with pytest.raises(PerfcastError) as info:
+        perfcast.load(path).require_events()
+    assert says in str(info.value) and str(path) in str(info.value)
+
+
+def test_negative_and_missing_durations_are_noted(tmp_path):
+    doc = json.loads(_small_trace_text())
+    for e in doc["traceEvents"]:
+        if e.get("cat") == "kernel":
+            del e["dur"]
+        elif e.get("cat") == "cpu_op":
+            e["dur"] = -5
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(doc))
+    warnings = perfcast.load(path).ranks[0].warnings
+    assert any("2 events with a negative 'dur' were read as 0 long" in w for w in warnings)
+    assert any("2 GPU kernels, copies or memsets have no 'dur'" in w for w in warnings)
+
+
+def test_a_float_pid_is_named_by_its_value(tmp_path):
+    doc = json.loads(_small_trace_text())
+    for e in doc["traceEvents"]:
+        e["pid"] = 1.5
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(doc))
+    assert_format_error(path, match=r"'pid' is 1\.5, expected a whole number or a string")

@@ -22,11 +22,11 @@ EVENT_TYPES: tuple[tuple[str, tuple[type, ...], str], ...] = (
     ("ph", (str,), "a string"),
     ("cat", (str,), "a string"),
     ("name", (str,), "a string"),
-    ("pid", (int, str), "a number or a string"),
-    ("tid", (int, str), "a number or a string"),
+    ("pid", (int, str), "a whole number or a string"),
+    ("tid", (int, str), "a whole number or a string"),
     ("ts", (int, float), "a number"),
     ("dur", (int, float), "a number"),
-    ("id", (int, str), "a number or a string"),
+    ("id", (int, str), "a whole number or a string"),
 )
 
 
@@ -55,7 +55,9 @@ def check_event(ev: Any) -> str | None:
         if value is None:
             continue
         if type(value) is bool or not isinstance(value, types):
-            return f"'{attr}' is {json_type(value)}, expected {expected}"
+            # a float where a whole number goes: the value says more than "a number"
+            shown = repr(value) if isinstance(value, float) else json_type(value)
+            return f"'{attr}' is {shown}, expected {expected}"
     for attr in ("pid", "tid"):
         value = getattr(ev, attr)
         if type(value) is int and not INT64_MIN <= value <= INT64_MAX:

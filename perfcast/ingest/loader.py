@@ -168,7 +168,19 @@ def _load_one(path: str, names: Interner, rank_hint: int | None) -> tuple[RankIn
     info.warnings.extend(cols.warnings)
     info.n_events = len(cols.cols["kind"])
     if cols.n_dropped:
-        info.warnings.append(f"{cols.n_dropped} events without a readable timestamp were skipped")
+        info.warnings.append(
+            f"{cols.n_dropped:,} events without a readable time were skipped (the first: "
+            f"{cols.first_dropped}; a time is a number of microseconds within 146 years)"
+        )
+    if cols.negative_dur:
+        info.warnings.append(
+            f"{cols.negative_dur:,} events with a negative 'dur' were read as 0 long"
+        )
+    if cols.untimed_gpu:
+        info.warnings.append(
+            f"{cols.untimed_gpu:,} GPU kernels, copies or memsets have no 'dur': read as taking "
+            "no GPU time"
+        )
     if info.n_events == 0 and not decoded.truncated:
         info.warnings.append("the trace holds no complete events")
     kinds = cols.cols["kind"]

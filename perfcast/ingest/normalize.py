@@ -15,7 +15,14 @@ from typing import Any
 
 import numpy as np
 
-from perfcast.events import GLOO_RANGE_PREFIX, MEM_DEVICE_CPU, NCCL_RANGE_PREFIX, NONE, Kind
+from perfcast.events import (
+    GLOO_RANGE_PREFIX,
+    GPU_KINDS,
+    MEM_DEVICE_CPU,
+    NCCL_RANGE_PREFIX,
+    NONE,
+    Kind,
+)
 from perfcast.ingest.schema import (
     CATEGORY_KIND,
     FWDBWD_FLOW_CATS,
@@ -73,6 +80,9 @@ class RankColumns:
     n_dropped: int
     warnings: list[str] = field(default_factory=list)
     long_shapes: int = 0  # shape strings over MAX_SHAPE_CHARS, ignored
+    first_dropped: str | None = None  # the first unreadable time, e.g. "'dur' is nan"
+    negative_dur: int = 0  # durations below 0, read as 0
+    untimed_gpu: int = 0  # kernels, copies and memsets without a duration (read as 0)
 
 
 def _to_int_id(value: Any, strings: dict[str, int]) -> int:
@@ -257,6 +267,9 @@ def extract_rank(chunks: Iterable[Events], names: Interner) -> RankColumns:
         n_dropped=sum(p.n_dropped for p in parts),
         warnings=_shape_warning(long_shapes),
         long_shapes=long_shapes,
+        first_dropped=next((p.first_dropped for p in parts if p.first_dropped), None),
+        negative_dur=sum(p.negative_dur for p in parts),
+        untimed_gpu=sum(p.untimed_gpu for p in parts),
     )
 
 
@@ -279,12 +292,26 @@ def _extract_chunk(
 
     ts = _times_ns([ev.ts for ev in rows])
     dur = _times_ns([d if (d := ev.dur) else 0 for ev in rows])
-    # Rows whose time we cannot read are dropped and counted.
-    bad = (ts == _BAD_TIME) | (dur == _BAD_TIME)
+    # Rows whose time we cannot read are dropped and counted, the first named for the note.
+    bad_ts = ts == _BAD_TIME
+    bad = bad_ts | (dur == _BAD_TIME)
+    n_dropped = int(bad.sum())
+    first_dropped = None
+    if n_dropped:
+        i = int(np.argmax(bad))
+        field_name = "ts" if bad_ts[i] else "dur"
+        first_dropped = f"'{field_name}' is {getattr(rows[i], field_name)!r:.40}"
     dur[bad] = 0
     ts[bad] = 0
-    n_dropped = int(bad.sum())
+    negative_dur = int((dur < 0).sum())
     dur = np.maximum(dur, 0)
+    # GPU work without a duration reads as 0 µs of GPU time: said, not assumed silently.
+    is_gpu_row = np.isin(kinds, GPU_KINDS)
+    untimed_gpu = (
+        sum(1 for ev, g in zip(rows, is_gpu_row.tolist(), strict=True) if g and ev.dur is None)
+        if is_gpu_row.any()
+        else 0
+    )
 
     name = np.fromiter(
         (names(nm if isinstance(nm := ev.name, str) else str(nm)) for ev in rows),
@@ -457,6 +484,9 @@ def _extract_chunk(
         n_dropped=n_dropped,
         warnings=_shape_warning(long_shapes),
         long_shapes=long_shapes,
+        first_dropped=first_dropped,
+        negative_dur=negative_dur,
+        untimed_gpu=untimed_gpu,
     )
 
 

@@ -65,6 +65,8 @@ _BOM = b"\xef\xbb\xbf"
 _BLOCK = 1 << 22
 _GZ_IN = 1 << 14  # small: inflated offsets map back to file offsets closely
 _EVENT_GAP = re.compile(rb"\}\s*,\s*\{")
+# Values JavaScript writes and JSON does not allow: a stretch holding one is not damage.
+_NON_JSON_NUMBER = re.compile(rb":\s*-?(?:NaN|Infinity)\s*[,}\]]")
 _EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*')
 _LEAD = re.compile(rb"[\s,]*")
 # How many cut points a damaged header is tried at (each a small decode).
@@ -413,6 +415,7 @@ class TraceReader:
         self._spent = 0  # bytes decoded in the search for damage
         self._window = _RECOVER_WINDOW
         self._bad_run = 0  # damaged bytes lately, less what decoded between (see _good)
+        self._non_json_numbers = 0  # damaged stretches holding NaN or Infinity
         self._gave_up = False  # the end of the data was too damaged to search
 
     # -- buffer ---------------------------------------------------------------------------
@@ -974,6 +977,8 @@ class TraceReader:
             self._losses.append((self._base + pos, self._base + nxt, "damaged"))
             self._seen += 1
             self._bad_run += nxt - pos
+        if _NON_JSON_NUMBER.search(self._buf, pos, nxt):
+            self._non_json_numbers += 1
         return None, nxt, None
 
     def _good(self, n: int) -> None:
@@ -1059,6 +1064,12 @@ class TraceReader:
                 f"skipped {len(spans):,} {kinds} stretch{'es' if len(spans) > 1 else ''} of "
                 f"the event list (first at byte {spans[0][0]:,})"
             )
+        if self._non_json_numbers:
+            parts.append(
+                f"{self._non_json_numbers:,} of the unreadable events "
+                f"{'holds' if self._non_json_numbers == 1 else 'hold'} NaN or Infinity, "
+                "which JSON does not allow (the program that wrote them should write null)"
+            )
         if self._gave_up:
             parts.append(f"from byte {tail_at:,} on the data is too damaged to read")
         elif tail_at < src.size and not cut_off:
@@ -1116,6 +1127,12 @@ class TraceReader:
         )
 
     def _nothing(self, why: str) -> TraceFormatError:
+        if self._non_json_numbers:
+            return TraceFormatError(
+                "is not valid JSON: its events hold NaN or Infinity, which JSON does not allow",
+                path=self.path,
+                hint="the program that wrote the trace should write null (or a number) there",
+            )
         return TraceFormatError(
             f"is not valid JSON and nothing could be salvaged ({why})",
             path=self.path,
