@@ -724,3 +724,25 @@ def test_a_float_pid_is_named_by_its_value(tmp_path):
     path = tmp_path / "t.json"
     path.write_text(json.dumps(doc))
     assert_format_error(path, match=r"'pid' is 1\.5, expected a whole number or a string")
+
+
+def test_folder_entries_that_are_no_file_are_noted(tmp_path):
+    """A FIFO, a broken link or a folder named like a rank's trace was skipped without a
+    word: the job read as one rank fewer. Ranks of different job sizes are doubted too."""
+    import os
+
+    doc = json.loads(_small_trace_text())
+    for r, size in ((0, 2), (1, 4)):
+        d = dict(doc, distributedInfo={"rank": r, "world_size": size, "backend": "nccl"})
+        (tmp_path / f"worker{r}.json").write_text(json.dumps(d))
+    os.mkfifo(tmp_path / "worker2.json")
+    (tmp_path / "worker3.json.gz").symlink_to(tmp_path / "gone.json.gz")
+    (tmp_path / "worker4.json").mkdir()
+    warnings = perfcast.load(tmp_path).ranks[0].warnings
+    assert any(
+        "3 entries of the folder named like a trace are no file" in w
+        and "worker2.json, worker3.json.gz, worker4.json" in w
+        for w in warnings
+    ), warnings
+    says = "disagree on the job's size (distributedInfo world_size 2, 4)"
+    assert any(says in w for w in warnings)

@@ -94,7 +94,29 @@ def load(path: str | os.PathLike[str], progress: ProgressFn | None = None) -> Ev
         parts.append((info, cols, derived, iterations))
     if progress:
         progress("", len(files), len(files))
+    if len(files) > 1 or os.path.isdir(path):
+        _note_folder_doubts(path, [p[0] for p in parts])
     return _concat(parts, names)
+
+
+def _note_folder_doubts(folder: str, infos: list[RankInfo]) -> None:
+    """What a folder of ranks leaves in doubt, on its first rank: entries named like traces
+    that are no file (never read), and ranks that disagree on the job's size."""
+    first = infos[0]
+    skipped = reader.not_files_in(folder) if os.path.isdir(folder) else []
+    if skipped:
+        shown = ", ".join(skipped[:3]) + (", ..." if len(skipped) > 3 else "")
+        first.warnings.append(
+            f"{len(skipped)} entr{'y' if len(skipped) == 1 else 'ies'} of the folder named like "
+            f"a trace {'is' if len(skipped) == 1 else 'are'} no file (a folder, a FIFO or a "
+            f"broken link) and {'was' if len(skipped) == 1 else 'were'} not read: {shown}"
+        )
+    sizes = sorted({i.world_size for i in infos if i.world_size})
+    if len(sizes) > 1:
+        first.warnings.append(
+            "the ranks disagree on the job's size (distributedInfo world_size "
+            f"{', '.join(map(str, sizes))}): traces of different jobs in one folder?"
+        )
 
 
 # Columns that hold indices into the name table.

@@ -1181,17 +1181,28 @@ def read_inflated(path: str, limit: int | None = None) -> tuple[bytes, bool]:
     return bytes(out), src.problem is not None
 
 
-def trace_files_in(folder: str) -> list[str]:
-    """Trace files in a folder (not recursive), sorted for a stable rank order. Hidden files
-    are not traces (a writer's temporary files, e.g. `perfcast profile`'s held export)."""
-    names = sorted(os.listdir(folder))
+def _named_like_traces(folder: str) -> list[str]:
+    """Paths in `folder` named like trace files, sorted. Hidden files are not traces (a
+    writer's temporary files, e.g. `perfcast profile`'s held export)."""
     return [
         os.path.join(folder, n)
-        for n in names
-        if (n.endswith(".json") or n.endswith(".json.gz"))
-        and not n.startswith(".")
-        and os.path.isfile(os.path.join(folder, n))
+        for n in sorted(os.listdir(folder))
+        if (n.endswith(".json") or n.endswith(".json.gz")) and not n.startswith(".")
     ]
+
+
+def trace_files_in(folder: str) -> list[str]:
+    """Trace files in a folder (not recursive), sorted for a stable rank order."""
+    return [p for p in _named_like_traces(folder) if os.path.isfile(p)]
+
+
+def not_files_in(folder: str) -> list[str]:
+    """Names in `folder` that look like traces but are no readable file (a folder, a FIFO, a
+    broken link): left out of the ranks, and said to be."""
+    try:
+        return [os.path.basename(p) for p in _named_like_traces(folder) if not os.path.isfile(p)]
+    except OSError:
+        return []
 
 
 # `perfcast profile --repeat N` writes each cycle's traces to OUT/step<N>/.
