@@ -689,3 +689,13 @@ def test_advise_device_is_one_gpu_name(device, capsys):
     assert main(["advise", str(EXAMPLE), "--device", device]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--device" in err
+
+
+def test_bad_focus_regex_is_refused_before_any_output(capsys):
+    """`whatif --tree --focus '['` printed its whole prediction, then failed on the regex."""
+    spec = ["whatif", str(EXAMPLE), "--apply", "amp", "--tree", "--focus", "["]
+    with pytest.raises(SystemExit) as info:
+        main(spec)
+    assert info.value.code == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and "bad regular expression '['" in captured.err

@@ -55,12 +55,29 @@ def add_view_options(p: argparse.ArgumentParser) -> None:
         default=1.0,
         help="collapse call paths below this share of the total (default 1)",
     )
-    p.add_argument("--focus", metavar="REGEX", help="only the call paths through matching nodes")
+    p.add_argument(
+        "--focus",
+        metavar="REGEX",
+        type=_regex,
+        help="only the call paths through matching nodes",
+    )
     p.add_argument(
         "--all-frames",
         action="store_true",
         help="keep the frames of PyTorch, the interpreter and perfcast (hidden by default)",
     )
+
+
+def _regex(text: str) -> str:
+    """A --focus pattern, checked when the arguments are read: `whatif --tree` would print
+    its whole prediction before the tree found the pattern broken."""
+    import re
+
+    try:
+        re.compile(text)
+    except re.error as exc:
+        raise argparse.ArgumentTypeError(f"bad regular expression {text!r}: {exc}") from None
+    return text
 
 
 PIPED_WIDTH = 160  # columns when the output is not a terminal and COLUMNS is unset
