@@ -699,3 +699,13 @@ def test_bad_focus_regex_is_refused_before_any_output(capsys):
     assert info.value.code == 2
     captured = capsys.readouterr()
     assert captured.out == "" and "bad regular expression '['" in captured.err
+
+
+def test_show_reads_a_gzipped_result(tmp_path, capsys):
+    saved = tmp_path / "s.json.gz"
+    assert main(["summary", str(EXAMPLE), "--json"]) == 0
+    saved.write_bytes(gzip.compress(capsys.readouterr().out.encode()))
+    assert main(["show", str(saved)]) == 0
+    assert "ddp_a100_rank0" in capsys.readouterr().out
+    saved.write_bytes(saved.read_bytes()[:100])
+    assert main(["show", str(saved)]) == 2

@@ -746,3 +746,12 @@ def test_folder_entries_that_are_no_file_are_noted(tmp_path):
     ), warnings
     says = "disagree on the job's size (distributedInfo world_size 2, 4)"
     assert any(says in w for w in warnings)
+
+
+@pytest.mark.parametrize(
+    "encoding, says", [("utf-16", "UTF-16 text"), ("utf-32", "UTF-32 text"), ("utf-16-be", "NUL")]
+)
+def test_other_text_encodings_are_named(tmp_path, encoding, says):
+    path = tmp_path / "t.json"
+    path.write_bytes(_small_trace_text().encode(encoding))
+    assert_format_error(path, match=f"{says}.*save it as UTF-8")

@@ -277,6 +277,9 @@ def cmd_advise(args: argparse.Namespace, ui: Any) -> int:
 
 def cmd_show(args: argparse.Namespace, ui: Any) -> int:
     """Re-render a saved result: its kind is told by the keys it has."""
+    import gzip
+    import zlib
+
     import msgspec
 
     from perfcast.advisor.advisor import Advice
@@ -289,10 +292,19 @@ def cmd_show(args: argparse.Namespace, ui: Any) -> int:
     try:
         with open(args.result, "rb") as fh:
             data = fh.read()
+        if data[:2] == b"\x1f\x8b":  # a result saved through gzip, like the traces
+            data = gzip.decompress(data)
         # Only the top-level keys (msgspec.Raw skips the values): deep nesting is not read.
         top = msgspec.json.decode(data, type=dict[str, msgspec.Raw])
         keys = set(top)
-    except (OSError, msgspec.DecodeError, msgspec.ValidationError, RecursionError) as exc:
+    except (
+        OSError,
+        EOFError,
+        zlib.error,
+        msgspec.DecodeError,
+        msgspec.ValidationError,
+        RecursionError,
+    ) as exc:
         why = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
         raise PerfcastError(f"cannot read a saved result ({why})", path=args.result) from None
     # Results show does not re-render (their own commands print them): say which it is.

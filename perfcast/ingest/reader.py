@@ -87,6 +87,13 @@ _OTHER_FORMATS = (
     (b"\x78\x9c", "zlib data without a gzip header"),
     (b"\x78\xda", "zlib data without a gzip header"),
     (b"<", "HTML or XML (a download page saved instead of the file?)"),
+    # Text in another encoding than UTF-8 (a trace saved by an editor or PowerShell): the
+    # four-byte marks before the two-byte one they begin with.
+    (b"\xff\xfe\x00\x00", "UTF-32 text: save it as UTF-8"),
+    (b"\x00\x00\xfe\xff", "UTF-32 text: save it as UTF-8"),
+    (b"\xff\xfe", "UTF-16 text: save it as UTF-8"),
+    (b"\xfe\xff", "UTF-16 text: save it as UTF-8"),
+    (b"\x00", "UTF-16 or UTF-32 text (it holds NUL bytes): save it as UTF-8"),
 )
 
 _fast_list = msgspec.json.Decoder(list[FastEvent])  # type: ignore[valid-type]
