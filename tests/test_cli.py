@@ -709,3 +709,23 @@ def test_show_reads_a_gzipped_result(tmp_path, capsys):
     assert "ddp_a100_rank0" in capsys.readouterr().out
     saved.write_bytes(saved.read_bytes()[:100])
     assert main(["show", str(saved)]) == 2
+
+
+def test_long_step_tables_show_their_ends(tmp_path, capsys):
+    """A trace of thousands of steps printed every one (20,000 steps: a minute of table
+    rendering); tables of more than 40 steps show the first and last 15, --json has all."""
+    from tests.tracegen import TraceBuilder
+
+    b = TraceBuilder()
+    for step in range(60):
+        t0 = step * 1000
+        b.step(step + 1, t0, 900)
+        b.launch("volta_sgemm_128x64_nn", t0 + 20, 5, t0 + 30, 200, stream=7)
+    trace = tmp_path / "t.json"
+    trace.write_text(json.dumps(b.doc()))
+    for command in ("summary", "replay"):
+        assert main([command, str(trace)]) == 0
+        out = capsys.readouterr().out
+        assert "… 30 more" in out and "step #15 " in out and "step #46 " in out
+        assert "step #30 " not in out
+    assert len(_json(capsys, "summary", str(trace), "--json")["ranks"][0]["iterations"]) == 60

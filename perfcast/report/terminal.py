@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Literal
 
 from rich import box
@@ -38,6 +39,10 @@ def _short(name: str, width: int = 70) -> str:
 
 # Beyond this many ranks, one overview row per rank, then details of the extremes only.
 MANY_RANKS = 4
+# Step tables longer than this show their first and last steps: a trace of thousands of
+# steps took a minute to print, and --json has every one.
+MANY_STEPS = 40
+_ENDS = 15  # steps shown at each end of a long table
 
 
 def _mean(values: list[float]) -> float:
@@ -225,9 +230,32 @@ def _figures_table(cols: list[str], rows: list[list[str | Text]]) -> Table:
         width = max([len(str(r[i])) for r in rows] + [len(w) for w in col.split("\n")])
         justify: Literal["left", "right"] = "left" if i == 0 else "right"
         table.add_column(col, justify=justify, no_wrap=True, min_width=width)
-    for r in rows:
+    for r in _elided(rows, len(cols)):
         table.add_row(*r)
     return table
+
+
+def _elided(
+    rows: list[list[str | Text]], width: int, also: Iterable[int] = (), label: int = 0
+) -> list[list[str | Text]]:
+    """`rows`, or for a table of more than MANY_STEPS rows its first and last _ENDS and the
+    rows at `also` (say, steps the replay missed); each run of rows left out is one row that
+    says how many."""
+    if len(rows) <= MANY_STEPS:
+        return rows
+    keep = sorted({*range(_ENDS), *range(len(rows) - _ENDS, len(rows)), *also})
+    out: list[list[str | Text]] = []
+    prev = -1
+    for i in keep:
+        if i > prev + 1:
+            gap = i - prev - 1
+            note = Text(f"… {gap:,} more", style="dim")
+            blank: list[str | Text] = [""] * width
+            blank[label] = note
+            out.append(blank)
+        out.append(rows[i])
+        prev = i
+    return out
 
 
 def _render_top(console: Console, title: str, rows: list[NamedTime]) -> None:
@@ -261,9 +289,13 @@ def render_replay(result: ReplayResult, console: Console) -> None:
         cols.append("measured w/o\nprofiler ms")
     for col in cols:
         t.add_column(col, justify="left" if col == "step" else "right")
+    rows: list[list[str | Text]] = []
+    missed: list[int] = []  # steps the replay missed, shown however long the table is
     for rr in result.ranks:
         for it in rr.iterations:
             style = "red" if abs(it.error_pct) > 1.0 else None
+            if style:
+                missed.append(len(rows))
             row: list[str | Text] = [
                 str(rr.rank),
                 _step_label(it.name),
@@ -274,7 +306,9 @@ def render_replay(result: ReplayResult, console: Console) -> None:
             ]
             if measured:
                 row.append(_ms(it.measured_real_ms))
-            t.add_row(*row)
+            rows.append(row)
+    for row in _elided(rows, len(cols), missed[:10], label=1):
+        t.add_row(*row)
     console.print(t)
     if result.correction is not None:
         console.print(Text(result.correction.assumption()))
