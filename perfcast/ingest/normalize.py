@@ -306,12 +306,7 @@ def _extract_chunk(
     negative_dur = int((dur < 0).sum())
     dur = np.maximum(dur, 0)
     # GPU work without a duration reads as 0 µs of GPU time: said, not assumed silently.
-    is_gpu_row = np.isin(kinds, GPU_KINDS)
-    untimed_gpu = (
-        sum(1 for ev, g in zip(rows, is_gpu_row.tolist(), strict=True) if g and ev.dur is None)
-        if is_gpu_row.any()
-        else 0
-    )
+    untimed_gpu = sum(rows[i].dur is None for i in np.flatnonzero(np.isin(kinds, GPU_KINDS)))
 
     name = np.fromiter(
         (names(nm if isinstance(nm := ev.name, str) else str(nm)) for ev in rows),
