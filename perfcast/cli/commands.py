@@ -234,6 +234,9 @@ def cmd_whatif(args: argparse.Namespace, ui: Any) -> int:
         for name, doc in describe_models():
             ui.out.print(Text(f"{name:24s} {doc}"))
         return 0
+    from perfcast.cli.tree import check_focus
+
+    check_focus(args)
     if not args.path:
         raise PerfcastError("no trace given", hint="perfcast whatif PATH --apply NAME")
     if not args.apply:

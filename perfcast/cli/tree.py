@@ -55,12 +55,7 @@ def add_view_options(p: argparse.ArgumentParser) -> None:
         default=1.0,
         help="collapse call paths below this share of the total (default 1)",
     )
-    p.add_argument(
-        "--focus",
-        metavar="REGEX",
-        type=_regex,
-        help="only the call paths through matching nodes",
-    )
+    p.add_argument("--focus", metavar="REGEX", help="only the call paths through matching nodes")
     p.add_argument(
         "--all-frames",
         action="store_true",
@@ -68,16 +63,18 @@ def add_view_options(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _regex(text: str) -> str:
-    """A --focus pattern, checked when the arguments are read: `whatif --tree` would print
-    its whole prediction before the tree found the pattern broken."""
+def check_focus(args: argparse.Namespace) -> None:
+    """Refuse a broken --focus pattern before any work: `whatif --tree` printed its whole
+    prediction before the tree found the pattern broken."""
     import re
 
-    try:
-        re.compile(text)
-    except re.error as exc:
-        raise argparse.ArgumentTypeError(f"bad regular expression {text!r}: {exc}") from None
-    return text
+    from perfcast.errors import OptionError
+
+    if getattr(args, "focus", None):
+        try:
+            re.compile(args.focus)
+        except re.error as exc:
+            raise OptionError(f"--focus: bad regular expression {args.focus!r}: {exc}") from None
 
 
 PIPED_WIDTH = 160  # columns when the output is not a terminal and COLUMNS is unset
@@ -88,6 +85,7 @@ def cmd_tree(args: argparse.Namespace, ui: Any) -> int:
     from perfcast.analysis.context_views import focus, library_frames, project, tree_result
     from perfcast.cli.commands import _check_output, writing
 
+    check_focus(args)
     for out in (args.speedscope, args.folded):
         _check_output(out, args.path)
     if not ui.out.is_terminal and "COLUMNS" not in os.environ:
