@@ -468,7 +468,7 @@ def _explain(spec: str, f: dict[str, float]) -> str:
     if name == "remove-host-sync":
         stay = f.get("shape_syncs_per_step", 0.0)
         return (
-            f"{f['syncs_per_step']:.0f} host syncs per step block the CPU for "
+            f"{f['syncs_per_step']:,.0f} host syncs per step block the CPU for "
             f"{f['sync_ms']:.2f} ms; the CPU cannot queue work ahead of the GPU"
             + (
                 f" ({stay:.0f} more per step size data-dependent outputs and stay)"
@@ -479,7 +479,7 @@ def _explain(spec: str, f: dict[str, float]) -> str:
     if name == "cuda-graphs":
         return (
             f"host work sets {host:.0f}% of the critical path; "
-            f"{f['kernels_per_step']:.0f} GPU tasks (kernels, copies, memsets) launched one by "
+            f"{f['kernels_per_step']:,.0f} GPU tasks (kernels, copies, memsets) launched one by "
             "one per step"
         )
     if name == "fused-optimizer":
@@ -489,7 +489,7 @@ def _explain(spec: str, f: dict[str, float]) -> str:
                 "one small op per parameter"
             )
         return (
-            f"the optimizer launches {f['optimizer_kernels_per_step']:.0f} kernels per step "
+            f"the optimizer launches {f['optimizer_kernels_per_step']:,.0f} kernels per step "
             f"({f['optimizer_gpu_ms']:.2f} ms of GPU time, {f['optimizer_host_ms']:.2f} ms of "
             "host time)"
         )
