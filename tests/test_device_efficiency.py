@@ -73,12 +73,14 @@ def test_a_move_is_judged_by_achieved_flops_on_both_sides(shared_traces: Path) -
 
 def test_a_faster_gpu_never_lengthens_the_step_through_the_window_start() -> None:
     """The GPU work left from before the window keeps its traced time: sped up, it moved the
-    first step's start earlier and lengthened this host-bound window's mean step (+0.6%)."""
+    first step's start earlier and lengthened this host-bound window's mean step (+0.6%).
+    The host paces this window once its starting lead is gone: the faster GPU gains nothing
+    (tests/test_host_lead.py)."""
     table = perfcast.load(str(RECORDED / "r50_nw8.json.gz"))
     same, _, _ = run_whatif(table, [parse_spec("device:target=h100")])
     faster, _, _ = run_whatif(table, [parse_spec("device:target=h200")])
     assert same.predicted_ms == pytest.approx(same.baseline_ms)
-    assert faster.predicted_ms < same.predicted_ms
+    assert faster.predicted_ms <= same.predicted_ms * (1 + 1e-12)
 
 
 def test_a_move_to_a_pcie_part_slows_its_collectives() -> None:

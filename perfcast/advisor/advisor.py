@@ -42,6 +42,7 @@ from perfcast.sim.timeline import Timeline, simulate
 from perfcast.whatif.registry import Spec
 from perfcast.whatif.runner import (
     apply_specs,
+    lead_assumption,
     measured_share,
     predicted_profiled_ms,
     predicted_step_ms,
@@ -572,7 +573,8 @@ def advise(
             speedup=speedup,
             gain_ms=baseline_ms - predicted,
             explanation=_explain(text, facts),
-            assumptions=[a for ap in applied for a in ap.assumptions],
+            assumptions=[a for ap in applied for a in ap.assumptions]
+            + [a for a in [lead_assumption(base, tl, applied)] if a],
             measured_share=measured_share(tl),
             where=where(tl),
             code=_code(text, traits),

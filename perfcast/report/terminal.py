@@ -360,7 +360,8 @@ def render_whatif(result: WhatIfResult, console: Console) -> None:
         for line in a.assumptions:
             console.print(Text(f"  assumes ({a.name}): {line}"))
     for line in result.assumptions:
-        if line.startswith("the trace's GPU "):  # the part its peaks and bandwidth are read for
+        # The part the peaks and bandwidth are read for, and a starting lead not kept.
+        if line.startswith(("the trace's GPU ", "the host began the trace ahead")):
             console.print(Text(f"  assumes: {line}"))
     if result.correction.source != "off":
         console.print(Text(f"  assumes (profiler cost): {result.correction.assumption()}"))

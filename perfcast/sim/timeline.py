@@ -13,12 +13,15 @@ from perfcast.sim.engine import Replay, replay_fast, replay_reference
 
 @dataclass
 class StepWindow:
-    """One iteration's window in the replay: [begin, done], completed by `end_node`."""
+    """One iteration's window in the replay: [begin, done], completed by `end_node`;
+    [host_begin, host_end] is its CPU range in the replay (NONE for a whole-trace window)."""
 
     span: IterationSpan
     begin: int
     done: int
     end_node: int
+    host_begin: int = NONE
+    host_end: int = NONE
 
 
 @dataclass
@@ -57,8 +60,10 @@ class Timeline:
                     continue
                 end_node = int(on_rank[np.argmax(self.end[on_rank])])
                 begin = int(self.start[on_rank].min())
+                host = (NONE, NONE)
             else:
                 end_node = span.end_node
+                host = (int(self.start[span.start_node]), int(self.end[end_node]))
                 x = last_gpu.get(span.index, NONE)
                 if x != NONE and self.end[x] > self.end[end_node]:
                     end_node = x
@@ -69,7 +74,8 @@ class Timeline:
                     end_node = prev_node[span.rank]
                 prev_node[span.rank] = end_node
                 prev_done[span.rank] = max(int(self.end[end_node]), begin)
-            out.append(StepWindow(span, begin, max(int(self.end[end_node]), begin), end_node))
+            done = max(int(self.end[end_node]), begin)
+            out.append(StepWindow(span, begin, done, end_node, *host))
         return out
 
     def iteration_ns(self) -> list[tuple[int, str, int, int]]:
@@ -78,6 +84,26 @@ class Timeline:
             (w.span.rank, w.span.name, w.span.measured_ns, w.done - w.begin)
             for w in self.step_windows()
         ]
+
+    def host_lead_drained_ns(self, skip_first: bool = False) -> dict[int, tuple[int, int]]:
+        """Per rank with steps: (steps, how much of the host's lead over the GPU the steps
+        drained), `skip_first` leaving each rank's first step out.
+
+        The steps' windows sum to the host's time from the first step's CPU range to the
+        last's, less what they drained: a host that began ahead of the GPU (work queued
+        before the window) and ends less far ahead finished its steps' windows sooner than
+        it issued them. Negative where the lead grew (the GPU paces the steps)."""
+        by_rank: dict[int, list[StepWindow]] = {}
+        for w in self.step_windows():
+            if w.host_begin != NONE:
+                by_rank.setdefault(w.span.rank, []).append(w)
+        out: dict[int, tuple[int, int]] = {}
+        for rank, windows in by_rank.items():
+            windows = windows[1:] if skip_first else windows
+            if windows:
+                host = max(w.host_end for w in windows) - min(w.host_begin for w in windows)
+                out[rank] = (len(windows), host - sum(w.done - w.begin for w in windows))
+        return out
 
     def _backlog_done(self) -> dict[int, int]:
         """Per rank: when GPU work left from before the window (no step, enqueued before the

@@ -118,15 +118,51 @@ def steady_ratio(base: Timeline, predicted: Timeline, applied: list[AppliedModel
     first = next(a for a in applied if _steps_overlap(a))
     if note not in first.assumptions:
         first.assumptions.append(note)
-    steady, steady_base = steady_ms(predicted), steady_ms(base)
+    steady = steady_ms(predicted) + lead_not_kept_ms(base, predicted, skip_first=True)
+    steady_base = steady_ms(base)
     return steady / steady_base if steady > 0 and steady_base > 0 else None
 
 
 def predicted_step_ms(base: Timeline, predicted: Timeline, applied: list[AppliedModel]) -> float:
     """The predicted mean step, on the baseline's scale: the baseline's mean times the
-    steady-state ratio where `steady_ratio` applies, else the predicted mean."""
+    steady-state ratio where `steady_ratio` applies, else the predicted mean; neither
+    counts as a gain the host's starting lead drained (`lead_not_kept_ms`)."""
     ratio = steady_ratio(base, predicted, applied)
-    return step_ms(predicted)[1] if ratio is None else step_ms(base)[1] * ratio
+    if ratio is not None:
+        return step_ms(base)[1] * ratio
+    return step_ms(predicted)[1] + lead_not_kept_ms(base, predicted)
+
+
+def lead_not_kept_ms(base: Timeline, predicted: Timeline, skip_first: bool = False) -> float:
+    """Per step, how much more of the host's starting lead over the GPU the predicted steps
+    drain than the traced ones did (the most of any rank; 0 if none).
+
+    A host that ran ahead of a slow GPU (tens of ms of queued work when the trace began) is
+    still ahead in a prediction that makes the GPU faster, and the replayed steps finish
+    that queue at the new GPU speed, each sooner than the host can issue the next: their
+    windows sum to less than the host's time. A running job has no lead left after a few
+    steps and pays the host's time every step; what the traced steps drained themselves
+    is in the baseline's mean too, so only the excess is added back."""
+    traced = base.host_lead_drained_ns(skip_first)
+    worst = 0.0
+    for rank, (steps, drained) in predicted.host_lead_drained_ns(skip_first).items():
+        excess = drained - max(traced.get(rank, (0, 0))[1], 0)
+        worst = max(worst, excess / steps)
+    return worst / 1e6
+
+
+def lead_assumption(base: Timeline, predicted: Timeline, applied: list[AppliedModel]) -> str:
+    """The assumption to state when `lead_not_kept_ms` adds time to a prediction, else ''."""
+    skip_first = steady_state_applies(applied, predicted)
+    added = lead_not_kept_ms(base, predicted, skip_first)
+    if added <= 0.0005 * max(step_ms(base)[1], 1e-9):
+        return ""
+    return (
+        f"the host began the trace ahead of the GPU and the predicted steps would finish "
+        f"that queued work {added:,.2f} ms per step sooner than the traced ones did, sooner "
+        "than the host issues the next step: a gain a running job does not keep (its host "
+        "has no lead left after a few steps), added back to the prediction"
+    )
 
 
 def _steps_overlap(a: AppliedModel) -> bool:
@@ -259,7 +295,9 @@ def predicted_profiled_ms(
     _, pt, _ = step_ms(predicted_traced)
     traced, _, _ = step_ms(world.traced)
     ratio_traced = steady_ratio(world.traced, predicted_traced, applied)
-    if ratio_traced is not None:
+    if ratio_traced is None:
+        pt += lead_not_kept_ms(world.traced, predicted_traced)
+    else:
         pt = traced * ratio_traced
         # Each world's steady-state ratio scales its own baseline mean; where the first step
         # differs much between them, that can put the profiled prediction below the
@@ -314,7 +352,8 @@ def run_whatif(
         iterations=iterations,
         applied=applied,
         measured_share=measured_share(predicted),
-        assumptions=list(world.graph.assumptions),
+        assumptions=list(world.graph.assumptions)
+        + [a for a in [lead_assumption(world.real, predicted, applied)] if a],
         notes=input_notes(table) + graph_notes(world.traced_graph, steps_ns(world.traced)),
         memory=memory,
         baseline_memory=baseline_memory,

@@ -1,0 +1,88 @@
+"""A host that began the trace ahead of the GPU: its lead is not a gain a prediction keeps."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import perfcast
+from perfcast.whatif.registry import parse_spec
+from perfcast.whatif.runner import lead_not_kept_ms, run_whatif
+from tests.tracegen import TraceBuilder
+
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "traces"
+
+
+def _ahead_of_the_gpu(tmp_path: Path, steps: int = 3) -> Path:
+    """Each step: 10 ms of host work that launches one 20 ms kernel. 30 ms of GPU work left
+    from before the trace (no launch in it) runs first, so the host starts 30 ms ahead and
+    the GPU paces the steps: 20 ms each."""
+    t = TraceBuilder()
+    t.events.append(
+        {
+            "ph": "X",
+            "cat": "kernel",
+            "name": "earlier_kernel",
+            "pid": 0,
+            "tid": 7,
+            "ts": 0.0,
+            "dur": 30_000.0,
+            "args": {"correlation": 1, "stream": 7, "device": 0},
+        }
+    )
+    for i in range(steps):
+        t0 = 10_000.0 * i
+        t.step(i + 1, t0, 10_000.0)
+        t.op("aten::mul", t0 + 100, 9_800.0)
+        t.launch("step_kernel", t0 + 200, 10.0, 30_000.0 + 20_000.0 * i, 20_000.0)
+    return t.write(tmp_path / "ahead.json")
+
+
+def test_a_faster_gpu_gains_what_the_host_leaves_room_for(tmp_path: Path) -> None:
+    """The replayed steps finish the queued work at the new GPU speed, 2 ms each, before the
+    host has issued the next: a mean of 2 ms and 10x, where a running job is host-bound at
+    10 ms per step (2x)."""
+    table = perfcast.load(str(_ahead_of_the_gpu(tmp_path)))
+    spec = parse_spec("faster-op:pattern=step_kernel,factor=10,where=gpu")
+    result, base, predicted = run_whatif(table, [spec], correct=False)
+    assert result.baseline_ms == pytest.approx(20.0, rel=0.01)
+    replayed = [s / 1e6 for *_, s in predicted.iteration_ns()]
+    assert max(replayed) < 3.0  # the replay itself drains the lead
+    assert lead_not_kept_ms(base, predicted) == pytest.approx(8.0, rel=0.05)
+    assert result.predicted_ms == pytest.approx(10.0, rel=0.03)
+    assert result.speedup == pytest.approx(2.0, rel=0.03)
+    assert any("ahead of the GPU" in a for a in result.assumptions)
+    # Slower or unchanged GPU work drains nothing: the baseline's own pace stands.
+    same, _, _ = run_whatif(table, [parse_spec("faster-op:pattern=step_kernel,factor=1")])
+    assert same.predicted_ms == pytest.approx(same.baseline_ms)
+    assert not any("ahead of the GPU" in a for a in same.assumptions)
+    slower, _, _ = run_whatif(
+        table, [parse_spec("faster-op:pattern=step_kernel,factor=0.5")], correct=False
+    )
+    assert slower.predicted_ms == pytest.approx(40.0, rel=0.02)
+
+
+def test_the_advisor_times_a_drained_lead_as_whatif_does(tmp_path: Path) -> None:
+    table = perfcast.load(str(_ahead_of_the_gpu(tmp_path)))
+    spec = "faster-op:pattern=step_kernel,factor=10,where=gpu"
+    advice = perfcast.advise(table, candidates=[spec], correct=False)
+    whatif = perfcast.predict(table, spec, correct=False)
+    (item,) = advice.suggestions + advice.uncertain
+    assert item.predicted_ms == pytest.approx(whatif.predicted_ms)
+    assert any("ahead of the GPU" in a for a in item.assumptions)
+
+
+def test_a_gpu_ten_times_faster_is_paced_by_the_host_on_a_real_trace() -> None:
+    """The MI300X ResNet trace's host ran 30 ms ahead of the GPU (18.8 ms steps): GPU work
+    10x faster was predicted at 2.7 ms per step, below the host's ~10 ms per step."""
+    path = SHARED / "tracelens_mi300x_resnet_act_ckpt_rank0.json.gz"
+    if not path.exists():
+        pytest.skip("shared traces not present")
+    table = perfcast.load(str(path))
+    result, _, predicted = run_whatif(
+        table, [parse_spec("faster-op:pattern=.,factor=10,where=gpu")]
+    )
+    host_per_step = [(w.host_end - w.host_begin) / 1e6 for w in predicted.step_windows()]
+    assert result.predicted_ms >= min(host_per_step)
+    assert result.speedup < 2.0
