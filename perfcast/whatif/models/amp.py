@@ -162,6 +162,11 @@ _BATCH_NORM = re.compile(r"batch_?norm|(?<![a-z])bn_(?:fw|bw)")
 _NO_WEIGHT = re.compile(r"bmm|attention|sdpa|flash|_efficient|fmha")
 _MEMORY_CLASSES = (KernelClass.ELEMENTWISE, KernelClass.REDUCTION, KernelClass.COPY)
 _CAST_NAME = "autocast cast fp32 -> {dtype} (modelled)"
+# The host calls of the casts this model adds (forward, backward): eager dispatch that
+# torch.compile traces into its graph (perfcast.whatif.models.torch_compile drops them).
+FORWARD_CAST_CALL = "aten::_to_copy (autocast, modelled)"
+BACKWARD_CAST_CALL = "ToCopyBackward0 (autocast, modelled)"
+CAST_KERNEL_PREFIX = "autocast cast "
 
 
 @dataclass
@@ -343,6 +348,10 @@ def _host_costs(graph: Graph) -> _HostCosts:
     table = graph.table
     if table is None:
         return _HostCosts(0, "no trace table: cast CPU not counted", 0)
+    if any(a.startswith("torch-compile") for a in graph.assumptions):
+        # Applied after torch-compile: Dynamo traces autocast, and the casts are kernels of
+        # the compiled graph, launched like Inductor's others, with no eager dispatch.
+        return _HostCosts(0, "none: torch.compile, applied before, runs the casts in its graph", 0)
     c = graph.cols
     alive = graph.alive
     host = np.flatnonzero(np.isin(c["kind"], _HOST_KINDS) & alive & (c["op"] >= 0))
@@ -882,7 +891,7 @@ def _insert_casts(
         anchors = launch[has_launch]
         slots = P.order_slots(graph, anchors, 2, after=False)
         new_launch[has_launch] = _append_cast_call(
-            graph, anchors, slots, cpu_ns, "aten::_to_copy (autocast, modelled)", launch_ns
+            graph, anchors, slots, cpu_ns, FORWARD_CAST_CALL, launch_ns
         )
     c = graph.cols
     slots = P.order_slots(graph, first, 1, after=False)[:, 0]
@@ -978,7 +987,7 @@ def _insert_grad_casts(
         h,
         slots,
         costs.node_ns + costs.cast_ns,
-        "ToCopyBackward0 (autocast, modelled)",
+        BACKWARD_CAST_CALL,
         launch_ns,
     )
     c = graph.cols

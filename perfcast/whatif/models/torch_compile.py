@@ -189,6 +189,24 @@ def compiled_region_host(graph: Graph, host: np.ndarray, phases: list[int]) -> n
     return host[anchor | inside]
 
 
+def _autocast_calls(graph: Graph, host: np.ndarray, gpu: np.ndarray) -> np.ndarray:
+    """Which of these host nodes are the amp model's modelled casts: their CPU calls and the
+    launches of their kernels (among `gpu`)."""
+    from perfcast.whatif.models.amp import (
+        BACKWARD_CAST_CALL,
+        CAST_KERNEL_PREFIX,
+        FORWARD_CAST_CALL,
+    )
+
+    c = graph.cols
+    calls = [i for i, n in enumerate(graph.names) if n in (FORWARD_CAST_CALL, BACKWARD_CAST_CALL)]
+    kernels = [i for i, n in enumerate(graph.names) if n.startswith(CAST_KERNEL_PREFIX)]
+    if not calls and not kernels:
+        return np.zeros(host.size, dtype=bool)
+    launches = c["launch"][gpu[np.isin(c["name"][gpu], kernels)]]
+    return np.isin(c["name"][host], calls) | np.isin(host, launches[launches >= 0])
+
+
 def _refuse_compiled(graph: Graph) -> None:
     c = graph.cols
     used = np.unique(np.concatenate([c["name"], c["op_name"]]))
@@ -359,8 +377,14 @@ def _compile(graph: Graph, options: Options) -> Graph:
     extern_ops = np.unique(c["op"][extern_launch])
     extern_ops = extern_ops[(extern_ops >= 0) & ~np.isin(extern_ops, _marker_ops(graph))]
     # Ops whose own host time is far beyond dispatch are doing work (lazy CUDA
-    # initialization, CPU compute, allocation) that compiled code does too: kept whole.
-    attributed = region_host[np.isin(c["phase"][region_host], phases) & (c["op"][region_host] >= 0)]
+    # initialization, CPU compute, allocation) that compiled code does too: kept whole. Told
+    # from the trace's own time: calls another model added (amp's extra batch-norm launches)
+    # must not carry an op over the line.
+    attributed = region_host[
+        np.isin(c["phase"][region_host], phases)
+        & (c["op"][region_host] >= 0)
+        & (c["source"][region_host] != Source.MODELLED)
+    ]
     ops, where = np.unique(c["op"][attributed], return_inverse=True)
     own_ns = np.bincount(where, weights=c["dur"][attributed].astype(np.float64))
     working_ops = ops[own_ns > WORK_NS]
@@ -390,6 +414,10 @@ def _compile(graph: Graph, options: Options) -> Graph:
     keep |= np.isin(region_host, kept_launches)
     # A library kernel launched outside any op keeps its launch call (it still runs).
     keep |= np.isin(region_host, extern_launch)
+    # The amp model's casts (applied before) sit in the library ops they feed; Dynamo traces
+    # autocast, so they are generated kernels: their eager dispatch goes.
+    keep &= ~_autocast_calls(graph, region_host, region_gpu)
+    keep |= np.isin(region_host, kept_launches)
     removed_host = int(c["dur"][region_host[~keep]].sum())
     launches = np.unique(np.array(kept_launches, dtype=np.int64))
     launches = launches[launches >= 0]
