@@ -4,6 +4,8 @@ and forward -> backward ops (often on different threads).
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 
 from perfcast.arrays import split_by
@@ -22,6 +24,9 @@ MIN_WAIT_GAP_NS = 20_000
 # time the profiler sees a thread (the autograd thread in the first profiled step) it can
 # take ~0.5 ms to show up.
 FIRST_WORK_TOL_NS = 5_000_000
+# Status queries: a thread that only polls (NCCL's watchdog, a pipeline's event poller) hands
+# nothing to anyone, and waits for no one.
+_QUERY_CALLS = re.compile(r"^(cuda|hip|cu)(EventQuery|StreamQuery)")
 
 
 def cross_thread_waits(
@@ -45,6 +50,7 @@ def cross_thread_waits(
         np.isin(c["kind"], [NodeKind.CPU, NodeKind.LAUNCH, NodeKind.SYNC, NodeKind.RUNTIME])
         & graph.alive
     )
+    cpu = cpu[~_polling_lanes(graph)[c["lane"][cpu]]]
     if cpu.size == 0:
         return
     start = c["start_measured"]
@@ -127,6 +133,27 @@ def cross_thread_waits(
         edges.append((np.array(f_srcs), f, np.array(f_ws), int(EdgeType.CROSS_THREAD), False))
 
 
+def _polling_lanes(graph: Graph) -> np.ndarray:
+    """Per lane: a CPU thread whose every call is a status query (cudaEventQuery, ...), with
+    no op. Such threads poll at their own pace; taking their queries for hand-offs tied the
+    main thread to a watchdog's timing (on a 16-rank A100 trace a step whose GPU work ran
+    10x faster was held at the watchdog's traced time: 212 -> 280 ms)."""
+    c = graph.cols
+    polling = np.zeros(len(graph.lanes), dtype=bool)
+    alive = graph.alive
+    for lane in range(len(graph.lanes)):
+        if graph.lanes[lane].is_gpu:
+            continue
+        on = np.flatnonzero((c["lane"] == lane) & alive)
+        calls = on[c["kind"][on] == NodeKind.RUNTIME]
+        others = on[(c["kind"][on] != NodeKind.RUNTIME) & (c["op"][on] >= 0)]
+        if calls.size == 0 or others.size or (c["op"][calls] >= 0).any():
+            continue
+        names = np.unique(c["name"][calls]).tolist()
+        polling[lane] = all(i >= 0 and _QUERY_CALLS.match(graph.names[i]) for i in names)
+    return polling
+
+
 def _source(
     cand: np.ndarray,
     cend: np.ndarray,
@@ -162,6 +189,7 @@ def forward_backward_edges(
         return
     c = graph.cols
     cpu = np.flatnonzero(c["kind"] != NodeKind.GPU)
+    cpu = cpu[~_polling_lanes(graph)[c["lane"][cpu]]]
     if cpu.size == 0:
         return
     start = c["start_measured"]
