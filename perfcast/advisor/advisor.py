@@ -39,7 +39,7 @@ from perfcast.graph.model import GpuKind, Graph, NodeKind
 from perfcast.graph.phases import Phase, host_collective_mask
 from perfcast.real import Correction
 from perfcast.sim.timeline import Timeline, simulate
-from perfcast.whatif.registry import Spec
+from perfcast.whatif.registry import PLAN_ORDER, Spec
 from perfcast.whatif.runner import (
     apply_specs,
     lead_assumption,
@@ -780,19 +780,6 @@ def _why_uncertain(s: Suggestion) -> str:
     return ""
 
 
-# Code changes first, capture last (torch.compile's reduce-overhead captures too): a sync
-# removed after a capture would still have split it.
-_PLAN_ORDER = [
-    "fused-optimizer",
-    "amp",
-    "remove-host-sync",
-    "dataloader-overlap",
-    "fuse-elementwise",
-    "torch-compile",
-    "cuda-graphs",
-]
-
-
 # Greedy plans tried: from the best suggestion and from up to two it shuts out (each plan is
 # a few replays; the ranked list is short).
 _PLAN_SEEDS = 3
@@ -895,11 +882,10 @@ def _plan(
 
 
 def _in_plan_order(suggestions: list[Suggestion]) -> list[Suggestion]:
-    # Code changes first, capture last: a CUDA graph captures whatever the step has become
-    # (a fused optimizer then needs no capturable per-parameter kernels).
+    # Code changes first, capture last (registry.PLAN_ORDER).
     def key(s: Suggestion) -> int:
         model = s.name.split(":")[0]
-        return _PLAN_ORDER.index(model) if model in _PLAN_ORDER else len(_PLAN_ORDER)
+        return PLAN_ORDER.index(model) if model in PLAN_ORDER else len(PLAN_ORDER)
 
     return sorted(suggestions, key=key)
 

@@ -48,7 +48,8 @@ def register(sub: Any, add_common: Callable[[Any], None], table: dict[str, Any])
         action="append",
         default=[],
         metavar="NAME[:key=value,...]",
-        help="optimization to apply (repeat to compose, in order); "
+        help="optimization to apply (repeat to compose: code changes apply before capture, "
+        "whatever their order here; others in the order given); "
         "`perfcast whatif --list` shows them",
     )
     p.add_argument("--list", action="store_true", help="list the available optimizations")

@@ -21,7 +21,7 @@ from perfcast.graph.model import Graph, Source
 from perfcast.memory_model.model import MemoryEstimate
 from perfcast.real import Correction
 from perfcast.sim.timeline import Timeline, backlog_nodes, simulate
-from perfcast.whatif.registry import Spec, build_options, get_model
+from perfcast.whatif.registry import Spec, build_options, get_model, in_plan_order
 
 
 @dataclass
@@ -234,9 +234,14 @@ def conflict(specs: list[Spec]) -> str | None:
 
 
 def apply_specs(graph: Graph, specs: list[Spec]) -> tuple[Graph, list[AppliedModel]]:
+    """Apply the models of `specs` to a copy of `graph`, code changes in PLAN_ORDER
+    (registry.in_plan_order; the first model's assumptions say when that differs from the
+    order given)."""
     why = conflict(specs)
     if why:
         raise OptionError(why)
+    given = list(specs)
+    specs = in_plan_order(given)
     g = graph
     applied = []
     for spec in specs:
@@ -258,6 +263,14 @@ def apply_specs(graph: Graph, specs: list[Spec]) -> tuple[Graph, list[AppliedMod
         applied.append(AppliedModel(spec.name, dict(vars(options)), g.assumptions[before:]))
     if specs:
         _keep_the_past(graph, g)
+    if specs != given:
+        applied[0].assumptions.insert(
+            0,
+            "applied in the order "
+            + ", ".join(str(s) for s in specs)
+            + f" (given: {', '.join(str(s) for s in given)}): code changes before capture, "
+            "as the changed program would be; the order of --apply does not change it",
+        )
     return g, applied
 
 
