@@ -36,7 +36,7 @@ from perfcast.analysis.context_views import TreeRow, sites
 from perfcast.analysis.critical_path import critical_paths
 from perfcast.events import NONE, EventTable
 from perfcast.graph.model import Graph, NodeKind
-from perfcast.sim.timeline import Timeline
+from perfcast.sim.timeline import Timeline, lead_not_kept_ns
 
 GAIN_METRICS = ("path_saved_ns", "gain_ns", "gpu_saved_ns", "cpu_saved_ns")
 
@@ -64,6 +64,9 @@ class GainAttribution:
     method: str  # how the call sites share the gain: "critical path" or "time removed"
     sites: list[CallSite] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    # Of step_saved_ms, the host's starting lead the predicted steps drain beyond the traced
+    # ones: not kept by a running job, so not in the predicted step (sim.timeline).
+    lead_not_kept_ms: float = 0.0
 
 
 @dataclass
@@ -76,6 +79,7 @@ class SavedGainTree:
     method: str
     steps: int = 1
     min_pct: float = 1.0
+    lead_not_kept_ms: float = 0.0  # absent from results saved before it was added
 
 
 @dataclass
@@ -323,6 +327,7 @@ def attribute_gain(
         method=method,
         sites=call_sites(index, weights, step_saved / steps, top=top),
         notes=notes,
+        lead_not_kept_ms=lead_not_kept_ns(baseline, predicted) / 1e6,
     )
 
 

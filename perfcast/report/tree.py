@@ -228,6 +228,14 @@ def render_gain_tree(
             style="bold",
         )
     )
+    if gain.lead_not_kept_ms >= 0.0005:
+        console.print(
+            Text(
+                f"of which {gain.lead_not_kept_ms:,.3f} ms per step is the host's starting lead "
+                "over the GPU, finished sooner than the host issues the next step: a running "
+                "job does not keep it, and the predicted step does not count it"
+            )
+        )
 
     def per_step(key: str) -> Callable[[TreeRow], float]:
         return lambda r: r.incl[key] / steps

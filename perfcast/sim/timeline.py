@@ -127,6 +127,24 @@ class Timeline:
         return out
 
 
+def lead_not_kept_ns(base: Timeline, predicted: Timeline, skip_first: bool = False) -> float:
+    """Per step, how much more of the host's starting lead over the GPU the predicted steps
+    drain than the traced ones did (the most of any rank; 0 if none).
+
+    A host that ran ahead of a slow GPU (tens of ms of queued work when the trace began) is
+    still ahead in a prediction that makes the GPU faster, and the replayed steps finish
+    that queue at the new GPU speed, each sooner than the host can issue the next: their
+    windows sum to less than the host's time. A running job has no lead left after a few
+    steps and pays the host's time every step; what the traced steps drained themselves
+    is in the baseline's mean too, so only the excess counts."""
+    traced = base.host_lead_drained_ns(skip_first)
+    worst = 0.0
+    for rank, (steps, drained) in predicted.host_lead_drained_ns(skip_first).items():
+        excess = drained - max(traced.get(rank, (0, 0))[1], 0)
+        worst = max(worst, excess / steps)
+    return worst
+
+
 def backlog_nodes(graph: Graph) -> np.ndarray:
     """GPU work in no step and launched by nothing in the trace: enqueued before it began."""
     c = graph.cols

@@ -20,7 +20,7 @@ from perfcast.graph.lower import lower
 from perfcast.graph.model import Graph, Source
 from perfcast.memory_model.model import MemoryEstimate
 from perfcast.real import Correction
-from perfcast.sim.timeline import Timeline, backlog_nodes, simulate
+from perfcast.sim.timeline import Timeline, backlog_nodes, lead_not_kept_ns, simulate
 from perfcast.whatif.registry import Spec, build_options, get_model, in_plan_order
 
 
@@ -134,21 +134,9 @@ def predicted_step_ms(base: Timeline, predicted: Timeline, applied: list[Applied
 
 
 def lead_not_kept_ms(base: Timeline, predicted: Timeline, skip_first: bool = False) -> float:
-    """Per step, how much more of the host's starting lead over the GPU the predicted steps
-    drain than the traced ones did (the most of any rank; 0 if none).
-
-    A host that ran ahead of a slow GPU (tens of ms of queued work when the trace began) is
-    still ahead in a prediction that makes the GPU faster, and the replayed steps finish
-    that queue at the new GPU speed, each sooner than the host can issue the next: their
-    windows sum to less than the host's time. A running job has no lead left after a few
-    steps and pays the host's time every step; what the traced steps drained themselves
-    is in the baseline's mean too, so only the excess is added back."""
-    traced = base.host_lead_drained_ns(skip_first)
-    worst = 0.0
-    for rank, (steps, drained) in predicted.host_lead_drained_ns(skip_first).items():
-        excess = drained - max(traced.get(rank, (0, 0))[1], 0)
-        worst = max(worst, excess / steps)
-    return worst / 1e6
+    """Per step, the host's starting lead the predicted steps drain beyond the traced ones
+    (sim.timeline.lead_not_kept_ns): added back to a prediction, a running job not keeping it."""
+    return lead_not_kept_ns(base, predicted, skip_first) / 1e6
 
 
 def lead_assumption(base: Timeline, predicted: Timeline, applied: list[AppliedModel]) -> str:
