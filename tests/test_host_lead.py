@@ -49,7 +49,7 @@ def test_a_faster_gpu_gains_what_the_host_leaves_room_for(tmp_path: Path) -> Non
     assert result.baseline_ms == pytest.approx(20.0, rel=0.01)
     replayed = [s / 1e6 for *_, s in predicted.iteration_ns()]
     assert max(replayed) < 3.0  # the replay itself drains the lead
-    assert lead_not_kept_ms(base, predicted) == pytest.approx(8.0, rel=0.05)
+    assert lead_not_kept_ms(base, predicted, []) == pytest.approx(8.0, rel=0.05)
     assert result.predicted_ms == pytest.approx(10.0, rel=0.03)
     assert result.speedup == pytest.approx(2.0, rel=0.03)
     assert any("ahead of the GPU" in a for a in result.assumptions)
@@ -101,3 +101,15 @@ def test_the_gain_tree_says_which_part_of_its_gain_is_the_lead(tmp_path: Path) -
     assert gain.lead_not_kept_ms == pytest.approx(8.0, rel=0.05)
     kept = gain.step_saved_ms - gain.lead_not_kept_ms
     assert kept == pytest.approx(result.baseline_ms - result.predicted_ms, rel=0.05)
+
+
+def test_each_rank_pays_its_own_lead() -> None:
+    """On the 8-rank DLRM set the largest rank's add-back (rank 1) went onto the step set by
+    another rank (rank 3): GPU work 10x faster predicted 14.455 ms against a 14.406 ms
+    baseline, where each rank paying its own gives 14.389."""
+    path = SHARED / "dlrm_v100_8rank"
+    if not path.exists():
+        pytest.skip("shared traces not present")
+    table = perfcast.load(str(path))
+    result = perfcast.predict(table, "faster-op:pattern=.,factor=10,where=gpu")
+    assert result.predicted_ms <= result.baseline_ms

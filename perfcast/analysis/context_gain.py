@@ -36,7 +36,7 @@ from perfcast.analysis.context_views import TreeRow, sites
 from perfcast.analysis.critical_path import critical_paths
 from perfcast.events import NONE, EventTable
 from perfcast.graph.model import Graph, NodeKind
-from perfcast.sim.timeline import Timeline, lead_not_kept_ns
+from perfcast.sim.timeline import Timeline
 
 GAIN_METRICS = ("path_saved_ns", "gain_ns", "gpu_saved_ns", "cpu_saved_ns")
 
@@ -327,8 +327,16 @@ def attribute_gain(
         method=method,
         sites=call_sites(index, weights, step_saved / steps, top=top),
         notes=notes,
-        lead_not_kept_ms=lead_not_kept_ns(baseline, predicted) / 1e6,
+        lead_not_kept_ms=_lead_not_kept_ms(baseline, predicted),
     )
+
+
+def _lead_not_kept_ms(baseline: Timeline, predicted: Timeline) -> float:
+    """Per step, the host lead the prediction does not count (whatif.runner: over all steps,
+    as the tree sums them)."""
+    from perfcast.whatif.runner import lead_not_kept_ms
+
+    return lead_not_kept_ms(baseline, predicted, [])
 
 
 def _span(tl: Timeline) -> np.ndarray:

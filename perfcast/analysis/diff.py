@@ -385,6 +385,8 @@ def compare_prediction(
 ) -> TraceDiff:
     """Put a what-if prediction made from A (its result and replayed timeline) next to what B
     measured: the step, and GPU time per kernel and per launching op. Returns `out`."""
+    from perfcast.whatif.runner import LEAD_ASSUMPTION
+
     pa, pb = _profile(a), _profile(b)
     b_ms = out.step.b_ms
     pred_k, pred_op = _predicted_gpu(predicted, pa.steps)
@@ -401,7 +403,8 @@ def compare_prediction(
         # None when the profiler's cost was left in (correct=False): nothing to add.
         predicted_real_ms=result.predicted_ms if corrected else None,
         real_speedup=result.speedup if corrected else None,
-        assumptions=[x for ap in result.applied for x in ap.assumptions],
+        assumptions=[x for ap in result.applied for x in ap.assumptions]
+        + [x for x in result.assumptions if x.startswith(LEAD_ASSUMPTION)],
     )
     p, st = out.prediction, out.step
     if p.predicted_real_ms is not None and st.b_real_ms:

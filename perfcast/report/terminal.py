@@ -333,6 +333,8 @@ def render_replay(result: ReplayResult, console: Console) -> None:
 
 
 def render_whatif(result: WhatIfResult, console: Console) -> None:
+    from perfcast.whatif.runner import LEAD_ASSUMPTION
+
     _render_notes(console, result.notes)
     applied = " + ".join(a.name for a in result.applied)
     console.print(Text(f"what-if: {applied}", style="bold"))
@@ -361,7 +363,7 @@ def render_whatif(result: WhatIfResult, console: Console) -> None:
             console.print(Text(f"  assumes ({a.name}): {line}"))
     for line in result.assumptions:
         # The part the peaks and bandwidth are read for, and a starting lead not kept.
-        if line.startswith(("the trace's GPU ", "the host began the trace ahead")):
+        if line.startswith(("the trace's GPU ", LEAD_ASSUMPTION)):
             console.print(Text(f"  assumes: {line}"))
     if result.correction.source != "off":
         console.print(Text(f"  assumes (profiler cost): {result.correction.assumption()}"))

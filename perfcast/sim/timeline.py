@@ -127,9 +127,11 @@ class Timeline:
         return out
 
 
-def lead_not_kept_ns(base: Timeline, predicted: Timeline, skip_first: bool = False) -> float:
-    """Per step, how much more of the host's starting lead over the GPU the predicted steps
-    drain than the traced ones did (the most of any rank; 0 if none).
+def lead_not_kept_ns(
+    base: Timeline, predicted: Timeline, skip_first: bool = False
+) -> dict[int, float]:
+    """Per rank, per step: how much more of the host's starting lead over the GPU the
+    predicted steps drain than the traced ones did (ranks that drain no more: absent).
 
     A host that ran ahead of a slow GPU (tens of ms of queued work when the trace began) is
     still ahead in a prediction that makes the GPU faster, and the replayed steps finish
@@ -138,11 +140,12 @@ def lead_not_kept_ns(base: Timeline, predicted: Timeline, skip_first: bool = Fal
     steps and pays the host's time every step; what the traced steps drained themselves
     is in the baseline's mean too, so only the excess counts."""
     traced = base.host_lead_drained_ns(skip_first)
-    worst = 0.0
+    out: dict[int, float] = {}
     for rank, (steps, drained) in predicted.host_lead_drained_ns(skip_first).items():
         excess = drained - max(traced.get(rank, (0, 0))[1], 0)
-        worst = max(worst, excess / steps)
-    return worst
+        if excess > 0:
+            out[rank] = excess / steps
+    return out
 
 
 def backlog_nodes(graph: Graph) -> np.ndarray:

@@ -101,9 +101,12 @@ def steady_state_applies(applied: list[AppliedModel], predicted: Timeline) -> bo
     return len(steps) >= 2 and any(_steps_overlap(a) for a in applied)
 
 
-def steady_ratio(base: Timeline, predicted: Timeline, applied: list[AppliedModel]) -> float | None:
+def steady_ratio(
+    base: Timeline, predicted: Timeline, applied: list[AppliedModel], count_lead: bool = False
+) -> float | None:
     """Predicted over baseline step, over the steps after the first, when a model applied
-    lets steps overlap; None otherwise (the plain means apply).
+    lets steps overlap; None otherwise (the plain means apply). The host lead the predicted
+    steps drain is added back (`_mean_ms`) unless `count_lead`.
 
     Steps that no longer end in a sync run into each other; the trace's first step has
     nothing before it to overlap with, so it would count a pipeline fill that a running job
@@ -118,38 +121,56 @@ def steady_ratio(base: Timeline, predicted: Timeline, applied: list[AppliedModel
     first = next(a for a in applied if _steps_overlap(a))
     if note not in first.assumptions:
         first.assumptions.append(note)
-    steady = steady_ms(predicted) + lead_not_kept_ms(base, predicted, skip_first=True)
+    lead = {} if count_lead else lead_not_kept_ns(base, predicted, skip_first=True)
+    steady = _mean_ms(predicted, lead, skip_first=True)
     steady_base = steady_ms(base)
     return steady / steady_base if steady > 0 and steady_base > 0 else None
 
 
-def predicted_step_ms(base: Timeline, predicted: Timeline, applied: list[AppliedModel]) -> float:
+def predicted_step_ms(
+    base: Timeline, predicted: Timeline, applied: list[AppliedModel], count_lead: bool = False
+) -> float:
     """The predicted mean step, on the baseline's scale: the baseline's mean times the
-    steady-state ratio where `steady_ratio` applies, else the predicted mean; neither
-    counts as a gain the host's starting lead drained (`lead_not_kept_ms`)."""
-    ratio = steady_ratio(base, predicted, applied)
+    steady-state ratio where `steady_ratio` applies, else the predicted mean. Neither counts
+    as a gain the host's starting lead the predicted steps drain beyond the traced ones
+    (sim.timeline.lead_not_kept_ns: added to each rank's steps) unless `count_lead`."""
+    ratio = steady_ratio(base, predicted, applied, count_lead)
     if ratio is not None:
         return step_ms(base)[1] * ratio
-    return step_ms(predicted)[1] + lead_not_kept_ms(base, predicted)
+    lead = {} if count_lead else lead_not_kept_ns(base, predicted)
+    return _mean_ms(predicted, lead)
 
 
-def lead_not_kept_ms(base: Timeline, predicted: Timeline, skip_first: bool = False) -> float:
-    """Per step, the host's starting lead the predicted steps drain beyond the traced ones
-    (sim.timeline.lead_not_kept_ns): added back to a prediction, a running job not keeping it."""
-    return lead_not_kept_ns(base, predicted, skip_first) / 1e6
+def _mean_ms(tl: Timeline, lead: dict[int, float], skip_first: bool = False) -> float:
+    """Mean simulated step (the slowest rank sets each), each rank's steps lengthened by its
+    `lead` (ns per step); over the steps after the first when `skip_first`."""
+    by_name: dict[str, float] = {}
+    for rank, name, _, sim in tl.iteration_ns():
+        by_name[name] = max(by_name.get(name, 0.0), (sim + lead.get(rank, 0.0)) / 1e6)
+    steps = list(by_name.values())[1:] if skip_first else list(by_name.values())
+    return float(np.mean(steps)) if steps else 0.0
+
+
+def lead_not_kept_ms(base: Timeline, predicted: Timeline, applied: list[AppliedModel]) -> float:
+    """How much the host lead the predicted steps drain adds to the predicted mean step."""
+    return predicted_step_ms(base, predicted, applied) - predicted_step_ms(
+        base, predicted, applied, count_lead=True
+    )
+
+
+LEAD_ASSUMPTION = "the host began the trace ahead of the GPU"
 
 
 def lead_assumption(base: Timeline, predicted: Timeline, applied: list[AppliedModel]) -> str:
     """The assumption to state when `lead_not_kept_ms` adds time to a prediction, else ''."""
-    skip_first = steady_state_applies(applied, predicted)
-    added = lead_not_kept_ms(base, predicted, skip_first)
-    if added <= 0.0005 * max(step_ms(base)[1], 1e-9):
+    added = lead_not_kept_ms(base, predicted, applied)
+    if added < 0.0005:  # under half a microsecond per step: nothing to say
         return ""
     return (
-        f"the host began the trace ahead of the GPU and the predicted steps would finish "
-        f"that queued work {added:,.2f} ms per step sooner than the traced ones did, sooner "
-        "than the host issues the next step: a gain a running job does not keep (its host "
-        "has no lead left after a few steps), added back to the prediction"
+        f"{LEAD_ASSUMPTION} and the predicted steps would finish "
+        f"that queued work sooner than the traced ones did, sooner than the host issues the "
+        f"next step: a gain a running job does not keep (its host has no lead left after a "
+        f"few steps), added back to the prediction ({added:,.3f} ms per step)"
     )
 
 
@@ -162,11 +183,7 @@ def _steps_overlap(a: AppliedModel) -> bool:
 
 def steady_ms(tl: Timeline) -> float:
     """Mean simulated step over the steps after the first (the slowest rank sets each)."""
-    by_name: dict[str, float] = {}
-    for _, name, _, sim in tl.iteration_ns():
-        by_name[name] = max(by_name.get(name, 0.0), sim / 1e6)
-    later = list(by_name.values())[1:]
-    return float(np.mean(later)) if later else 0.0
+    return _mean_ms(tl, {}, skip_first=True)
 
 
 def measured_share(tl: Timeline) -> float:
@@ -256,8 +273,9 @@ def apply_specs(graph: Graph, specs: list[Spec]) -> tuple[Graph, list[AppliedMod
             0,
             "applied in the order "
             + ", ".join(str(s) for s in specs)
-            + f" (given: {', '.join(str(s) for s in given)}): code changes before capture, "
-            "as the changed program would be; the order of --apply does not change it",
+            + f" (given: {', '.join(str(s) for s in given)}): code changes in one order, "
+            "capture last, as the changed program would be; the order they are named in does "
+            "not change it",
         )
     return g, applied
 
@@ -293,11 +311,10 @@ def predicted_profiled_ms(
         predicted_traced = predicted
     else:
         predicted_traced = simulate(apply_specs(world.traced_graph, specs)[0])
-    _, pt, _ = step_ms(predicted_traced)
     traced, _, _ = step_ms(world.traced)
     ratio_traced = steady_ratio(world.traced, predicted_traced, applied)
     if ratio_traced is None:
-        pt += lead_not_kept_ms(world.traced, predicted_traced)
+        pt = _mean_ms(predicted_traced, lead_not_kept_ns(world.traced, predicted_traced))
     else:
         pt = traced * ratio_traced
         # Each world's steady-state ratio scales its own baseline mean; where the first step
