@@ -265,3 +265,28 @@ def test_a_polling_thread_hands_nothing_to_the_main_thread() -> None:
     faster = [(w.done - w.begin) / 1e6 for w in simulate(g).step_windows()]
     assert max(faster) < 1.3 * float(np.median(faster))
     assert (_step_ends(g) <= ends).all()
+
+
+def test_a_thread_that_polls_then_syncs_still_hands_off(tmp_path: Path) -> None:
+    """A side thread polls with cudaEventQuery, then blocks in cudaStreamSynchronize until a
+    kernel ends and hands off to the main thread: it is not a polling thread, and a slower
+    kernel must delay the main thread's work after the hand-off."""
+    from perfcast.graph.threads import _polling_lanes
+
+    t = TraceBuilder()
+    side = 200
+    for i in range(3):
+        t0 = 20_000.0 * i
+        t.step(i + 1, t0, 16_000.0)
+        t.op("aten::mul", t0 + 100, 60.0)
+        t.launch("big_kernel", t0 + 110, 10.0, t0 + 200, 10_000.0)
+        for q in range(4):
+            t.runtime("cudaEventQuery", t0 + 1000 + 2000 * q, 5.0, tid=side)
+        t.runtime("cudaStreamSynchronize", t0 + 9_800, 400.0, tid=side)
+        t.op("aten::cpu_work", t0 + 10_230, 5_000.0)
+        t.op("aten::add", t0 + 15_240, 60.0)
+        t.launch("small_kernel", t0 + 15_250, 10.0, t0 + 15_300, 100.0)
+    table = perfcast.load(str(t.write(tmp_path / "handoff.json")))
+    assert not _polling_lanes(build_graph(table)).any()
+    r = perfcast.predict(table, "faster-op:pattern=big_kernel,factor=0.5,where=gpu", correct=False)
+    assert r.predicted_ms > r.baseline_ms + 8.0

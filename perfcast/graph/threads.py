@@ -145,11 +145,13 @@ def _polling_lanes(graph: Graph) -> np.ndarray:
         if graph.lanes[lane].is_gpu:
             continue
         on = np.flatnonzero((c["lane"] == lane) & alive)
-        calls = on[c["kind"][on] == NodeKind.RUNTIME]
-        others = on[(c["kind"][on] != NodeKind.RUNTIME) & (c["op"][on] >= 0)]
-        if calls.size == 0 or others.size or (c["op"][calls] >= 0).any():
+        # Its work: every node but the CPU time outside any op (a sync or a launch is work).
+        work = on[(c["kind"][on] != NodeKind.CPU) | (c["op"][on] >= 0)]
+        if work.size == 0 or (c["kind"][work] != NodeKind.RUNTIME).any():
             continue
-        names = np.unique(c["name"][calls]).tolist()
+        if (c["op"][work] >= 0).any():
+            continue
+        names = np.unique(c["name"][work]).tolist()
         polling[lane] = all(i >= 0 and _QUERY_CALLS.match(graph.names[i]) for i in names)
     return polling
 
