@@ -225,8 +225,8 @@ def test_reduce_overhead_calls_the_phases_the_step_has_once_each(write_trace, sh
 def test_compiling_an_already_captured_step_is_refused(shared_traces):
     """cuda-graphs then torch-compile predicted 1.80 ms on BERT, slower than torch-compile
     alone (1.13 ms); the other order 0.62 ms. Code changes now apply before the capture
-    whatever order they are named in; where a user's own order stands (a faster-op between
-    them), the capture came first: refused, with the way."""
+    whatever order they are named in, a faster-op between them included; the model itself
+    still refuses a captured step, with the way."""
     table = perfcast.load(shared_traces / "tracelens_h100_bert_small.json.gz")
     either = perfcast.predict(table, ["cuda-graphs", "torch-compile"])
     assert (
@@ -235,10 +235,14 @@ def test_compiling_an_already_captured_step_is_refused(shared_traces):
     )
     assert either.speedup > 4
     assert "applied in the order torch-compile, cuda-graphs" in either.applied[0].assumptions[0]
+    between = ["cuda-graphs", "faster-op:pattern=gemm,factor=1", "torch-compile"]
+    assert perfcast.predict(table, between).predicted_ms == pytest.approx(either.predicted_ms)
+    from perfcast.graph.build import build_graph
+    from perfcast.whatif.models import cuda_graphs, torch_compile
+
+    captured = cuda_graphs.apply(build_graph(table), cuda_graphs.Options())
     with pytest.raises(NotApplicableError, match="apply torch-compile first"):
-        perfcast.predict(
-            table, ["cuda-graphs", "faster-op:pattern=gemm,factor=1.5", "torch-compile"]
-        )
+        torch_compile.apply(captured, torch_compile.Options())
 
 
 def test_the_refusals_name_what_captured_the_step(shared_traces):

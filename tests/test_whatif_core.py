@@ -627,3 +627,8 @@ def test_code_changes_compose_the_same_in_any_order() -> None:
         assert one.predicted_ms == other.predicted_ms, pair
         said = [a for m in one.applied + other.applied for a in m.assumptions]
         assert sum(a.startswith("applied in the order") for a in said) == 1
+    # A model outside the plan order keeps its place; the code changes still sort.
+    noop = "faster-op:pattern=.,factor=1"
+    one = perfcast.predict(table, ["amp", "torch-compile", noop])
+    other = perfcast.predict(table, ["torch-compile", "amp", noop])
+    assert one.predicted_ms == other.predicted_ms

@@ -48,8 +48,9 @@ def register(sub: Any, add_common: Callable[[Any], None], table: dict[str, Any])
         action="append",
         default=[],
         metavar="NAME[:key=value,...]",
-        help="optimization to apply (repeat to compose: code changes apply before capture, "
-        "whatever their order here; others in the order given); "
+        help="optimization to apply (repeat to compose: code changes apply in one order, "
+        "capture last, whatever their order here; faster-op, device and scale-out keep "
+        "their places); "
         "`perfcast whatif --list` shows them",
     )
     p.add_argument("--list", action="store_true", help="list the available optimizations")

@@ -53,11 +53,14 @@ PLAN_ORDER: tuple[str, ...] = (
 
 
 def in_plan_order(specs: list[Spec]) -> list[Spec]:
-    """`specs` in PLAN_ORDER; as given when any is not in it (faster-op, device, scale-out:
-    where they go is the user's to say)."""
-    if any(s.name not in PLAN_ORDER for s in specs):
-        return list(specs)
-    return sorted(specs, key=lambda s: PLAN_ORDER.index(s.name))
+    """`specs` with those in PLAN_ORDER sorted into it among themselves; the others
+    (faster-op, device, scale-out: where they go is the user's to say) keep their places."""
+    planned = [i for i, s in enumerate(specs) if s.name in PLAN_ORDER]
+    ordered = sorted((specs[i] for i in planned), key=lambda s: PLAN_ORDER.index(s.name))
+    out = list(specs)
+    for i, spec in zip(planned, ordered, strict=True):
+        out[i] = spec
+    return out
 
 
 def get_model(name: str) -> types.ModuleType:
