@@ -333,6 +333,16 @@ def _under_autocast(graph: Graph, compute: np.ndarray) -> tuple[int, int]:
     return int(np.isin(tops, inside).sum()), int(tops.size)
 
 
+def _compiled_phases(graph: Graph) -> set[str]:
+    """The phases torch-compile, applied before, compiled (its assumption names them)."""
+    out: set[str] = set()
+    for a in graph.assumptions:
+        m = re.match(r"torch-compile \(([a-z+]+)\)", a)
+        if m:
+            out.update(m.group(1).split("+"))
+    return out
+
+
 def _host_costs(graph: Graph) -> _HostCosts:
     """The CPU cost of one autocast cast and of one autograd node, read from the trace.
 
@@ -348,10 +358,6 @@ def _host_costs(graph: Graph) -> _HostCosts:
     table = graph.table
     if table is None:
         return _HostCosts(0, "no trace table: cast CPU not counted", 0)
-    if any(a.startswith("torch-compile") for a in graph.assumptions):
-        # Applied after torch-compile: Dynamo traces autocast, and the casts are kernels of
-        # the compiled graph, launched like Inductor's others, with no eager dispatch.
-        return _HostCosts(0, "none: torch.compile, applied before, runs the casts in its graph", 0)
     c = graph.cols
     alive = graph.alive
     host = np.flatnonzero(np.isin(c["kind"], _HOST_KINDS) & alive & (c["op"] >= 0))
@@ -571,10 +577,17 @@ def apply(graph: Graph, options: Options) -> Graph:
     mem_after = int(c["dur"][mem].sum())
 
     costs = _host_costs(graph)
+    # Applied after torch-compile: Dynamo traces autocast, and in the compiled phases the
+    # casts are kernels of the compiled graph, launched like Inductor's, with no dispatch.
+    compiled = _compiled_phases(graph)
+    in_graph = _HostCosts(0, "none: torch.compile, applied before, runs them in its graph", 0)
     n_native = _native_batch_norm(graph, np.array(kept_batch_norm, dtype=np.int64), fixed)
     c = graph.cols
-    casts = _insert_casts(graph, comp, dtype, devices, fixed, costs)
-    grad_durs = _insert_grad_casts(graph, comp, dtype, costs, casts, fixed)
+    fwd_costs = in_graph if "forward" in compiled else costs
+    bwd_costs = in_graph if "backward" in compiled else costs
+    casts = _insert_casts(graph, comp, dtype, devices, fixed, fwd_costs)
+    grad_durs = _insert_grad_casts(graph, comp, dtype, bwd_costs, casts, fixed)
+    costs = in_graph if compiled >= {"forward", "backward"} else costs
     n_casts, n_grad = len(casts), len(grad_durs)
     cast_ns = sum(x.dur for x in casts) + sum(grad_durs)
     scaler = _grad_scaler(graph, fixed) if dtype == "fp16" else ""

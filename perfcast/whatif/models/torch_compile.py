@@ -383,11 +383,14 @@ def _compile(graph: Graph, options: Options) -> Graph:
     attributed = region_host[
         np.isin(c["phase"][region_host], phases)
         & (c["op"][region_host] >= 0)
-        & (c["source"][region_host] != Source.MODELLED)
+        & np.isin(c["source"][region_host], [Source.MEASURED, Source.CORRECTED])
     ]
-    ops, where = np.unique(c["op"][attributed], return_inverse=True)
-    own_ns = np.bincount(where, weights=c["dur"][attributed].astype(np.float64))
-    working_ops = ops[own_ns > WORK_NS]
+    # Per op and phase: checkpointing's recompute runs a forward op again in backward, as
+    # a copy of the op's nodes, and is not one op doing twice the work.
+    key = c["op"][attributed].astype(np.int64) * 16 + c["phase"][attributed] + 1
+    keys, where = np.unique(key, return_inverse=True)
+    own_ns = np.bincount(where.reshape(-1), weights=c["dur"][attributed].astype(np.float64))
+    working_ops = np.unique(keys[own_ns > WORK_NS] // 16)
 
     fixed = kernel_fixed_cost_ns(graph)
     groups = _groups(graph, region_gpu, generated)
