@@ -273,3 +273,20 @@ def test_amp_and_torch_compile_compose_in_either_order() -> None:
     calls = [compiled.names.index(n) for n in (FORWARD_CAST_CALL, BACKWARD_CAST_CALL)]
     in_steps = compiled.alive & (c["iteration"] >= 0) & np.isin(c["name"], calls)
     assert not in_steps.any()
+
+
+def test_checkpointing_does_not_make_compiled_ops_look_like_work() -> None:
+    """Checkpointing copies a forward op's host nodes into backward under the same op; summed
+    together, the example's batch norms (186 µs each) crossed the 200 µs 'doing work' line:
+    91 ops per step kept whole where torch-compile alone keeps 42."""
+    import re
+
+    example = Path(__file__).parents[1] / "perfcast" / "examples" / "ddp_a100_rank0.json.gz"
+    table = perfcast.load(example)
+
+    def working(specs: list[str]) -> float:
+        said = [a for m in perfcast.predict(table, specs).applied for a in m.assumptions]
+        text = next(a for a in said if "ops doing work" in a)
+        return float(re.search(r"([\d.,]+) ops doing work", text).group(1).replace(",", ""))
+
+    assert working(["activation-checkpointing", "torch-compile"]) == working(["torch-compile"])
