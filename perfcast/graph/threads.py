@@ -139,21 +139,21 @@ def _polling_lanes(graph: Graph) -> np.ndarray:
     main thread to a watchdog's timing (on a 16-rank A100 trace a step whose GPU work ran
     10x faster was held at the watchdog's traced time: 212 -> 280 ms)."""
     c = graph.cols
-    polling = np.zeros(len(graph.lanes), dtype=bool)
-    alive = graph.alive
-    for lane in range(len(graph.lanes)):
-        if graph.lanes[lane].is_gpu:
-            continue
-        on = np.flatnonzero((c["lane"] == lane) & alive)
-        # Its work: every node but the CPU time outside any op (a sync or a launch is work).
-        work = on[(c["kind"][on] != NodeKind.CPU) | (c["op"][on] >= 0)]
-        if work.size == 0 or (c["kind"][work] != NodeKind.RUNTIME).any():
-            continue
-        if (c["op"][work] >= 0).any():
-            continue
-        names = np.unique(c["name"][work]).tolist()
-        polling[lane] = all(i >= 0 and _QUERY_CALLS.match(graph.names[i]) for i in names)
-    return polling
+    n_lanes = len(graph.lanes)
+    on = np.flatnonzero(graph.alive)
+    # A lane's work: every node but the CPU time outside any op (a sync or a launch is work).
+    on = on[(c["kind"][on] != NodeKind.CPU) | (c["op"][on] >= 0)]
+    names = c["name"][on]
+    ids = np.unique(names[names >= 0])
+    query_ids = ids[
+        np.array([bool(_QUERY_CALLS.match(graph.names[i])) for i in ids.tolist()], bool)
+    ]
+    query = (c["kind"][on] == NodeKind.RUNTIME) & (c["op"][on] < 0) & np.isin(names, query_ids)
+    lane = c["lane"][on]
+    has_work = np.bincount(lane, minlength=n_lanes) > 0
+    has_other = np.bincount(lane[~query], minlength=n_lanes) > 0
+    is_gpu = np.array([ln.is_gpu for ln in graph.lanes], dtype=bool)
+    return has_work & ~has_other & ~is_gpu
 
 
 def _source(
@@ -191,7 +191,6 @@ def forward_backward_edges(
         return
     c = graph.cols
     cpu = np.flatnonzero(c["kind"] != NodeKind.GPU)
-    cpu = cpu[~_polling_lanes(graph)[c["lane"][cpu]]]
     if cpu.size == 0:
         return
     start = c["start_measured"]
