@@ -414,11 +414,11 @@ def _compile(graph: Graph, options: Options) -> Graph:
     # Host: what is neither a library call's own op nor a generated kernel's launch goes.
     kept_ops = np.concatenate([extern_ops, working_ops])
     keep = np.isin(c["op"][region_host], kept_ops) & (c["op"][region_host] >= 0)
-    keep |= np.isin(region_host, kept_launches)
     # A library kernel launched outside any op keeps its launch call (it still runs).
     keep |= np.isin(region_host, extern_launch)
     # The amp model's casts (applied before) sit in the library ops they feed; Dynamo traces
-    # autocast, so they are generated kernels: their eager dispatch goes.
+    # autocast, so they are generated kernels: their eager dispatch goes (a generated
+    # kernel's launch, theirs included, stays below).
     keep &= ~_autocast_calls(graph, region_host, region_gpu)
     keep |= np.isin(region_host, kept_launches)
     removed_host = int(c["dur"][region_host[~keep]].sum())
