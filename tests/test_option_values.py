@@ -128,3 +128,43 @@ def test_peak_memory_refuses_a_rank_the_trace_does_not_hold() -> None:
 
     with pytest.raises(OptionError, match="no rank 7"):
         predict_peak_memory(TRACE, "amp", rank=7)
+
+
+@pytest.mark.parametrize(
+    ("text", "pattern"),
+    [
+        ("faster-op:pattern=gemm{1,2},factor=3", "gemm{1,2}"),  # a regex quantifier
+        ("faster-op:pattern=kernel<4, float>,factor=3", "kernel<4, float>"),  # a kernel name
+        ("faster-op:pattern='gemm,conv',factor=3", "gemm,conv"),  # quoted
+        ('faster-op:pattern="(a|b),c",factor=3', "(a|b),c"),
+        ("faster-op:pattern=a<b,factor=3", "a<b"),  # unbalanced: plain commas
+        (r"faster-op:pattern=x\{1,factor=3", r"x\{1"),  # an escaped bracket is no bracket
+    ],
+)
+def test_an_option_value_may_hold_commas(text: str, pattern: str) -> None:
+    """A pattern with a comma was cut at it (`gemm{1,2}` -> option '2}' is not key=value),
+    so a kernel name with template arguments could not be named."""
+    from perfcast.whatif.registry import parse_spec
+
+    spec = parse_spec(text)
+    assert spec.options == {"pattern": pattern, "factor": "3"}
+    assert parse_spec(str(spec)).options == spec.options  # printed specs read back
+
+
+def test_a_kernel_name_with_commas_selects_its_kernels(table) -> None:
+    """A kernel's full name, pasted as the profiler wrote it (template arguments, `(`, `*`)
+    and quoted for its commas, names its kernels in faster-op."""
+    from perfcast.whatif import primitives as P
+    from perfcast.whatif.registry import build_options, parse_spec
+
+    name = (
+        "void at::native::(anonymous namespace)::vectorized_layer_norm_kernel<float, float, "
+        "false>(int, float, float const*, float const*, float const*, float*, float*, float*)"
+    )
+    spec = parse_spec(f"faster-op:pattern='{name}',factor=4,where=gpu")
+    options = build_options(spec.name, spec.options)
+    assert options.pattern == name
+    graph = perfcast.dependency_graph(table)
+    assert P.select(graph, kind="gpu", name=options.pattern).size == 48  # 16 a step
+    # The printed spec reads back; on this launch-bound step the kernels are not what limits it.
+    assert perfcast.predict(table, str(spec)).speedup >= 1.0

@@ -86,9 +86,10 @@ def check_pattern(pattern: str | None) -> re.Pattern[str] | None:
 
 def _name_mask(names: list[str], pattern: str | None) -> np.ndarray:
     pat = check_pattern(pattern)
-    if pat is None:
+    if pat is None or pattern is None:
         return np.ones(len(names), dtype=bool)
-    return np.array([bool(pat.search(n)) for n in names], dtype=bool)
+    # A name pasted as it is (a kernel's `(`, `*` and `<...>` are regex syntax) names itself.
+    return np.array([bool(pat.search(n)) or pattern in n for n in names], dtype=bool)
 
 
 def select(

@@ -94,26 +94,78 @@ class Spec:
     def __str__(self) -> str:
         if not self.options:
             return self.name
-        return self.name + ":" + ",".join(f"{k}={v}" for k, v in self.options.items())
+        return self.name + ":" + ",".join(f"{k}={_quoted(v)}" for k, v in self.options.items())
+
+
+_OPENERS = {"(": ")", "[": "]", "{": "}", "<": ">"}
+
+
+def _split_options(rest: str) -> list[str]:
+    """`rest` split at its top-level commas. A comma inside quotes or brackets belongs to
+    the value: a regex quantifier (`x{2,3}`), a kernel name's template arguments
+    (`kernel<4, float>`). Brackets that do not balance split as plain commas."""
+    parts: list[str] = []
+    closing: list[str] = []
+    quote = ""
+    current: list[str] = []
+    escaped = False
+    for ch in rest:
+        if escaped:  # a regex's `\(` or `\{` is a character, not a bracket
+            escaped = False
+        elif ch == "\\":
+            escaped = True
+        elif quote:
+            quote = "" if ch == quote else quote
+        elif ch in "'\"" and (not current or current[-1] == "="):
+            quote = ch
+        elif ch in _OPENERS:
+            closing.append(_OPENERS[ch])
+        elif closing and ch == closing[-1]:
+            closing.pop()
+        elif ch == "," and not closing:
+            parts.append("".join(current))
+            current = []
+            continue
+        current.append(ch)
+    parts.append("".join(current))
+    if closing or quote:
+        return rest.split(",")
+    return parts
+
+
+def _unquoted(value: str) -> str:
+    if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+        return value[1:-1]
+    return value
+
+
+def _quoted(value: str) -> str:
+    """The value as parse_spec reads it back (quoted when a comma would split it)."""
+    if "," in value and _split_options(f"k={value},") != [f"k={value}", ""]:
+        return f"'{value}'" if "'" not in value else f'"{value}"'
+    return value
 
 
 def parse_spec(text: str) -> Spec:
-    """`amp:dtype=bf16,device=h100` -> Spec("amp", {"dtype": "bf16", "device": "h100"})."""
+    """`amp:dtype=bf16,device=h100` -> Spec("amp", {"dtype": "bf16", "device": "h100"}).
+    A value may hold commas inside brackets (`pattern=x{2,3}`) or quotes
+    (`pattern='gemm,conv'`)."""
     name, _, rest = text.partition(":")
     options: dict[str, str] = {}
-    for part in filter(None, (p.strip() for p in rest.split(","))):
+    for part in filter(None, (p.strip() for p in _split_options(rest))):
         key, eq, value = part.partition("=")
         if not eq:
             raise OptionError(
                 f"option '{part}' in '{text}' is not key=value",
-                hint="write NAME:key=value,key2=value2",
+                hint="write NAME:key=value,key2=value2; quote a value that holds a comma: "
+                "pattern='a,b'",
             )
         key = key.strip().replace("-", "_")
         if key in options:  # the last one would win, silently
             raise OptionError(
                 f"option '{key}' is given twice in '{text}'", hint="give each option once"
             )
-        options[key] = value.strip()
+        options[key] = _unquoted(value.strip())
     get_model(name.strip())  # fail early on unknown names
     return Spec(name.strip(), options)
 

@@ -15,7 +15,10 @@ from perfcast.errors import NotApplicableError, OptionValueError
 from perfcast.graph.model import Graph
 from perfcast.whatif import primitives as P
 
-SUMMARY = "selected ops/kernels k× faster (pattern=REGEX, factor=K, where=gpu|cpu|all)"
+SUMMARY = (
+    "selected ops/kernels k× faster (pattern=REGEX or a name as written, factor=K, "
+    "where=gpu|cpu|all)"
+)
 
 
 @dataclass
