@@ -53,6 +53,11 @@ class TraceFormatError(PerfcastError):
     """The file is not a usable Kineto / Chrome trace."""
 
 
+class NotATraceError(TraceFormatError):
+    """The file holds no trace at all (empty, not JSON, JSON without events, a timeline
+    perfcast exported): in a folder of ranks it is left out, and said to be."""
+
+
 class NotApplicableError(PerfcastError):
     """A what-if that does not apply to this trace (e.g. ddp on a CPU-only trace)."""
 

@@ -142,11 +142,48 @@ def test_folder_without_traces(tmp_path: Path):
 
 def test_folder_with_one_bad_file_names_that_file(tmp_path: Path, write_trace):
     write_trace({"traceEvents": [EVENT], "distributedInfo": {"rank": 0}}, "run/a.json")
-    bad = write_trace({"events": []}, "run/b.json")
-    err = assert_format_error(bad, "traceEvents")
+    bad = write_trace(
+        {"traceEvents": [EVENT, "x"] * 3, "distributedInfo": {"rank": 1}}, "run/b.json"
+    )
+    bad.write_bytes(bad.read_bytes()[:5])  # cut before its first event: nothing to salvage
+    err = assert_format_error(bad)
     with pytest.raises(TraceFormatError) as info:
         perfcast.load(tmp_path / "run")
     assert str(info.value) == str(err)
+
+
+def test_files_that_hold_no_trace_are_left_out_of_a_folder(tmp_path: Path, write_trace):
+    """`perfcast advise run --json > run/advise.json` made the folder unreadable (the shell
+    creates the file empty before perfcast reads the folder); so did a saved result, or a
+    timeline perfcast exported. They are left out, and the first rank's warnings say so."""
+    write_trace({"traceEvents": [EVENT], "distributedInfo": {"rank": 0}}, "run/a.json")
+    (tmp_path / "run" / "advise.json").write_bytes(b"")
+    write_trace({"baseline_ms": 1.0}, "run/result.json")
+    export = write_trace(
+        {"traceEvents": [EVENT], "otherData": {"generator": "perfcast"}}, "run/rank-5.json"
+    )
+    table = perfcast.load(tmp_path / "run")
+    assert [r.rank for r in table.ranks] == [0]
+    note = next(w for w in table.ranks[0].warnings if "not read" in w)
+    assert "3 files" in note and "advise.json is empty" in note and "result.json" in note
+    assert "rank-5.json is a timeline perfcast wrote" in note
+    # Given on its own, each is still an error naming it.
+    assert_format_error(export, "timeline perfcast wrote")
+    assert_format_error(tmp_path / "run" / "advise.json", "is empty")
+    # A folder of nothing but such files says why, naming the first.
+    (tmp_path / "run" / "a.json").unlink()
+    with pytest.raises(TraceFormatError, match=r"advise\.json: is empty"):
+        perfcast.load(tmp_path / "run")
+
+
+def test_a_perfcast_export_is_not_read_as_a_trace(tmp_path: Path) -> None:
+    """A replay's Perfetto export was read as a trace: the profiler's cost taken out twice."""
+    from perfcast.cli.main import main
+
+    out = tmp_path / "replay.json.gz"
+    example = Path(__file__).parents[1] / "perfcast/examples/ddp_a100_rank0.json.gz"
+    assert main(["replay", str(example), "--export-trace", str(out), "-q"]) == 0
+    assert_format_error(out, "timeline perfcast wrote")
 
 
 def test_two_files_claim_one_rank(tmp_path: Path, write_trace):

@@ -7,11 +7,12 @@ import itertools
 import os
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from perfcast.errors import OptionError, TraceFormatError
+from perfcast.errors import NotATraceError, OptionError, TraceFormatError
 from perfcast.events import NONE, STEP_PREFIX, EventTable, Iteration, Kind, RankInfo
 from perfcast.ingest import reader
 from perfcast.ingest.normalize import Interner, RankColumns, extract_rank, printable
@@ -77,12 +78,18 @@ def load(path: str | os.PathLike[str], progress: ProgressFn | None = None) -> Ev
     names = Interner()
     parts: list[tuple[RankInfo, RankColumns, dict[str, np.ndarray], list[Iteration]]] = []
     seen: dict[int, str] = {}
-    jobs = [(f, i if len(files) > 1 else None) for i, f in enumerate(files)]
-    for i, (f, (info, cols, derived, iterations, local_names)) in enumerate(
+    in_folder = os.path.isdir(path)
+    jobs = [(f, i if len(files) > 1 else None, in_folder) for i, f in enumerate(files)]
+    not_traces: list[_NotATrace] = []
+    for i, (f, loaded) in enumerate(
         zip(files, map_ordered(_load_and_derive, jobs, worker_count(files)))
     ):
         if progress:
             progress(f, i, len(files))
+        if isinstance(loaded, _NotATrace):
+            not_traces.append(loaded)
+            continue
+        info, cols, derived, iterations, local_names = loaded
         if info.rank in seen:
             raise TraceFormatError(
                 f"claims rank {info.rank}, which {seen[info.rank]} already claims",
@@ -94,9 +101,27 @@ def load(path: str | os.PathLike[str], progress: ProgressFn | None = None) -> Ev
         parts.append((info, cols, derived, iterations))
     if progress:
         progress("", len(files), len(files))
-    if len(files) > 1 or os.path.isdir(path):
+    if not parts:  # nothing in the folder is a trace: the first file says why
+        raise NotATraceError(not_traces[0].why, path=not_traces[0].path)
+    if not_traces:
+        shown = "; ".join(f"{os.path.basename(e.path)} {e.why}" for e in not_traces[:3])
+        n = len(not_traces)
+        parts[0][0].warnings.append(
+            f"{n} file{'s' if n > 1 else ''} of the folder {'are' if n > 1 else 'is'} no "
+            f"profiler trace and {'were' if n > 1 else 'was'} not read: {shown}"
+            f"{'; ...' if n > 3 else ''} (keep outputs out of the trace folder)"
+        )
+    if len(files) > 1 or in_folder:
         _note_folder_doubts(path, [p[0] for p in parts])
     return _concat(parts, names)
+
+
+@dataclass(frozen=True)
+class _NotATrace:
+    """A file of a folder that holds no trace, and why (what its NotATraceError said)."""
+
+    path: str
+    why: str
 
 
 def _note_folder_doubts(folder: str, infos: list[RankInfo]) -> None:
@@ -124,12 +149,18 @@ _NAME_COLUMNS = ("name", "shapes", "in_types", "coll_name", "coll_dtype", "coll_
 
 
 def _load_and_derive(
-    job: tuple[str, int | None],
-) -> tuple[RankInfo, RankColumns, dict[str, np.ndarray], list[Iteration], list[str]]:
-    """One file, start to finish, with its own name table (runs in a worker process)."""
-    path, rank_hint = job
+    job: tuple[str, int | None, bool],
+) -> tuple[RankInfo, RankColumns, dict[str, np.ndarray], list[Iteration], list[str]] | _NotATrace:
+    """One file, start to finish, with its own name table (runs in a worker process). In a
+    folder, a file that holds no trace is returned as its error (the folder goes on)."""
+    path, rank_hint, in_folder = job
     names = Interner()
-    info, cols = _load_one(path, names, rank_hint=rank_hint)
+    try:
+        info, cols = _load_one(path, names, rank_hint=rank_hint)
+    except NotATraceError as exc:
+        if not in_folder:
+            raise
+        return _NotATrace(path, str(exc).removeprefix(f"{path}: "))
     derived, iterations = _derive(cols, names, info)
     return info, cols, derived, iterations, names.names
 
@@ -153,6 +184,12 @@ def _load_one(path: str, names: Interner, rank_hint: int | None) -> tuple[RankIn
     _drop_repeated_events(cols)
     decoded = rd.result()
     raw = decoded.header
+    if isinstance(raw.otherData, dict) and raw.otherData.get("generator") == "perfcast":
+        raise NotATraceError(
+            "is a timeline perfcast wrote (--export-trace), not a profiler trace",
+            path=path,
+            hint="pass the trace torch.profiler wrote; open this one in Perfetto",
+        )
     info = RankInfo(rank=0, path=path)
     dist = raw.distributedInfo if isinstance(raw.distributedInfo, dict) else {}
     rank = _int_or_none(dist.get("rank"))

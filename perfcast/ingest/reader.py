@@ -32,7 +32,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from perfcast.errors import TraceFormatError
+from perfcast.errors import NotATraceError, TraceFormatError
 from perfcast.ingest.checks import DropLog, check_event, json_type
 from perfcast.ingest.schema import (
     INEXACT_US,
@@ -510,7 +510,7 @@ class TraceReader:
                 raise self._empty()
             kind = next((k for magic, k in _OTHER_FORMATS if self._buf.startswith(magic)), None)
             what = f"it looks like {kind}" if kind else "it does not start with '{' or '['"
-            raise TraceFormatError(
+            raise NotATraceError(
                 f"is not JSON ({what})",
                 path=self.path,
                 hint="expected a Kineto/Chrome trace JSON (or .json.gz) written by torch.profiler",
@@ -523,7 +523,7 @@ class TraceReader:
             if self._eof:
                 raise self._no_event_list()
             if len(self._buf) > MAX_HEADER_BYTES:
-                raise TraceFormatError(
+                raise NotATraceError(
                     f"has no 'traceEvents' list in its first {MAX_HEADER_BYTES >> 20} MiB",
                     path=self.path,
                     hint="expected a Kineto/Chrome trace JSON written by torch.profiler",
@@ -1127,7 +1127,7 @@ class TraceReader:
                     "copy it again from where torch.profiler wrote it"
                 ),
             )
-        return TraceFormatError(
+        return NotATraceError(
             "is empty" if not problem else f"is empty after decompression ({problem})",
             path=self.path,
             hint="expected a Kineto/Chrome trace JSON written by torch.profiler",
@@ -1163,7 +1163,7 @@ class TraceReader:
                 hint="pass the file torch.profiler wrote, a JSON object with a 'traceEvents' "
                 "list; if this was one, copy it again",
             )
-        return TraceFormatError(
+        return NotATraceError(
             "is JSON but has no 'traceEvents' list",
             path=self.path,
             hint="expected a Kineto/Chrome trace written by torch.profiler",

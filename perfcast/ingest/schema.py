@@ -122,6 +122,7 @@ class RawTrace(msgspec.Struct, gc=False):
     # metadata, and what `perfcast profile` records (calibration.machine_identity()).
     host_name: Any = None
     hostname: Any = None
+    otherData: Any = None  # noqa: N815 (perfcast's own exports say so here)
     perfcast_machine: Any = None
     # Steps timed without the profiler before the traced window (perfcast's capture), and
     # after it.
