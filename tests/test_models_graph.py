@@ -595,6 +595,23 @@ def test_real_ddp_trace(shared_traces: Path) -> None:
         assert any("replaced" in a for a in result.applied[0].assumptions)
 
 
+def test_ddp_and_zero_size_gradients_by_a_ddp_traces_own_allreduces() -> None:
+    """The shipped DDP example has no shapes: ddp and zero refused it (pass params_mb) while
+    `plan` read 97.5 MiB of gradients per step off its all-reduces. All three agree now."""
+    example = Path(__file__).parents[1] / "perfcast/examples/ddp_a100_rank0.json.gz"
+    table = perfcast.load(example)
+    ddp, _, _ = run_whatif(table, [parse_spec("ddp:gpus=8")], correct=False)
+    said = " ".join(ddp.applied[0].assumptions)
+    assert "97.5 MiB per step the trace's own all-reduces moved" in said
+    zero, _, _ = run_whatif(table, [parse_spec("zero:gpus=8")], correct=False)
+    said = " ".join(zero.applied[0].assumptions)
+    assert "25.6 M parameters" in said and "all-reduces moved per step (97.5 MiB)" in said
+    # params_mb still decides when given.
+    given, _, _ = run_whatif(table, [parse_spec("ddp:gpus=8,params_mb=10")], correct=False)
+    assert "params_mb=10" in " ".join(given.applied[0].assumptions)
+    assert given.predicted_ms <= ddp.predicted_ms
+
+
 @pytest.mark.slow
 def test_real_bert_inference_trace(shared_traces: Path) -> None:
     # One inference step: none of the three models applies, and each says why.

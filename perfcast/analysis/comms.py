@@ -29,6 +29,7 @@ from perfcast.analysis.common import (
     nearest_ancestor,
 )
 from perfcast.analysis.notes import input_notes
+from perfcast.errors import PerfcastError
 from perfcast.events import NONE, EventTable
 from perfcast.frames import Tables, plain
 from perfcast.graph.phases import (
@@ -389,6 +390,23 @@ def _factor(op: str, n: int) -> float | None:
         return bus_bandwidth_factor(op, n)
     except ValueError:
         return None
+
+
+def allreduce_bytes_per_step(table: EventTable) -> dict[int, float]:
+    """Bytes all-reduced per step, per rank, from sized collectives (under DDP: the
+    gradients; what `ddp`, `zero` and `plan` fall back on when a trace has no shapes)."""
+    try:
+        rows = collectives(table).by_op
+    except PerfcastError:
+        return {}
+    steps: dict[int, int] = {}
+    for it in table.iterations:
+        steps[it.rank] = steps.get(it.rank, 0) + 1
+    out: dict[int, float] = {}
+    for r in rows:
+        if r.op == "allreduce" and r.size_bytes:
+            out[r.rank] = out.get(r.rank, 0.0) + r.size_bytes * r.count / steps.get(r.rank, 1)
+    return out
 
 
 def _size_bytes(op: str, n_in: int, n_out: int, elem: int | None) -> int:

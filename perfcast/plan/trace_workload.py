@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from perfcast.analysis.common import traced_device
+from perfcast.analysis.comms import allreduce_bytes_per_step
 from perfcast.errors import PerfcastError
 from perfcast.events import EventTable, Kind
 from perfcast.graph.model import Graph, NodeKind
@@ -388,7 +389,7 @@ def trace_workload(
             "the traced batch, and activation memory is unknown (counted as 0)"
         )
     if not facts.params:
-        grads = _allreduce_bytes_per_step(table, rank, len(its))
+        grads = allreduce_bytes_per_step(table).get(rank, 0.0)
         if grads:
             facts.param_numels = [int(grads / 4)]
             notes.append(
@@ -649,20 +650,6 @@ def _model_parallel_traffic(table: EventTable, rank: int, steps: int) -> str:
         f"{op} {size[op] / 1e6:,.1f} MB in {ms[op]:.2f} ms" if size[op] else f"{op} {ms[op]:.2f} ms"
         for op in sorted(size)
     )
-
-
-def _allreduce_bytes_per_step(table: EventTable, rank: int, steps: int) -> float:
-    """Bytes all-reduced per step on a rank, from sized collectives (DDP: the gradients)."""
-    from perfcast.analysis.comms import collectives
-
-    try:
-        rows = collectives(table).by_op
-    except PerfcastError:
-        return 0.0
-    total = sum(
-        (r.size_bytes or 0) * r.count for r in rows if r.rank == rank and r.op == "allreduce"
-    )
-    return total / max(steps, 1)
 
 
 def _union_ns(start: np.ndarray, end: np.ndarray) -> float:

@@ -402,8 +402,8 @@ def _memory(table: EventTable, specs: list[Spec]) -> tuple[Any, Any, str | None]
             return (
                 None,
                 None,
-                "the trace records no op shapes (record_shapes=True) and no [memory] events "
-                "(profile_memory=True)",
+                "the trace records no op shapes and no [memory] events (profile with "
+                "record_shapes=True or profile_memory=True for an estimate)",
             )
         after, before = predict_peak_memory(facts, specs), predict_peak_memory(facts, [])
         if not facts.params and not facts.saved and specs:

@@ -57,8 +57,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from perfcast.analysis.comms import allreduce_bytes_per_step
 from perfcast.errors import NotApplicableError, OptionValueError
-from perfcast.events import Kind
+from perfcast.events import EventTable, Kind
 from perfcast.graph.launches import DEFAULT_LAUNCH_LATENCY_NS, DEFAULT_STREAM_GAP_NS
 from perfcast.graph.model import NONE, EdgeType, GpuKind, Graph, NodeKind, Source
 from perfcast.graph.phases import Phase, collective_kernel_mask
@@ -137,7 +138,7 @@ def apply(graph: Graph, options: Options) -> Graph:
             "ddp: no AccumulateGrad ops in the trace's steps (no backward pass, e.g. "
             "inference): there are no gradients to all-reduce"
         )
-    sizes, size_note = _gradient_bytes(points, options)
+    sizes, size_note = _gradient_bytes(points, options, table)
     lat = int(graph.nominal.get("launch_latency_ns", DEFAULT_LAUNCH_LATENCY_NS))
     gap = int(graph.nominal.get("stream_gap_ns", DEFAULT_STREAM_GAP_NS))
 
@@ -420,34 +421,54 @@ def _first_numel(text: str) -> int | None:
     return math.prod(first)
 
 
-def _gradient_bytes(points: list[_Point], options: Options) -> tuple[list[float], str]:
+def _gradient_bytes(
+    points: list[_Point], options: Options, table: EventTable
+) -> tuple[list[float], str]:
     numel = np.array([p.numel for p in points], dtype=np.float64)
     has_real = bool((numel > 0).any())
     # Empty shapes are scalars when other parameters have shapes, else unknown.
     numel = np.where(numel == -1, 1.0 if has_real else np.nan, numel)
     known = ~np.isnan(numel)
     if options.params_mb is not None:
-        total = options.params_mb * MIB
-        groups: dict[tuple[int, int], list[int]] = {}
-        for i, p in enumerate(points):
-            groups.setdefault((p.rank, p.iteration), []).append(i)
-        sizes = [0.0] * len(points)
-        by_shape = bool(known.all())
-        for idx in groups.values():
-            w = numel[idx] if by_shape and numel[idx].sum() > 0 else np.ones(len(idx))
-            for i, share in zip(idx, (w / w.sum()).tolist()):
-                sizes[i] = total * share
-        how = "split by shape" if by_shape else "split evenly over AccumulateGrad ops"
+        total = {p.rank: options.params_mb * MIB for p in points}
+        sizes, how = _split(points, numel, known, total)
         return sizes, f"params_mb={options.params_mb:g} {how}"
     if not known.all():
+        # A DDP trace's own all-reduces carry the gradients' size (the bucket's elements).
+        measured = allreduce_bytes_per_step(table)
         missing = int((~known).sum())
-        raise NotApplicableError(
-            f"ddp: {missing} of {len(points)} AccumulateGrad ops carry no parameter shape",
-            hint="record the trace with record_shapes=True, or pass params_mb=<MiB of gradients>",
+        if not all(measured.get(p.rank) for p in points):
+            raise NotApplicableError(
+                f"ddp: {missing} of {len(points)} AccumulateGrad ops carry no parameter shape",
+                hint="record the trace with record_shapes=True, or pass "
+                "params_mb=<MiB of gradients>",
+            )
+        sizes, how = _split(points, numel, known, measured)
+        mib = sum(measured.values()) / len(measured) / MIB
+        return sizes, (
+            f"{missing} of {len(points)} AccumulateGrad ops carry no shape: the gradients "
+            f"are the {mib:.1f} MiB per step the trace's own all-reduces moved, {how}"
         )
     return (numel * options.grad_bytes).tolist(), (
         f"shapes from the trace x {options.grad_bytes} bytes"
     )
+
+
+def _split(
+    points: list[_Point], numel: np.ndarray, known: np.ndarray, total: dict[int, float]
+) -> tuple[list[float], str]:
+    """Each (rank, step)'s `total[rank]` bytes over its gradients: by shape when every one
+    is known, else evenly."""
+    groups: dict[tuple[int, int], list[int]] = {}
+    for i, p in enumerate(points):
+        groups.setdefault((p.rank, p.iteration), []).append(i)
+    sizes = [0.0] * len(points)
+    by_shape = bool(known.all())
+    for (rank, _), idx in groups.items():
+        w = numel[idx] if by_shape and numel[idx].sum() > 0 else np.ones(len(idx))
+        for i, share in zip(idx, (w / w.sum()).tolist()):
+            sizes[i] = total[rank] * share
+    return sizes, "split by shape" if by_shape else "split evenly over AccumulateGrad ops"
 
 
 def _buckets(sizes: list[float], options: Options) -> list[list[int]]:

@@ -84,7 +84,7 @@ def apply(graph: Graph, options: Options) -> Graph:
     K.refuse_graph_replays(graph, "zero")
     o = options
     C.require_gpu_steps(graph, "zero")
-    params = _param_count(graph, o)
+    params, params_from = _param_count(graph, o)
     from perfcast.whatif.models.ddp import drop_measured_allreduces
 
     replaced_ms = drop_measured_allreduces(graph, "zero")
@@ -170,6 +170,8 @@ def apply(graph: Graph, options: Options) -> Graph:
             else ""
         )
     )
+    if params_from:
+        graph.assumptions.append(params_from)
     if replaced_ms:
         graph.assumptions.append(
             f"the trace's measured all-reduces ({replaced_ms / n_steps:.2f} ms per step) were "
@@ -207,15 +209,26 @@ def _gathers(
         C.wait(graph, units[i - prefetch - 1][-1], ag[i])
 
 
-def _param_count(graph: Graph, o: Options) -> float:
+def _param_count(graph: Graph, o: Options) -> tuple[float, str | None]:
+    """Parameters (elements), and where they come from when not from the trace's shapes."""
     if o.params_mb is not None:
-        return o.params_mb * MIB / 4
+        return o.params_mb * MIB / 4, None
+    from perfcast.analysis.comms import allreduce_bytes_per_step
     from perfcast.memory_model.facts import trace_facts
 
     facts = trace_facts(graph.table) if graph.table is not None else None
-    if facts is None or facts.params == 0:
+    if facts is not None and facts.params > 0:
+        return float(facts.params), None
+    # A data-parallel trace's own all-reduces move every fp32 gradient once a step.
+    measured = allreduce_bytes_per_step(graph.table) if graph.table is not None else {}
+    if not measured:
         raise NotApplicableError(
-            "zero: the trace has no parameter shapes (record_shapes=False)",
+            "zero: the trace has no parameter shapes (record_shapes=False) and no sized "
+            "all-reduces to count its gradients by",
             hint="pass params_mb=<total parameter MiB>",
         )
-    return float(facts.params)
+    grads = sum(measured.values()) / len(measured)
+    return grads / 4, (
+        f"no parameter shapes: {grads / 4 / 1e6:.1f} M parameters, the fp32 gradients the "
+        f"trace's own all-reduces moved per step ({grads / MIB:.1f} MiB)"
+    )
