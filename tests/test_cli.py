@@ -727,3 +727,13 @@ def test_long_step_tables_show_their_ends(tmp_path, capsys):
         assert "… 30 more" in out and "step #15 " in out and "step #46 " in out
         assert "step #30 " not in out
     assert len(_json(capsys, "summary", str(trace), "--json")["ranks"][0]["iterations"]) == 60
+
+
+def test_a_multi_rank_prediction_says_which_rank_sets_the_step(shared_traces, capsys) -> None:
+    """advise on 8 ranks printed 14.41 ms where replay's rank 0 shows 11.01: each step is its
+    slowest rank's, and the header now says so."""
+    folder = str(shared_traces / "dlrm_v100_8rank")
+    for argv in (["advise", folder], ["whatif", folder, "--apply", "amp:dtype=fp16"]):
+        assert main(argv) == 0
+        out = " ".join(capsys.readouterr().out.split())  # the line wraps at 80 columns
+        assert "8 ranks: each step counted at its slowest rank" in out

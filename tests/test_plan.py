@@ -241,6 +241,9 @@ def test_plan_says_which_model_parallel_traffic_no_plan_models(shared_traces: Pa
     r = plan_trace(perfcast.load(str(shared_traces / "dlrm_v100_8rank")), 8, top=1)
     said = " ".join(r.assumptions)
     assert "also runs alltoall" in said and "no plan models" in said
+    # A V100 has no bf16 math: its AMP plans are fp16 (they were left out, with a hint to
+    # try dtype=fp16, an option plan does not have).
+    assert "AMP plans (fp16 autocast)" in said and "no AMP plans" not in said
 
 
 def test_plan_trace_recorded_reproduces_its_step() -> None:

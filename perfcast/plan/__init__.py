@@ -249,7 +249,8 @@ def plan_trace(
     )
     if amp is not None:
         w.assumptions.append(
-            f"AMP plans (bf16 autocast) scale forward and backward as `whatif amp:dtype=bf16` "
+            f"AMP plans ({amp.dtype} autocast) scale forward and backward as "
+            f"`whatif amp:dtype={amp.dtype}` "
             f"predicts on this trace: compute-bound GPU time x{amp.compute:.2f}, memory-bound "
             f"x{amp.memory:.2f} (casts added), host x{amp.host:.2f}"
         )

@@ -302,16 +302,25 @@ class AmpEffect:
     memory: float  # memory-bound GPU time (casts added) after / before
     host: float  # forward + backward host time after / before
     assumptions: list[str]
+    dtype: str = "bf16"  # fp16 (with a grad scaler) on a GPU without bf16 math
 
 
 def amp_effect(graph: Graph) -> AmpEffect | str:
-    """The AMP what-if's effect on `graph`, or why it does not apply."""
+    """The AMP what-if's effect on `graph` (bf16, or fp16 where the GPU has no bf16 math),
+    or why it does not apply."""
     from perfcast.errors import NotApplicableError
     from perfcast.whatif.registry import parse_spec
     from perfcast.whatif.runner import apply_specs
 
     try:
-        after, applied = apply_specs(graph, [parse_spec("amp:dtype=bf16")])
+        dtype = "bf16"
+        try:
+            after, applied = apply_specs(graph, [parse_spec("amp:dtype=bf16")])
+        except NotApplicableError as exc:
+            if "no native bf16" not in str(exc):
+                raise
+            dtype = "fp16"  # a V100: its AMP is fp16 with a grad scaler
+            after, applied = apply_specs(graph, [parse_spec("amp:dtype=fp16")])
     except NotApplicableError as exc:
         return str(exc)
     fb = (Phase.FORWARD, Phase.BACKWARD)
@@ -336,6 +345,7 @@ def amp_effect(graph: Graph) -> AmpEffect | str:
         memory=mem1 / mem0 if mem0 else 1.0,
         host=h1 / h0 if h0 else 1.0,
         assumptions=[a for m in applied for a in m.assumptions],
+        dtype=dtype,
     )
 
 

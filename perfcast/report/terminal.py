@@ -332,12 +332,19 @@ def render_replay(result: ReplayResult, console: Console) -> None:
             console.print(Text(f"    {ms:9.2f} ms  {cat:18s} {_short(name, 60)}"))
 
 
+# Every step time of a multi-rank prediction is the step's slowest rank (replay shows each).
+_SLOWEST_RANK = "{n} ranks: each step counted at its slowest rank, as the job runs"
+
+
 def render_whatif(result: WhatIfResult, console: Console) -> None:
     from perfcast.whatif.runner import LEAD_ASSUMPTION
 
     _render_notes(console, result.notes)
     applied = " + ".join(a.name for a in result.applied)
     console.print(Text(f"what-if: {applied}", style="bold"))
+    n_ranks = len({it.rank for it in result.iterations})
+    if n_ranks > 1:
+        console.print(Text(f"  {_SLOWEST_RANK.format(n=n_ranks)}"))
     console.print(
         f"  traced step                 {result.traced_ms:10.2f} ms\n"
         + _real_line(result.baseline_ms, result.measured_real_ms, result.correction)
@@ -415,6 +422,9 @@ def render_advice(advice: Advice, console: Console) -> None:
             f"step {advice.baseline_ms:.2f} ms without the profiler "
             f"({advice.correction.source}; traced {advice.traced_ms:.2f} ms)"
         )
+    n_ranks = int(advice.facts.get("ranks", 1))
+    if n_ranks > 1:
+        step += f"; {_SLOWEST_RANK.format(n=n_ranks)}"
     console.print(Text(f"{step} · {advice.bottleneck}", style="bold"))
     for finding in advice.findings:
         console.print(Text(f"finding: {finding}"))
