@@ -85,6 +85,34 @@ def test_changes_by_hand() -> None:
     assert ck.activations_bytes == 2 << 20  # each region keeps its input only
 
 
+def test_fused_optimizer_memory_assumes_the_whatifs_default_kind() -> None:
+    """`whatif --apply fused-optimizer` models foreach (its default) while its memory line
+    said 'optimizer: fused'."""
+    inp = MemoryInputs(param_numels=[1 << 20], saved_bytes=[1 << 20], optimizer="adam")
+    changed = apply_changes(inp, ["fused-optimizer"])
+    assert changed.optimizer_impl == "foreach" and "optimizer: foreach" in changed.assumptions
+    assert apply_changes(inp, ["fused-optimizer:kind=fused"]).optimizer_impl == "fused"
+
+
+def test_an_inference_step_has_no_optimizer_and_peaks_in_forward(tmp_path: Path) -> None:
+    """An inference trace's memory said 'adam (for-loop) state' and 'the peak falls in
+    backward'."""
+    b = TraceBuilder()
+    b.step(1, 0, 1000)
+    b.op("aten::linear", 10, 10, **{"Input Dims": [[32, 100], [100, 100], [100]]})
+    b.launch("sm80_xmma_gemm_f32f32_f32f32_f32_tn_n", 11, 2, 30, 5)
+    table = perfcast.load(b.write(tmp_path / "infer.json"))
+    facts = trace_facts(table)
+    assert not facts.has_backward and facts.optimizer == "none"
+    est = predict_peak_memory(facts, [])
+    assert est.at == "forward" and est.optimizer_bytes == 0
+    said = " ".join(est.assumptions)
+    assert "no optimizer state" in said and "adam" not in said
+    # A training step keeps its optimizer and its backward.
+    train = trace_facts(perfcast.load(_mlp_trace(tmp_path)))
+    assert train.has_backward and train.optimizer == "adam"
+
+
 def test_fit_verdict() -> None:
     inp = MemoryInputs(param_numels=[10 * (1 << 30)], saved_bytes=[], capacity_bytes=80 * GIB)
     est = estimate(inp)

@@ -154,6 +154,7 @@ class TraceFacts:
     device_bytes: int | None = None  # totalGlobalMem of the trace's device
     measured_peak_bytes: int | None = None  # from [memory] events, when the trace has them
     has_gpu: bool = False
+    has_backward: bool = True  # False: an inference step (no gradients, no optimizer)
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -208,6 +209,9 @@ def _trace_facts(table: EventTable, rank: int | None) -> TraceFacts:
     ops = ops[np.argsort(table.ts[ops], kind="stable")]
     _params(table, ops, facts)
     _optimizer(table, ops, facts)
+    facts.has_backward = bool(np.isin(phases[ops], [Phase.BACKWARD, Phase.OPTIMIZER]).any())
+    if not facts.has_backward and not facts.param_numels:
+        facts.optimizer = "none"  # an inference step keeps no optimizer state
     _dtype(table, in_step, phases, facts)
     _saved(table, ops, phases, facts)
     annotations = np.flatnonzero(in_step & (table.kind == Kind.USER_ANNOTATION))

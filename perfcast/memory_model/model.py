@@ -92,6 +92,7 @@ class MemoryInputs:
     # The previous step's gradients are alive through forward (zero_grad between forward
     # and backward): the end of forward is a peak candidate with them.
     grads_live_in_forward: bool = False
+    has_backward: bool = True  # False: an inference step, whose peak is in forward
     # The forward ops (a trace's), and the op that saved each of `saved_bytes`: where
     # activation checkpointing looks for repeated blocks. None once a change reshaped them.
     forward: ForwardOps | None = None
@@ -173,8 +174,13 @@ def inputs_from_facts(facts: TraceFacts) -> MemoryInputs:
     notes = list(facts.notes)
     notes.append(
         f"{len(facts.param_numels)} parameters ({facts.params / 1e6:.2f} M) from AccumulateGrad "
-        f"shapes; {facts.optimizer} ({facts.optimizer_impl}) state; "
-        f"{len(facts.saved)} saved activations ({facts.activation_bytes / GIB:.3f} GiB at "
+        f"shapes; "
+        + (
+            f"{facts.optimizer} ({facts.optimizer_impl}) state; "
+            if facts.optimizer != "none"
+            else "no optimizer state (no backward or optimizer in the step); "
+        )
+        + f"{len(facts.saved)} saved activations ({facts.activation_bytes / GIB:.3f} GiB at "
         f"{facts.act_bytes_per_elem} bytes per element, {facts.compute_dtype} compute) from "
         "forward op shapes"
     )
@@ -208,6 +214,7 @@ def inputs_from_facts(facts: TraceFacts) -> MemoryInputs:
         source="op shapes",
         measured_peak_bytes=facts.measured_peak_bytes,
         grads_live_in_forward=facts.grads_live_in_forward,
+        has_backward=facts.has_backward,
         forward=facts.forward_ops if facts.forward_ops.tokens else None,
         saved_at=[t.op_index for t in facts.saved],
     )
@@ -274,7 +281,7 @@ def estimate(inputs: MemoryInputs) -> MemoryEstimate:
         peak, at = fwd_end, "forward"
         temporaries = max(0, fwd_end - base - a)
     else:
-        peak, at = best_bwd, "backward"
+        peak, at = best_bwd, "backward" if inputs.has_backward else "forward"
         temporaries = max(0, best_bwd - base - a)
     del k_best
     return MemoryEstimate(
@@ -585,7 +592,10 @@ def _checkpoint_spans(inp: MemoryInputs, spans: list[tuple[int, int]], what: str
 
 
 def _fused(inp: MemoryInputs, o: Mapping[str, Any]) -> MemoryInputs:
-    kind = str(o.get("kind", "fused"))
+    from perfcast.whatif.models.fused_optimizer import Options as FusedOptions
+
+    # The what-if's own default, so that memory and time assume the same optimizer.
+    kind = str(o.get("kind", FusedOptions().kind))
     return replace(inp, optimizer_impl=kind, assumptions=[*inp.assumptions, f"optimizer: {kind}"])
 
 

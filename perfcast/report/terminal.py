@@ -210,7 +210,12 @@ def render_summary(summary: Summary, console: Console, top: int = 5) -> None:
             console.print(Text(f"  note: {note}", style="yellow"))
         _render_top(console, "top kernels", rs.top_kernels[:top])
         _render_top(console, "top CPU ops", rs.top_ops[:top])
-        _render_top(console, "GPU time by module / scope (% of all GPU time)", rs.top_scopes[:top])
+        _render_top(
+            console,
+            "GPU time by innermost module / scope, its own kernels only (% of all GPU time; "
+            "`perfcast tree` adds up the modules inside)",
+            rs.top_scopes[:top],
+        )
         if rs.gpu_ms_by_phase:
             parts = ", ".join(f"{k} {v:.2f}" for k, v in rs.gpu_ms_by_phase.items())
             console.print(Text(f"GPU ms by phase (all steps): {parts}"))
