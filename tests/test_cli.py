@@ -6,6 +6,7 @@ import gzip
 import hashlib
 import itertools
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -737,3 +738,34 @@ def test_a_multi_rank_prediction_says_which_rank_sets_the_step(shared_traces, ca
         assert main(argv) == 0
         out = " ".join(capsys.readouterr().out.split())  # the line wraps at 80 columns
         assert "8 ranks: each step counted at its slowest rank" in out
+
+
+def test_whatif_list_shows_defaults_and_takes_json(capsys) -> None:
+    """`whatif --list --json` printed text, and the list showed no defaults (faster-op with
+    no pattern makes every node of the trace faster: '.')."""
+    assert main(["whatif", "--list", "--json"]) == 0
+    models = json.loads(capsys.readouterr().out)
+    by_name = {m["name"]: m for m in models}
+    assert by_name["faster-op"]["options"]["pattern"] == "."
+    assert by_name["fused-optimizer"]["options"]["kind"] == "foreach"
+    assert main(["whatif", "--list"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "defaults: pattern=., factor=2.0, where=all, module=auto" in out
+
+
+@pytest.mark.parametrize("columns", [80, 60])
+def test_advise_table_keeps_every_column_on_a_narrow_terminal(
+    columns: int, monkeypatch, capsys
+) -> None:
+    """At 80 columns the optimization's name wrapped into three lines and, once it kept its
+    width, rich cropped the last column off; at 60 the name read 'torch- / compil'."""
+    monkeypatch.setenv("COLUMNS", str(columns))
+    assert main(["advise", str(EXAMPLE)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    rows = [ln for ln in lines if re.match(r"^ *\d+ +\S", ln) and "×" in ln]
+    assert rows, lines[:12]
+    for row in rows:
+        assert len(row) <= columns
+        assert row.rstrip().endswith("%")  # 'from trace' is there
+    if columns == 80:  # the longest name the advisor gives here fits whole
+        assert any("torch-compile:mode=reduce-overhead" in r for r in rows)

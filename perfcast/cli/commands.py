@@ -229,12 +229,19 @@ def cmd_replay(args: argparse.Namespace, ui: Any) -> int:
 
 
 def cmd_whatif(args: argparse.Namespace, ui: Any) -> int:
-    from perfcast.whatif.registry import checked_specs, describe_models
+    from perfcast.whatif.registry import checked_specs, describe_models, model_defaults
     from perfcast.whatif.runner import run_whatif
 
     if args.list:
-        for name, doc in describe_models():
+        models = [(name, doc, model_defaults(name)) for name, doc in describe_models()]
+        if args.json:
+            ui.out.print_json(data=[{"name": n, "summary": d, "options": o} for n, d, o in models])
+            return 0
+        for name, doc, defaults in models:
             ui.out.print(Text(f"{name:24s} {doc}"))
+            options = ", ".join(f"{k}={'auto' if v is None else v}" for k, v in defaults.items())
+            ui.out.print(Text(f"{'':24s} defaults: {options or 'no options'}", style="dim"))
+        ui.out.print(Text("auto: decided from the trace; NAME:key=value,... sets an option"))
         return 0
     from perfcast.cli.tree import check_focus
 

@@ -436,24 +436,32 @@ def render_advice(advice: Advice, console: Console) -> None:
     t = Table(
         title="optimizations ranked by predicted step time (gain beyond the model's error)",
         title_justify="left",
+        box=box.SIMPLE_HEAD,
+        show_edge=False,
     )
-    # Numbers never shrink to an ellipsis on a narrow terminal: the name and the error range
-    # wrap instead.
+    # Widths set here, not by rich (which cropped the last column off an 80-column
+    # terminal): numbers never shrink, the name, which the reader acts on, keeps its width
+    # while there is room, and the error range wraps first.
+    rows = [
+        (str(i), s.name, _ms(s.predicted_ms), f"{s.speedup:.2f}×", _band(s), s.measured_share)
+        for i, s in enumerate(advice.suggestions, 1)
+    ]
+    w_num = max((len(r[2]) for r in rows), default=5)
+    w_sp = max((len(r[3]) for r in rows), default=7)
+    w_hash = len(str(len(rows)))
+    overhead = 2 * 6 + 5  # padding and separators of six columns
+    fixed = overhead + w_hash + max(w_num, 2) + max(w_sp, 7) + 5
+    longest = max((len(r[1]) for r in rows), default=12)
+    name_w = max(8, min(longest, console.width - fixed - 10))
+    range_w = max(10, console.width - fixed - name_w)
     t.add_column("#", justify="right", no_wrap=True)
-    t.add_column("optimization", overflow="fold", ratio=1)
-    for col in ("predicted ms", "speedup"):
-        t.add_column(col, justify="right", no_wrap=True, min_width=len(col))
-    t.add_column("range (measured error)", justify="right")
-    t.add_column("from trace", justify="right", no_wrap=True, min_width=5)
-    for i, s in enumerate(advice.suggestions, 1):
-        t.add_row(
-            str(i),
-            Text(s.name),
-            _ms(s.predicted_ms),
-            f"{s.speedup:.2f}×",
-            _band(s),
-            f"{100 * s.measured_share:.0f}%",
-        )
+    t.add_column("optimization", overflow="fold", min_width=name_w, max_width=name_w)
+    t.add_column("ms", justify="right", no_wrap=True)
+    t.add_column("speedup", justify="right", no_wrap=True)
+    t.add_column("range", justify="right", min_width=min(10, range_w), max_width=range_w)
+    t.add_column("from trace", justify="right", width=5)
+    for rank, name, ms, speedup, band, share in rows:
+        t.add_row(rank, Text(name), ms, speedup, band, f"{100 * share:.0f}%")
     if advice.suggestions:
         console.print(t)
     else:
@@ -504,14 +512,15 @@ def render_advice(advice: Advice, console: Console) -> None:
         )
     for na in advice.not_applicable:
         console.print(Text(f"not applicable: {na.name}: {na.reason}", style="dim"))
-    console.print(
-        Text(
-            "'range (measured error)': the speedup widened by the largest error of this model "
-            "on the project's measured pairs; 'from trace': the share of the predicted critical "
-            "path whose durations come from the trace",
-            style="dim",
+    if advice.suggestions:
+        console.print(
+            Text(
+                "'ms': the predicted step; 'range': the speedup widened by the largest error "
+                "of this model on the project's measured pairs (how many); 'from trace': the "
+                "share of the predicted critical path whose durations come from the trace",
+                style="dim",
+            )
         )
-    )
 
 
 def _band(s: Suggestion) -> str:

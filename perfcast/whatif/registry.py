@@ -86,6 +86,20 @@ def describe_models() -> list[tuple[str, str]]:
     return out
 
 
+def model_defaults(name: str) -> dict[str, Any]:
+    """A model's options and their defaults (None: decided from the trace)."""
+    fields = dataclasses.fields(get_model(name).Options)
+    out: dict[str, Any] = {}
+    for f in fields:
+        if f.default is not dataclasses.MISSING:
+            out[f.name] = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            out[f.name] = f.default_factory()
+        else:
+            out[f.name] = None
+    return out
+
+
 @dataclasses.dataclass
 class Spec:
     name: str
