@@ -275,6 +275,8 @@ def test_stragglers_by_hand(write_trace) -> None:
     assert by[1].wait_caused_ms == pytest.approx(0.06)
     assert by[1].mean_lateness_us == pytest.approx(15)
     assert r.worst[0].max_wait_us == pytest.approx(50)
+    # The worst table says which collective: the first all-reduce of the unnamed group.
+    assert (r.worst[0].nth_of_kind, r.worst[0].group) == (0, "(default)")
 
 
 def test_stragglers_need_several_ranks(table) -> None:

@@ -45,6 +45,16 @@ def test_stragglers_dlrm_ranks_2_and_7(shared_traces: Path) -> None:
     r = perfcast.stragglers(shared_traces / "dlrm_v100_8rank")
     assert sorted(r.candidates) == [2, 7]
     assert r.matched == 8
+    # Rank 2 is late on average but never the last: the text says it held no one up.
+    from rich.console import Console
+
+    from perfcast.report.analyses_terminal import render_analyses
+
+    console = Console(width=400, record=True)
+    render_analyses(perfcast.analyze(shared_traces / "dlrm_v100_8rank", only="stragglers"), console)
+    text = console.export_text()
+    assert "2 (426 µs late on average, last at 0 collectives" in text
+    assert "never the last, so it held no one up" in text
     # Named as the collectives analysis names them: NCCL runs DLRM's all-to-all as SendRecv.
     by_op = {g.op for g in perfcast.collectives(shared_traces / "dlrm_v100_8rank").by_op}
     assert {w.kind for w in r.worst} <= by_op and "alltoall" in {w.kind for w in r.worst}

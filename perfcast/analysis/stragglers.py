@@ -50,9 +50,9 @@ class RankLateness:
 
 @dataclass
 class LateCollective:
-    index: int  # position among the matched collectives of its kind and group
+    nth_of_kind: int  # its place (from 0) among the matched collectives of its kind and group
     kind: str
-    group: str
+    group: str  # the process group's ranks as the trace names them; "(default)" if unnamed
     last_rank: int
     max_wait_us: float  # last arrival − first arrival
     wait_caused_ms: float  # summed over the other ranks
@@ -65,7 +65,7 @@ class Stragglers(Tables):
 
     by_rank: list[RankLateness]
     worst: list[LateCollective]
-    candidates: list[int]  # the ranks that caused the most waiting, most first
+    candidates: list[int]  # latest on average, latest first (HTA's potential stragglers)
     matched: int  # collectives matched across all ranks
     notes: list[str] = field(default_factory=list)
 
@@ -213,9 +213,9 @@ def stragglers(table: EventTable, candidates: int = 2, top: int = 20) -> Straggl
         kind = named or kind
         out.worst.append(
             LateCollective(
-                index=idx,
+                nth_of_kind=idx,
                 kind=kind,
-                group=group,
+                group=group or "(default)",
                 last_rank=ranks[int(last[i])],
                 max_wait_us=float(latest[i] - arrive[i].min()) / NS_PER_US,
                 wait_caused_ms=float(caused[i]) / NS_PER_MS,

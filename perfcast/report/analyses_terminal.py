@@ -128,15 +128,23 @@ def render_analyses(result: Analyses, console: Console, rows: int = 12) -> None:
         if name == "stragglers" and res.candidates:
             console.print(
                 Text(
-                    "straggler candidates (latest on average): ranks "
+                    "straggler candidates (latest on average, as HTA ranks them): ranks "
                     + ", ".join(
                         f"{b.rank} ({b.mean_lateness_us:,.0f} µs late on average, last at "
-                        f"{b.times_last} collectives, {b.wait_caused_ms:.2f} ms of waiting caused)"
+                        f"{b.times_last} collectives, {b.wait_caused_ms:.2f} ms of waiting caused"
+                        + ("; never the last, so it held no one up" if not b.times_last else "")
+                        + ")"
                         for r in res.candidates
                         for b in res.by_rank
                         if b.rank == r
                     )
                     + f"; {res.matched} collectives matched across ranks"
+                    + (
+                        "; the ranks that made others wait are those with wait_caused_ms > 0 "
+                        "(`summary` marks only those)"
+                        if any(b.times_last == 0 for b in res.by_rank if b.rank in res.candidates)
+                        else ""
+                    )
                 )
             )
         for tname, cols in result_tables(res).items():
