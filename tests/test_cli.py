@@ -769,3 +769,11 @@ def test_advise_table_keeps_every_column_on_a_narrow_terminal(
         assert row.rstrip().endswith("%")  # 'from trace' is there
     if columns == 80:  # the longest name the advisor gives here fits whole
         assert any("torch-compile:mode=reduce-overhead" in r for r in rows)
+
+
+def test_whatif_tree_piped_is_as_wide_as_tree(monkeypatch, capsys) -> None:
+    """`tree | cat` printed 160 columns, `whatif --tree | cat` 80: call paths cut mid-word."""
+    monkeypatch.delenv("COLUMNS", raising=False)
+    assert main(["whatif", str(EXAMPLE), "--apply", "cuda-graphs", "--tree"]) == 0
+    widest = max(len(line) for line in capsys.readouterr().out.splitlines())
+    assert 80 < widest <= 160

@@ -80,6 +80,12 @@ def check_focus(args: argparse.Namespace) -> None:
 PIPED_WIDTH = 160  # columns when the output is not a terminal and COLUMNS is unset
 
 
+def widen_when_piped(ui: Any) -> None:
+    """Piped to a file or a pager: rich's 80 columns would cut the call paths to "v…"."""
+    if not ui.out.is_terminal and "COLUMNS" not in os.environ:
+        ui.out.width = PIPED_WIDTH
+
+
 def cmd_tree(args: argparse.Namespace, ui: Any) -> int:
     from perfcast.analysis.context import context_tree
     from perfcast.analysis.context_views import focus, library_frames, project, tree_result
@@ -88,9 +94,7 @@ def cmd_tree(args: argparse.Namespace, ui: Any) -> int:
     check_focus(args)
     for out in (args.speedscope, args.folded):
         _check_output(out, args.path)
-    if not ui.out.is_terminal and "COLUMNS" not in os.environ:
-        # Piped to a file or a pager: rich's 80 columns would cut the call paths to "v…".
-        ui.out.width = PIPED_WIDTH
+    widen_when_piped(ui)
     table = ui.load(args.path)
     tree = context_tree(table, rank=args.rank, phase=args.phase, step=args.step)
     metric = {"gpu": "gpu_ns", "cpu": "cpu_ns", None: None}[args.metric]
@@ -161,5 +165,6 @@ def whatif_tree(table: Any, base: Any, predicted: Any, args: argparse.Namespace,
         }
     from perfcast.report.tree import render_gain_tree
 
+    widen_when_piped(ui)
     render_gain_tree(gain, rows, ui.out, args.min_pct)
     return None
