@@ -138,7 +138,9 @@ class Correction:
             extra += f", and the ops' own CPU work taken as {self.work_pct:.1f}% longer traced"
         return (
             f"the profiler's own host cost is taken out ({self.source}: {self.op_us:.2f} µs per "
-            f"op + {self.input_us:.2f} per recorded input, {self.runtime_us:.2f} µs per runtime "
+            f"op"
+            + (f" + {self.input_us:.2f} µs per recorded input" if self.input_us >= 0.005 else "")
+            + f", {self.runtime_us:.2f} µs per runtime "
             f"call{extra}, ±{self.uncertainty_pct:.0f}%; {self.note}; an op's cost taken "
             f"{ENTER_SHARE:.0%} from the CPU time before it and the rest after, never more than "
             f"that time, a runtime call keeping at least {MIN_RUNTIME_NS / 1e3:g} µs; "
