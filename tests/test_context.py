@@ -763,3 +763,46 @@ def test_exports_keep_the_roots_own_time(hand: ContextTree) -> None:
                 if depth == 0:
                     covered += e["at"] - opened
         assert covered == prof["endValue"]
+
+
+def _layers_trace(path: Path, layers: int) -> Path:
+    """One step: a Net_0 scope holding `layers` Block_i scopes, each holding a Linear_j and a
+    GELU_j, each op launching one kernel (its duration tells the layers apart)."""
+    b = TraceBuilder()
+    b.step(1, 0, 1000)
+    b.op("nn.Module: Net_0", 1, 900, cat="python_function")
+    t = 2.0
+    for i in range(layers):
+        b.op(f"nn.Module: Block_{i}", t, 60, cat="python_function")
+        b.op(f"nn.Module: Linear_{i}", t + 1, 25, cat="python_function")
+        b.op("aten::addmm", t + 2, 20)
+        b.launch("gemm_kernel", t + 3, 2, t + 5, 10 + i)
+        b.op(f"nn.Module: GELU_{i}", t + 30, 25, cat="python_function")
+        b.op("aten::gelu", t + 31, 20)
+        b.launch("gelu_kernel", t + 32, 2, t + 40, 1)
+        t += 70
+    return b.write(path)
+
+
+def test_repeated_module_instances_fold_by_class(tmp_path: Path) -> None:
+    """36 decoder layers were 36 subtrees (`tree` printed 781 lines on the SGLang trace); three
+    or more instances of a class under one parent now fold into one node, times added."""
+    from perfcast.analysis.context_views import fold_repeated, tree_result
+
+    tree = context_tree(perfcast.load(_layers_trace(tmp_path / "layers.json", 4)))
+    folded, n = fold_repeated(tree)
+    assert n == 12  # 4 blocks, then their 4 Linears and 4 GELUs
+    block = node_at(folded, "nn.Module: Net_0", "nn.Module: Block ×4")
+    linear = node_at(folded, "nn.Module: Net_0", "nn.Module: Block ×4", "nn.Module: Linear ×4")
+    assert folded.incl["gpu_ns"][block] == tree.incl["gpu_ns"][0] == 4 * 1000 + 46_000
+    assert folded.incl["gpu_ns"][linear] == (10 + 11 + 12 + 13) * 1000
+    assert folded.incl["kernels"][linear] == 4
+    # Two instances stay apart, and the view can keep every instance.
+    two = context_tree(perfcast.load(_layers_trace(tmp_path / "two.json", 2)))
+    assert fold_repeated(two)[1] == 0
+    result = tree_result(tree, fold=False)
+    assert result.instances_folded == 0
+    assert any(r.name == "nn.Module: Block_3" for r in result.rows)
+    shown = tree_result(tree)
+    assert shown.instances_folded == 12
+    assert any(r.name == "nn.Module: Block ×4" for r in shown.rows)

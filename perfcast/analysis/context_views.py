@@ -106,6 +106,57 @@ def project(tree: ContextTree, keep: np.ndarray) -> ContextTree:
     )
 
 
+# An nn.Module scope as the profiler names it: the class and the instance's number.
+_MODULE_INSTANCE = re.compile(r"^(nn\.Module: .+?)_\d+$")
+FOLD_MIN = 3  # siblings of one module class folded into one node from this many on
+
+
+def fold_repeated(tree: ContextTree, min_count: int = FOLD_MIN) -> tuple[ContextTree, int]:
+    """The tree with sibling instances of one module class (`Qwen3DecoderLayer_0` ...
+    `_35` under one parent) folded into one node, `nn.Module: Qwen3DecoderLayer x36`, when
+    there are at least `min_count` of them; their subtrees merge the same way, level by
+    level. Times add up; nothing is dropped. Returns the tree and how many nodes folded."""
+    folded_total = 0
+    for _ in range(32):  # one level of nesting per pass; a tree is not deeper than this
+        index = tree.index
+        labels = list(index.labels)
+        cls_of_label = np.full(len(labels), -1, dtype=np.int64)
+        cls_names: dict[str, int] = {}
+        for i, text in enumerate(labels):
+            m = _MODULE_INSTANCE.match(text)
+            if m:
+                cls_of_label[i] = cls_names.setdefault(m.group(1), len(cls_names))
+        node_cls = cls_of_label[index.label.astype(np.int64)]
+        node_cls[0] = -1
+        cand = np.flatnonzero(node_cls >= 0)
+        if cand.size == 0:
+            break
+        key = np.stack([index.parent[cand].astype(np.int64), node_cls[cand]], axis=1)
+        _, group, counts = np.unique(key, axis=0, return_inverse=True, return_counts=True)
+        group = group.reshape(-1)
+        fold = counts[group] >= min_count
+        if not fold.any():
+            break
+        names = {v: k for k, v in cls_names.items()}
+        new_label = index.label.astype(np.int64).copy()
+        interned: dict[str, int] = {}
+        for node, cls, n in zip(
+            cand[fold].tolist(), node_cls[cand[fold]].tolist(), counts[group[fold]].tolist()
+        ):
+            text = f"{names[cls]} ×{n}"
+            if text not in interned:
+                interned[text] = len(labels)
+                labels.append(text)
+            new_label[node] = interned[text]
+        folded_total += int(fold.sum())
+        relabeled = ContextIndex(**{**index.__dict__, "labels": labels, "label": new_label})
+        tree = project(
+            ContextTree(**{**tree.__dict__, "index": relabeled}),
+            np.ones(len(index), dtype=bool),
+        )
+    return tree, folded_total
+
+
 def library_frames(index: ContextIndex) -> np.ndarray:
     """Nodes that are frames of PyTorch, the interpreter or the standard library."""
     frames = index.kind == CtxKind.FRAME
@@ -450,6 +501,7 @@ class TreeResult:
     notes: list[str]
     rows: list[TreeRow]
     bottom_up: list[HotSpot] | None = None
+    instances_folded: int = 0  # module instances folded by class (fold_repeated)
 
 
 # The tree attributes the trace's own times: its CPU column is the profiled run's.
@@ -468,14 +520,19 @@ def tree_result(
     all_frames: bool = False,
     bottom_up: bool = False,
     top: int = 10,
+    fold: bool = True,
 ) -> TreeResult:
     """The view `perfcast tree` prints: library frames elided unless `all_frames`, only
-    the paths through `focus_re` if given; `metric` defaults to GPU time when there is
-    any, else CPU time."""
+    the paths through `focus_re` if given, repeated module instances folded by class
+    unless `fold` is False; `metric` defaults to GPU time when there is any, else CPU
+    time."""
     if metric is None:
         metric = "gpu_ns" if tree.coverage.gpu_ns > 0 else "cpu_ns"
     if focus_re:
         tree = focus(tree, focus_re)
+    folded = 0
+    if fold:
+        tree, folded = fold_repeated(tree)
     hidden = 0
     if not all_frames:
         lib = library_frames(tree.index)
@@ -501,4 +558,5 @@ def tree_result(
         notes=[*tree.notes, CPU_AS_TRACED],
         rows=rows,
         bottom_up=hot_spots(tree, metric=metric, top=top) if bottom_up else None,
+        instances_folded=folded,
     )

@@ -38,6 +38,12 @@ def register(sub: Any, add_common: Callable[[Any], None], table: dict[str, Any])
         help="also list the hot kernels and ops with the call paths that reach them",
     )
     p.add_argument("--top", type=int, default=10, help="hot spots listed by --bottom-up")
+    p.add_argument(
+        "--instances",
+        action="store_true",
+        help="one node per module instance (Layer_0, Layer_1, ...); by default three or "
+        "more instances of one class under one parent fold into one node, 'Layer ×N'",
+    )
     p.add_argument("--speedscope", metavar="FILE.json", help="write the tree for speedscope")
     p.add_argument(
         "--folded", metavar="FILE.txt", help="write folded stacks (flamegraph.pl, inferno)"
@@ -122,6 +128,7 @@ def cmd_tree(args: argparse.Namespace, ui: Any) -> int:
         all_frames=args.all_frames,
         bottom_up=args.bottom_up,
         top=args.top,
+        fold=not args.instances,
     )
     if args.json:
         ui.emit_json(result)

@@ -169,6 +169,14 @@ def render_tree(result: TreeResult, console: Console) -> None:
                 style="dim",
             )
         )
+    if result.instances_folded:
+        console.print(
+            Text(
+                f"{result.instances_folded:,} module instances folded into one node per class "
+                "and parent, 'Class ×N' (--instances shows each)",
+                style="dim",
+            )
+        )
     _render_rows(
         result.rows,
         _tree_columns(result),
