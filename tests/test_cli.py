@@ -43,11 +43,18 @@ def test_replay_json_and_export(capsys, tmp_path):
         assert it["simulated_ms"] == pytest.approx(it["measured_ms"], rel=0.01)
     trace = json.loads(out.read_text())
     names = {e["args"]["name"] for e in trace["traceEvents"] if e.get("name") == "process_name"}
-    assert names == {"simulated, as traced · rank 0"}
+    # Both worlds the text reports: as traced, and without the profiler (the step replay
+    # leads with), which the export left out.
+    assert names == {"simulated, as traced · rank 0", "simulated, without the profiler · rank 0"}
     assert any(e["ph"] == "s" for e in trace["traceEvents"])  # launch arrows
     # Each op is one slice spanning its children (a step is one slice, not its self-time
     # pieces), and slices on a thread nest: none ends inside another and outlives it.
-    slices = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    traced_pid = next(
+        e["pid"]
+        for e in trace["traceEvents"]
+        if e.get("name") == "process_name" and e["args"]["name"].startswith("simulated, as")
+    )
+    slices = [e for e in trace["traceEvents"] if e["ph"] == "X" and e["pid"] == traced_pid]
     steps = [e for e in slices if e["name"].startswith("ProfilerStep#")]
     assert [e["name"] for e in steps] == ["ProfilerStep#4", "ProfilerStep#5", "ProfilerStep#6"]
     for e, it in zip(steps, doc["ranks"][0]["iterations"], strict=True):

@@ -224,7 +224,11 @@ def cmd_replay(args: argparse.Namespace, ui: Any) -> int:
     graph = build_graph(table)
     tl = simulate(graph, engine=args.engine)
     world = real_world(graph, correct=args.correct, traced=tl)
-    _export([("simulated, as traced", tl)], args.export_trace, ui)
+    # Both worlds the text reports: the replay as traced and the step without the profiler.
+    timelines = [("simulated, as traced", tl)]
+    if world.real is not tl:
+        timelines.append(("simulated, without the profiler", world.real))
+    _export(timelines, args.export_trace, ui)
     return _output(replay_result(tl, world), "render_replay", args, ui)
 
 
