@@ -79,6 +79,7 @@ class RankInfo:
 
     rank: int
     path: str
+    rank_by_order: bool = False  # numbered by its place in its folder (the file says none)
     device_name: str | None = None
     device_properties: dict[str, object] | None = None  # the first deviceProperties entry
     world_size: int | None = None

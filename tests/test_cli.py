@@ -760,7 +760,7 @@ def test_whatif_list_shows_defaults_and_takes_json(capsys) -> None:
     assert "defaults: pattern=., factor=2.0, where=all, module=auto" in out
 
 
-@pytest.mark.parametrize("columns", [80, 60])
+@pytest.mark.parametrize("columns", [80, 60, 50])
 def test_advise_table_keeps_every_column_on_a_narrow_terminal(
     columns: int, monkeypatch, capsys
 ) -> None:

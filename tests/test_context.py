@@ -806,3 +806,28 @@ def test_repeated_module_instances_fold_by_class(tmp_path: Path) -> None:
     shown = tree_result(tree)
     assert shown.instances_folded == 12
     assert any(r.name == "nn.Module: Block ×4" for r in shown.rows)
+
+
+def test_nested_instances_fold_once_their_parents_merged(tmp_path: Path) -> None:
+    """Blocks of 3, 3, 3 and 4 Linears folded both levels in one pass: under 'Block ×4' a
+    'Linear ×3' held 9 instances beside a separate 'Linear ×4'. Now one 'Linear ×13'."""
+    from perfcast.analysis.context_views import fold_repeated
+
+    b = TraceBuilder()
+    b.step(1, 0, 5000)
+    b.op("nn.Module: Net_0", 1, 4900, cat="python_function")
+    t, k = 2.0, 0
+    for i, n in enumerate((3, 3, 3, 4)):
+        b.op(f"nn.Module: Block_{i}", t, 40 * n + 5, cat="python_function")
+        for _ in range(n):
+            b.op(f"nn.Module: Linear_{k}", t + 1, 30, cat="python_function")
+            b.op("aten::addmm", t + 2, 20)
+            b.launch("gemm_kernel", t + 3, 2, t + 5, 10)
+            t, k = t + 40, k + 1
+        t += 10
+    tree = context_tree(perfcast.load(b.write(tmp_path / "nested.json")))
+    folded, n = fold_repeated(tree)
+    assert n == 4 + 13
+    linear = node_at(folded, "nn.Module: Net_0", "nn.Module: Block ×4", "nn.Module: Linear ×13")
+    assert folded.incl["kernels"][linear] == 13
+    assert folded.incl["gpu_ns"][0] == tree.incl["gpu_ns"][0]

@@ -176,6 +176,22 @@ def test_files_that_hold_no_trace_are_left_out_of_a_folder(tmp_path: Path, write
         perfcast.load(tmp_path / "run")
 
 
+def test_ranks_numbered_by_place_count_only_the_traces(tmp_path: Path, write_trace):
+    """Files that name no rank are numbered by their place in the folder: a skipped file
+    before them shifted them (x.json and y.json became ranks 2 and 3); a saved JSON list
+    (`whatif --list --json`) read as one more, empty rank."""
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "a.json").write_bytes(b"")
+    write_trace([{"name": "amp", "options": {}}], "run/models.json")
+    write_trace({"traceEvents": [EVENT]}, "run/x.json")
+    write_trace({"traceEvents": [EVENT]}, "run/y.json")
+    table = perfcast.load(tmp_path / "run")
+    assert [(r.rank, Path(r.path).name) for r in table.ranks] == [(0, "x.json"), (1, "y.json")]
+    assert {it.rank for it in table.iterations} == {0, 1}
+    note = next(w for w in table.ranks[0].warnings if "not read" in w)
+    assert "models.json holds no trace events" in note
+
+
 def test_a_perfcast_export_is_not_read_as_a_trace(tmp_path: Path) -> None:
     """A replay's Perfetto export was read as a trace: the profiler's cost taken out twice."""
     from perfcast.cli.main import main

@@ -605,7 +605,7 @@ def test_ddp_and_zero_size_gradients_by_a_ddp_traces_own_allreduces() -> None:
     assert "97.5 MiB per step the trace's own all-reduces moved" in said
     zero, _, _ = run_whatif(table, [parse_spec("zero:gpus=8")], correct=False)
     said = " ".join(zero.applied[0].assumptions)
-    assert "25.6 M parameters" in said and "all-reduces moved per step (97.5 MiB)" in said
+    assert "25.6 M parameters" in said and "all-reduces moved per step" in said
     # params_mb still decides when given.
     given, _, _ = run_whatif(table, [parse_spec("ddp:gpus=8,params_mb=10")], correct=False)
     assert "params_mb=10" in " ".join(given.applied[0].assumptions)

@@ -78,10 +78,18 @@ def test_zero_needs_parameter_sizes(tmp_path: Path) -> None:
     # step: zero counts the parameters by them, as params_mb=97.5 would.
     table = perfcast.load(str(EXAMPLE))
     g = _apply(table, "zero", gpus=8, stage=3)
-    assert any("the fp32 gradients the trace's own all-reduces moved" in a for a in g.assumptions)
+    assert any("gradient elements the trace's own all-reduces moved" in a for a in g.assumptions)
     measured = perfcast.predict(table, "zero:gpus=8,stage=2").predicted_ms
     given = perfcast.predict(table, "zero:gpus=8,stage=2,params_mb=97.5").predicted_ms
     assert measured == pytest.approx(given, rel=0.01)
+    # bf16 gradients: the same parameters in half the bytes (counted by elements, not by
+    # bytes / 4, which read 12.8 M).
+    import gzip
+
+    text = gzip.decompress(EXAMPLE.read_bytes()).replace(b'"Float"', b'"BFloat16"')
+    (tmp_path / "bf16.json").write_bytes(text)
+    half = _apply(perfcast.load(str(tmp_path / "bf16.json")), "zero", gpus=8, stage=3)
+    assert any(a.startswith("ZeRO-3 over 8 GPUs: 25.6 M parameters") for a in half.assumptions)
     # No shapes and no sized all-reduces: nothing to count them by.
     from tests.test_models_graph import training_step
 

@@ -394,7 +394,18 @@ def _factor(op: str, n: int) -> float | None:
 
 def allreduce_bytes_per_step(table: EventTable) -> dict[int, float]:
     """Bytes all-reduced per step, per rank, from sized collectives (under DDP: the
-    gradients; what `ddp`, `zero` and `plan` fall back on when a trace has no shapes)."""
+    gradients; what `ddp` falls back on when a trace has no shapes)."""
+    return _allreduced_per_step(table, elements=False)
+
+
+def allreduce_elements_per_step(table: EventTable) -> dict[int, float]:
+    """Elements all-reduced per step, per rank (under DDP: one per parameter, whatever the
+    gradients' dtype; fp32 where the trace does not say): `zero` and `plan` count
+    parameters by it."""
+    return _allreduced_per_step(table, elements=True)
+
+
+def _allreduced_per_step(table: EventTable, elements: bool) -> dict[int, float]:
     try:
         rows = collectives(table).by_op
     except PerfcastError:
@@ -405,7 +416,8 @@ def allreduce_bytes_per_step(table: EventTable) -> dict[int, float]:
     out: dict[int, float] = {}
     for r in rows:
         if r.op == "allreduce" and r.size_bytes:
-            out[r.rank] = out.get(r.rank, 0.0) + r.size_bytes * r.count / steps.get(r.rank, 1)
+            size = r.size_bytes / (dtype_bytes(r.dtype) or 4) if elements else r.size_bytes
+            out[r.rank] = out.get(r.rank, 0.0) + size * r.count / steps.get(r.rank, 1)
     return out
 
 

@@ -137,6 +137,16 @@ def fold_repeated(tree: ContextTree, min_count: int = FOLD_MIN) -> tuple[Context
         fold = counts[group] >= min_count
         if not fold.any():
             break
+        # Only the outermost foldable groups this pass: an inner group counted per parent
+        # now would be labelled with one block's count once the blocks merge (Linear ×3
+        # holding 9); it folds in the next pass, among all its merged siblings.
+        folds = np.zeros(len(index), dtype=bool)
+        folds[cand[fold]] = True
+        above = _propagate_down(index.parent, index.level_start, folds)
+        inner = above[np.maximum(index.parent[cand].astype(np.int64), 0)] > 0
+        fold &= ~inner
+        if not fold.any():
+            break
         names = {v: k for k, v in cls_names.items()}
         new_label = index.label.astype(np.int64).copy()
         interned: dict[str, int] = {}

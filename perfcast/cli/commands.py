@@ -245,7 +245,12 @@ def cmd_whatif(args: argparse.Namespace, ui: Any) -> int:
             ui.out.print(Text(f"{name:24s} {doc}"))
             options = ", ".join(f"{k}={'auto' if v is None else v}" for k, v in defaults.items())
             ui.out.print(Text(f"{'':24s} defaults: {options or 'no options'}", style="dim"))
-        ui.out.print(Text("auto: decided from the trace; NAME:key=value,... sets an option"))
+        ui.out.print(
+            Text(
+                "auto: decided from the trace (a filter such as module= or op=: none); "
+                "NAME:key=value,... sets an option"
+            )
+        )
         return 0
     from perfcast.cli.tree import check_focus
 

@@ -90,6 +90,11 @@ def load(path: str | os.PathLike[str], progress: ProgressFn | None = None) -> Ev
             not_traces.append(loaded)
             continue
         info, cols, derived, iterations, local_names = loaded
+        if info.rank_by_order and not_traces:
+            # Numbered by its place in the folder: among the files that are traces.
+            info.rank = i - len(not_traces)
+            for it in iterations:
+                it.rank = info.rank
         if info.rank in seen:
             raise TraceFormatError(
                 f"claims rank {info.rank}, which {seen[info.rank]} already claims",
@@ -161,6 +166,10 @@ def _load_and_derive(
         if not in_folder:
             raise
         return _NotATrace(path, str(exc).removeprefix(f"{path}: "))
+    if in_folder and info.n_events == 0:
+        # A JSON list of something else (a saved `whatif --list --json`) reads as a trace
+        # in Chrome's array form with no events: not one more rank.
+        return _NotATrace(path, "holds no trace events")
     derived, iterations = _derive(cols, names, info)
     return info, cols, derived, iterations, names.names
 
@@ -200,6 +209,7 @@ def _load_one(path: str, names: Interner, rank_hint: int | None) -> tuple[RankIn
         info.rank = int(m.group(1))
     elif rank_hint is not None:
         info.rank = rank_hint
+        info.rank_by_order = True
     world = _int_or_none(dist.get("world_size"))
     info.world_size = world if world is not None and 0 < world < 1 << 31 else None
     info.backend = dist.get("backend") if isinstance(dist.get("backend"), str) else None

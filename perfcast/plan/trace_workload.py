@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from perfcast.analysis.common import traced_device
-from perfcast.analysis.comms import allreduce_bytes_per_step
+from perfcast.analysis.comms import allreduce_bytes_per_step, allreduce_elements_per_step
 from perfcast.errors import PerfcastError
 from perfcast.events import EventTable, Kind
 from perfcast.graph.model import Graph, NodeKind
@@ -400,11 +400,12 @@ def trace_workload(
         )
     if not facts.params:
         grads = allreduce_bytes_per_step(table).get(rank, 0.0)
+        elements = allreduce_elements_per_step(table).get(rank, 0.0)
         if grads:
-            facts.param_numels = [int(grads / 4)]
+            facts.param_numels = [int(elements)]
             notes.append(
                 f"parameters estimated from the trace's gradient all-reduces: "
-                f"{grads / 2**20:.0f} MiB per step = {grads / 4 / 1e6:.1f} M fp32 gradients"
+                f"{grads / 2**20:.0f} MiB per step = {elements / 1e6:.1f} M gradients"
             )
         else:
             notes.append(

@@ -453,15 +453,21 @@ def render_advice(advice: Advice, console: Console) -> None:
     fixed = overhead + w_hash + max(w_num, 2) + max(w_sp, 7) + 5
     longest = max((len(r[1]) for r in rows), default=12)
     name_w = max(8, min(longest, console.width - fixed - 10))
-    range_w = max(10, console.width - fixed - name_w)
+    range_w = console.width - fixed - name_w
+    # Too narrow for the range too (under ~55 columns): it is left out, the rest kept whole.
+    show_range = range_w >= 10
+    if not show_range:
+        name_w = max(8, min(longest, console.width - fixed))
     t.add_column("#", justify="right", no_wrap=True)
     t.add_column("optimization", overflow="fold", min_width=name_w, max_width=name_w)
     t.add_column("ms", justify="right", no_wrap=True)
     t.add_column("speedup", justify="right", no_wrap=True)
-    t.add_column("range", justify="right", min_width=min(10, range_w), max_width=range_w)
+    if show_range:
+        t.add_column("range", justify="right", min_width=10, max_width=range_w)
     t.add_column("from trace", justify="right", width=5)
     for rank, name, ms, speedup, band, share in rows:
-        t.add_row(rank, Text(name), ms, speedup, band, f"{100 * share:.0f}%")
+        cells: list[str | Text] = [rank, Text(name), ms, speedup]
+        t.add_row(*cells, *([band] if show_range else []), f"{100 * share:.0f}%")
     if advice.suggestions:
         console.print(t)
     else:

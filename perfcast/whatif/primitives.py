@@ -81,7 +81,10 @@ def check_pattern(pattern: str | None) -> re.Pattern[str] | None:
     try:
         return re.compile(pattern)
     except (re.error, TypeError) as exc:
-        raise OptionValueError(f"{pattern!r} is not a valid regular expression ({exc})") from None
+        raise OptionValueError(
+            f"{pattern!r} is not a valid regular expression ({exc})",
+            hint=f"to match it as written, escape it: {re.escape(pattern)}",
+        ) from None
 
 
 def _name_mask(names: list[str], pattern: str | None) -> np.ndarray:

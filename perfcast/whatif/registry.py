@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import re
 import types
 from typing import Any, get_type_hints
 
@@ -112,6 +113,7 @@ class Spec:
 
 
 _OPENERS = {"(": ")", "[": "]", "{": "}", "<": ">"}
+_NEXT_KEY = re.compile(r"\s*[A-Za-z_][\w-]*=")
 
 
 def _split_options(rest: str) -> list[str]:
@@ -123,7 +125,9 @@ def _split_options(rest: str) -> list[str]:
     quote = ""
     current: list[str] = []
     escaped = False
-    for ch in rest:
+    for i, ch in enumerate(rest):
+        if ch == "," and closing and not quote and not escaped and _NEXT_KEY.match(rest, i + 1):
+            closing = []  # `a<b,module=c>d`: a bracket never spans into the next option
         if escaped:  # a regex's `\(` or `\{` is a character, not a bracket
             escaped = False
         elif ch == "\\":

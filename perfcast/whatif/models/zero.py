@@ -213,22 +213,22 @@ def _param_count(graph: Graph, o: Options) -> tuple[float, str | None]:
     """Parameters (elements), and where they come from when not from the trace's shapes."""
     if o.params_mb is not None:
         return o.params_mb * MIB / 4, None
-    from perfcast.analysis.comms import allreduce_bytes_per_step
+    from perfcast.analysis.comms import allreduce_elements_per_step
     from perfcast.memory_model.facts import trace_facts
 
     facts = trace_facts(graph.table) if graph.table is not None else None
     if facts is not None and facts.params > 0:
         return float(facts.params), None
-    # A data-parallel trace's own all-reduces move every fp32 gradient once a step.
-    measured = allreduce_bytes_per_step(graph.table) if graph.table is not None else {}
+    # A data-parallel trace's own all-reduces move every gradient once a step.
+    measured = allreduce_elements_per_step(graph.table) if graph.table is not None else {}
     if not measured:
         raise NotApplicableError(
             "zero: the trace has no parameter shapes (record_shapes=False) and no sized "
             "all-reduces to count its gradients by",
             hint="pass params_mb=<total parameter MiB>",
         )
-    grads = sum(measured.values()) / len(measured)
-    return grads / 4, (
-        f"no parameter shapes: {grads / 4 / 1e6:.1f} M parameters, the fp32 gradients the "
-        f"trace's own all-reduces moved per step ({grads / MIB:.1f} MiB)"
+    params = sum(measured.values()) / len(measured)
+    return params, (
+        f"no parameter shapes: {params / 1e6:.1f} M parameters, the gradient elements the "
+        "trace's own all-reduces moved per step"
     )
