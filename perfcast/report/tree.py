@@ -79,11 +79,24 @@ def _render_rows(
     head = " ".join(f"{c.header:>{c.width}}" for c in columns)
     console.print(Text(f"{head}  call path", style="bold"), no_wrap=True, overflow="crop")
     width = max(console.width, 80)
+    cells_w = sum(c.width for c in columns) + len(columns) - 1
+    # Deep paths (30 levels of frames on an SGLang trace) would push names off the line: past
+    # half the room, the guides keep their last levels behind a count of the ones left out.
+    max_guide = max(30, (width - cells_w - 2) // 2)
+
+    def fit(guide: str) -> str:
+        if len(guide) <= max_guide:
+            return guide
+        # Levels left out in blocks of 8, so that the guides of neighbouring rows stay in
+        # line (a window sliding one level per row made them zig-zag).
+        over = -(-(len(guide) - (max_guide - 5)) // 3)
+        dropped = -(-over // 8) * 8
+        return f"+{dropped:<3} " + guide[3 * dropped :]
 
     def emit(i: int, prefix: str, last: bool, top: bool) -> None:
         r = rows[i]
         cells = " ".join(f"{c.fmt(c.value(r)):>{c.width}}" for c in columns)
-        guide = "" if top else prefix + ("└─ " if last else "├─ ")
+        guide = fit("" if top else prefix + ("└─ " if last else "├─ "))
         room = width - len(cells) - 2 - len(guide)
         line = Text(f"{cells}  {guide}")
         line.append(shorten(r.name, room), style=_KIND_STYLE.get(r.kind, ""))
@@ -95,7 +108,7 @@ def _render_rows(
         if r.hidden:
             blank = " ".join(" " * c.width for c in columns)
             note = f"… {r.hidden:,} more {more_what} ({more_value(r.hidden_value)})"
-            text = Text(f"{blank}  {child_prefix}└─ ")
+            text = Text(f"{blank}  {fit(child_prefix + '└─ ')}")
             text.append(note, style="dim")
             console.print(text, no_wrap=True, overflow="crop")
 
