@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import multiprocessing
 import os
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -30,6 +31,10 @@ def worker_count(paths: Sequence[str]) -> int:
     """How many processes to use for these files (1: stay in this process)."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     if not cores or cores < 2 or len(paths) < MIN_FILES:
+        return 1
+    if multiprocessing.current_process().daemon:
+        # Inside a multiprocessing.Pool worker (a user's, or a harness's): such a process may
+        # start no children ("daemonic processes are not allowed to have children").
         return 1
     total = sum(os.path.getsize(p) for p in paths if os.path.isfile(p))
     if total < MIN_BYTES:

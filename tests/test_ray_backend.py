@@ -48,3 +48,30 @@ def test_ray_loads_256_ranks_like_the_local_path(tmp_path: Path) -> None:
 
     r = plan_trace(remote, 512, gpu="a100-80gb", top=3)
     assert r.best
+
+
+def _count_in_child(paths: list[str], out) -> None:  # type: ignore[no-untyped-def]
+    out.put(parallel.worker_count(paths))
+
+
+def test_a_daemonic_process_loads_in_process(tmp_path: Path) -> None:
+    """perfcast.load(folder) inside a multiprocessing.Pool worker (a daemonic process) tried
+    to start a process pool: 'daemonic processes are not allowed to have children', an
+    internal error (found by the fuzz campaign, whose workers are daemonic)."""
+    import multiprocessing
+    import os
+
+    paths = []
+    for i in range(4):
+        p = tmp_path / f"rank{i}.json"
+        with open(p, "wb") as f:
+            f.truncate(16 << 20)  # sparse: sized like a large rank, no disk used
+        paths.append(str(p))
+    if (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1) >= 2:
+        assert parallel.worker_count(paths) >= 2  # the normal case forks
+    ctx = multiprocessing.get_context("fork")
+    out = ctx.Queue()
+    child = ctx.Process(target=_count_in_child, args=(paths, out), daemon=True)
+    child.start()
+    child.join(60)
+    assert out.get(timeout=10) == 1
