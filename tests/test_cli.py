@@ -796,3 +796,19 @@ def test_tree_keeps_deep_names_readable(shared_traces, monkeypatch, capsys) -> N
     assert all(len(line) <= 150 for line in lines)
     assert any(line.rstrip().endswith("└─ aten::mm") for line in lines)
     assert any(re.search(r"\+(8|16|24) +", line) for line in lines)
+
+
+def test_multi_rank_summary_shows_each_rank_without_the_profiler(
+    shared_traces, monkeypatch, capsys
+) -> None:
+    """The one-rank table had a 'w/o profiler' column and the ranks table none, so the
+    14.41 ms advise leads with (the slowest rank's) was nowhere in summary."""
+    monkeypatch.setenv("COLUMNS", "80")
+    assert main(["summary", str(shared_traces / "dlrm_v100_8rank")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    head = " ".join(lines[:5])
+    assert "w/o" in head and "profiler" in head
+    rank3 = next(ln for ln in lines if re.match(r"^\W*3 ", ln))
+    assert "18.71" in rank3 and "14.41" in rank3
+    assert any(re.match(r"^\W*7\* ", ln) for ln in lines)  # the straggler, marked
+    assert all(len(ln) <= 80 for ln in lines)

@@ -59,11 +59,14 @@ def _step_label(name: str) -> Text:
 
 def _render_rank_overview(summary: Summary, console: Console) -> None:
     t = Table(title="ranks (means over steps)", title_justify="left")
+    # As the one-rank table: the step without the profiler beside the traced one.
+    real = any(it.real_ms is not None for rs in summary.ranks for it in rs.iterations)
     # Two-line headers keep the table within 80 columns with a copies column.
     for col in (
         "rank",
         "steps",
         "step\nms",
+        *(["w/o\nprofiler"] if real else []),
         "GPU\ncompute",
         "comm",
         "copies",
@@ -75,10 +78,12 @@ def _render_rank_overview(summary: Summary, console: Console) -> None:
     for rs in summary.ranks:
         its = rs.iterations
         gpu = [it.gpu for it in its if it.gpu is not None]
+        reals = [it.real_ms for it in its if it.real_ms is not None]
         t.add_row(
-            Text(f"{rs.rank}" + (" (straggler)" if rs.rank in summary.stragglers else "")),
+            Text(f"{rs.rank}" + ("*" if rs.rank in summary.stragglers else "")),
             str(len(its)),
             _ms(means[rs.rank]),
+            *([_ms(_mean(reals)) if reals else "-"] if real else []),
             _ms(_mean([g.compute_ms for g in gpu])) if gpu else "-",
             _ms(_mean([g.communication_exposed_ms for g in gpu])) if gpu else "-",
             _ms(_mean([g.memcpy_exposed_ms for g in gpu])) if gpu else "-",
@@ -99,9 +104,9 @@ def _render_stragglers(summary: Summary, console: Console) -> None:
     if summary.stragglers:
         console.print(
             Text(
-                "stragglers (the ranks that arrive latest at collectives on average, as HTA "
-                "ranks them, and made others wait; the waiting each caused: perfcast analyze "
-                "--only stragglers): " + ", ".join(str(r) for r in summary.stragglers)
+                "stragglers (* above: the ranks that arrive latest at collectives on average, "
+                "as HTA ranks them, and made others wait; the waiting each caused: perfcast "
+                "analyze --only stragglers): " + ", ".join(str(r) for r in summary.stragglers)
             )
         )
 
