@@ -392,20 +392,11 @@ def _factor(op: str, n: int) -> float | None:
         return None
 
 
-def allreduce_bytes_per_step(table: EventTable) -> dict[int, float]:
-    """Bytes all-reduced per step, per rank, from sized collectives (under DDP: the
-    gradients; what `ddp` falls back on when a trace has no shapes)."""
-    return _allreduced_per_step(table, elements=False)
-
-
-def allreduce_elements_per_step(table: EventTable) -> dict[int, float]:
-    """Elements all-reduced per step, per rank (under DDP: one per parameter, whatever the
-    gradients' dtype; fp32 where the trace does not say): `zero` and `plan` count
-    parameters by it."""
-    return _allreduced_per_step(table, elements=True)
-
-
-def _allreduced_per_step(table: EventTable, elements: bool) -> dict[int, float]:
+def allreduced_per_step(table: EventTable) -> dict[int, tuple[float, float]]:
+    """Bytes and elements all-reduced per step, per rank, from sized collectives (under
+    DDP: the gradients, one element per parameter whatever their dtype; fp32 where the
+    trace does not say). `ddp` sizes its buckets by the bytes, `zero` and `plan` count
+    parameters by the elements, when a trace has no shapes."""
     try:
         rows = collectives(table).by_op
     except PerfcastError:
@@ -413,11 +404,12 @@ def _allreduced_per_step(table: EventTable, elements: bool) -> dict[int, float]:
     steps: dict[int, int] = {}
     for it in table.iterations:
         steps[it.rank] = steps.get(it.rank, 0) + 1
-    out: dict[int, float] = {}
+    out: dict[int, tuple[float, float]] = {}
     for r in rows:
         if r.op == "allreduce" and r.size_bytes:
-            size = r.size_bytes / (dtype_bytes(r.dtype) or 4) if elements else r.size_bytes
-            out[r.rank] = out.get(r.rank, 0.0) + size * r.count / steps.get(r.rank, 1)
+            per_step = r.size_bytes * r.count / steps.get(r.rank, 1)
+            nbytes, elements = out.get(r.rank, (0.0, 0.0))
+            out[r.rank] = (nbytes + per_step, elements + per_step / (dtype_bytes(r.dtype) or 4))
     return out
 
 

@@ -144,9 +144,7 @@ def fold_repeated(tree: ContextTree, min_count: int = FOLD_MIN) -> tuple[Context
         folds[cand[fold]] = True
         above = _propagate_down(index.parent, index.level_start, folds)
         inner = above[np.maximum(index.parent[cand].astype(np.int64), 0)] > 0
-        fold &= ~inner
-        if not fold.any():
-            break
+        fold &= ~inner  # the outermost foldable groups are never inner: some stay
         names = {v: k for k, v in cls_names.items()}
         new_label = index.label.astype(np.int64).copy()
         interned: dict[str, int] = {}

@@ -51,7 +51,8 @@ def load(path: str | os.PathLike[str], progress: ProgressFn | None = None) -> Ev
             path=path,
             hint="check its permissions and those of the folders above it",
         ) from None
-    if os.path.isdir(path):
+    in_folder = os.path.isdir(path)
+    if in_folder:
         try:
             files = reader.trace_files_in(path)
         except OSError as exc:
@@ -78,7 +79,6 @@ def load(path: str | os.PathLike[str], progress: ProgressFn | None = None) -> Ev
     names = Interner()
     parts: list[tuple[RankInfo, RankColumns, dict[str, np.ndarray], list[Iteration]]] = []
     seen: dict[int, str] = {}
-    in_folder = os.path.isdir(path)
     jobs = [(f, i if len(files) > 1 else None, in_folder) for i, f in enumerate(files)]
     not_traces: list[_NotATrace] = []
     for i, (f, loaded) in enumerate(

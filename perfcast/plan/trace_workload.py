@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from perfcast.analysis.common import traced_device
-from perfcast.analysis.comms import allreduce_bytes_per_step, allreduce_elements_per_step
+from perfcast.analysis.comms import allreduced_per_step
 from perfcast.errors import PerfcastError
 from perfcast.events import EventTable, Kind
 from perfcast.graph.model import Graph, NodeKind
@@ -399,8 +399,7 @@ def trace_workload(
             "the traced batch, and activation memory is unknown (counted as 0)"
         )
     if not facts.params:
-        grads = allreduce_bytes_per_step(table).get(rank, 0.0)
-        elements = allreduce_elements_per_step(table).get(rank, 0.0)
+        grads, elements = allreduced_per_step(table).get(rank, (0.0, 0.0))
         if grads:
             facts.param_numels = [int(elements)]
             notes.append(

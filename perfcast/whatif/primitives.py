@@ -89,7 +89,7 @@ def check_pattern(pattern: str | None) -> re.Pattern[str] | None:
 
 def _name_mask(names: list[str], pattern: str | None) -> np.ndarray:
     pat = check_pattern(pattern)
-    if pat is None or pattern is None:
+    if pat is None or pattern is None:  # the same test: mypy needs `pattern` narrowed
         return np.ones(len(names), dtype=bool)
     # A name pasted as it is (a kernel's `(`, `*` and `<...>` are regex syntax) names itself.
     return np.array([bool(pat.search(n)) or pattern in n for n in names], dtype=bool)

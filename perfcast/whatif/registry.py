@@ -88,17 +88,11 @@ def describe_models() -> list[tuple[str, str]]:
 
 
 def model_defaults(name: str) -> dict[str, Any]:
-    """A model's options and their defaults (None: decided from the trace)."""
-    fields = dataclasses.fields(get_model(name).Options)
-    out: dict[str, Any] = {}
-    for f in fields:
-        if f.default is not dataclasses.MISSING:
-            out[f.name] = f.default
-        elif f.default_factory is not dataclasses.MISSING:
-            out[f.name] = f.default_factory()
-        else:
-            out[f.name] = None
-    return out
+    """A model's options and their defaults (None: decided from the trace). Read off a
+    default Options, not build_options, whose checks refuse a default some models need
+    given (device's target)."""
+    options = get_model(name).Options()
+    return {f.name: getattr(options, f.name) for f in dataclasses.fields(options)}
 
 
 @dataclasses.dataclass
@@ -159,7 +153,7 @@ def _unquoted(value: str) -> str:
 
 def _quoted(value: str) -> str:
     """The value as parse_spec reads it back (quoted when a comma would split it)."""
-    if "," in value and _split_options(f"k={value},") != [f"k={value}", ""]:
+    if len(_split_options(value)) > 1:
         return f"'{value}'" if "'" not in value else f'"{value}"'
     return value
 

@@ -57,7 +57,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from perfcast.analysis.comms import allreduce_bytes_per_step
+from perfcast.analysis.comms import allreduced_per_step
 from perfcast.errors import NotApplicableError, OptionValueError
 from perfcast.events import EventTable, Kind
 from perfcast.graph.launches import DEFAULT_LAUNCH_LATENCY_NS, DEFAULT_STREAM_GAP_NS
@@ -435,7 +435,7 @@ def _gradient_bytes(
         return sizes, f"params_mb={options.params_mb:g} {how}"
     if not known.all():
         # A DDP trace's own all-reduces carry the gradients' size (the bucket's elements).
-        measured = allreduce_bytes_per_step(table)
+        measured = {r: nbytes for r, (nbytes, _) in allreduced_per_step(table).items()}
         missing = int((~known).sum())
         if not all(measured.get(p.rank) for p in points):
             raise NotApplicableError(

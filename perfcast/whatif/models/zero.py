@@ -213,14 +213,15 @@ def _param_count(graph: Graph, o: Options) -> tuple[float, str | None]:
     """Parameters (elements), and where they come from when not from the trace's shapes."""
     if o.params_mb is not None:
         return o.params_mb * MIB / 4, None
-    from perfcast.analysis.comms import allreduce_elements_per_step
+    from perfcast.analysis.comms import allreduced_per_step
     from perfcast.memory_model.facts import trace_facts
 
     facts = trace_facts(graph.table) if graph.table is not None else None
     if facts is not None and facts.params > 0:
         return float(facts.params), None
     # A data-parallel trace's own all-reduces move every gradient once a step.
-    measured = allreduce_elements_per_step(graph.table) if graph.table is not None else {}
+    counted = allreduced_per_step(graph.table) if graph.table is not None else {}
+    measured = {r: elements for r, (_, elements) in counted.items()}
     if not measured:
         raise NotApplicableError(
             "zero: the trace has no parameter shapes (record_shapes=False) and no sized "
