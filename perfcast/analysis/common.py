@@ -174,10 +174,10 @@ def traced_device(table: EventTable) -> tuple[DeviceSpec | None, str | None, str
 
 def rank_span_ns(table: EventTable, rank: int) -> tuple[int, int]:
     """First start and last end of any event of the rank (its own clock)."""
-    on = table.rank == rank
-    if not on.any():
+    on = table.rank_rows(rank)  # cached: callers ask once per rank
+    if not on.size:
         return 0, 0
-    return int(table.ts[on].min()), int((table.ts[on] + table.dur[on]).max())
+    return int(table.ts[on].min()), int(table.ends()[on].max())
 
 
 def downsample_steps(t: np.ndarray, y: np.ndarray, points: int) -> tuple[np.ndarray, np.ndarray]:

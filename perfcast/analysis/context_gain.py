@@ -34,6 +34,7 @@ from perfcast.analysis.context import (
 )
 from perfcast.analysis.context_views import TreeRow, sites
 from perfcast.analysis.critical_path import critical_paths
+from perfcast.arrays import combine_codes, split_by
 from perfcast.events import NONE, EventTable
 from perfcast.graph.model import Graph, NodeKind
 from perfcast.sim.timeline import Timeline
@@ -97,7 +98,7 @@ def _innermost_rows(
         return out
     order = rows[np.lexsort((-table.dur[rows], table.ts[rows]))]
     ts = table.ts[order]
-    end = table.ts + table.dur
+    end = table.ends()  # cached: this runs once per thread
     pos = np.searchsorted(ts, a, side="right") - 1
     cand = np.where(pos >= 0, order[np.maximum(pos, 0)], NONE).astype(np.int64)
     for _ in range(4096):  # climb out of siblings that ended before the interval did
@@ -138,14 +139,18 @@ def graph_context(index: ContextIndex, graph: Graph, n_original: int | None = No
     )
     seg = seg[c["dur_measured"][seg] > 0]  # zero-length markers have nothing to look up
     if seg.size:
-        is_cpu_row = index.on_tree & ~table.is_gpu()
-        lanes = c["lane"][seg]
-        for lane in np.unique(lanes).tolist():
+        # Each thread's rows, grouped once (a whole-table mask per lane is O(lanes x rows)).
+        cpu_rows = np.flatnonzero(index.on_tree & ~table.is_gpu())
+        thread_code, threads = combine_codes(
+            table.rank[cpu_rows], table.pid[cpu_rows], table.tid[cpu_rows]
+        )
+        rows_of = {
+            tuple(threads[code].tolist()): cpu_rows[pos] for code, pos in split_by(thread_code)
+        }
+        for lane, pos in split_by(c["lane"][seg]):
             ln = graph.lanes[lane]
-            nodes = seg[lanes == lane]
-            rows = np.flatnonzero(
-                is_cpu_row & (table.rank == ln.rank) & (table.pid == ln.pid) & (table.tid == ln.tid)
-            )
+            nodes = seg[pos]
+            rows = rows_of.get((ln.rank, ln.pid, ln.tid), cpu_rows[:0])
             origin = graph.rank_origin_ns.get(ln.rank, 0)
             a = c["start_measured"][nodes] + origin
             b = a + c["dur_measured"][nodes]

@@ -120,11 +120,12 @@ def gpu_counters(table: EventTable, top: int = 30) -> GpuCounters:
     out = GpuCounters([], [], [], [], notes=input_notes(table))
     is_launch = np.array([bool(_LAUNCH.match(n)) for n in table.names], dtype=bool)
     found_any = False
+    with_counters = set(np.unique(table.rank[table.kind == Kind.GPU_COUNTERS]).tolist())
+    launch_calls = table.kind_mask([Kind.RUNTIME, Kind.DRIVER]) & is_launch[table.name]
     for info in table.ranks:
-        on = table.rank == info.rank
-        n_ranges = int((on & (table.kind == Kind.GPU_COUNTERS)).sum())
-        if n_ranges == 0:
+        if info.rank not in with_counters:
             continue
+        on = table.rank_rows(info.rank)
         found_any = True
         where = f"rank {info.rank}: " if len(table.ranks) > 1 else ""
         try:
@@ -135,9 +136,7 @@ def gpu_counters(table: EventTable, top: int = 30) -> GpuCounters:
         if damaged:
             out.notes.append(f"{where}{damaged}")
         ranges.sort(key=lambda r: r.ts)  # stable: file order among equal times
-        calls = np.flatnonzero(
-            on & np.isin(table.kind, [Kind.RUNTIME, Kind.DRIVER]) & is_launch[table.name]
-        )
+        calls = on[launch_calls[on]]
         calls = calls[np.argsort(table.ts[calls], kind="stable")]
         paired = calls.size if calls.size == len(ranges) else 0
         if not paired and info.truncated and calls.size and ranges:

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from perfcast.analysis.common import NS_PER_MS, downsample_steps
+from perfcast.analysis.common import NS_PER_MS, downsample_steps, rank_span_ns
 from perfcast.analysis.notes import input_notes
 from perfcast.arrays import combine_codes
 from perfcast.events import NONE, EventTable, Kind
@@ -244,7 +244,7 @@ def launch_queue(table: EventTable, max_depth: int | None = None) -> LaunchQueue
     for s in streams:
         rank, dev, stream = s.key
         if rank not in origin:
-            origin[rank] = int(table.ts[table.rank == rank].min())
+            origin[rank] = rank_span_ns(table, rank)[0]
         t, q = s.t, s.q
         span = np.diff(t).astype(np.float64)
         level = q[:-1]

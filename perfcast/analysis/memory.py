@@ -20,7 +20,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from perfcast.analysis.common import NS_PER_MS, device_spec, downsample_steps, group_stats
+from perfcast.analysis.common import (
+    NS_PER_MS,
+    device_spec,
+    downsample_steps,
+    group_stats,
+    rank_span_ns,
+)
 from perfcast.analysis.notes import input_notes
 from perfcast.arrays import combine_codes, sorted_unique, split_by
 from perfcast.events import MEM_DEVICE_CPU, NONE, EventTable, Kind
@@ -247,12 +253,13 @@ def memory(table: EventTable) -> Memory:
         )
     phases = event_phases(table) if mem_all.size else None
     encl = _enclosing_cpu_event(table, mem_all) if mem_all.size else None
+    # Each rank's memory events, grouped once (a mask per rank is O(ranks x events)).
+    mem_of = dict(split_by(table.rank[mem_all])) if mem_all.size else {}
     for info in table.ranks:
         rank = info.rank
-        on_rank = table.rank == rank
-        origin = int(table.ts[on_rank].min()) if on_rank.any() else 0
-        sel = table.rank[mem_all] == rank if mem_all.size else np.zeros(0, bool)
-        if sel.any() and phases is not None and encl is not None:
+        origin = rank_span_ns(table, rank)[0]
+        sel = mem_of.get(rank, np.zeros(0, np.int64))
+        if sel.size and phases is not None and encl is not None:
             _rank_memory(
                 table,
                 out,
@@ -410,7 +417,8 @@ def _note_beyond_dram(
 def _copies(
     table: EventTable, out: Memory, rank: int, origin: int, device: DeviceSpec | None
 ) -> None:
-    rows = np.flatnonzero((table.rank == rank) & np.isin(table.kind, [Kind.MEMCPY, Kind.MEMSET]))
+    on_rank = table.rank_rows(rank)  # cached: this runs once per rank
+    rows = on_rank[table.kind_mask([Kind.MEMCPY, Kind.MEMSET])[on_rank]]
     if rows.size == 0:
         return
     uniq_names = np.unique(table.name[rows]).tolist()

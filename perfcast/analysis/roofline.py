@@ -28,6 +28,7 @@ import numpy as np
 
 from perfcast.analysis.common import NS_PER_MS, device_spec, nearest_ancestor
 from perfcast.analysis.notes import input_notes
+from perfcast.arrays import combine_codes, split_by
 from perfcast.events import EventTable, Kind
 from perfcast.frames import Tables, plain
 from perfcast.hardware.classify import dtype_from_kernel_name
@@ -264,9 +265,13 @@ def roofline(table: EventTable, top: int = 30) -> Roofline:
     first_kernel = np.full(inst.size, -1, dtype=np.int64)
     first_kernel[inv[::-1]] = kern[::-1]
     # Group instances by (rank, op name, shapes).
-    key = np.stack([table.rank[inst], table.name[inst], table.shapes[inst]], axis=1)
-    groups, ginv = np.unique(key, axis=0, return_inverse=True)
-    ginv = ginv.reshape(-1)
+    ginv, groups = combine_codes(
+        table.rank[inst].astype(np.int64),
+        table.name[inst].astype(np.int64),
+        table.shapes[inst].astype(np.int64),
+    )
+    # Each group's instances, found with one sort (a mask per group is O(groups x ops)).
+    members_of = dict(split_by(ginv))
     g_gpu = np.bincount(ginv, weights=gpu_ns)
     g_calls = np.bincount(ginv)
     g_kern = np.bincount(ginv, weights=n_kern)
@@ -275,7 +280,7 @@ def roofline(table: EventTable, top: int = 30) -> Roofline:
     for gi in np.argsort(-g_gpu, kind="stable").tolist():
         rank, name_i, shape_i = (int(x) for x in groups[gi])
         shapes = parse_input_dims(names[shape_i])
-        in_group = ginv == gi
+        in_group = members_of[gi]
         members = first_kernel[in_group]
         votes: Counter[str] = Counter()
         for kname in table.name[members].tolist():
@@ -331,10 +336,10 @@ def roofline(table: EventTable, top: int = 30) -> Roofline:
                 else "",
             )
         )
-    total_kernel = {
-        info.rank: float(table.dur[(table.kind == Kind.KERNEL) & (table.rank == info.rank)].sum())
-        for info in table.ranks
-    }
+    kernels = np.flatnonzero(table.kind == Kind.KERNEL)
+    total_kernel = {info.rank: 0.0 for info in table.ranks}
+    for rank, pos in split_by(table.rank[kernels]):
+        total_kernel[rank] = float(table.dur[kernels[pos]].sum())
     covered: dict[int, float] = {}
     for row in out.ops:
         covered[row.rank] = covered.get(row.rank, 0.0) + row.gpu_ms * NS_PER_MS

@@ -66,15 +66,21 @@ def step_codes(table: EventTable, iteration: np.ndarray) -> np.ndarray:
     """A code per row for the step it belongs to, the same on every rank for the same step
     name (ProfilerStep#N); -1 outside every step, and in a trace without steps (its one
     window, the whole trace, is not a step to match another rank's by)."""
-    code_of: dict[str, int] = {}
-    codes = np.array(
-        [
-            code_of.setdefault(it.name, len(code_of)) if it.name.startswith(STEP_PREFIX) else -1
-            for it in table.iterations
-        ]
-        + [-1],
-        dtype=np.int64,
-    )
+
+    def per_iteration() -> np.ndarray:
+        code_of: dict[str, int] = {}
+        return np.array(
+            [
+                code_of.setdefault(it.name, len(code_of)) if it.name.startswith(STEP_PREFIX) else -1
+                for it in table.iterations
+            ]
+            + [-1],
+            dtype=np.int64,
+        )
+
+    # Once per table: callers ask per rank, and each ask walked every rank's iterations.
+    # The key holds the list's length: the iterations are fixed once a table is loaded.
+    codes = table._derived(("step_codes", len(table.iterations)), (), per_iteration)
     # NONE (-1) indexes the trailing -1.
     return codes[np.where(iteration >= 0, iteration, -1)]
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from perfcast.arrays import split_by
 from perfcast.events import NONE, EventTable
 from perfcast.graph.lanes import RT_KINDS
 from perfcast.graph.model import EdgeType, Graph, NodeKind
@@ -84,9 +85,8 @@ def _order_unlaunched(graph: Graph, gpu: np.ndarray) -> None:
     if gpu.size == 0:
         return
     before_trace = float(np.min(c["order"])) - 1.0
-    for lane in np.unique(c["lane"][gpu]).tolist():
-        g = gpu[c["lane"][gpu] == lane]
-        g = g[np.argsort(c["order"][g], kind="stable")]
+    for _, pos in split_by(c["lane"][gpu], c["order"][gpu]):
+        g = gpu[pos]
         unlaunched = c["launch"][g] < 0
         if not unlaunched.any():
             continue
@@ -206,8 +206,11 @@ def _infer_cross_stream(
     late = (np.minimum(n_l, n_s) > UNEXPLAINED_TOL_NS) & ~np.isin(g, list(cross))
     if not late.any():
         return
-    for rank in np.unique(c["rank"][g[late]]).tolist():
-        on_rank = g[c["rank"][g] == rank]
+    late_ranks = set(np.unique(c["rank"][g[late]]).tolist())
+    for rank, pos in split_by(c["rank"][g]):
+        if rank not in late_ranks:
+            continue
+        on_rank = g[pos]
         order = on_rank[np.argsort(end[on_rank], kind="stable")]
         ends = end[order]
         lanes = c["lane"][order]
@@ -217,7 +220,7 @@ def _infer_cross_stream(
         change = np.flatnonzero(lanes[1:] != lanes[:-1]) + 1
         run_start[change] = change
         before_run = np.maximum.accumulate(run_start) - 1
-        for node in g[late & (c["rank"][g] == rank)].tolist():
+        for node in on_rank[late[pos]].tolist():
             i = int(np.searchsorted(ends, start[node], side="right")) - 1
             if i >= 0 and lanes[i] == c["lane"][node]:
                 i = int(before_run[i])
@@ -299,8 +302,7 @@ def queue_depth(graph: Graph) -> tuple[int, bool]:
     lane, launch, last_task, _ = _queue_entries(graph)
     start = c["start_measured"]
     seen: list[np.ndarray] = []
-    for ln in np.unique(lane).tolist():
-        on = lane == ln
+    for _, on in split_by(lane):
         lnode, task = launch[on], last_task[on]
         # Entries finish in stream order, so the last task's end is when each frees its slot.
         fin = np.sort(start[task] + c["dur_measured"][task])

@@ -73,11 +73,11 @@ def lower(graph: Graph) -> Lowered:
     sync = nodes[c["sync_kind"][nodes] != SyncKind.NONE]
     if sync.size:
         targets, _ = resolve_sync_targets(graph, sync)
-        for node, t in zip(sync.tolist(), targets):
-            for x in t:
-                e_dst.append(np.array([compact[node]]))
-                e_src.append(np.array([compact[x]]))
-                e_w.append(np.array([c["sync_w"][node]]))
+        counts = np.fromiter((len(t) for t in targets), dtype=np.int64, count=len(targets))
+        waiter = np.repeat(sync, counts)
+        e_dst.append(compact[waiter])
+        e_src.append(compact[np.fromiter((x for t in targets for x in t), np.int64)])
+        e_w.append(c["sync_w"][waiter])
 
     # A launch returns only once its stream's queue has a free slot.
     q_src, q_dst = launch_queue_pairs(graph, int(graph.nominal.get("launch_queue_depth", 0)))

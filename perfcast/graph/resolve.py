@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from perfcast.arrays import split_by
 from perfcast.graph.model import NONE, Graph, NodeKind, SyncKind
 
 _INFER_TOL_NS = 20_000
@@ -19,12 +20,10 @@ def _gpu_index(graph: Graph) -> dict[int, list[tuple[int, np.ndarray, np.ndarray
     alive = graph.alive
     gpu = np.flatnonzero((c["kind"] == NodeKind.GPU) & alive)
     out: dict[int, list[tuple[int, np.ndarray, np.ndarray]]] = {}
-    lanes = c["lane"][gpu]
-    for lane in np.unique(lanes).tolist():
-        nodes = gpu[lanes == lane]
-        keys = c["launch_order"][nodes]
-        o = np.argsort(keys, kind="stable")
-        out.setdefault(graph.lanes[lane].rank, []).append((lane, nodes[o], keys[o]))
+    # One sort for all lanes (a mask per lane is O(lanes x nodes) on many ranks).
+    for lane, pos in split_by(c["lane"][gpu], c["launch_order"][gpu]):
+        nodes = gpu[pos]
+        out.setdefault(graph.lanes[lane].rank, []).append((lane, nodes, c["launch_order"][nodes]))
     return out
 
 
@@ -42,6 +41,9 @@ def resolve_sync_targets(
     targets: list[list[int]] = []
     inferred: dict[int, int] = {}
     launch = c["launch"]
+    launched_by = _launched_by(
+        index, launch, sync_nodes[c["sync_kind"][sync_nodes] == SyncKind.COPY]
+    )
     for node in sync_nodes.tolist():
         kind = int(c["sync_kind"][node])
         rank = int(c["rank"][node])
@@ -49,8 +51,11 @@ def resolve_sync_targets(
         lanes = index.get(rank, [])
         if kind == SyncKind.COPY:
             launcher = int(launch[node])
-            own = [int(x) for lane, nodes, _ in lanes for x in nodes[launch[nodes] == launcher]]
-            targets.append(own)
+            if launcher >= 0:
+                targets.append(list(launched_by.get(launcher, [])))
+            else:
+                own = [int(x) for _, nodes, _ in lanes for x in nodes[launch[nodes] == launcher]]
+                targets.append(own)
             continue
         last_per_lane = {}
         for lane, nodes, keys in lanes:
@@ -67,6 +72,23 @@ def resolve_sync_targets(
         x = last_per_lane.get(lane, NONE)
         targets.append([x] if x >= 0 else [])
     return targets, inferred
+
+
+def _launched_by(
+    index: dict[int, list[tuple[int, np.ndarray, np.ndarray]]],
+    launch: np.ndarray,
+    copy_syncs: np.ndarray,
+) -> dict[int, list[int]]:
+    """The GPU nodes each blocking copy's launch enqueued, lane by lane in enqueue order;
+    found in one pass (a mask per copy over its rank's GPU work was quadratic)."""
+    if copy_syncs.size == 0:
+        return {}
+    parts = [nodes for lanes in index.values() for _, nodes, _ in lanes]
+    if not parts:
+        return {}
+    gpu = np.concatenate(parts)
+    gpu = gpu[np.isin(launch[gpu], launch[copy_syncs]) & (launch[gpu] >= 0)]
+    return {launcher: gpu[pos].tolist() for launcher, pos in split_by(launch[gpu])}
 
 
 def _infer_lane(graph: Graph, node: int, last_per_lane: dict[int, int]) -> int:

@@ -196,32 +196,37 @@ def cross_stream_edges(table: EventTable, graph: Graph, row_to_node: np.ndarray)
         return out
     # (b) cudaEventRecord ... cudaStreamWaitEvent pairs in one thread's program order.
     names = graph.names
-    cpu_lanes = [i for i, ln in enumerate(graph.lanes) if not ln.is_gpu]
-    launches = np.flatnonzero(c["kind"] == NodeKind.LAUNCH)
+    # Which names record an event or wait for one, decided once per distinct name.
+    is_record = np.array([bool(_EVENT_RECORD.search(n)) for n in names] + [False])
+    is_wait = np.array([bool(_STREAM_WAIT.search(n)) for n in names] + [False])
     first_gpu_of: dict[int, int] = {}
     for g in gpu[c["launch"][gpu] >= 0].tolist():
         first_gpu_of.setdefault(int(c["launch"][g]), g)
     rt_like = np.flatnonzero((c["kind"] == NodeKind.RUNTIME) | (c["kind"] == NodeKind.LAUNCH))
-    for lane in cpu_lanes:
-        nodes = rt_like[c["lane"][rt_like] == lane]
-        if nodes.size == 0:
-            continue
-        nodes = nodes[np.argsort(c["order"][nodes], kind="stable")]
-        lnodes = launches[c["lane"][launches] == lane]
-        lnodes = lnodes[np.argsort(c["order"][lnodes], kind="stable")]
+    # A lane without a stream wait adds no edge; the others are grouped with one sort
+    # (a mask per lane cost O(lanes x nodes): seconds on a thousand ranks).
+    waiting_lanes = np.unique(c["lane"][rt_like[is_wait[c["name"][rt_like]]]])
+    rt_like = rt_like[np.isin(c["lane"][rt_like], waiting_lanes)]
+    for _, pos in split_by(c["lane"][rt_like], c["order"][rt_like]):
+        nodes = rt_like[pos]
+        lnodes = nodes[c["kind"][nodes] == NodeKind.LAUNCH]
         lkeys = c["order"][lnodes]
         last_record_src = NONE
         pending_wait = False
-        for node in nodes.tolist():
-            nm = names[int(c["name"][node])]
-            if _EVENT_RECORD.search(nm):
+        for node, record, wait in zip(
+            nodes.tolist(),
+            is_record[c["name"][nodes]].tolist(),
+            is_wait[c["name"][nodes]].tolist(),
+            strict=True,
+        ):
+            if record:
                 i = int(np.searchsorted(lkeys, c["order"][node], side="left")) - 1
                 last_record_src = first_gpu_of.get(int(lnodes[i]), NONE) if i >= 0 else NONE
                 # The event captures the last work launched before it, on that stream.
                 if last_record_src >= 0:
                     lane_src = int(c["lane"][last_record_src])
                     last_record_src = last_before(lane_src, c["order"][node])
-            elif _STREAM_WAIT.search(nm):
+            elif wait:
                 pending_wait = last_record_src >= 0
             elif pending_wait and node in first_gpu_of:
                 dst = first_gpu_of[node]

@@ -16,6 +16,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
+from perfcast.arrays import split_by
 from perfcast.graph.model import EdgeType, NodeKind, Source
 from perfcast.paths import write_output
 from perfcast.sim.timeline import Timeline
@@ -337,11 +338,11 @@ def _queue_counters(
     gpu = np.flatnonzero((c["kind"] == NodeKind.GPU) & g.alive & (c["launch"] >= 0))
     gpu = gpu[g.alive[c["launch"][gpu]]]
     out: list[dict[str, Any]] = []
-    lanes = np.unique(c["lane"][gpu]).tolist()
+    per_lane = split_by(c["lane"][gpu])
     # Many ranks: the tracks share a budget, so the counters never outweigh the timeline.
-    points = max(50, min(QUEUE_COUNTER_POINTS, QUEUE_COUNTER_BUDGET // max(len(lanes), 1)))
-    for lane in lanes:
-        on = gpu[c["lane"][gpu] == lane]
+    points = max(50, min(QUEUE_COUNTER_POINTS, QUEUE_COUNTER_BUDGET // max(len(per_lane), 1)))
+    for lane, pos in per_lane:
+        on = gpu[pos]
         t = np.r_[start_ns[c["launch"][on]], end_ns[on]]
         d = np.r_[np.ones(on.size, np.int64), -np.ones(on.size, np.int64)]
         order = np.lexsort((d, t))  # at equal times the slot frees first

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from perfcast.arrays import split_by
 from perfcast.graph.lower import Lowered, lower
 from perfcast.graph.model import NONE, Graph, IterationSpan, NodeKind
 from perfcast.sim.engine import Replay, replay_fast, replay_reference
@@ -118,10 +119,10 @@ class Timeline:
         if not first:
             return out
         backlog = backlog_nodes(g)
+        by_rank = {rank: backlog[pos] for rank, pos in split_by(c["rank"][backlog])}
         for rank, node in first.items():
-            on = backlog[
-                (c["rank"][backlog] == rank) & (c["launch_order"][backlog] < c["order"][node])
-            ]
+            on = by_rank.get(rank, backlog[:0])
+            on = on[c["launch_order"][on] < c["order"][node]]
             if on.size:
                 out[rank] = max(int(self.start[node]), int(self.end[on].max()))
         return out

@@ -20,7 +20,7 @@ from collections.abc import Iterable
 import numpy as np
 
 from perfcast.analysis.notes import ONE_TIME_NS
-from perfcast.arrays import sorted_unique
+from perfcast.arrays import sorted_unique, split_by
 from perfcast.errors import OptionValueError
 from perfcast.graph.model import NONE, Graph, Lane, NodeKind, Source
 from perfcast.graph.phases import Phase
@@ -375,9 +375,16 @@ def order_slots(
     alive = graph.alive
     out = np.empty((anchors.size, k), dtype=np.float64)
     lanes = c["lane"][anchors]
-    for lane in np.unique(lanes).tolist():
-        orders = np.sort(c["order"][np.flatnonzero((c["lane"] == lane) & alive)])
-        sel = np.flatnonzero(lanes == lane)
+    # The anchors' lanes' live nodes, grouped with one sort (a whole-graph mask per lane
+    # is O(lanes x nodes): minutes of advise on a thousand ranks).
+    live = np.flatnonzero(alive)
+    live = live[np.isin(c["lane"][live], lanes)]
+    orders_of = {
+        lane: c["order"][live[pos]] for lane, pos in split_by(c["lane"][live], c["order"][live])
+    }
+    empty = np.zeros(0, dtype=c["order"].dtype)
+    for lane, sel in split_by(lanes):
+        orders = orders_of.get(lane, empty)
         at = c["order"][anchors[sel]]
         if after:
             i = np.searchsorted(orders, at, side="right")

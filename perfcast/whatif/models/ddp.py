@@ -58,6 +58,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from perfcast.analysis.comms import allreduced_per_step
+from perfcast.arrays import split_by
 from perfcast.errors import NotApplicableError, OptionValueError
 from perfcast.events import EventTable, Kind
 from perfcast.graph.launches import DEFAULT_LAUNCH_LATENCY_NS, DEFAULT_STREAM_GAP_NS
@@ -502,11 +503,9 @@ def _launch_index(graph: Graph, lanes: list[int]) -> dict[int, tuple[np.ndarray,
     c = graph.cols
     gpu = np.flatnonzero((c["kind"] == NodeKind.GPU) & graph.alive)
     out = {}
-    for lane in lanes:
-        nodes = gpu[c["lane"][gpu] == lane]
-        if nodes.size == 0:
-            continue
-        nodes = nodes[np.argsort(c["launch_order"][nodes], kind="stable")]
+    gpu = gpu[np.isin(c["lane"][gpu], lanes)]
+    for lane, pos in split_by(c["lane"][gpu], c["launch_order"][gpu]):
+        nodes = gpu[pos]
         out[lane] = (nodes, c["launch_order"][nodes])
     return out
 

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from perfcast.arrays import split_by
 from perfcast.errors import NotApplicableError, OptionValueError
 from perfcast.graph.model import GpuKind, Graph, NodeKind, Source
 from perfcast.graph.phases import Phase
@@ -89,9 +90,8 @@ def find_chains(graph: Graph, min_chain: int, phases: list[int] | None = None) -
         gpu = gpu[np.isin(c["phase"][gpu], phases)]
     waiting = set(graph.edge_dst[np.isin(graph.edge_dst, gpu)].tolist())
     chains: list[list[int]] = []
-    for lane in np.unique(c["lane"][gpu]).tolist():
-        nodes = gpu[c["lane"][gpu] == lane]
-        nodes = nodes[np.argsort(c["order"][nodes], kind="stable")].tolist()
+    for _, pos in split_by(c["lane"][gpu], c["order"][gpu]):
+        nodes = gpu[pos].tolist()
         run: list[int] = []
 
         def close(run: list[int]) -> None:

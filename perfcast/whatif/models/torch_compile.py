@@ -45,6 +45,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from perfcast.arrays import split_by
 from perfcast.errors import NotApplicableError, OptionValueError
 from perfcast.graph.model import GpuKind, Graph, NodeKind, Source
 from perfcast.graph.phases import Phase, phase_names
@@ -120,9 +121,9 @@ def _groups(graph: Graph, region_gpu: np.ndarray, generated: np.ndarray) -> list
     all_gpu = np.flatnonzero((c["kind"] == NodeKind.GPU) & alive)
     waited = set(graph.edge_dst[np.isin(graph.edge_dst, all_gpu)].tolist())
     groups: list[list[int]] = []
-    for lane in np.unique(c["lane"][region_gpu]).tolist():
-        nodes = all_gpu[c["lane"][all_gpu] == lane]
-        nodes = nodes[np.argsort(c["order"][nodes], kind="stable")].tolist()
+    on_region_lanes = all_gpu[np.isin(c["lane"][all_gpu], c["lane"][region_gpu])]
+    for _, pos in split_by(c["lane"][on_region_lanes], c["order"][on_region_lanes]):
+        nodes = on_region_lanes[pos].tolist()
         group: list[int] = []
         for n in nodes:
             if not in_region.get(n, False):
