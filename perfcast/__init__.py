@@ -74,7 +74,14 @@ __all__ = [
 _API_FUNCTIONS = frozenset(name for name in __all__ if name not in globals())
 
 
+# Subpackages named as the command line's commands, callable: perfcast.whatif(...) is
+# perfcast.predict(...), perfcast.plan(...) is perfcast.plan.plan_trace(...).
+_CALLABLE_PACKAGES = frozenset({"whatif", "plan"})
+
+
 def __getattr__(name: str) -> object:
+    if name in _CALLABLE_PACKAGES:
+        return importlib.import_module(f"perfcast.{name}")
     if name in _API_FUNCTIONS or name == "api":
         # import_module, not `from perfcast import api`: that asks this hook for "api" again
         api = importlib.import_module("perfcast.api")
@@ -83,4 +90,4 @@ def __getattr__(name: str) -> object:
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | _API_FUNCTIONS | {"api"})
+    return sorted(set(globals()) | _API_FUNCTIONS | _CALLABLE_PACKAGES | {"api"})

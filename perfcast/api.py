@@ -4,10 +4,12 @@ import perfcast
 table = perfcast.load("traces/")                       # EventTable
 perfcast.summary(table)                                # where the time goes
 perfcast.replay(table).max_abs_error_pct               # does the replay match?
-r = perfcast.predict(table, apply=["amp", "cuda-graphs"])
+r = perfcast.predict(table, apply=["amp", "cuda-graphs"])  # or perfcast.whatif(...)
 r.baseline_ms, r.predicted_ms, r.speedup
-perfcast.advise(table).suggestions[0]
-perfcast.tree(table).incl["gpu_ns"][0]                # GPU time per call path (node 0: all)
+perfcast.advise(table).to_pandas()                     # one row per optimization
+perfcast.plan(table, gpus=64).to_pandas()              # one row per plan
+perfcast.tree(table).to_pandas()                       # one row per call path
+print(perfcast.summary(table))                         # as the command line prints it
 """
 
 from __future__ import annotations
@@ -139,7 +141,11 @@ def dependency_graph(trace: TraceLike, correct: bool = True) -> Graph:
 
 
 def predict(trace: TraceLike, apply: list[str] | str, correct: bool = True) -> WhatIfResult:
-    """Predicted step time after the optimizations in `apply` (composed in order).
+    """Predicted step time after the optimizations in `apply`, composed. Code changes apply
+    in one fixed order whatever the list's (batch size, fused optimizer, amp, checkpointing,
+    sync removal, DataLoader overlap, fusion, torch.compile, then CUDA graphs), as the changed
+    program would run them; `result.applied` lists the order used. `perfcast.whatif` is the
+    same function, by the command line's name.
 
     Each item is `NAME[:key=value,...]`, e.g. "fused-optimizer:kind=foreach". The prediction
     is for the run without the profiler (its cost estimated and taken out of the trace; the
@@ -336,7 +342,7 @@ def diff(
     b: TraceLike,
     apply: list[str] | str | None = None,
     top: int = 20,
-    correct: bool = True,
+    correct: bool | None = None,
     real: bool | None = None,
 ) -> TraceDiff:
     """What changed from trace A to trace B, per step, op, kernel and phase; with `apply`
@@ -357,12 +363,12 @@ def diff(
 
     specs = [] if apply is None else _specs(apply, "apply", allow_empty=True)
     checked = checked_specs(specs)  # an unknown name or option fails before any load
-    correct = _flag("correct", correct)
     if real is not None:  # the old name
         real = _flag("real", real)
-        if real and not correct:
+        if correct is not None and _flag("correct", correct) != real:
             raise OptionError("diff: give correct= (real= is its old name), not both")
         correct = real
+    correct = True if correct is None else _flag("correct", correct)
     ta, tb = _table(a, "a"), _table(b, "b")
     out = _diff(ta, tb, top=top, real=correct)
     if specs:

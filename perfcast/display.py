@@ -2,8 +2,8 @@
 
 A result of the Python API shown in a notebook cell renders as the matching command's
 terminal output, as HTML with inline styles (it survives saving the notebook); `text()`
-returns the same as plain text for logs. The renderers are imported only when a result is
-drawn, so importing perfcast does not load rich.
+returns the same as plain text for logs, and `print(result)` prints it. The renderers are
+imported only when a result is drawn, so importing perfcast does not load rich.
 """
 
 from __future__ import annotations
@@ -44,6 +44,17 @@ class Displayed:
         from perfcast.frames import short_repr
 
         return short_repr(self)
+
+    def __str__(self) -> str:
+        """`print(result)`: the command line's text, as wide as the terminal (100 when it
+        is not known); the repr stays one line."""
+        import shutil
+
+        return self.text(max(MIN_TEXT_WIDTH, shutil.get_terminal_size((100, 24)).columns))
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        # IPython in a terminal: the text, as Jupyter draws the HTML.
+        printer.text(repr(self) if cycle else str(self).rstrip("\n"))
 
     def text(self, width: int = 100) -> str:
         """The result as the command line prints it, as plain text (no trailing spaces)."""

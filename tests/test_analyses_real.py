@@ -260,8 +260,14 @@ def test_diff_notes_two_traces_of_different_programs() -> None:
     t = {n: perfcast.load(GPU_TRUTH / f"{n}.json.gz") for n in names}
 
     def noted(a: str, b: str) -> bool:
-        return any("different programs" in n for n in diff(t[a], t[b], real=False).notes)
+        d = diff(t[a], t[b], real=False)
+        said = any("different programs" in n for n in d.notes)
+        assert d.different_programs == said
+        return said
 
     assert noted("mlp_base", "r50_base")
+    # With --apply, the error against B is flagged as unlike programs, not a bad prediction.
+    d = perfcast.diff(t["r50_base"], t["mlp_base"], apply="remove-host-sync", correct=False)
+    assert d.different_programs and "measures how unlike they are" in d.text()
     # A whole-step CUDA graph keeps its kernels; bf16 autocast keeps its ops.
     assert not noted("mlp_base", "mlp_graph") and not noted("r50_base", "r50_amp_bf16")

@@ -400,3 +400,18 @@ def test_public_api_type_hints_resolve() -> None:
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
     assert "advise" in dir(perfcast) and perfcast.api.advise is perfcast.advise
+
+
+def test_empty_selections_and_paths_are_refused() -> None:
+    """`analyze(only="")` ran every analysis, `load("")` named no path, and
+    `diff(correct=True, real=False)` silently took real=False."""
+    example = Path(__file__).parents[1] / "perfcast" / "examples" / "ddp_a100_rank0.json.gz"
+    with pytest.raises(perfcast.OptionError, match="names no analysis"):
+        perfcast.analyze(example, only="")
+    with pytest.raises(perfcast.OptionError, match="names no analysis"):
+        perfcast.analyze(example, only=[" "])
+    with pytest.raises(perfcast.OptionError, match="trace path is empty"):
+        perfcast.load("")
+    with pytest.raises(perfcast.OptionError, match="not both"):
+        perfcast.diff(example, example, correct=True, real=False)
+    assert perfcast.diff(example, example, real=False).step.real_speedup is None

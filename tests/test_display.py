@@ -193,3 +193,74 @@ def test_the_many_ranks_overview_splits_the_step_in_80_columns(shared_traces: Pa
     # steps, step ms, w/o profiler, then the GPU columns that split the (traced) step
     step, _, compute, comm, copies, idle = figures[1:7]
     assert compute + comm + copies + idle == pytest.approx(step, abs=0.03)
+
+
+def test_print_and_ipython_show_the_text_the_repr_stays_one_line(table) -> None:
+    """print(result) printed `Advice(baseline_ms=212.84091166666667, ...)`: now the command's
+    text; the repr (a list of results, a debugger) stays one line."""
+    result = perfcast.summary(table)
+    assert str(result).startswith(result.text(100).splitlines()[0][:20])
+    assert "\n" not in repr(result) and repr(result).startswith("Summary(")
+
+    class Printer:
+        def __init__(self) -> None:
+            self.out: list[str] = []
+
+        def text(self, s: str) -> None:
+            self.out.append(s)
+
+    p = Printer()
+    result._repr_pretty_(p, cycle=False)
+    assert "w/o" in p.out[0] and not p.out[0].endswith("\n")
+
+
+def test_every_result_with_rows_gives_dataframes(table) -> None:
+    """predict, advise, plan and tree had no to_pandas / to_polars / to_arrow (advise only
+    to_pandas), where every analysis had them."""
+    pytest.importorskip("pandas")
+    pytest.importorskip("polars")
+    pytest.importorskip("pyarrow")
+    from perfcast.plan import plan_trace
+
+    w = perfcast.predict(table, "remove-host-sync")
+    assert w.table_names() == ["iterations", "applied"]
+    assert len(w.to_pandas()) == len(w.iterations)
+    assert w.to_polars("applied")["name"].to_list() == ["remove-host-sync"]
+
+    a = perfcast.advise(table)
+    assert a.table_names() == ["suggestions", "not_applicable"]
+    df = a.to_pandas()
+    assert list(df["name"]) == [s.name for s in a.suggestions + a.uncertain]
+    assert a.to_polars().height == len(df) and a.to_arrow().num_rows == len(df)
+    assert a.to_pandas("not_applicable")["reason"].str.len().min() > 0
+    with pytest.raises(perfcast.OptionError, match="Advice has no table 'x'"):
+        a.to_pandas("x")
+
+    p = plan_trace(table, 4, top=3)
+    best = p.to_pandas()
+    assert list(best["label"]) == [r.label for r in p.best]
+    assert list(best["dp"] * best["tp"] * best["pp"]) == [4, 4, 4]
+    assert p.to_pandas("baseline")["label"].tolist() == [p.baseline.label]
+
+    t = perfcast.tree(table)
+    nodes = t.to_pandas()
+    assert len(nodes) == len(t) and nodes["depth"][0] == 0 and nodes["parent"][0] == -1
+    assert (nodes["depth"][1:] == nodes["depth"][nodes["parent"][1:]].to_numpy() + 1).all()
+    assert nodes["incl_gpu_ns"][0] == t.incl["gpu_ns"][0]
+
+
+def test_whatif_and_plan_are_callable_by_their_command_names(table) -> None:
+    """`perfcast.whatif(...)` raised AttributeError in a fresh session and "'module' object
+    is not callable" after any predict() (the subpackage took the name); `perfcast.plan`
+    needed `import perfcast.plan` first."""
+    code = (
+        "import perfcast, sys\n"
+        f"t = perfcast.load({str(EXAMPLE)!r})\n"
+        "a = perfcast.whatif(t, 'remove-host-sync').speedup\n"
+        "b = perfcast.predict(t, 'remove-host-sync').speedup\n"
+        "c = perfcast.whatif(t, ['remove-host-sync']).speedup\n"
+        "p = perfcast.plan(t, gpus=2, top=1).best[0].label\n"
+        "print(a == b == c, p.startswith('dp'))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["True", "True"]

@@ -643,3 +643,47 @@ def test_plan_without_parameters_says_why_and_what_the_trace_measured(
     v100 = perfcast.load(str(shared_traces / "hta_ddp_v100_rank1_memory.json.gz"))
     said = " ".join(plan_trace(v100, 8, memory_gb=4).notes)
     assert "memory events measured 6.2 GiB per rank" in said
+
+
+def test_micro_batches_reach_the_local_batch() -> None:
+    """Micro-batches stopped at 64: a local batch of 1,024 that does not fit whole was
+    offered only 64 x 16, where a larger micro-batch fits and runs faster (host time is paid
+    per micro-batch)."""
+    table = perfcast.load(str(RECORDED / "r50_base.json.gz"))
+    r = plan_trace(table, 1, global_batch=1024, top=50)
+    mbs = {row.plan["mb"] for row in r.best}
+    assert {128, 256} & mbs
+    assert r.best[0].plan["mb"] > 64
+    # Every power of two up to the local batch is among the plans tried.
+    from perfcast.plan.search import enumerate_plans
+
+    plans = enumerate_plans(_FlatTp(), 1, 2048, make_cluster("h100"), zero=(0,), ckpt=(0,))
+    assert {1 << k for k in range(12)} <= set(plans.mb.tolist())
+
+
+class _FlatTp(_Flat):
+    def tp_ok(self, tp: np.ndarray) -> np.ndarray:
+        return np.asarray(tp) == 1
+
+
+def test_plan_says_why_there_is_no_tensor_parallelism() -> None:
+    """ResNet-50's one linear layer has no column/row pair: the plan told the user to
+    re-record with record_shapes=True, which the trace already had."""
+    r = plan_trace(perfcast.load(str(RECORDED / "r50_base.json.gz")), 8, top=1)
+    said = " ".join(r.assumptions)
+    assert "1 linear layer per step, no column/row pair to split" in said
+    assert "record_shapes=False" not in said
+
+
+def test_plan_names_the_gpu_for_amp_when_the_trace_does_not(shared_traces: Path) -> None:
+    """With --gpu given for a trace that names no GPU, AMP said to pass device=NAME (which
+    plan has no option for); the trace is taken as the --gpu's run, for AMP too."""
+    table = perfcast.load(str(shared_traces / "hta_sampled_128rank"))
+    said = " ".join(plan_trace(table, 8, gpu="a100", top=1).assumptions)
+    assert "AMP plans (bf16 autocast)" in said and "device=NAME" not in said
+
+
+def test_plan_notes_memory_beyond_the_gpu() -> None:
+    r = plan_trace(perfcast.load(str(EXAMPLE)), 2, memory_gb=1e6, top=1)
+    assert any("more than the A100" in n for n in r.notes)
+    assert not any("more than" in n for n in plan_trace(perfcast.load(str(EXAMPLE)), 2).notes)

@@ -32,8 +32,8 @@ from perfcast.analysis.optimizers import (
     optimizer_classes,
 )
 from perfcast.analysis.real_step import RealWorld, real_world
-from perfcast.display import Displayed
 from perfcast.events import EventTable, Kind
+from perfcast.frames import Tables, dicts_to_columns, rows_to_columns
 from perfcast.graph.build import build_graph
 from perfcast.graph.model import GpuKind, Graph, NodeKind
 from perfcast.graph.phases import Phase, host_collective_mask
@@ -55,7 +55,7 @@ try:
 except ImportError:  # pragma: no cover
     KernelClass = None  # type: ignore[assignment,misc]
 
-from perfcast.errors import OptionError, OptionValueError, PerfcastError
+from perfcast.errors import OptionValueError, PerfcastError
 
 
 @dataclass
@@ -114,8 +114,25 @@ class Plan:
     enablers: list[str] = field(default_factory=list)
 
 
+SUGGESTION_COLUMNS = (
+    "name",
+    "status",
+    "predicted_ms",
+    "speedup",
+    "speedup_low",
+    "speedup_high",
+    "gain_ms",
+    "error_band_pct",
+    "band_pairs",
+    "from_trace_share",
+    "code",
+    "why",
+    "explanation",
+)
+
+
 @dataclass(repr=False)
-class Advice(Displayed):
+class Advice(Tables):
     RENDERER: ClassVar[tuple[str, str]] = ("perfcast.report.terminal", "render_advice")
 
     baseline_ms: float  # mean step without the profiler (estimated; see correction)
@@ -132,16 +149,10 @@ class Advice(Displayed):
     # What the trace shows that limits the step and no modelled optimization addresses.
     findings: list[str] = field(default_factory=list)
 
-    def to_pandas(self, name: str | None = None) -> Any:
-        """One row per predicted optimization, ranked ones first (status "ranked"), then
-        those within their error band ("not ranked", with `why`); times in ms. `name`, as
-        other results take it: None or "suggestions", the one table."""
-        from perfcast.frames import _need
-
-        if name not in (None, "suggestions"):
-            raise OptionError(f"no table {name!r} in this result: it has 'suggestions'")
-
-        pd = _need("pandas")
+    def _tables(self) -> dict[str, Any]:
+        """ "suggestions": one row per predicted optimization, ranked ones first (status
+        "ranked"), then those within their error band ("not ranked", with `why`); times in
+        ms. "not_applicable": what could not be predicted on this trace, and why."""
         rows = []
         for status, items in (("ranked", self.suggestions), ("not ranked", self.uncertain)):
             for s in items:
@@ -162,7 +173,9 @@ class Advice(Displayed):
                         "explanation": s.explanation,
                     }
                 )
-        return pd.DataFrame(rows, columns=list(rows[0]) if rows else ["name", "status"])
+        tables = {"suggestions": dicts_to_columns(rows, SUGGESTION_COLUMNS)}
+        tables["not_applicable"] = rows_to_columns(self.not_applicable, NotApplicable)
+        return tables
 
 
 CANDIDATES = [

@@ -89,11 +89,15 @@ class Analyses(Displayed):
 
 
 def parse_only(only: str | list[str] | None) -> list[str]:
-    """Analysis names from "a,b" or a list; every analysis when empty."""
-    if not only:
+    """Analysis names from "a,b" or a list; every analysis when None."""
+    if only is None:
         return list(ANALYSES)
     items = only.split(",") if isinstance(only, str) else list(only)
     names = [s.strip() for s in items if s.strip()]
+    if not names:  # `--only ""` asked for some and named none: not a request for all
+        raise OptionError(
+            f"only={only!r} names no analysis", hint=f"choose from {', '.join(ANALYSES)}"
+        )
     unknown = [n for n in names if n not in ANALYSES]
     if unknown:
         raise OptionError(

@@ -33,15 +33,15 @@ from __future__ import annotations
 import enum
 import re
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
 from perfcast.analysis.roofline import FUSED_ATTENTION, attention_flops
 from perfcast.arrays import combine_codes
-from perfcast.display import Displayed
 from perfcast.errors import OptionError
 from perfcast.events import NONE, EventTable, Kind
+from perfcast.frames import Tables
 from perfcast.graph.phases import PHASE_LABELS, Phase, event_phases
 from perfcast.ingest.input_dims import parse_input_dims, tensor_shapes
 
@@ -839,7 +839,7 @@ class CompiledCode:
 
 
 @dataclass(repr=False)
-class ContextTree(Displayed):
+class ContextTree(Tables):
     """Metrics of a selection of events on the calling-context tree. In a notebook it draws
     itself as `perfcast tree` prints it (its default view); its repr is one line."""
 
@@ -860,6 +860,29 @@ class ContextTree(Displayed):
     @property
     def level(self) -> str:
         return self.index.level
+
+    def _tables(self) -> dict[str, Any]:
+        """ "nodes": one row per node of the tree (node 0 the root): its parent, depth, name,
+        kind, and every metric inclusive (`incl_<metric>`) and exclusive (`excl_<metric>`)."""
+        index = self.index
+        parent = np.asarray(index.parent, dtype=np.int64)
+        depth = np.zeros(parent.size, dtype=np.int64)
+        up = parent.copy()
+        while (up >= 0).any():  # one step up the tree per pass for every node at once
+            depth += up >= 0
+            up = np.where(up >= 0, parent[np.maximum(up, 0)], -1)
+        cols: dict[str, Any] = {
+            "node": np.arange(len(index)),
+            "parent": parent,
+            "depth": depth,
+            "name": [index.labels[i] for i in index.label.tolist()],
+            "kind": [KIND_NAMES[CtxKind(k)] for k in index.kind.tolist()],
+        }
+        for k, v in self.incl.items():
+            cols[f"incl_{k}"] = v
+        for k, v in self.excl.items():
+            cols[f"excl_{k}"] = v
+        return {"nodes": cols}
 
 
 def _phase_of(value: str | None) -> Phase | None:

@@ -110,6 +110,9 @@ class TraceDiff(Tables):
     a_files: list[str] = field(default_factory=list)
     b_files: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    # A and B share few op and kernel names: their deltas, and a prediction's error against
+    # B, compare unrelated work (the note says by how much).
+    different_programs: bool = False
 
     ROW_TYPES = {  # noqa: RUF012
         "ops": DeltaRow,
@@ -340,7 +343,9 @@ def diff(a: EventTable, b: EventTable, top: int = 20, real: bool = True) -> Trac
     if len(a.ranks) != len(b.ranks):
         out.notes.append(f"A has {len(a.ranks)} ranks, B {len(b.ranks)}: per-step sums differ")
     out.notes.extend(_setup_notes(a, b))
-    out.notes.extend(_different_programs_note(pa, pb))
+    unrelated = _different_programs_note(pa, pb)
+    out.notes.extend(unrelated)
+    out.different_programs = bool(unrelated)
     if real:
         (a_real, a_src), (b_real, b_src) = real_step_time_ms(sa), real_step_time_ms(sb)
         if a_real and b_real:

@@ -41,6 +41,8 @@ def load(path: str | os.PathLike[str], progress: ProgressFn | None = None) -> Ev
             f"progress must be a function (file, done, total) or None, not {progress!r}"
         )
     path = os.fspath(path)
+    if not path:
+        raise OptionError("the trace path is empty: give a trace file or a folder of them")
     try:
         os.stat(path)
     except (FileNotFoundError, ValueError):  # ValueError: a NUL in the path

@@ -3,6 +3,7 @@ FSDP sharding, micro-batches, checkpointing and AMP, searched and checked agains
 
     from perfcast.plan import plan_trace, plan_model
     plan_trace(perfcast.load("trace.json.gz"), gpus=64, gpu="h100").best[0]
+    perfcast.plan("trace.json.gz", gpus=64)   # the same as plan_trace (this package is callable)
     plan_model("gpt-175b", gpus=64, gpu="a100-80gb", global_batch=64)
 
 A trace is read once into measured per-layer costs (`trace_workload`), a model description
@@ -15,6 +16,8 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import sys
+import types
 from functools import partial
 from typing import Any
 
@@ -239,7 +242,10 @@ def plan_trace(
     rw = real_world(build_graph(table, ranks={facts.rank}), correct=not keep_profiler_cost)
     host = None if keep_profiler_cost else host_correction(rw)
     fp32 = facts.act_bytes_per_elem == 4
-    amp_or_why = amp_effect(rw.graph) if fp32 else "the trace already runs in 16 bits"
+    # A trace whose GPU is unknown is taken as the --gpu's run (as trace_workload takes it).
+    unknown = traced_device(table)[0] is None
+    as_device = cluster.device.name if unknown and gpu is not None else None
+    amp_or_why = amp_effect(rw.graph, as_device) if fp32 else "the trace already runs in 16 bits"
     amp = amp_or_why if isinstance(amp_or_why, AmpEffect) else None
     from perfcast.whatif.models.tensor_parallel import units_per_step
 
@@ -391,3 +397,15 @@ def plan_model(
         top=top,
         overlap_dp=overlap_dp,
     )
+
+
+class _CallableModule(types.ModuleType):
+    def __call__(self, *args: Any, **kwargs: Any) -> PlanResult:
+        """`perfcast.plan(trace, gpus, ...)`: the same as `plan_trace`, as the command line
+        names it."""
+        return plan_trace(*args, **kwargs)
+
+
+# A function named `plan` in the perfcast package would be replaced by this subpackage as
+# soon as anything imported it; the module answers the call instead.
+sys.modules[__name__].__class__ = _CallableModule

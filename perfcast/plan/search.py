@@ -14,13 +14,12 @@ from typing import ClassVar
 
 import numpy as np
 
-from perfcast.display import Displayed
 from perfcast.errors import OptionError
+from perfcast.frames import Columns, Tables, rows_to_columns
 from perfcast.hardware.network import Cluster
 from perfcast.plan.cost import GIB, OVERLAP_ASSUMPTION, PlanCosts, evaluate
 from perfcast.plan.plans import CKPT_NAMES, Plans, describe
 
-MICRO_BATCHES = (1, 2, 4, 8, 16, 32, 64)
 # Memory a plan may use: the device minus a margin for the allocator's fragmentation, the
 # CUDA context and NCCL's buffers (which live outside PyTorch's allocator).
 USABLE = 0.92
@@ -46,8 +45,10 @@ class PlanRow:
 
 
 @dataclass(repr=False)
-class PlanResult(Displayed):
-    """What `perfcast plan` prints: the best plans, how many were tried and kept."""
+class PlanResult(Tables):
+    """What `perfcast plan` prints: the best plans, how many were tried and kept. Tables:
+    `best` (one row per plan, its degrees as columns dp, tp, pp, mb, m, v, zero, ckpt, sp,
+    amp) and `baseline` (the trace's own configuration, when planning a trace)."""
 
     RENDERER: ClassVar[tuple[str, str]] = ("perfcast.cli.plan", "render")
 
@@ -64,6 +65,17 @@ class PlanResult(Displayed):
     baseline: PlanRow | None = None  # the trace's own configuration, when planning a trace
     assumptions: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+
+    def _tables(self) -> dict[str, Columns]:
+        def flat(rows: list[PlanRow]) -> Columns:
+            cols = rows_to_columns(rows, PlanRow)
+            del cols["plan"]  # a dict: one column per degree instead
+            degrees = {k: [r.plan[k] for r in rows] for k in (rows[0].plan if rows else ())}
+            return {"rank": cols.pop("rank"), "label": cols.pop("label"), **degrees, **cols}
+
+        tables = {"best": flat(self.best)}
+        tables["baseline"] = flat([self.baseline] if self.baseline else [])
+        return tables
 
 
 def _pow2_upto(n: int) -> list[int]:
@@ -93,9 +105,9 @@ def enumerate_plans(
         k: [] for k in ("dp", "tp", "pp", "mb", "m", "v", "zero", "ckpt", "sp", "amp")
     }
     sp_ok = getattr(workload, "source", "") == "model description"
-    # Besides powers of two: the whole local batch (no micro-batching) and the trace's own
-    # per-GPU batch, so that the configuration the user runs is among the plans (a batch of
-    # 10 per GPU has no power-of-two micro-batch above 2).
+    # Besides every power of two up to the local batch: the whole local batch (no
+    # micro-batching) and the trace's own per-GPU batch, so that the configuration the user
+    # runs is among the plans (a batch of 10 per GPU has no power-of-two micro-batch above 2).
     traced_mb = int(getattr(workload, "batch", 0) or 0)
     for tp in _pow2_upto(tp_cap):
         if gpus % tp or not bool(np.all(workload.tp_ok(np.array([tp])))):  # type: ignore[attr-defined]
@@ -107,7 +119,9 @@ def enumerate_plans(
             if global_batch % dp:
                 continue
             per = global_batch // dp
-            for mb in sorted({*MICRO_BATCHES, per, traced_mb}):
+            # Every power of two up to the local batch: a cap (64 once) left a large batch
+            # that does not fit whole only tiny micro-batches, 10x slower than mb 1024.
+            for mb in sorted({*_pow2_upto(per), per, traced_mb}):
                 if mb < 1 or per % mb:
                     continue
                 m = per // mb
@@ -252,6 +266,11 @@ def search(
     )
     if overlap_dp:
         result.assumptions.append(OVERLAP_ASSUMPTION)
+    if capacity_gib is not None and capacity_gib > cluster.device.mem_gb:
+        result.notes.append(
+            f"the memory given ({capacity_gib:g} GiB) is more than the {cluster.device.name} "
+            f"has ({cluster.device.mem_gb:g} GiB): plans are kept that would not fit on it"
+        )
     if not ranked.size:
         smallest = int(np.argmin(costs.peak_b))
         result.notes.append(

@@ -305,22 +305,23 @@ class AmpEffect:
     dtype: str = "bf16"  # fp16 (with a grad scaler) on a GPU without bf16 math
 
 
-def amp_effect(graph: Graph) -> AmpEffect | str:
+def amp_effect(graph: Graph, device: str | None = None) -> AmpEffect | str:
     """The AMP what-if's effect on `graph` (bf16, or fp16 where the GPU has no bf16 math),
-    or why it does not apply."""
+    or why it does not apply. `device` names the traced GPU where the trace does not."""
     from perfcast.errors import NotApplicableError
     from perfcast.whatif.registry import parse_spec
     from perfcast.whatif.runner import apply_specs
 
+    named = f",device='{device}'" if device else ""
     try:
         dtype = "bf16"
         try:
-            after, applied = apply_specs(graph, [parse_spec("amp:dtype=bf16")])
+            after, applied = apply_specs(graph, [parse_spec(f"amp:dtype=bf16{named}")])
         except NotApplicableError as exc:
             if "no native bf16" not in str(exc):
                 raise
             dtype = "fp16"  # a V100: its AMP is fp16 with a grad scaler
-            after, applied = apply_specs(graph, [parse_spec("amp:dtype=fp16")])
+            after, applied = apply_specs(graph, [parse_spec(f"amp:dtype=fp16{named}")])
     except NotApplicableError as exc:
         return str(exc)
     fb = (Phase.FORWARD, Phase.BACKWARD)
@@ -565,6 +566,14 @@ def trace_workload(
             "group in proportion to its forward",
         ]
     )
+    if host_opt > 0.05 * step_s:
+        w.assumptions.append(
+            f"ZeRO and FSDP plans keep the optimizer's {host_opt * 1e3:.1f} ms of host time "
+            "on every rank (FSDP2 and DeepSpeed step a shard of every parameter tensor; "
+            "torch's ZeroRedundancyOptimizer gives each rank whole tensors and would cut a "
+            "for-loop optimizer's host time by up to the data-parallel degree); a pipeline "
+            "stage holds 1/pp of the tensors and its share of that time"
+        )
     if comm_s:
         w.assumptions.append(
             f"the trace's own collectives ({comm_s * 1e3:.1f} ms per step) are replaced by "
@@ -577,7 +586,14 @@ def trace_workload(
             "all-to-all, a sharded layer's gathers) that no plan models, so every plan leaves "
             "it out and is optimistic by up to its time"
         )
-    if pairs == 0 and fl + bl > 0:
+    if pairs == 0 and lin_saved:
+        # Shapes recorded, but a single linear layer (a CNN's classifier) has no column /
+        # row pair to split: re-recording would change nothing.
+        w.assumptions.append(
+            f"{len(lin_saved)} linear layer{'s' if len(lin_saved) > 1 else ''} per step, no "
+            "column/row pair to split: tensor parallelism not offered"
+        )
+    elif pairs == 0 and fl + bl > 0:
         w.assumptions.append(
             "the linear layers' shapes are not in the trace (record_shapes=False): tensor "
             "parallelism not offered"

@@ -192,6 +192,14 @@ def render_diff(result: TraceDiff, console: Console, rows: int = 15) -> None:
                 style="bold",
             )
         )
+        if result.different_programs:
+            console.print(
+                Text(
+                    "  A and B look like different programs (see the note): this error "
+                    "measures how unlike they are, not how good the prediction is",
+                    style="yellow",
+                )
+            )
         if p.predicted_real_ms is not None and p.real_speedup is not None:
             against = ""
             if p.measured_real_ms is not None and p.real_error_pct is not None:

@@ -11,9 +11,9 @@ import numpy as np
 from perfcast.analysis.critical_path import critical_paths
 from perfcast.analysis.notes import graph_notes, input_notes, refuse_counter_trace
 from perfcast.analysis.real_step import RealWorld, real_world
-from perfcast.display import Displayed
 from perfcast.errors import OptionError, OptionValueError
 from perfcast.events import EventTable
+from perfcast.frames import Tables
 from perfcast.graph.acyclic import break_cycles, cyclic_node_count
 from perfcast.graph.build import build_graph
 from perfcast.graph.lower import lower
@@ -44,10 +44,11 @@ class IterationPrediction:
 
 
 @dataclass(repr=False)
-class WhatIfResult(Displayed):
+class WhatIfResult(Tables):
     """A prediction. `baseline_ms`, `predicted_ms` and `speedup` are for the run without the
     profiler (the correction says how its cost was estimated); the *_traced_ms figures keep
-    the profiler's cost in, as the trace does."""
+    the profiler's cost in, as the trace does. Tables: `iterations` (one row per rank and
+    step) and `applied` (one row per model applied)."""
 
     RENDERER: ClassVar[tuple[str, str]] = ("perfcast.report.terminal", "render_whatif")
 
