@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 
@@ -42,8 +42,9 @@ def native_stderr_to(path: str | os.PathLike[str]) -> Iterator[None]:
         os.close(target)
 
 
-def write_output(path: str | os.PathLike[str], data: bytes) -> None:
-    """Write `data` to the user's output `path`, never leaving half a file behind.
+def write_output(path: str | os.PathLike[str], data: bytes | Iterable[bytes]) -> None:
+    """Write `data` (bytes, or chunks of them as they are made, so that a large output is
+    never whole in memory) to the user's output `path`, never leaving half a file behind.
 
     A regular file (new or replaced) is written to a temporary file beside it and renamed
     over it, with the permissions a new file would get. A symbolic link is followed: its
@@ -54,6 +55,7 @@ def write_output(path: str | os.PathLike[str], data: bytes) -> None:
     import stat
     import tempfile
 
+    chunks = [data] if isinstance(data, bytes) else data
     target = os.path.realpath(path)  # a link's target; the path itself otherwise
     try:
         mode: int | None = os.stat(target).st_mode
@@ -61,12 +63,14 @@ def write_output(path: str | os.PathLike[str], data: bytes) -> None:
         mode = None
     if mode is not None and not stat.S_ISREG(mode):
         with open(target, "wb") as fh:
-            fh.write(data)
+            for chunk in chunks:
+                fh.write(chunk)
         return
     fd, tmp = tempfile.mkstemp(prefix=".perfcast-", dir=os.path.dirname(target))
     try:
         with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
+            for chunk in chunks:
+                fh.write(chunk)
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes it private; an output is not
         os.replace(tmp, target)
     except BaseException:

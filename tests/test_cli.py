@@ -115,6 +115,30 @@ def test_whatif_json_and_side_by_side_export(capsys, tmp_path):
     assert ends and all(sorted(v) == ["f", "s"] for v in ends.values())
 
 
+def test_export_is_written_in_batches_as_one_document(tmp_path, monkeypatch):
+    """The export is encoded a batch of events at a time (a thousand ranks' export held
+    7 GB as one list): with batches of 7 events, plain and gzipped files hold the same
+    document as one batch makes."""
+    import perfcast
+    from perfcast.report import perfetto
+    from perfcast.sim.timeline import simulate
+
+    tl = simulate(perfcast.dependency_graph(perfcast.load(EXAMPLE)))
+    whole = list(perfetto.timeline_events(tl, "a", pid_base=1000))
+    for name in ("t.json", "t.json.gz"):
+        monkeypatch.setattr(perfetto, "EXPORT_BATCH", 7)
+        perfetto.export_timelines([("a", tl), ("b", tl)], str(tmp_path / name))
+        data = (tmp_path / name).read_bytes()
+        doc = json.loads(gzip.decompress(data) if name.endswith(".gz") else data)
+        assert doc["otherData"] == {"generator": "perfcast"}
+        events = doc["traceEvents"]
+        assert len(events) == 2 * len(whole)
+        assert [e["name"] for e in events[: len(whole)]] == [e["name"] for e in whole]
+        # Flow ids stay unique across the two timelines.
+        ids = [e["id"] for e in events if e["ph"] == "s"]
+        assert len(ids) == len(set(ids))
+
+
 def test_advise_json(capsys):
     doc = _json(capsys, "advise", str(EXAMPLE), "--json")
     sug = doc["suggestions"]

@@ -8,8 +8,8 @@ queue fills or drains.
 
 from __future__ import annotations
 
-import gzip
 import itertools
+import zlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -29,6 +29,7 @@ _EDGE_LABEL = {
 }
 QUEUE_COUNTER_POINTS = 2_000  # samples per stream's launch-queue counter track, at most
 QUEUE_COUNTER_BUDGET = 200_000  # samples over all streams of one timeline
+EXPORT_BATCH = 100_000  # events encoded and written at a time
 _SOURCE_LABEL = {
     int(Source.MEASURED): "measured",
     int(Source.CORRECTED): "measured less the profiler's cost",
@@ -143,20 +144,20 @@ def timeline_events(
     pid_base: int,
     flows: bool = True,
     flow_ids: Iterator[int] | None = None,
-) -> list[dict[str, Any]]:
+) -> Iterator[dict[str, Any]]:
     """The timeline's slices, launch-queue counters and flow arrows, its ranks as processes
-    numbered from `pid_base`; flow ids drawn from `flow_ids` (unique across timelines)."""
+    numbered from `pid_base`; flow ids drawn from `flow_ids` (unique across timelines).
+    Yielded one by one: a thousand ranks make tens of millions of them."""
     ids = itertools.count(1) if flow_ids is None else flow_ids
     g = tl.graph
     c = g.cols
     alive = np.flatnonzero(g.alive)
     # CPU gaps outside any op are idle time: not drawn.
     drawn = alive[(c["kind"][alive] != NodeKind.CPU) | (c["op"][alive] >= 0)]
-    events: list[dict[str, Any]] = []
     ranks = sorted({ln.rank for ln in g.lanes})
     pid_of = {r: pid_base + i for i, r in enumerate(ranks)}
     for r in ranks:
-        events.append(
+        yield (
             {
                 "ph": "M",
                 "name": "process_name",
@@ -165,7 +166,7 @@ def timeline_events(
                 "args": {"name": f"{label} · rank {r}"},
             }
         )
-        events.append(
+        yield (
             {
                 "ph": "M",
                 "name": "process_sort_index",
@@ -175,7 +176,7 @@ def timeline_events(
             }
         )
     for i, ln in enumerate(g.lanes):
-        events.append(
+        yield (
             {
                 "ph": "M",
                 "name": "thread_name",
@@ -198,7 +199,7 @@ def timeline_events(
     for row, lane, lo, hi in zip(
         op_rows.tolist(), op_lane.tolist(), op_lo.tolist(), op_hi.tolist(), strict=True
     ):
-        events.append(
+        yield (
             {
                 "ph": "X",
                 "cat": "cpu_op",
@@ -218,7 +219,7 @@ def timeline_events(
     for extra in np.unique(tid_of[tid_of >= len(g.lanes)]).tolist():
         k, lane = divmod(extra, len(g.lanes))
         ln = g.lanes[lane]
-        events.append(
+        yield (
             {
                 "ph": "M",
                 "name": "thread_name",
@@ -232,7 +233,7 @@ def timeline_events(
         nm_idx = int(c["name"][node])
         name = names[nm_idx] if nm_idx >= 0 else "cpu"
         k = NodeKind(int(kind[node]))
-        events.append(
+        yield (
             {
                 "ph": "X",
                 "cat": k.name.lower(),
@@ -247,7 +248,7 @@ def timeline_events(
                 },
             }
         )
-    events.extend(_queue_counters(tl, pid_of, start_ns, end_ns))
+    yield from _queue_counters(tl, pid_of, start_ns, end_ns)
     if flows:
 
         def inside(node: int, at_end: bool) -> float:
@@ -262,7 +263,7 @@ def timeline_events(
             if not live[lnode]:
                 continue
             fid = next(ids)
-            events.append(
+            yield (
                 {
                     "ph": "s",
                     "id": fid,
@@ -273,7 +274,7 @@ def timeline_events(
                     "ts": inside(lnode, at_end=False),
                 }
             )
-            events.append(
+            yield (
                 {
                     "ph": "f",
                     "bp": "e",
@@ -298,7 +299,7 @@ def timeline_events(
                 continue
             fid = next(ids)
             cat = _EDGE_LABEL.get(int(etype), "dependency")
-            events.append(
+            yield (
                 {
                     "ph": "s",
                     "id": fid,
@@ -309,7 +310,7 @@ def timeline_events(
                     "ts": inside(src, at_end=True),
                 }
             )
-            events.append(
+            yield (
                 {
                     "ph": "f",
                     "bp": "e",
@@ -321,7 +322,6 @@ def timeline_events(
                     "ts": inside(dst, at_end=bool(at_end)),
                 }
             )
-    return events
 
 
 def _queue_counters(
@@ -362,14 +362,35 @@ def _queue_counters(
 
 
 def export_timelines(timelines: list[tuple[str, Timeline]], path: str) -> None:
-    """Write labelled timelines side by side to `path` (.json or .json.gz)."""
-    events: list[dict[str, Any]] = []
+    """Write labelled timelines side by side to `path` (.json or .json.gz), encoded and
+    written a batch of events at a time (a thousand ranks' export held 7 GB as one list)."""
     flow_ids = itertools.count(1)
     # Process ids: a block per timeline, wide enough for any number of ranks.
     ranks = max((len({ln.rank for ln in tl.graph.lanes}) for _, tl in timelines), default=1)
     width = max(10 ** len(str(ranks)), 1000)
-    for i, (label, tl) in enumerate(timelines):
-        events.extend(timeline_events(tl, label, pid_base=width * (i + 1), flow_ids=flow_ids))
-    doc = {"traceEvents": events, "displayTimeUnit": "ms", "otherData": {"generator": "perfcast"}}
-    data = msgspec.json.encode(doc)
-    write_output(path, gzip.compress(data) if path.endswith(".gz") else data)
+    encoder = msgspec.json.Encoder()
+
+    def document() -> Iterator[bytes]:
+        yield b'{"traceEvents":['
+        first = True
+        for i, (label, tl) in enumerate(timelines):
+            events = timeline_events(tl, label, pid_base=width * (i + 1), flow_ids=flow_ids)
+            while batch := list(itertools.islice(events, EXPORT_BATCH)):
+                # A JSON array's items, without its brackets: [a,b] -> a,b
+                items = encoder.encode(batch)[1:-1]
+                yield items if first else b"," + items
+                first = False
+        yield b'],"displayTimeUnit":"ms","otherData":{"generator":"perfcast"}}'
+
+    chunks = document()
+    write_output(path, _gzipped(chunks) if path.endswith(".gz") else chunks)
+
+
+def _gzipped(chunks: Iterator[bytes]) -> Iterator[bytes]:
+    """The chunks as one gzip stream, compressed as they come."""
+    z = zlib.compressobj(6, zlib.DEFLATED, 16 + zlib.MAX_WBITS)  # 16+: a gzip header
+    for chunk in chunks:
+        out = z.compress(chunk)
+        if out:
+            yield out
+    yield z.flush()
