@@ -52,10 +52,6 @@ class Displayed:
 
         return self.text(max(MIN_TEXT_WIDTH, shutil.get_terminal_size((100, 24)).columns))
 
-    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
-        # IPython in a terminal: the text, as Jupyter draws the HTML.
-        printer.text(repr(self) if cycle else str(self).rstrip("\n"))
-
     def text(self, width: int = 100) -> str:
         """The result as the command line prints it, as plain text (no trailing spaces)."""
         from perfcast.errors import whole_number

@@ -42,7 +42,9 @@ def native_stderr_to(path: str | os.PathLike[str]) -> Iterator[None]:
         os.close(target)
 
 
-def write_output(path: str | os.PathLike[str], data: bytes | Iterable[bytes]) -> None:
+def write_output(
+    path: str | os.PathLike[str], data: bytes | bytearray | memoryview | Iterable[bytes]
+) -> None:
     """Write `data` (bytes, or chunks of them as they are made, so that a large output is
     never whole in memory) to the user's output `path`, never leaving half a file behind.
 
@@ -55,7 +57,7 @@ def write_output(path: str | os.PathLike[str], data: bytes | Iterable[bytes]) ->
     import stat
     import tempfile
 
-    chunks = [data] if isinstance(data, bytes) else data
+    chunks = [data] if isinstance(data, (bytes, bytearray, memoryview)) else data
     target = os.path.realpath(path)  # a link's target; the path itself otherwise
     try:
         mode: int | None = os.stat(target).st_mode

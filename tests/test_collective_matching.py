@@ -178,3 +178,27 @@ def test_a_real_cut_pairs_only_what_the_whole_trace_pairs(tmp_path: Path) -> Non
     assert len(full) == 21
     assert len(got) == 11 and got <= full
     assert stragglers(perfcast.load(cut)).matched == 11
+
+
+def test_step_codes_follow_a_table_made_with_new_iterations() -> None:
+    """The step codes are computed once per table (a thousand ranks asked once per rank);
+    a table made with dataclasses.replace shares the memo, and must not get the old codes."""
+    import dataclasses
+    from pathlib import Path
+
+    example = Path(__file__).parents[1] / "perfcast" / "examples" / "ddp_a100_rank0.json.gz"
+    table = perfcast.load(example)
+    before = step_codes(table, table.iteration)
+    assert sorted(set(before.tolist()) - {-1}) == [0, 1, 2]
+    same = [dataclasses.replace(it, name="ProfilerStep#1") for it in table.iterations]
+    other = dataclasses.replace(table, iterations=same)
+    assert set(step_codes(other, other.iteration).tolist()) - {-1} == {0}
+    assert (step_codes(table, table.iteration) == before).all()
+
+
+def test_write_output_takes_bytes_like_and_chunks(tmp_path) -> None:
+    from perfcast.paths import write_output
+
+    for data in (b"ab", bytearray(b"ab"), memoryview(b"ab"), iter([b"a", b"b"])):
+        write_output(tmp_path / "out.txt", data)
+        assert (tmp_path / "out.txt").read_bytes() == b"ab"

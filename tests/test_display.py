@@ -195,23 +195,13 @@ def test_the_many_ranks_overview_splits_the_step_in_80_columns(shared_traces: Pa
     assert compute + comm + copies + idle == pytest.approx(step, abs=0.03)
 
 
-def test_print_and_ipython_show_the_text_the_repr_stays_one_line(table) -> None:
+def test_print_shows_the_text_the_repr_stays_one_line(table) -> None:
     """print(result) printed `Advice(baseline_ms=212.84091166666667, ...)`: now the command's
-    text; the repr (a list of results, a debugger) stays one line."""
+    text; the repr (a list of results, a debugger, IPython) stays one line."""
     result = perfcast.summary(table)
     assert str(result).startswith(result.text(100).splitlines()[0][:20])
     assert "\n" not in repr(result) and repr(result).startswith("Summary(")
-
-    class Printer:
-        def __init__(self) -> None:
-            self.out: list[str] = []
-
-        def text(self, s: str) -> None:
-            self.out.append(s)
-
-    p = Printer()
-    result._repr_pretty_(p, cycle=False)
-    assert "w/o" in p.out[0] and not p.out[0].endswith("\n")
+    assert "\n" not in repr([result, result])
 
 
 def test_every_result_with_rows_gives_dataframes(table) -> None:
@@ -224,6 +214,9 @@ def test_every_result_with_rows_gives_dataframes(table) -> None:
 
     w = perfcast.predict(table, "remove-host-sync")
     assert w.table_names() == ["iterations", "applied"]
+    w.iterations = []  # an empty table is still named, not the next one
+    assert w.to_pandas("iterations").empty and list(w.to_pandas().columns)[:2] == ["rank", "name"]
+    w = perfcast.predict(table, "remove-host-sync")
     assert len(w.to_pandas()) == len(w.iterations)
     assert w.to_polars("applied")["name"].to_list() == ["remove-host-sync"]
 
@@ -236,6 +229,8 @@ def test_every_result_with_rows_gives_dataframes(table) -> None:
     with pytest.raises(perfcast.OptionError, match="Advice has no table 'x'"):
         a.to_pandas("x")
 
+    nothing = plan_trace(table, 4, top=3, memory_gb=0.001).to_pandas()
+    assert nothing.empty and {"dp", "tp", "pp", "mb", "zero"} <= set(nothing.columns)
     p = plan_trace(table, 4, top=3)
     best = p.to_pandas()
     assert list(best["label"]) == [r.label for r in p.best]
@@ -264,3 +259,10 @@ def test_whatif_and_plan_are_callable_by_their_command_names(table) -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["True", "True"]
+    # Pickled by name, as modules are (cloudpickle ships functions that use them to workers).
+    import pickle
+
+    import perfcast.plan
+
+    assert pickle.loads(pickle.dumps(perfcast.plan)) is perfcast.plan
+    assert pickle.loads(pickle.dumps(perfcast.whatif)) is perfcast.whatif

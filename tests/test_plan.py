@@ -681,6 +681,14 @@ def test_plan_names_the_gpu_for_amp_when_the_trace_does_not(shared_traces: Path)
     table = perfcast.load(str(shared_traces / "hta_sampled_128rank"))
     said = " ".join(plan_trace(table, 8, gpu="a100", top=1).assumptions)
     assert "AMP plans (bf16 autocast)" in said and "device=NAME" not in said
+    assert "`whatif amp:dtype=bf16,device='a100'`" in said
+    # A DeviceSpec of the user's own has no efficiency tables under its name: said, plans kept.
+    from perfcast.hardware.devices import lookup_device
+
+    own = replace(lookup_device("a100"), name="Bob's GPU, rev 2")
+    r = plan_trace(table, 8, gpu=own, top=1)
+    said = " ".join(r.assumptions)
+    assert r.best and "per known GPU" in said and "device=NAME" not in said
 
 
 def test_plan_notes_memory_beyond_the_gpu() -> None:

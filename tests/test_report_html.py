@@ -373,3 +373,25 @@ def test_timeline_cap_keeps_every_lanes_longest_bars() -> None:
     # Within a lane, its longest bars.
     assert set(keep[lane[keep] == 2].tolist()) == set(range(13, 21))
     assert report_html._capped(lane, dur, 500).tolist() == list(range(113))
+
+
+def test_many_ranks_draw_the_time_series_of_a_few(
+    shared_traces: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On 1,024 ranks the analyses' time series (a line per rank) were 40 of the page's 90
+    MB: the page keeps SERIES_RANKS ranks' series, the stragglers first, and says so."""
+    import perfcast
+    from perfcast.report import html
+
+    table = perfcast.load(str(shared_traces / "dlrm_v100_8rank"))
+    notes: list[str] = []
+    whole = html._analyses(table, notes)
+    assert whole is not None and not any("time series" in n for n in notes)
+    monkeypatch.setattr(html, "SERIES_RANKS", 3)
+    cut = html._analyses(table, notes)
+    assert cut is not None
+    stragglers = cut["results"]["stragglers"]["candidates"]
+    kept = {r["rank"] for r in cut["results"]["queue"]["series"]}
+    assert len(kept) == 3 and set(stragglers[:3]) <= kept
+    assert len(whole["results"]["kernels"]["top"]) == len(cut["results"]["kernels"]["top"])
+    assert any("drawn for 3 of 8 ranks (stragglers" in n for n in notes)

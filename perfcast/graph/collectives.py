@@ -79,8 +79,9 @@ def step_codes(table: EventTable, iteration: np.ndarray) -> np.ndarray:
         )
 
     # Once per table: callers ask per rank, and each ask walked every rank's iterations.
-    # The key holds the list's length: the iterations are fixed once a table is loaded.
-    codes = table._derived(("step_codes", len(table.iterations)), (), per_iteration)
+    # Keyed by the list itself (a table made with dataclasses.replace shares the memo).
+    its = table.iterations
+    codes = table._derived(("step_codes", id(its), len(its)), (), per_iteration)
     # NONE (-1) indexes the trailing -1.
     return codes[np.where(iteration >= 0, iteration, -1)]
 

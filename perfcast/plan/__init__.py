@@ -14,6 +14,7 @@ vectorized pass, `search` prunes what does not fit and ranks the rest.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import math
 import os
 import sys
@@ -25,7 +26,7 @@ from perfcast.analysis.common import traced_device
 from perfcast.analysis.notes import refuse_counter_trace
 from perfcast.errors import OptionError, PerfcastError, whole_number
 from perfcast.events import EventTable
-from perfcast.hardware.devices import DeviceSpec
+from perfcast.hardware.devices import DeviceSpec, lookup_device
 from perfcast.hardware.network import Cluster, calibrated_from, make_cluster
 from perfcast.plan.analytic import AnalyticWorkload
 from perfcast.plan.desc import PRESETS, ModelDesc, load_desc
@@ -242,10 +243,23 @@ def plan_trace(
     rw = real_world(build_graph(table, ranks={facts.rank}), correct=not keep_profiler_cost)
     host = None if keep_profiler_cost else host_correction(rw)
     fp32 = facts.act_bytes_per_elem == 4
-    # A trace whose GPU is unknown is taken as the --gpu's run (as trace_workload takes it).
+    # A trace whose GPU is unknown is taken as the --gpu's run (as trace_workload takes it);
+    # the AMP model reads its tables by a known GPU's name.
     unknown = traced_device(table)[0] is None
-    as_device = cluster.device.name if unknown and gpu is not None else None
-    amp_or_why = amp_effect(rw.graph, as_device) if fp32 else "the trace already runs in 16 bits"
+    named_gpu = None if gpu is None else gpu if isinstance(gpu, str) else gpu.name
+    as_device = named_gpu if unknown else None
+    amp_or_why: AmpEffect | str
+    if not fp32:
+        amp_or_why = "the trace already runs in 16 bits"
+    elif as_device is not None and (lookup_device(as_device) is None or "'" in as_device):
+        # A DeviceSpec of the user's own: the tables have nothing under its name.
+        amp_or_why = (
+            "the trace names no GPU, and the AMP model's efficiency tables are per known GPU "
+            f"({as_device!r} is not one)"
+        )
+        as_device = None
+    else:
+        amp_or_why = amp_effect(rw.graph, as_device)
     amp = amp_or_why if isinstance(amp_or_why, AmpEffect) else None
     from perfcast.whatif.models.tensor_parallel import units_per_step
 
@@ -256,7 +270,9 @@ def plan_trace(
     if amp is not None:
         w.assumptions.append(
             f"AMP plans ({amp.dtype} autocast) scale forward and backward as "
-            f"`whatif amp:dtype={amp.dtype}` "
+            f"`whatif amp:dtype={amp.dtype}"
+            + (f",device='{as_device}'" if as_device else "")
+            + "` "
             f"predicts on this trace: compute-bound GPU time x{amp.compute:.2f}, memory-bound "
             f"x{amp.memory:.2f} (casts added), host x{amp.host:.2f}"
         )
@@ -404,6 +420,10 @@ class _CallableModule(types.ModuleType):
         """`perfcast.plan(trace, gpus, ...)`: the same as `plan_trace`, as the command line
         names it."""
         return plan_trace(*args, **kwargs)
+
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        # Pickled by name, as a plain module is (cloudpickle), and imported again.
+        return importlib.import_module, (self.__name__,)
 
 
 # A function named `plan` in the perfcast package would be replaced by this subpackage as

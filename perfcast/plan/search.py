@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import ClassVar
 
 import numpy as np
@@ -70,7 +70,8 @@ class PlanResult(Tables):
         def flat(rows: list[PlanRow]) -> Columns:
             cols = rows_to_columns(rows, PlanRow)
             del cols["plan"]  # a dict: one column per degree instead
-            degrees = {k: [r.plan[k] for r in rows] for k in (rows[0].plan if rows else ())}
+            # Every degree a column, with no rows too (no plan fits): code that selects them runs.
+            degrees = {f.name: [r.plan[f.name] for r in rows] for f in fields(Plans)}
             return {"rank": cols.pop("rank"), "label": cols.pop("label"), **degrees, **cols}
 
         tables = {"best": flat(self.best)}

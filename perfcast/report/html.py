@@ -41,6 +41,7 @@ CSP = "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'
 MAX_TIMELINE_BARS = 2500
 MAX_NAME_CHARS = 240
 TOP_N = 10
+SERIES_RANKS = 16  # ranks whose analyses' time series the page draws
 _END_SCRIPT = re.compile(r"</(script)", re.IGNORECASE)
 
 # Bar categories of the timeline, in legend order.
@@ -153,10 +154,37 @@ def _analyses(table: EventTable, notes: list[str]) -> dict[str, Any] | None:
     if "counters" in results:
         # One row per kernel and metric: not drawn, and too long to embed in a page.
         results["counters"].pop("values", None)
+    _series_for_some_ranks(results, table, notes)
     return {
         "titles": {name: title for name, (_, title) in ANALYSES.items()},
         "results": results,
     }
+
+
+def _series_for_some_ranks(results: dict[str, Any], table: EventTable, notes: list[str]) -> None:
+    """Keep the time series (launch queue, memory, copy bandwidth) of SERIES_RANKS ranks at
+    most, the stragglers first: a line per rank is unreadable past a few dozen, and on 1,024
+    ranks the series were 40 of the page's 90 MB."""
+    ranks = table.rank_ids()
+    if len(ranks) <= SERIES_RANKS:
+        return
+    stragglers = (results.get("stragglers") or {}).get("candidates") or []
+    keep = list(dict.fromkeys([*stragglers, *ranks]))[:SERIES_RANKS]
+    kept = set(keep)
+    cut = False
+    for res in results.values():
+        for key in ("series", "timeline", "bandwidth"):
+            rows = res.get(key) if isinstance(res, dict) else None
+            if isinstance(rows, list) and rows and isinstance(rows[0], dict):
+                res[key] = [r for r in rows if r.get("rank") in kept]
+                cut = True
+    if cut:
+        which = f"stragglers {', '.join(map(str, stragglers))}, then " if stragglers else ""
+        notes.append(
+            f"the analyses' time series are drawn for {len(keep)} of {len(ranks):,} ranks "
+            f"({which}the lowest: {', '.join(str(r) for r in sorted(keep))}); `perfcast "
+            "analyze --json` has every rank's"
+        )
 
 
 def _now() -> str:

@@ -4,6 +4,7 @@
 works in Python too (this package is callable).
 """
 
+import importlib
 import sys
 import types
 from typing import Any
@@ -15,6 +16,11 @@ class _CallableModule(types.ModuleType):
         from perfcast.api import predict
 
         return predict(*args, **kwargs)
+
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        # Pickled by name, as a plain module is (cloudpickle ships a function that uses it
+        # to Ray, joblib or dask workers), and imported again there.
+        return importlib.import_module, (self.__name__,)
 
 
 # A function named `whatif` in the package would be replaced by this subpackage as soon as

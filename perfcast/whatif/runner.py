@@ -51,6 +51,7 @@ class WhatIfResult(Tables):
     step) and `applied` (one row per model applied)."""
 
     RENDERER: ClassVar[tuple[str, str]] = ("perfcast.report.terminal", "render_whatif")
+    ROW_TYPES = {"iterations": IterationPrediction, "applied": AppliedModel}  # noqa: RUF012
 
     baseline_ms: float  # mean step without the profiler, estimated from the trace
     predicted_ms: float  # mean step after the optimizations, without the profiler
