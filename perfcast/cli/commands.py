@@ -204,6 +204,11 @@ def _output(result: Any, render: str, args: argparse.Namespace, ui: Any) -> int:
         longest = max(len(result.ops), len(result.kernels), len(result.phases), 1)
         render_diff(result, ui.out, rows=longest)
         return 0
+    if render == "render_plan":
+        from perfcast.cli.plan import render as render_plan
+
+        render_plan(result, ui.out)
+        return 0
     if render == "render_analyses":
         from perfcast.report.analyses_terminal import render_analyses
 
@@ -308,6 +313,7 @@ def cmd_show(args: argparse.Namespace, ui: Any) -> int:
     from perfcast.analysis.diff import TraceDiff
     from perfcast.analysis.replay import ReplayResult
     from perfcast.analysis.summary import Summary
+    from perfcast.plan.search import PlanResult
     from perfcast.whatif.runner import WhatIfResult
 
     try:
@@ -329,10 +335,7 @@ def cmd_show(args: argparse.Namespace, ui: Any) -> int:
         why = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
         raise PerfcastError(f"cannot read a saved result ({why})", path=args.result) from None
     # Results show does not re-render (their own commands print them): say which it is.
-    others = {
-        "plan": {"best", "evaluated", "fitting"},
-        "tree": {"paths", "selection", "coverage", "level_text"},
-    }
+    others = {"tree": {"paths", "selection", "coverage", "level_text"}}
     for command, marks in others.items():
         if len(keys & marks) >= 2:
             raise PerfcastError(
@@ -348,6 +351,7 @@ def cmd_show(args: argparse.Namespace, ui: Any) -> int:
         ({"idle", "launches", "queue", "roofline", "scopes"}, Analyses, "render_analyses"),
         ({"step", "phases"}, TraceDiff, "render_diff"),
         ({"ranks"}, Summary, "render_summary"),
+        ({"best", "evaluated", "fitting"}, PlanResult, "render_plan"),
     ]
     for marks, cls, render in kinds:
         if len(keys & marks) >= min(2, len(marks)):
@@ -363,7 +367,10 @@ def cmd_show(args: argparse.Namespace, ui: Any) -> int:
                 raise PerfcastError(f"not a perfcast result ({why})", path=args.result) from None
             _output(result, render, args, ui)
             if gain is not None:  # saved by `whatif --tree --json`: the gain tree too
+                from perfcast.cli.tree import widen_when_piped
                 from perfcast.report.tree import render_gain_tree
+
+                widen_when_piped(ui)  # as `whatif --tree` draws it, after the prediction
 
                 render_gain_tree(gain, gain.rows, ui.out, gain.min_pct)  # type: ignore[arg-type]
             return 0
@@ -371,11 +378,11 @@ def cmd_show(args: argparse.Namespace, ui: Any) -> int:
         "not a perfcast result",
         path=args.result,
         hint=f"show re-renders {_SHOWN}: write one with "
-        "`perfcast summary|replay|whatif|advise|analyze|diff ... --json > FILE`",
+        "`perfcast summary|replay|whatif|advise|analyze|diff|plan ... --json > FILE`",
     )
 
 
-_SHOWN = "summary, replay, whatif, advise, analyze and diff results"
+_SHOWN = "summary, replay, whatif, advise, analyze, diff and plan results"
 
 
 def cmd_report(args: argparse.Namespace, ui: Any) -> int:
