@@ -297,13 +297,18 @@ def test_show_refuses_other_files(capsys, tmp_path):
     assert "not a perfcast result" in capsys.readouterr().err
 
 
-def test_show_names_the_results_it_does_not_render(capsys, tmp_path):
-    saved = tmp_path / "result.json"
-    assert main(["tree", str(EXAMPLE), "--json", "-q"]) == 0
+@pytest.mark.parametrize("options", [[], ["--bottom-up"], ["--focus", "Linear"]])
+def test_show_renders_a_saved_tree_as_tree_prints_it(capsys, tmp_path, options):
+    """show refused tree results ("run perfcast tree again"); they render as tree does."""
+    saved = tmp_path / "tree.json"
+    assert main(["tree", str(EXAMPLE), *options, "--json", "-q"]) == 0
     saved.write_text(capsys.readouterr().out)
-    assert main(["show", str(saved)]) == 2
-    err = capsys.readouterr().err
-    assert "a `perfcast tree` result: show re-renders summary, replay" in err
+    assert main(["tree", str(EXAMPLE), *options, "-q"]) == 0
+    live = capsys.readouterr().out
+    assert main(["show", str(saved), "-q"]) == 0
+    assert capsys.readouterr().out == live
+    assert main(["show", str(saved), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == json.loads(saved.read_text())
 
 
 def test_show_renders_a_saved_plan_as_plan_prints_it(capsys, tmp_path):

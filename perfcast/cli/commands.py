@@ -204,6 +204,13 @@ def _output(result: Any, render: str, args: argparse.Namespace, ui: Any) -> int:
         longest = max(len(result.ops), len(result.kernels), len(result.phases), 1)
         render_diff(result, ui.out, rows=longest)
         return 0
+    if render == "render_tree":
+        from perfcast.cli.tree import widen_when_piped
+        from perfcast.report.tree import render_tree
+
+        widen_when_piped(ui)  # as `perfcast tree` draws it
+        render_tree(result, ui.out)
+        return 0
     if render == "render_plan":
         from perfcast.cli.plan import render as render_plan
 
@@ -310,6 +317,7 @@ def cmd_show(args: argparse.Namespace, ui: Any) -> int:
 
     from perfcast.advisor.advisor import Advice
     from perfcast.analysis.battery import Analyses
+    from perfcast.analysis.context_views import TreeResult
     from perfcast.analysis.diff import TraceDiff
     from perfcast.analysis.replay import ReplayResult
     from perfcast.analysis.summary import Summary
@@ -334,15 +342,6 @@ def cmd_show(args: argparse.Namespace, ui: Any) -> int:
     ) as exc:
         why = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
         raise PerfcastError(f"cannot read a saved result ({why})", path=args.result) from None
-    # Results show does not re-render (their own commands print them): say which it is.
-    others = {"tree": {"paths", "selection", "coverage", "level_text"}}
-    for command, marks in others.items():
-        if len(keys & marks) >= 2:
-            raise PerfcastError(
-                f"a `perfcast {command}` result: show re-renders {_SHOWN}",
-                path=args.result,
-                hint=f"run `perfcast {command}` again to see it, or read the JSON",
-            )
     # Each kind by keys only its results have (two of them, for the analyses and diff).
     kinds: list[tuple[set[str], Any, str]] = [
         ({"suggestions"}, Advice, "render_advice"),
@@ -352,6 +351,7 @@ def cmd_show(args: argparse.Namespace, ui: Any) -> int:
         ({"step", "phases"}, TraceDiff, "render_diff"),
         ({"ranks"}, Summary, "render_summary"),
         ({"best", "evaluated", "fitting"}, PlanResult, "render_plan"),
+        ({"paths", "selection", "coverage", "level_text"}, TreeResult, "render_tree"),
     ]
     for marks, cls, render in kinds:
         if len(keys & marks) >= min(2, len(marks)):
@@ -378,11 +378,11 @@ def cmd_show(args: argparse.Namespace, ui: Any) -> int:
         "not a perfcast result",
         path=args.result,
         hint=f"show re-renders {_SHOWN}: write one with "
-        "`perfcast summary|replay|whatif|advise|analyze|diff|plan ... --json > FILE`",
+        "`perfcast summary|replay|whatif|advise|analyze|diff|plan|tree ... --json > FILE`",
     )
 
 
-_SHOWN = "summary, replay, whatif, advise, analyze, diff and plan results"
+_SHOWN = "summary, replay, whatif, advise, analyze, diff, plan and tree results"
 
 
 def cmd_report(args: argparse.Namespace, ui: Any) -> int:
