@@ -1,7 +1,9 @@
 """perfcast: predict how much faster a PyTorch training step gets, from its profiler trace."""
 
 import importlib
-from typing import TYPE_CHECKING
+import sys
+import types
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from perfcast.api import (
@@ -75,8 +77,26 @@ _API_FUNCTIONS = frozenset(name for name in __all__ if name not in globals())
 
 
 # Subpackages named as the command line's commands, callable: perfcast.whatif(...) is
-# perfcast.predict(...), perfcast.plan(...) is perfcast.plan.plan_trace(...).
-_CALLABLE_PACKAGES = frozenset({"whatif", "plan"})
+# perfcast.predict(...), perfcast.plan(...) is perfcast.plan.plan_trace(...). A function of
+# that name in this package would be replaced by the subpackage as soon as anything imported
+# it (so what a notebook saw depended on what it had run before): the module answers the call.
+_CALLABLE_PACKAGES = {"whatif": "perfcast.api:predict", "plan": "perfcast.plan:plan_trace"}
+
+
+class _CommandModule(types.ModuleType):
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        module, function = _CALLABLE_PACKAGES[self.__name__.rpartition(".")[2]].split(":")
+        return getattr(importlib.import_module(module), function)(*args, **kwargs)
+
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        # Pickled by name, as a plain module is (cloudpickle ships a function that uses it
+        # to Ray, joblib or dask workers), and imported again there.
+        return importlib.import_module, (self.__name__,)
+
+
+def _make_callable(module_name: str) -> None:
+    """Called by the subpackages in _CALLABLE_PACKAGES as they are imported."""
+    sys.modules[module_name].__class__ = _CommandModule
 
 
 def __getattr__(name: str) -> object:
@@ -90,4 +110,4 @@ def __getattr__(name: str) -> object:
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | _API_FUNCTIONS | _CALLABLE_PACKAGES | {"api"})
+    return sorted(set(globals()) | _API_FUNCTIONS | set(_CALLABLE_PACKAGES) | {"api"})

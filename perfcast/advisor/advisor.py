@@ -33,7 +33,7 @@ from perfcast.analysis.optimizers import (
 )
 from perfcast.analysis.real_step import RealWorld, real_world
 from perfcast.events import EventTable, Kind
-from perfcast.frames import Tables, dicts_to_columns, rows_to_columns
+from perfcast.frames import Tables, rows_to_columns
 from perfcast.graph.build import build_graph
 from perfcast.graph.model import GpuKind, Graph, NodeKind
 from perfcast.graph.phases import Phase, host_collective_mask
@@ -114,23 +114,6 @@ class Plan:
     enablers: list[str] = field(default_factory=list)
 
 
-SUGGESTION_COLUMNS = (
-    "name",
-    "status",
-    "predicted_ms",
-    "speedup",
-    "speedup_low",
-    "speedup_high",
-    "gain_ms",
-    "error_band_pct",
-    "band_pairs",
-    "from_trace_share",
-    "code",
-    "why",
-    "explanation",
-)
-
-
 @dataclass(repr=False)
 class Advice(Tables):
     RENDERER: ClassVar[tuple[str, str]] = ("perfcast.report.terminal", "render_advice")
@@ -153,27 +136,25 @@ class Advice(Tables):
         """ "suggestions": one row per predicted optimization, ranked ones first (status
         "ranked"), then those within their error band ("not ranked", with `why`); times in
         ms. "not_applicable": what could not be predicted on this trace, and why."""
-        rows = []
-        for status, items in (("ranked", self.suggestions), ("not ranked", self.uncertain)):
-            for s in items:
-                rows.append(
-                    {
-                        "name": s.name,
-                        "status": status,
-                        "predicted_ms": s.predicted_ms,
-                        "speedup": s.speedup,
-                        "speedup_low": s.speedup_low,
-                        "speedup_high": s.speedup_high,
-                        "gain_ms": s.gain_ms,
-                        "error_band_pct": s.error_band_pct,
-                        "band_pairs": s.band_pairs,
-                        "from_trace_share": s.measured_share,
-                        "code": s.code,
-                        "why": s.uncertain,
-                        "explanation": s.explanation,
-                    }
-                )
-        tables = {"suggestions": dicts_to_columns(rows, SUGGESTION_COLUMNS)}
+        items = [("ranked", s) for s in self.suggestions]
+        items += [("not ranked", s) for s in self.uncertain]
+        shown = [s for _, s in items]
+        suggestions = {
+            "name": [s.name for s in shown],
+            "status": [status for status, _ in items],
+            "predicted_ms": [s.predicted_ms for s in shown],
+            "speedup": [s.speedup for s in shown],
+            "speedup_low": [s.speedup_low for s in shown],
+            "speedup_high": [s.speedup_high for s in shown],
+            "gain_ms": [s.gain_ms for s in shown],
+            "error_band_pct": [s.error_band_pct for s in shown],
+            "band_pairs": [s.band_pairs for s in shown],
+            "from_trace_share": [s.measured_share for s in shown],
+            "code": [s.code for s in shown],
+            "why": [s.uncertain for s in shown],
+            "explanation": [s.explanation for s in shown],
+        }
+        tables: dict[str, Any] = {"suggestions": suggestions}
         tables["not_applicable"] = rows_to_columns(self.not_applicable, NotApplicable)
         return tables
 

@@ -866,15 +866,10 @@ class ContextTree(Tables):
         kind, and every metric inclusive (`incl_<metric>`) and exclusive (`excl_<metric>`)."""
         index = self.index
         parent = np.asarray(index.parent, dtype=np.int64)
-        depth = np.zeros(parent.size, dtype=np.int64)
-        up = parent.copy()
-        while (up >= 0).any():  # one step up the tree per pass for every node at once
-            depth += up >= 0
-            up = np.where(up >= 0, parent[np.maximum(up, 0)], -1)
         cols: dict[str, Any] = {
             "node": np.arange(len(index)),
             "parent": parent,
-            "depth": depth,
+            "depth": _depths(parent)[0],
             "name": [index.labels[i] for i in index.label.tolist()],
             "kind": [KIND_NAMES[CtxKind(k)] for k in index.kind.tolist()],
         }

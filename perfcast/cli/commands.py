@@ -371,7 +371,6 @@ def cmd_show(args: argparse.Namespace, ui: Any) -> int:
                 from perfcast.report.tree import render_gain_tree
 
                 widen_when_piped(ui)  # as `whatif --tree` draws it, after the prediction
-
                 render_gain_tree(gain, gain.rows, ui.out, gain.min_pct)  # type: ignore[arg-type]
             return 0
     raise PerfcastError(

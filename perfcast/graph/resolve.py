@@ -50,12 +50,8 @@ def resolve_sync_targets(
         t = float(c["order"][node])
         lanes = index.get(rank, [])
         if kind == SyncKind.COPY:
-            launcher = int(launch[node])
-            if launcher >= 0:
-                targets.append(list(launched_by.get(launcher, [])))
-            else:
-                own = [int(x) for _, nodes, _ in lanes for x in nodes[launch[nodes] == launcher]]
-                targets.append(own)
+            # Every blocking copy's wait names its launch (split_blocking_copies).
+            targets.append(list(launched_by.get(int(launch[node]), [])))
             continue
         last_per_lane = {}
         for lane, nodes, keys in lanes:

@@ -14,14 +14,12 @@ vectorized pass, `search` prunes what does not fit and ranks the rest.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import math
 import os
-import sys
-import types
 from functools import partial
 from typing import Any
 
+from perfcast import _make_callable
 from perfcast.analysis.common import traced_device
 from perfcast.analysis.notes import refuse_counter_trace
 from perfcast.errors import OptionError, PerfcastError, whole_number
@@ -415,17 +413,4 @@ def plan_model(
     )
 
 
-class _CallableModule(types.ModuleType):
-    def __call__(self, *args: Any, **kwargs: Any) -> PlanResult:
-        """`perfcast.plan(trace, gpus, ...)`: the same as `plan_trace`, as the command line
-        names it."""
-        return plan_trace(*args, **kwargs)
-
-    def __reduce__(self) -> tuple[Any, tuple[str]]:
-        # Pickled by name, as a plain module is (cloudpickle), and imported again.
-        return importlib.import_module, (self.__name__,)
-
-
-# A function named `plan` in the perfcast package would be replaced by this subpackage as
-# soon as anything imported it; the module answers the call instead.
-sys.modules[__name__].__class__ = _CallableModule
+_make_callable(__name__)  # perfcast.plan(...) is plan_trace(...)

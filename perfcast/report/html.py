@@ -33,6 +33,7 @@ from perfcast.graph.model import NONE, GpuKind, Graph, NodeKind
 from perfcast.graph.phases import collective_kernel_mask, host_collective_mask
 from perfcast.paths import write_output
 from perfcast.report import shorten
+from perfcast.report.analyses_terminal import SERIES
 from perfcast.sim.timeline import Timeline
 
 CSP = "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:"
@@ -173,7 +174,7 @@ def _series_for_some_ranks(results: dict[str, Any], table: EventTable, notes: li
     kept = set(keep)
     cut = False
     for res in results.values():
-        for key in ("series", "timeline", "bandwidth"):
+        for key in SERIES:
             rows = res.get(key) if isinstance(res, dict) else None
             if isinstance(rows, list) and rows and isinstance(rows[0], dict):
                 res[key] = [r for r in rows if r.get("rank") in kept]
