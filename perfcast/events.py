@@ -201,6 +201,21 @@ class EventTable:
         span every phase of a step; 2021-era traces record them as CPU ops)."""
         return np.array([n.startswith(STEP_PREFIX) for n in self.names], dtype=bool)
 
+    def annotation_mask(self) -> np.ndarray:
+        """Read-only mask of the record_function ranges (step markers excepted): the
+        `user_annotation` events, and 2021-era traces' ranges, which those traces record as
+        CPU ops ("Optimizer.step#SGD.step", "enumerate(DataLoader)#..."): an ATen or custom
+        op's name never holds a '#'."""
+
+        def make() -> np.ndarray:
+            hashed = np.array(["#" in n for n in self.names], dtype=bool)
+            ranges = (self.kind == Kind.USER_ANNOTATION) | (
+                (self.kind == Kind.CPU_OP) & hashed[self.name]
+            )
+            return ranges & ~self.step_marker_names()[self.name]
+
+        return self._derived("annotations", (self.kind, self.name), make)
+
     def kind_mask(self, kinds: Any) -> np.ndarray:
         """Read-only mask of the rows whose kind is one of `kinds` (ints or Kinds)."""
         codes = tuple(sorted({int(k) for k in np.atleast_1d(np.asarray(kinds)).tolist()}))

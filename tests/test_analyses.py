@@ -532,3 +532,40 @@ def test_stragglers_pair_collectives_by_the_op_they_run(shared_traces: Path) -> 
     assert {w.kind for w in r.worst} == {"alltoall", "allreduce", "allgather"}
     assert r.matched == 10
     assert any("2 of the 4 allreduce collectives" in n for n in r.notes)
+
+
+def test_summary_top_ops_count_outermost_calls_and_2021_ranges_are_scopes(tmp_path):
+    """An op inside another counts once, in the outer one, even with a Python frame between
+    them (a direct-parent test listed it again: 555 nested calls on the MI300X trace); a
+    2021-era record_function range, recorded as a CPU op, is a scope and not an op."""
+    b = TraceBuilder()
+    b.step(1, 0, 1000)
+    b.op("aten::conv2d", 10, 100)
+    b.op("conv.py(12): forward", 20, 80, cat="python_function")
+    b.op("aten::convolution", 30, 50)
+    b.launch("sgemm", 40, 5, 60, 30)
+    b.op("Optimizer.step#SGD.step", 200, 300)  # how PyTorch 1.9 recorded the range
+    b.op("aten::add_", 210, 20)
+    b.launch("add", 215, 5, 240, 10)
+    b.op("aten::add_", 240, 20)
+    b.launch("add", 245, 5, 260, 10)
+    path = b.write(tmp_path / "t.json")
+    ops = {o.name: o.count for o in perfcast.summary(path, correct=False).ranks[0].top_ops}
+    assert ops == {"aten::conv2d": 1, "aten::add_": 2}
+    found = {s.name: s for s in scopes(perfcast.load(path)).scopes}
+    assert found["Optimizer.step#SGD.step"].count == 1
+    assert found["Optimizer.step#SGD.step"].kernels == 2
+
+
+def test_summary_cpu_phases_are_exact_on_epoch_microsecond_timestamps(tmp_path):
+    """Phase times are summed in integer nanoseconds: as doubles, epoch timestamps (~1.6e18
+    ns) hold only multiples of 256 ns, which moved a 2021 trace's phases by up to 70 µs."""
+    b = TraceBuilder()
+    t0 = 1_623_143_089_861_001
+    b.step(1, t0, 100_000)
+    b.op("enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", t0 + 3, 68_694)
+    b.op("aten::to", t0 + 11, 7)
+    b.op("aten::mm", t0 + 70_001, 1_003)
+    b.launch("sgemm", t0 + 70_010, 5, t0 + 70_020, 500)
+    cpu = perfcast.summary(b.write(tmp_path / "t.json"), correct=False).ranks[0].iterations[0].cpu
+    assert cpu.dataloader_ms == 68.694  # the range's whole time, its op's included

@@ -61,7 +61,7 @@ def scopes(table: EventTable, top: int = 30) -> Scopes:
     is_step = table.step_marker_names()
     is_module = np.array([n.startswith(MODULE_PREFIX) for n in names], dtype=bool)
     kind = table.kind
-    annot = (kind == Kind.USER_ANNOTATION) & ~is_step[table.name]
+    annot = table.annotation_mask()
     module = (kind == Kind.PYTHON_FUNCTION) & is_module[table.name]
     gpu_annot = (kind == Kind.GPU_ANNOTATION) & ~is_step[table.name]
     scope_code = np.full(len(table), -1, dtype=np.int8)

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, ClassVar
 import numpy as np
 
 from perfcast.analysis import intervals as iv
+from perfcast.analysis.common import nearest_ancestor
 from perfcast.analysis.notes import rank_notes
 from perfcast.events import GPU_KINDS, NONE, EventTable, Kind
 from perfcast.frames import Columns, Tables, dicts_to_columns
@@ -224,7 +225,13 @@ def _summarize(table: EventTable, top: int) -> Summary:
         (Kind.CPU_OP, Kind.USER_ANNOTATION, Kind.PYTHON_FUNCTION, Kind.RUNTIME)
     )
     out = Summary(ranks=[])
-    wrappers = table.step_marker_names()
+    # 2021-era traces record their ranges (ProfilerStep#N, Optimizer.step#...) as CPU ops:
+    # ranges, not ops, so the ops inside them stand in for them.
+    is_op = (
+        (table.kind == Kind.CPU_OP)
+        & ~table.annotation_mask()
+        & ~table.step_marker_names()[table.name]
+    )
     for info in table.ranks:
         rank = info.rank
         notes = rank_notes(info)
@@ -269,16 +276,11 @@ def _summarize(table: EventTable, top: int) -> Summary:
             notes.append(replayed)
         kern = in_steps[kind[in_steps] == Kind.KERNEL]
         tops = _top_by_name(table, kern, top)
-        ops = cpu_rows[(kind[cpu_rows] == Kind.CPU_OP) & (table.iteration[cpu_rows] != NONE)]
-        # Outermost ops only, so nested calls are not counted twice.
-        parent = table.parent[ops]
-        outer = ops[(parent < 0) | (kind[np.maximum(parent, 0)] != Kind.CPU_OP)]
-        # 2021-era traces record the ProfilerStep#N wrapper as a CPU op: it is the step, not
-        # an op of it (the table above has the steps), so its children stand in for it.
-        wrapper = wrappers[table.name[outer]]
-        if wrapper.any():
-            inner = ops[np.isin(parent, outer[wrapper])]
-            outer = np.concatenate([outer[~wrapper], inner])
+        ops = cpu_rows[is_op[cpu_rows] & (table.iteration[cpu_rows] != NONE)]
+        # Outermost ops only: no op encloses them, however many Python frames or ranges lie
+        # between (a direct-parent test counted nested calls twice where a frame sat
+        # between them).
+        outer = ops[nearest_ancestor(table, table.parent[ops], is_op) < 0]
         out.ranks.append(
             RankSummary(
                 rank=rank,
@@ -340,7 +342,10 @@ def _cpu_breakdown(
     inside = (s < hi) & (e > lo)
     rows = cpu_rows[inside]
     st = np.maximum(s[inside], lo)
-    span = (np.minimum(e[inside], hi) - st).astype(np.float64)
+    # Integer nanoseconds throughout: epoch timestamps (~1.6e18 ns) hold only multiples of
+    # 256 ns as doubles, which moved phase times by up to 70 µs on 2021-era traces.
+    en = np.minimum(e[inside], hi)
+    span = en - st
     # Children's clipped spans, subtracted from their direct parent when it is in the window
     # (found by a sorted search: a table-sized index per step would cost ranks x steps x
     # events on a large folder).
@@ -354,14 +359,16 @@ def _cpu_breakdown(
     has = at >= 0
     # Only the part of a child inside its parent comes off the parent (a child that outlives
     # it, as damaged or reordered traces have, would otherwise take more than it covers).
-    en = st + span
     kid = np.flatnonzero(has)
     inner = np.minimum(en[kid], en[at[kid]]) - np.maximum(st[kid], st[at[kid]])
-    children = np.bincount(at[kid], weights=np.maximum(inner, 0.0), minlength=rows.size)
-    own = np.maximum(span - children, 0.0)
+    # Durations (not timestamps) are exact as doubles up to 2^53 ns.
+    children = np.bincount(at[kid], weights=np.maximum(inner, 0), minlength=rows.size).astype(
+        np.int64
+    )
+    own = np.maximum(span - children, 0)
     ph = phases[rows]
     result = {
-        p: float(own[ph == p].sum()) / NS_PER_MS
+        p: int(own[ph == p].sum()) / NS_PER_MS
         for p in (
             Phase.DATALOADER,
             Phase.FORWARD,

@@ -229,9 +229,8 @@ def enclosing_scopes(table: EventTable) -> np.ndarray:
     if n == 0:
         return np.zeros(0, np.int32)
     is_module = np.array([nm.startswith("nn.Module: ") for nm in table.names], dtype=bool)
-    is_step = table.step_marker_names()
     is_scope = ((table.kind == Kind.PYTHON_FUNCTION) & is_module[table.name]) | (
-        (table.kind == Kind.USER_ANNOTATION) & ~is_step[table.name]
+        table.annotation_mask()
     )
     scope = np.where(is_scope, table.name, NONE).astype(np.int32)
     own = scope.copy()

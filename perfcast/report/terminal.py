@@ -213,13 +213,21 @@ def render_summary(summary: Summary, console: Console, top: int = 5) -> None:
         console.print(_figures_table(cpu_cols, cpu_rows))
         for note in rs.notes:
             console.print(Text(f"  note: {note}", style="yellow"))
-        _render_top(console, "top kernels", rs.top_kernels[:top])
-        _render_top(console, "top CPU ops", rs.top_ops[:top])
+        # Launched inside the steps: `analyze` and `tree` count the whole trace, which on a
+        # trace with work before its first step gives other totals.
+        within = "launched in the steps" if rs.has_steps else "the whole trace"
+        _render_top(console, f"top kernels ({within})", rs.top_kernels[:top])
         _render_top(
             console,
-            "GPU time by innermost module / scope, its own kernels only (% of all GPU time; "
-            "`perfcast tree` adds up the modules inside)",
+            "top CPU ops (outermost calls only)",
+            rs.top_ops[:top],
+        )
+        _render_top(
+            console,
+            "GPU time by innermost module / scope, its own kernels only (% of the GPU time "
+            f"{within}; `perfcast tree` adds up the modules inside)",
             rs.top_scopes[:top],
+            count_head="GPU ops",
         )
         if rs.gpu_ms_by_phase:
             parts = ", ".join(f"{k} {v:.2f}" for k, v in rs.gpu_ms_by_phase.items())
@@ -268,12 +276,14 @@ def _elided(
     return out
 
 
-def _render_top(console: Console, title: str, rows: list[NamedTime]) -> None:
+def _render_top(
+    console: Console, title: str, rows: list[NamedTime], count_head: str = "count"
+) -> None:
     if not rows:
         return
     t = Table(title=title, title_justify="left", show_header=True, box=None, pad_edge=False)
     cells = [(_ms(r.total_ms), f"{r.pct:.1f}", str(r.count)) for r in rows]
-    heads = ("total ms", "%", "count")
+    heads = ("total ms", "%", count_head)
     widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(heads)]
     for head, width in zip(heads, widths, strict=True):
         t.add_column(head, justify="right", no_wrap=True, min_width=width)
