@@ -12,7 +12,7 @@ import importlib
 import io
 from typing import Any, ClassVar
 
-NOTEBOOK_WIDTH = 110
+NOTEBOOK_WIDTH = 160  # a notebook's <pre> scrolls: wide enough for the bandwidth columns
 # A <pre> that wraps like a terminal: Jupyter's own styles would otherwise reflow it.
 _HTML_FORMAT = (
     '<pre style="white-space: pre; overflow-x: auto; line-height: 1.25; '

@@ -309,7 +309,7 @@ class EventTable:
         """This table, or a PerfcastError when it holds no complete event: every analysis
         would print empty tables and 0 ms."""
         if len(self) == 0:
-            from perfcast.errors import PerfcastError
+            from perfcast.errors import TraceFormatError
 
             # Why nothing is left, when events were there: unreadable times, wrong types.
             skipped = [
@@ -318,7 +318,7 @@ class EventTable:
                 for w in [*r.warnings, r.salvage_note or ""]
                 if "were skipped" in w or w.startswith("dropped ") or "NaN or Infinity" in w
             ]
-            raise PerfcastError(
+            raise TraceFormatError(
                 "the trace holds no complete events: nothing to analyse"
                 + (f" ({skipped[0]})" if skipped else ""),
                 path=self.source(),

@@ -420,6 +420,10 @@ def test_dataframes(table) -> None:
     pytest.importorskip("polars")
     assert table.to_polars().height == len(table)
     assert kernel_breakdown(table).to_polars("by_kind").height == 3
+    # The whole battery names its tables as --csv names its files.
+    every = analyze(table)
+    assert "idle.by_stream" in every.table_names()
+    assert every.to_pandas("idle.by_stream").equals(idle_time(table).to_pandas("by_stream"))
 
 
 def test_cli_analyze_json_and_csv(write_trace, tmp_path: Path, capsys) -> None:

@@ -160,6 +160,11 @@ def test_diff_says_the_speedup_without_the_profiler() -> None:
     assert d.step.speedup == pytest.approx(1.50, abs=0.02)
     assert d.step.real_speedup is not None and 1.0 < d.step.real_speedup < 1.2
     assert d.step.real_source == "A: default, B: default"
+    # Against B's own estimate, the gap is two estimates, not a measured error.
+    d = perfcast.diff(a, b, apply=["fused-optimizer:kind=fused"])
+    text = " ".join(d.text(200).split())
+    assert "two estimates, not a measured error" in text
+    assert "estimated (default): error" not in text
 
 
 def test_roofline_reads_the_ops_own_input_dtype(shared_traces: Path) -> None:

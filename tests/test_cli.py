@@ -297,6 +297,27 @@ def test_show_refuses_other_files(capsys, tmp_path):
     assert "not a perfcast result" in capsys.readouterr().err
 
 
+def test_show_says_when_the_file_is_empty_or_missing_as_the_other_commands_say(capsys, tmp_path):
+    empty = tmp_path / "empty.json"
+    empty.write_text("")
+    assert main(["show", str(empty)]) == 2
+    assert f"{empty}: is empty" in capsys.readouterr().err
+    assert main(["show", str(tmp_path / "nope.json")]) == 2
+    missing = capsys.readouterr().err
+    assert main(["summary", str(tmp_path / "nope.json")]) == 2
+    assert missing == capsys.readouterr().err  # "...: no such file or folder"
+
+
+def test_a_saved_result_given_as_a_trace_points_to_show(capsys, tmp_path):
+    saved = tmp_path / "summary.json"
+    assert main(["summary", str(EXAMPLE), "--json", "-q"]) == 0
+    saved.write_text(capsys.readouterr().out)
+    assert main(["advise", str(saved)]) == 2
+    err = capsys.readouterr().err
+    assert "is a result saved with --json, not a trace" in err
+    assert f"perfcast show {saved}" in err
+
+
 @pytest.mark.parametrize("options", [[], ["--bottom-up"], ["--focus", "Linear"]])
 def test_show_renders_a_saved_tree_as_tree_prints_it(capsys, tmp_path, options):
     """show refused tree results ("run perfcast tree again"); they render as tree does."""

@@ -290,3 +290,47 @@ def test_a_thread_that_polls_then_syncs_still_hands_off(tmp_path: Path) -> None:
     assert not _polling_lanes(build_graph(table)).any()
     r = perfcast.predict(table, "faster-op:pattern=big_kernel,factor=0.5,where=gpu", correct=False)
     assert r.predicted_ms > r.baseline_ms + 8.0
+
+
+def test_work_started_inside_its_launch_call_stays_inside_a_shorter_call(tmp_path: Path) -> None:
+    """A CUDA graph's kernels start while cudaGraphLaunch is still enqueuing them: made
+    shorter (the profiler's cost taken out, a faster host), the call keeps them at the same
+    place within it. A fixed offset from its end put a graph's first kernels 1.6 ms before
+    the call on the H100 MLP trace."""
+    b = TraceBuilder()
+    b.step(1, 0, 3000)
+    b.op("aten::mm", 10, 2100)
+    b.launch("k1", 20, 2000, 120, 50, name="cudaGraphLaunch")  # starts 100 µs into the call
+    g = build_graph(perfcast.load(b.write(tmp_path / "t.json")))
+    gpu = int(np.flatnonzero(g.cols["kind"] == NodeKind.GPU)[0])
+    call = int(g.cols["launch"][gpu])
+    t = simulate(g)
+    assert t.start[gpu] - t.start[call] == 100_000  # the replay as traced: exact
+    P.set_duration(g, np.array([call]), 200_000)  # a tenth of the call's time
+    t = simulate(g)
+    assert t.start[gpu] - t.start[call] == 10_000
+
+
+def test_a_stream_wait_the_timeline_contradicts_waits_for_work_that_had_ended(
+    tmp_path: Path,
+) -> None:
+    """Without event ids, a wait pairs with the latest event record in its thread; DDP
+    records each bucket's end event when it launches the all-reduce and waits later, so that
+    record can be work that ended after the waiting task started (19 such pairs on the
+    example, up to 5.7 ms). Such a wait is for the latest work on that stream that had
+    ended when the waiting task started."""
+    b = TraceBuilder()
+    b.step(1, 0, 5000)
+    b.launch("nccl_a", 10, 5, 100, 100, stream=13)  # ends at 200
+    b.runtime("cudaEventRecord", 20, 2)
+    b.launch("nccl_b", 30, 5, 300, 1000, stream=13)  # ends at 1300
+    b.runtime("cudaEventRecord", 40, 2)
+    b.runtime("cudaStreamWaitEvent", 50, 2)
+    b.launch("copy_back", 60, 5, 400, 10, stream=7)  # starts at 400: after a, during b
+    g = build_graph(perfcast.load(b.write(tmp_path / "t.json")))
+    names = [g.names[i] for i in g.cols["name"]]
+    node = {n: i for i, n in enumerate(names) if n in ("nccl_a", "nccl_b", "copy_back")}
+    src = g.edge_src[g.edge_dst == node["copy_back"]]
+    assert node["nccl_a"] in src and node["nccl_b"] not in src
+    t = simulate(g)
+    assert t.start[node["copy_back"]] == g.cols["start_measured"][node["copy_back"]]

@@ -116,6 +116,10 @@ class Plan:
 
 @dataclass(repr=False)
 class Advice(Tables):
+    """Result of `advise`: the ranked suggestions (each a predicted speedup with its error
+    band, the code change and the ops behind the gain), findings, the composed plan, and
+    the candidates that did not apply and why. `to_pandas()` lists the suggestions."""
+
     RENDERER: ClassVar[tuple[str, str]] = ("perfcast.report.terminal", "render_advice")
 
     baseline_ms: float  # mean step without the profiler (estimated; see correction)

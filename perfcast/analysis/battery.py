@@ -23,10 +23,9 @@ from perfcast.analysis.op_kernels import OpKernelResult, op_kernels
 from perfcast.analysis.roofline import Roofline, roofline
 from perfcast.analysis.scopes import Scopes, scopes
 from perfcast.analysis.stragglers import Stragglers, stragglers
-from perfcast.display import Displayed
 from perfcast.errors import OptionError
 from perfcast.events import EventTable
-from perfcast.frames import result_tables, scalar_columns
+from perfcast.frames import Tables, result_tables, scalar_columns
 
 # name -> (function(table, top) -> result, one-line title). Order is the report's order.
 _RUN: dict[str, Callable[[EventTable, int], Any]] = {
@@ -48,8 +47,9 @@ ANALYSES: dict[str, tuple[Callable[[EventTable, int], Any], str]] = {
 
 
 @dataclass(repr=False)
-class Analyses(Displayed):
-    """Results of `analyze`; an analysis not run is None."""
+class Analyses(Tables):
+    """Results of `analyze`; an analysis not run is None. Every table of every result is
+    named `analysis.table`, as `--csv` names its files: `a.to_pandas("idle.by_stream")`."""
 
     RENDERER: ClassVar[tuple[str, str]] = ("perfcast.report.analyses_terminal", "render_analyses")
 
@@ -83,6 +83,9 @@ class Analyses(Displayed):
             if figures is not None and f"{name}.figures" not in out:
                 out[f"{name}.figures"] = figures
         return out
+
+    def _tables(self) -> dict[str, dict[str, Any]]:
+        return self.tables()
 
     def __repr__(self) -> str:
         return f"Analyses({', '.join(repr(r) for r in self.results().values())})"

@@ -4,6 +4,7 @@ by main)."""
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -77,8 +78,8 @@ def register(sub: Any, add_common: Callable[[Any], None], table: dict[str, Any])
     p = sub.add_parser("show", help="render a saved --json result again, without the trace")
     p.add_argument(
         "result",
-        help="a file written by `perfcast summary|replay|whatif|advise|analyze|diff ... --json "
-        "> FILE`",
+        help="a file written by `perfcast summary|replay|whatif|advise|analyze|diff|plan|tree "
+        "... --json > FILE`",
     )
     add_common(p)
     table["show"] = cmd_show
@@ -324,9 +325,17 @@ def cmd_show(args: argparse.Namespace, ui: Any) -> int:
     from perfcast.plan.search import PlanResult
     from perfcast.whatif.runner import WhatIfResult
 
+    if not os.path.exists(args.result):
+        raise PerfcastError("no such file or folder", path=args.result)
     try:
         with open(args.result, "rb") as fh:
             data = fh.read()
+        if not data.strip():
+            raise PerfcastError(
+                "is empty",
+                path=args.result,
+                hint="save a result with `perfcast COMMAND TRACE --json > FILE`",
+            )
         if data[:2] == b"\x1f\x8b":  # a result saved through gzip, like the traces
             data = gzip.decompress(data)
         # Only the top-level keys (msgspec.Raw skips the values): deep nesting is not read.

@@ -139,6 +139,12 @@ def split_blocking_copies(graph: Graph) -> None:
     c["dur_measured"][b] = launch_part
 
 
+# A waiting task may start this long before the work it waits for ended (clock noise).
+CONTRADICTION_TOL_NS = 1_000
+# How far back on the recorded stream a contradicted wait looks for work that had ended.
+RETARGET_LOOKBACK = 4_096
+
+
 def cross_stream_edges(table: EventTable, graph: Graph, row_to_node: np.ndarray) -> dict[int, int]:
     """GPU node -> GPU node on another stream it waits for (event record / stream wait)."""
     c = graph.cols
@@ -195,6 +201,23 @@ def cross_stream_edges(table: EventTable, graph: Graph, row_to_node: np.ndarray)
     if used_exact:
         return out
     # (b) cudaEventRecord ... cudaStreamWaitEvent pairs in one thread's program order.
+    # The trace does not say which event a wait is for: DDP records each bucket's end event
+    # when it launches the all-reduce and waits for it later, after newer records, so the
+    # latest record can be work that ended milliseconds after the waiting task started (the
+    # example's 19 such pairs). A wait the timeline contradicts is taken to be for the
+    # latest work on that stream that had ended when the waiting task started.
+    ends = c["start_measured"] + c["dur_measured"]
+
+    def finished_before(src: int, dst: int) -> int:
+        if ends[src] <= c["start_measured"][dst] + CONTRADICTION_TOL_NS:
+            return src
+        nodes, keys = lane_nodes[int(c["lane"][src])]
+        # src and the work enqueued before it on its stream, the latest first
+        i = int(np.searchsorted(keys, c["launch_order"][src], side="right"))
+        lo = max(0, i - RETARGET_LOOKBACK)
+        done = np.flatnonzero(ends[nodes[lo:i]] <= c["start_measured"][dst] + CONTRADICTION_TOL_NS)
+        return int(nodes[lo + done[-1]]) if done.size else NONE
+
     names = graph.names
     # Which names record an event or wait for one, decided once per distinct name.
     is_record = np.array([bool(_EVENT_RECORD.search(n)) for n in names] + [False])
@@ -231,7 +254,9 @@ def cross_stream_edges(table: EventTable, graph: Graph, row_to_node: np.ndarray)
             elif pending_wait and node in first_gpu_of:
                 dst = first_gpu_of[node]
                 if c["lane"][dst] != c["lane"][last_record_src]:
-                    out[dst] = last_record_src
+                    src = finished_before(last_record_src, dst)
+                    if src >= 0:
+                        out[dst] = src
                 pending_wait = False
     return out
 

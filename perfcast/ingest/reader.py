@@ -1150,7 +1150,7 @@ class TraceReader:
         """The whole file is in the buffer and has no "traceEvents" key: why?"""
         data = bytes(self._buf)
         try:
-            msgspec.json.decode(data)
+            doc = msgspec.json.decode(data)
         except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError) as exc:
             if self._src.problem:
                 return self._nothing(self._src.problem)
@@ -1162,6 +1162,14 @@ class TraceReader:
                 path=self.path,
                 hint="pass the file torch.profiler wrote, a JSON object with a 'traceEvents' "
                 "list; if this was one, copy it again",
+            )
+        if isinstance(doc, dict) and isinstance(doc.get("notes"), list):
+            # Every result perfcast saves with --json has its notes.
+            return NotATraceError(
+                "is a result saved with --json, not a trace",
+                path=self.path,
+                hint=f"`perfcast show {self.path}` renders it again; the commands that "
+                "read traces want the file torch.profiler wrote",
             )
         return NotATraceError(
             "is JSON but has no 'traceEvents' list",

@@ -107,14 +107,18 @@ def render_table(
     if dropped:
         console.print(
             Text(
-                f"  ({', '.join(dropped)} left out at this width: --json, --csv or a wider "
-                "terminal have them)",
+                f"  ({', '.join(dropped)} left out at this width: --json, --csv, a wider "
+                "terminal, or in Python result.to_pandas() and result.text(width=200) have "
+                "them)",
                 style="dim",
             )
         )
     if n > rows:
         console.print(
-            Text(f"  … {n - rows} more rows (--json, --csv or the API have them all)", style="dim")
+            Text(
+                f"  … {n - rows} more rows (--json, --csv or result.to_pandas() have them all)",
+                style="dim",
+            )
         )
 
 
@@ -203,20 +207,27 @@ def render_diff(result: TraceDiff, console: Console, rows: int = 15) -> None:
         if p.predicted_real_ms is not None and p.real_speedup is not None:
             against = ""
             if p.measured_real_ms is not None and p.real_error_pct is not None:
-                how = (
-                    "measured (the unprofiled steps B carries)"
-                    if p.measured_real_source == "measured"
-                    else f"estimated ({p.measured_real_source})"
-                )
                 speedup = (
                     f" (speedup {p.measured_real_speedup:.3f}×)"
                     if p.measured_real_speedup is not None
                     else ""
                 )
-                against = (
-                    f", B without the profiler {p.measured_real_ms:,.3f} ms{speedup}, {how}: "
-                    f"error {p.real_error_pct:+.1f}%"
-                )
+                if p.measured_real_source == "measured":
+                    against = (
+                        f", B without the profiler {p.measured_real_ms:,.3f} ms{speedup}, "
+                        f"measured (the unprofiled steps B carries): error "
+                        f"{p.real_error_pct:+.1f}%"
+                    )
+                else:
+                    # Two estimates: their gap is not an error, and B's own estimate may be
+                    # the one that is off (a measured pair showed it 26% from B's real step).
+                    against = (
+                        f"; B's own estimate without the profiler {p.measured_real_ms:,.3f} "
+                        f"ms{speedup} ({p.measured_real_source} correction) differs by "
+                        f"{p.real_error_pct:+.1f}%: two estimates, not a measured error (B "
+                        "carries no unprofiled steps; the profiled comparison above is "
+                        "measured)"
+                    )
             console.print(
                 Text(
                     f"  without the profiler (as `whatif` reports it): {p.predicted_real_ms:,.3f} "
