@@ -425,3 +425,16 @@ def test_diff_apply_compares_the_unprofiled_prediction_with_bs_measured_step(
     # Without the correction there is no unprofiled prediction to compare.
     off = perfcast.diff(a, b, apply="fused-optimizer:kind=fused", correct=False).prediction
     assert off is not None and off.measured_real_ms is None and off.real_error_pct is None
+
+
+def test_unprofiled_steps_a_gpu_bound_step_cannot_fit_are_said_to_be_unused(
+    tmp_path: Path,
+) -> None:
+    """ResNet-50 at batch 128 on an H100 is GPU-bound: no profiler cost moves its replayed
+    step, so the measured steps fit any cost. The default stays, and the note says why (a
+    capture's trace fell back to it in silence)."""
+    path = _with_measured(H100 / "r50_bs128.json.gz", tmp_path, [73.8])
+    r = perfcast.predict(path, [])
+    assert r.correction.source == "default"
+    assert "were not fitted" in r.correction.note
+    assert r.measured_real_ms == pytest.approx(73.8)

@@ -82,7 +82,7 @@ def real_world(
             calibration = calibrated_cost(table, settings)
         cost = calibration if calibration is not None else default_cost(settings)
         if measured and fit:
-            cost = _fit(graph, cost, measured) or cost
+            cost = _fit(graph, cost, measured)
     if cost.is_off:
         corrected, removed, real = graph, Removed(0), traced
     else:
@@ -144,11 +144,11 @@ def _rank_steps(graph: Graph) -> dict[int, float]:
     return {r: float(np.mean(v)) for r, v in out.items()}
 
 
-def _fit(graph: Graph, base: ProfilerCost, measured: dict[int, float]) -> ProfilerCost | None:
+def _fit(graph: Graph, base: ProfilerCost, measured: dict[int, float]) -> ProfilerCost:
     """`base` scaled so the corrected replay's mean step matches the measured one.
 
-    Bisection: the step shrinks as the cost grows. None when the step does not respond to
-    the cost (a GPU-bound step: any correction fits it, so the base stays).
+    Bisection: the step shrinks as the cost grows. When the step does not respond to the
+    cost (a GPU-bound step: any correction fits it), the base stays, with a note saying so.
     """
 
     def error(scale: float) -> float:
@@ -159,7 +159,13 @@ def _fit(graph: Graph, base: ProfilerCost, measured: dict[int, float]) -> Profil
 
     lo_err, hi_err = error(0.0), error(FIT_MAX_SCALE)
     if lo_err - hi_err < FIT_MIN_RESPONSE:
-        return None
+        # Said, so that a trace carrying measured steps does not fall back in silence.
+        aside = (
+            "the unprofiled steps the trace carries were not fitted: the replayed step moves "
+            f"less than {FIT_MIN_RESPONSE:.0%} over the whole range of the profiler's cost "
+            f"(x0 to x{FIT_MAX_SCALE:g}), so any cost fits them"
+        )
+        return replace(base, note="; ".join(x for x in (base.note, aside) if x))
     if lo_err < -FIT_CONTRADICTION:
         slower = -lo_err / (1 + lo_err)
         aside = (
