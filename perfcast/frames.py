@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import typing
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -63,18 +64,79 @@ def _scalar(v: Any) -> Any:
     return v
 
 
+class TypedColumns(dict[str, Any]):
+    """Columns that know the type each row field declares ("float", "int", "bool", "str"):
+    a column of Nones, or a table of no rows, still gets its dtype in pandas, polars and
+    Arrow (they guessed object, null or float64 from the values, so one table's dtypes
+    changed from trace to trace)."""
+
+    def __init__(self, data: dict[str, Any], kinds: dict[str, str]) -> None:
+        super().__init__(data)
+        self.kinds = kinds
+
+
+def _field_kinds(row_type: type) -> dict[str, str]:
+    """Per field of a row dataclass, the scalar kind its annotation declares (optional or
+    not); fields of other types (enums, lists, nested rows) are left out."""
+    try:
+        hints = typing.get_type_hints(row_type)
+    except (NameError, TypeError):  # an annotation that cannot be resolved: guess as before
+        return {}
+    out = {}
+    for name, hint in hints.items():
+        args = set(typing.get_args(hint)) - {type(None)} or {hint}
+        if args == {bool}:
+            out[name] = "bool"
+        elif args == {int}:
+            out[name] = "int"
+        elif args <= {float, int} and float in args:
+            out[name] = "float"
+        elif args == {str}:
+            out[name] = "str"
+    return out
+
+
 def rows_to_columns(rows: list[Any], row_type: type | None = None) -> Columns:
     """A list of row dataclasses as columns (nested lists become comma-joined text)."""
     if not rows and row_type is None:
         return {}
-    fields = [f.name for f in dataclasses.fields(row_type or rows[0])]
-    return {name: [_scalar(getattr(r, name)) for r in rows] for name in fields}
+    kind = row_type or type(rows[0])
+    fields = [f.name for f in dataclasses.fields(kind)]
+    return TypedColumns(
+        {name: [_scalar(getattr(r, name)) for r in rows] for name in fields}, _field_kinds(kind)
+    )
 
 
-def dicts_to_columns(rows: list[dict[str, Any]], keys: Sequence[str]) -> Columns:
+_ARROW_TYPES = {"float": "float64", "int": "int64", "bool": "bool_", "str": "string"}
+
+
+def _pandas_column(values: Any, kind: str | None) -> Any:
+    """A column for pandas in its declared dtype: None is NaN in a float column (and in an
+    int column that holds one); a column whose values do not fit stays as it was."""
+    if kind is None or isinstance(values, np.ndarray):
+        return values
+    try:
+        if kind == "float" or (kind == "int" and any(v is None for v in values)):
+            return np.array([np.nan if v is None else v for v in values], dtype=np.float64)
+        if kind == "int":
+            return np.array(values, dtype=np.int64)
+        if kind == "bool" and not any(v is None for v in values):
+            return np.array(values, dtype=bool)
+        if kind == "str" and not values:  # as pandas reads a column of text
+            return _need("pandas").Series([], dtype=str)
+    except (TypeError, ValueError, OverflowError):
+        pass
+    return values
+
+
+def dicts_to_columns(
+    rows: list[dict[str, Any]], keys: Sequence[str], kinds: dict[str, str] | None = None
+) -> Columns:
     """Row dicts (each with `keys`) as columns; no rows, the same columns, empty (a table of
-    no kernels still has its columns, so code that selects them runs on a CPU-only trace)."""
-    return {k: [r[k] for r in rows] for k in keys}
+    no kernels still has its columns, so code that selects them runs on a CPU-only trace).
+    `kinds` declares columns' types (see TypedColumns), for those that can be all None."""
+    cols = {k: [r[k] for r in rows] for k in keys}
+    return TypedColumns(cols, kinds) if kinds else cols
 
 
 def result_tables(result: Any) -> dict[str, Columns]:
@@ -116,16 +178,30 @@ def scalar_columns(result: Any) -> Columns | None:
 
 def columns_to_pandas(cols: Columns) -> Any:
     pd = _need("pandas")
-    return pd.DataFrame({k: v for k, v in cols.items()}, copy=False)
+    kinds: dict[str, str] = getattr(cols, "kinds", {})
+    return pd.DataFrame({k: _pandas_column(v, kinds.get(k)) for k, v in cols.items()}, copy=False)
 
 
 def columns_to_arrow(cols: Columns) -> Any:
     pa = _need("pyarrow")
-    return pa.table({k: v if isinstance(v, np.ndarray) else pa.array(v) for k, v in cols.items()})
+    kinds: dict[str, str] = getattr(cols, "kinds", {})
+    arrays = {}
+    for k, v in cols.items():
+        if isinstance(v, np.ndarray):
+            arrays[k] = v
+            continue
+        want = _ARROW_TYPES.get(kinds.get(k, ""))
+        try:
+            arrays[k] = pa.array(v, type=getattr(pa, want)()) if want else pa.array(v)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+            arrays[k] = pa.array(v)
+    return pa.table(arrays)
 
 
 def columns_to_polars(cols: Columns) -> Any:
     pl = _need("polars")
+    if getattr(cols, "kinds", None):  # through Arrow, which keeps the declared types
+        return pl.from_arrow(columns_to_arrow(cols))
     return pl.DataFrame({k: v for k, v in cols.items()})
 
 

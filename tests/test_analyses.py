@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import perfcast
@@ -573,3 +574,30 @@ def test_summary_cpu_phases_are_exact_on_epoch_microsecond_timestamps(tmp_path):
     b.launch("sgemm", t0 + 70_010, 5, t0 + 70_020, 500)
     cpu = perfcast.summary(b.write(tmp_path / "t.json"), correct=False).ranks[0].iterations[0].cpu
     assert cpu.dataloader_ms == 68.694  # the range's whole time, its op's included
+
+
+def test_dataframe_dtypes_are_the_declared_ones_for_empty_and_all_none_columns(
+    tmp_path: Path,
+) -> None:
+    """A table's dtypes do not change with the data: a column of Nones is float where the
+    row declares a float, and a table of no rows keeps its columns' types (they came back
+    object, null or float64, names included, so results of two traces did not concatenate)."""
+    pd = pytest.importorskip("pandas")
+    b = TraceBuilder()
+    b.step(1, 0, 100)
+    b.op("aten::mm", 10, 50)
+    b.launch("sgemm", 20, 5, 30, 20)
+    table = perfcast.load(b.write(tmp_path / "t.json"))
+    mem = memory(table)  # no [memory] events: no allocators
+    df = mem.to_pandas("allocators")
+    assert len(df) == 0
+    assert df["peak_mb"].dtype == np.float64 and df["events"].dtype == np.int64
+    assert not pd.api.types.is_numeric_dtype(df["device"])
+    steps = perfcast.summary(table, correct=False).to_pandas("steps")
+    assert steps["measured_real_ms"].isna().all() and steps["measured_real_ms"].dtype == float
+    pa = pytest.importorskip("pyarrow")
+    schema = mem.to_arrow("allocators").schema
+    assert schema.field("peak_mb").type == pa.float64()
+    assert schema.field("device").type == pa.string()
+    pl = pytest.importorskip("polars")
+    assert mem.to_polars("allocators").schema["events"] == pl.Int64

@@ -82,7 +82,9 @@ class ReplayResult(Tables):
             for cat, ms in cp.by_category_ms.items()
         ]
         return {
-            "steps": dicts_to_columns(steps, ("rank", "step", *keys)),
+            "steps": dicts_to_columns(
+                steps, ("rank", "step", *keys), {"measured_real_ms": "float"}
+            ),
             "critical_path": dicts_to_columns(
                 path, ("rank", "step", "bottleneck", "category", "ms")
             ),

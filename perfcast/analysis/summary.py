@@ -147,7 +147,7 @@ class Summary(Tables):
             for it in rs.iterations
         ]
         columns = ("rank", *(name for name, _ in _STEP_COLUMNS))
-        out = {"steps": dicts_to_columns(steps, columns)}
+        out = {"steps": dicts_to_columns(steps, columns, {"measured_real_ms": "float"})}
         for name in ("top_kernels", "top_ops", "top_scopes"):
             out[name] = dicts_to_columns(
                 [
