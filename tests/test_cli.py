@@ -672,6 +672,41 @@ def test_a_many_rank_export_puts_every_rank_on_one_clock(tmp_path, shared_traces
     assert len(gaps) > 50 and gaps[len(gaps) // 2] < 100  # µs: a wait, not a clock offset
 
 
+def test_a_many_rank_export_draws_each_collective_once_with_its_wait(
+    tmp_path, shared_traces
+) -> None:
+    """A matched collective is replayed as an arrival, a barrier and a transfer; the export
+    drew them as a 0 µs slice and a short one under the kernel's name (136 slices per side
+    for the trace's 64 NCCL kernels). One slice per kernel now, from the arrival to the
+    transfer's end, saying how long it waited for the other ranks; every collective and
+    launch arrow ends on a slice of its track."""
+    out = tmp_path / "dlrm.json"
+    folder = shared_traces / "dlrm_v100_8rank"
+    assert main(["replay", str(folder), "--export-trace", str(out), "-q"]) == 0
+    events = json.loads(out.read_text())["traceEvents"]
+    nccl = [e for e in events if e["ph"] == "X" and e["name"].startswith("ncclKernel")]
+    per_side = len(nccl) // 2
+    traced = 0
+    for f in sorted(folder.glob("*.json.gz")):
+        doc = json.loads(gzip.decompress(f.read_bytes()))
+        traced += sum(e.get("name", "").startswith("ncclKernel") for e in doc["traceEvents"])
+    assert per_side == traced == 64 and all(e["dur"] > 0 for e in nccl)
+    waited = [e for e in nccl if "waiting for the other ranks (µs)" in e["args"]]
+    assert waited and all(
+        e["args"]["waiting for the other ranks (µs)"] + e["args"]["transfer (µs)"]
+        == pytest.approx(e["dur"], abs=1e-3)
+        for e in waited
+    )
+    slices: dict[tuple[int, int], list[tuple[float, float]]] = {}
+    for e in events:
+        if e["ph"] == "X":
+            slices.setdefault((e["pid"], e["tid"]), []).append((e["ts"], e["ts"] + e["dur"]))
+    for e in events:
+        if e["ph"] in ("s", "f") and e["cat"] in ("collective", "launch"):
+            spans = slices[(e["pid"], e["tid"])]
+            assert any(a - 1e-6 <= e["ts"] <= b + 1e-6 for a, b in spans), e
+
+
 def test_gpu_work_overlapping_its_predecessor_gets_a_track_of_its_own(
     tmp_path, shared_traces
 ) -> None:

@@ -17,6 +17,7 @@ import msgspec
 import numpy as np
 
 from perfcast.arrays import split_by
+from perfcast.graph.model import NONE as NONE_NODE
 from perfcast.graph.model import EdgeType, NodeKind, Source
 from perfcast.paths import write_output
 from perfcast.sim.timeline import Timeline
@@ -138,6 +139,42 @@ def _gpu_overlap_tracks(
     return tid
 
 
+def _collective_arrivals(g: Any) -> np.ndarray:
+    """Per node, the collective transfer it is drawn inside (NONE for most): matched
+    collectives are replayed as a zero-length arrival (and, on the last rank to arrive, a
+    zero-length barrier) before the transfer, which a viewer showed as a 0 µs slice and a
+    short one under the kernel's name, twice as many collective slices as the trace had. The
+    arrivals and barriers are the zero-length nodes the collective edges join, and the
+    zero-length copy just before a barrier on its stream (the last arriver's arrival)."""
+    c = g.cols
+    into = np.full(len(g), NONE_NODE, dtype=np.int64)
+    coll = (g.edge_type == int(EdgeType.COLLECTIVE)) & g.alive[g.edge_src] & g.alive[g.edge_dst]
+    if not coll.any():
+        return into
+    src, dst = g.edge_src[coll], g.edge_dst[coll]
+    zero = (c["dur_measured"] == 0) & (c["event"] < 0) & g.alive
+    hubs = np.intersect1d(src, dst)
+    marks = np.zeros(len(g), dtype=bool)
+    marks[src[zero[src]]] = True
+    marks[hubs[zero[hubs]]] = True
+    alive = np.flatnonzero(g.alive)
+    order = alive[np.lexsort((c["order"][alive], c["lane"][alive]))]
+    lane = c["lane"][order]
+    mark = marks[order]
+    # The last arriver's own arrival: the zero-length copy right before its barrier.
+    before_hub = np.zeros(order.size, dtype=bool)
+    before_hub[:-1] = mark[1:] & np.isin(order[1:], hubs) & (lane[:-1] == lane[1:])
+    mark |= before_hub & zero[order]
+    # Each mark belongs to the next unmarked node on its lane.
+    pos = np.arange(order.size)
+    nxt = np.where(~mark, pos, order.size)
+    nxt = np.minimum.accumulate(nxt[::-1])[::-1]
+    ok = mark & (nxt < order.size)
+    ok[ok] = lane[nxt[ok]] == lane[ok]
+    into[order[ok]] = order[nxt[ok]]
+    return into
+
+
 def timeline_events(
     tl: Timeline,
     label: str,
@@ -215,7 +252,15 @@ def timeline_events(
     drawn = np.union1d(drawn[kind[drawn] != NodeKind.CPU], loose)
     if table is None:
         drawn = np.union1d(drawn, host)
-    tid_of = _gpu_overlap_tracks(g, drawn[kind[drawn] == NodeKind.GPU], start_ns, end_ns)
+    # A matched collective is one slice, from its arrival to its transfer's end.
+    into = _collective_arrivals(g)
+    marked = np.flatnonzero(into >= 0)
+    first_ns = start_ns.copy()
+    np.minimum.at(first_ns, into[marked], start_ns[marked])
+    drawn = drawn[into[drawn] < 0]
+    tid_of = _gpu_overlap_tracks(g, drawn[kind[drawn] == NodeKind.GPU], first_ns, end_ns)
+    # Arrows to an arrival or a barrier point into the slice it is drawn in.
+    tid_of[marked] = tid_of[into[marked]]
     for extra in np.unique(tid_of[tid_of >= len(g.lanes)]).tolist():
         k, lane = divmod(extra, len(g.lanes))
         ln = g.lanes[lane]
@@ -228,11 +273,23 @@ def timeline_events(
                 "args": {"name": f"{ln.name} (work overlapping its predecessor, {k})"},
             }
         )
+    waited = first_ns < start_ns
     for node in drawn.tolist():
         lane = int(c["lane"][node])
         nm_idx = int(c["name"][node])
         name = names[nm_idx] if nm_idx >= 0 else "cpu"
         k = NodeKind(int(kind[node]))
+        args: dict[str, Any] = {
+            "duration source": _SOURCE_LABEL.get(int(c["source"][node]), "?"),
+            "node": int(node),
+        }
+        ts, length = start[node], dur[node]
+        if waited[node]:
+            wait_ns = int(start_ns[node] - first_ns[node])
+            ts = float(first_ns[node]) / 1000.0
+            length = float(end_ns[node] - first_ns[node]) / 1000.0
+            args["waiting for the other ranks (µs)"] = wait_ns / 1000.0
+            args["transfer (µs)"] = dur[node]
         yield (
             {
                 "ph": "X",
@@ -240,12 +297,9 @@ def timeline_events(
                 "name": name,
                 "pid": pid_of[g.lanes[lane].rank],
                 "tid": int(tid_of[node]),
-                "ts": start[node],
-                "dur": dur[node],
-                "args": {
-                    "duration source": _SOURCE_LABEL.get(int(c["source"][node]), "?"),
-                    "node": int(node),
-                },
+                "ts": ts,
+                "dur": length,
+                "args": args,
             }
         )
     yield from _queue_counters(tl, pid_of, start_ns, end_ns)
