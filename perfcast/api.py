@@ -398,4 +398,6 @@ def tree(
     if rank is not None:
         whole_number("rank", rank, minimum=None)
     _name_or_none("phase", phase)
+    if step is not None and not isinstance(step, str):
+        whole_number("step", step, minimum=None)  # 4.0 or [4] said "no step 4.0"
     return context_tree(_table(trace), rank=rank, phase=phase, step=step)

@@ -108,6 +108,7 @@ def test_dependency_graph_is_a_corrected_copy(table) -> None:
         (lambda t: perfcast.tree(t, phase="bogus"), "unknown phase 'bogus'"),
         (lambda t: perfcast.tree(t, rank=99), "no rank 99"),
         (lambda t: perfcast.tree(t, step="nope"), "no step 'nope'"),
+        (lambda t: perfcast.tree(t, step=4.0), "step must be an integer, not 4.0"),
         (lambda t: perfcast.analyze(t, only="bogus"), "unknown analysis 'bogus'"),
         (lambda t: perfcast.collectives(t, link="foo"), "unknown link 'foo'"),
         (lambda t: perfcast.kernel_breakdown(t).to_pandas("nosuch"), "has no table 'nosuch'"),

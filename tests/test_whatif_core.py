@@ -44,6 +44,16 @@ def test_faster_op_on_a_gpu_bound_step(tmp_path):
     assert pred == pytest.approx(180)
 
 
+def test_a_primitive_given_a_pattern_where_node_ids_belong_says_so(tmp_path):
+    from perfcast.errors import OptionValueError
+    from perfcast.whatif import primitives as P
+
+    g = build_graph(perfcast.load(_gpu_bound(tmp_path)))
+    with pytest.raises(OptionValueError, match="nodes must be node ids"):
+        P.scale(g, "sgemm", 0.5)  # type: ignore[arg-type]
+    P.scale(g, P.select(g, name="sgemm"), 0.5)  # as select() returns them
+
+
 def test_faster_op_refuses_when_nothing_matches(tmp_path):
     # What was searched, how much of it there is, and how to pick a pattern.
     with pytest.raises(NotApplicableError) as info:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 
@@ -93,6 +94,20 @@ def _name_mask(names: list[str], pattern: str | None) -> np.ndarray:
         return np.ones(len(names), dtype=bool)
     # A name pasted as it is (a kernel's `(`, `*` and `<...>` are regex syntax) names itself.
     return np.array([bool(pat.search(n)) or pattern in n for n in names], dtype=bool)
+
+
+def node_ids(nodes: Any) -> np.ndarray:
+    """`nodes` as an array of node ids; a pattern or names passed where ids belong is an
+    OptionValueError saying so (it was NumPy's 'invalid literal for int()')."""
+    try:
+        ids = np.asarray(nodes)
+        if ids.dtype.kind not in "iu" and ids.size:
+            raise TypeError
+        return ids.astype(np.int64)
+    except (TypeError, ValueError):
+        raise OptionValueError(
+            f"nodes must be node ids (integers, as select() returns them), not {nodes!r}"
+        ) from None
 
 
 def select(
@@ -186,7 +201,7 @@ def scale(
 ) -> None:
     """Multiply node durations by `factor` (0.5 = twice as fast; a finite number >= 0)."""
     c = graph.cols
-    nodes = np.asarray(nodes, dtype=np.int64)
+    nodes = node_ids(nodes)
     f = np.asarray(factor, dtype=np.float64)
     if not (np.isfinite(f) & (f >= 0)).all():
         bad = f[~(np.isfinite(f) & (f >= 0))].ravel()[0]
@@ -204,7 +219,7 @@ def set_duration(
     graph: Graph, nodes: np.ndarray, dur: np.ndarray | int, source: Source = Source.MODELLED
 ) -> None:
     c = graph.cols
-    nodes = np.asarray(nodes, dtype=np.int64)
+    nodes = node_ids(nodes)
     c["dur"][nodes] = np.maximum(np.asarray(dur, dtype=np.int64), 0)
     c["source"][nodes] = np.maximum(c["source"][nodes], int(source))
 
@@ -219,7 +234,7 @@ def protected(graph: Graph) -> np.ndarray:
 def remove(graph: Graph, nodes: np.ndarray) -> None:
     """Take nodes out of the graph. Their lanes close up; edges from them pass to
     their lane predecessor. Step boundary nodes keep their place with zero time."""
-    nodes = np.asarray(nodes, dtype=np.int64)
+    nodes = node_ids(nodes)
     if nodes.size == 0:
         return
     keep = np.isin(nodes, protected(graph))
@@ -323,7 +338,7 @@ def fuse(
 ) -> int:
     """Replace a group of nodes on one lane by one node at the first one's place."""
     c = graph.cols
-    nodes = np.asarray(nodes, dtype=np.int64)
+    nodes = node_ids(nodes)
     first = int(nodes[np.argmin(c["order"][nodes])])
     set_duration(graph, np.array([first]), dur, source)
     c["name"][first] = graph.intern(name)
