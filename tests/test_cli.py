@@ -915,3 +915,22 @@ def test_multi_rank_summary_shows_each_rank_without_the_profiler(
     assert "18.71" in rank3 and "14.41" in rank3
     assert any(re.match(r"^\W*7\* ", ln) for ln in lines)  # the straggler, marked
     assert all(len(ln) <= 80 for ln in lines)
+
+
+def test_a_reader_that_stops_reading_is_not_a_failure() -> None:
+    """`perfcast analyze T | head -1`: rich exited 1 on the closed pipe, which fails a
+    `set -o pipefail` script; the reader's choice, exit 0 and nothing on stderr."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "perfcast", "analyze", str(EXAMPLE)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.readline()
+    proc.stdout.close()
+    err = proc.stderr.read()
+    assert proc.wait(timeout=300) == 0, err
+    assert b"Traceback" not in err and b"error" not in err

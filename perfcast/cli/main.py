@@ -21,6 +21,10 @@ from perfcast.errors import (
 )
 
 
+def _raise_broken_pipe() -> None:
+    raise BrokenPipeError
+
+
 class UI:
     """Where output goes: results to stdout, progress and notes to stderr."""
 
@@ -29,6 +33,9 @@ class UI:
         self.json_mode = json_mode
         self.out = Console(highlight=False, soft_wrap=False)
         self.err = Console(stderr=True, highlight=False)
+        # rich exits 1 when the reader goes away (`perfcast analyze T | head`); a closed
+        # pipe is the reader's choice, not a failure: main's handler quiets it, exit 0.
+        self.out.on_broken_pipe = _raise_broken_pipe  # type: ignore[method-assign]
 
     def note(self, text: str) -> None:
         if not self.quiet:
@@ -248,6 +255,7 @@ def _guard(fn: Callable[[], int], *, debug: bool, subject: str | None) -> int:
         print("perfcast: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:
+        _quiet_stdout()
         return 0
     except MemoryError:
         _print_traceback(debug)
@@ -272,8 +280,23 @@ def _print_traceback(debug: bool) -> None:
         traceback.print_exc()
 
 
+def _quiet_stdout() -> None:
+    """The reader went away (`perfcast ... | head`): what is left in stdout's buffer goes
+    nowhere, so that flushing it at exit does not fail the command (it exited 1)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # stdout is not a file descriptor (a test's capture)
+        pass
+
+
 def entry() -> None:
-    sys.exit(main())
+    code = main()
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:  # output the reader stopped reading after main returned
+        _quiet_stdout()
+    sys.exit(code)
 
 
 if __name__ == "__main__":
