@@ -590,7 +590,7 @@ class TraceReader:
                 continue
             except _Damage as d:
                 if d.kind == "closed" and self._verify_close(d.at, closed_list=True):
-                    events = self._recover(d.at, final=True, closing=True)
+                    events = self._before_close(d.at)
                     self._close_at(0)
                     return events
                 break
@@ -601,6 +601,24 @@ class TraceReader:
         # follows (else a cut inside the last event read as a damaged stretch).
         final = self._eof and not self._buf[end:].strip(b" \t\r\n,")
         return self._recover(end, final=final)
+
+    def _before_close(self, at: int) -> list[EventList]:
+        """The events before the "]" at _buf[at] that ends the list; consumes them. A
+        well-formed file's last stretch holds that "]": its events decode at once (the
+        piece-by-piece search of `_recover`, kept for damage, took a fifth of the time to
+        load a small rank file)."""
+        for _ in range(4):
+            try:
+                got = self._decode(0, at)
+            except _Repaired as r:
+                at = r.end  # rewritten in place: the "]" follows the rewritten stretch
+                continue
+            except _Damage:
+                break
+            self._commit(got, 0)
+            self._consume(at)
+            return [got.events]
+        return self._recover(at, final=True, closing=True)
 
     def _close_at(self, at: int) -> None:
         """The event list ends at _buf[at] ("]"): read and decode the header after it."""
