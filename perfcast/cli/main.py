@@ -291,6 +291,13 @@ def _quiet_stdout() -> None:
 
 
 def entry() -> None:
+    # The command line's process, not a notebook's: the objects of the modules imported so
+    # far live as long as it does, and a full collection walked them each time (51 times
+    # on a 256-rank summary: 1.1 of its 8.9 s in the collector, 0.5 s once frozen).
+    import gc
+
+    gc.collect()  # what the imports left for the collector is not kept forever
+    gc.freeze()
     code = main()
     try:
         sys.stdout.flush()
