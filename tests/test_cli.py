@@ -850,17 +850,23 @@ def test_a_multi_rank_prediction_says_which_rank_sets_the_step(shared_traces, ca
         assert "8 ranks: each step counted at its slowest rank" in out
 
 
-def test_whatif_list_shows_defaults_and_takes_json(capsys) -> None:
+def test_whatif_list_shows_defaults_and_takes_json(capsys, monkeypatch) -> None:
     """`whatif --list --json` printed text, and the list showed no defaults (faster-op with
     no pattern makes every node of the trace faster: '.')."""
+    monkeypatch.setenv("COLUMNS", "80")
     assert main(["whatif", "--list", "--json"]) == 0
     models = json.loads(capsys.readouterr().out)
     by_name = {m["name"]: m for m in models}
     assert by_name["faster-op"]["options"]["pattern"] == "."
     assert by_name["fused-optimizer"]["options"]["kind"] == "foreach"
     assert main(["whatif", "--list"]) == 0
-    out = " ".join(capsys.readouterr().out.split())
+    text = capsys.readouterr().out
+    out = " ".join(text.split())
     assert "defaults: pattern=., factor=2.0, where=all, module=auto" in out
+    # A wrapped description keeps its indent (piped, it wrapped to column 0).
+    lines = [ln for ln in text.split("\nauto: ")[0].splitlines() if ln.strip()]
+    assert [ln.split()[0] for ln in lines if not ln.startswith(" ")] == list(by_name)
+    assert all(ln.startswith(" " * 24) for ln in lines if ln.startswith(" "))
 
 
 @pytest.mark.parametrize("columns", [80, 60, 50])

@@ -254,10 +254,19 @@ def cmd_whatif(args: argparse.Namespace, ui: Any) -> int:
         if args.json:
             ui.out.print_json(data=[{"name": n, "summary": d, "options": o} for n, d, o in models])
             return 0
+        from rich.table import Table
+
+        # A table, so that a description wrapped at the terminal's width keeps its indent.
+        listing = Table(box=None, show_header=False, pad_edge=False)
+        listing.add_column(no_wrap=True, min_width=24)
+        listing.add_column()
         for name, doc, defaults in models:
-            ui.out.print(Text(f"{name:24s} {doc}"))
             options = ", ".join(f"{k}={'auto' if v is None else v}" for k, v in defaults.items())
-            ui.out.print(Text(f"{'':24s} defaults: {options or 'no options'}", style="dim"))
+            listing.add_row(
+                name,
+                Text.assemble(doc, "\n", (f"defaults: {options or 'no options'}", "dim")),
+            )
+        ui.out.print(listing)
         ui.out.print(
             Text(
                 "auto: decided from the trace (a filter such as module= or op=: none); "
