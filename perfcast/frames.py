@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import types
 import typing
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -75,20 +76,28 @@ class TypedColumns(dict[str, Any]):
         self.kinds = kinds
 
 
-def _field_kinds(row_type: type) -> dict[str, str]:
-    """Per field of a row dataclass, the scalar kind its annotation declares (optional or
-    not); fields of other types (enums, lists, nested rows) are left out."""
+def field_kinds(row_type: type) -> dict[str, str]:
+    """Per field of a row dataclass, the scalar kind its annotation declares ("int?" for an
+    optional int); fields of other types (enums, containers, nested rows) are left out."""
+    out: dict[str, str] = {}
     try:
         hints = typing.get_type_hints(row_type)
     except (NameError, TypeError):  # an annotation that cannot be resolved: guess as before
-        return {}
-    out = {}
+        return out
     for name, hint in hints.items():
-        args = set(typing.get_args(hint)) - {type(None)} or {hint}
+        origin = typing.get_origin(hint)
+        if origin is None:
+            args, optional = {hint}, False
+        elif origin in (typing.Union, types.UnionType):
+            args = set(typing.get_args(hint))
+            optional = type(None) in args
+            args.discard(type(None))
+        else:  # list[int], dict[...], Callable[...]: not a scalar column
+            continue
         if args == {bool}:
             out[name] = "bool"
         elif args == {int}:
-            out[name] = "int"
+            out[name] = "int?" if optional else "int"
         elif args <= {float, int} and float in args:
             out[name] = "float"
         elif args == {str}:
@@ -103,25 +112,36 @@ def rows_to_columns(rows: list[Any], row_type: type | None = None) -> Columns:
     kind = row_type or type(rows[0])
     fields = [f.name for f in dataclasses.fields(kind)]
     return TypedColumns(
-        {name: [_scalar(getattr(r, name)) for r in rows] for name in fields}, _field_kinds(kind)
+        {name: [_scalar(getattr(r, name)) for r in rows] for name in fields}, field_kinds(kind)
     )
 
 
-_ARROW_TYPES = {"float": "float64", "int": "int64", "bool": "bool_", "str": "string"}
+_ARROW_TYPES = {
+    "float": "float64", "int": "int64", "int?": "int64", "bool": "bool_", "str": "string"
+}  # fmt: skip
+_POLARS_TYPES = {"float": "Float64", "int": "Int64", "int?": "Int64", "bool": "Boolean",
+                 "str": "String"}  # fmt: skip
 
 
 def _pandas_column(values: Any, kind: str | None) -> Any:
-    """A column for pandas in its declared dtype: None is NaN in a float column (and in an
-    int column that holds one); a column whose values do not fit stays as it was."""
+    """A column for pandas in its declared dtype: None is NaN in a float column and <NA>
+    in an int one (pandas' nullable Int64, for every optional int column, so its dtype does
+    not depend on whether a None came up); a column whose values do not fit the declared
+    type (an int field holding 1.5) stays as it was."""
     if kind is None or isinstance(values, np.ndarray):
         return values
     try:
-        if kind == "float" or (kind == "int" and any(v is None for v in values)):
+        if kind == "float":
             return np.array([np.nan if v is None else v for v in values], dtype=np.float64)
-        if kind == "int":
-            return np.array(values, dtype=np.int64)
-        if kind == "bool" and not any(v is None for v in values):
-            return np.array(values, dtype=bool)
+        if kind == "int?" or (kind == "int" and any(v is None for v in values)):
+            return _need("pandas").array(values, dtype="Int64")  # refuses 1.5
+        if kind in ("int", "bool"):
+            column = np.array(values)
+            want = "iu" if kind == "int" else "b"
+            if column.dtype.kind in want:
+                return column.astype(np.int64 if kind == "int" else bool)
+            if not values:
+                return np.zeros(0, dtype=np.int64 if kind == "int" else bool)
         if kind == "str" and not values:  # as pandas reads a column of text
             return _need("pandas").Series([], dtype=str)
     except (TypeError, ValueError, OverflowError):
@@ -200,9 +220,15 @@ def columns_to_arrow(cols: Columns) -> Any:
 
 def columns_to_polars(cols: Columns) -> Any:
     pl = _need("polars")
-    if getattr(cols, "kinds", None):  # through Arrow, which keeps the declared types
-        return pl.from_arrow(columns_to_arrow(cols))
-    return pl.DataFrame({k: v for k, v in cols.items()})
+    kinds: dict[str, str] = getattr(cols, "kinds", {})
+    series = []
+    for k, v in cols.items():
+        want = _POLARS_TYPES.get(kinds.get(k, ""))
+        try:
+            series.append(pl.Series(k, v, dtype=getattr(pl, want) if want else None))
+        except (TypeError, ValueError, OverflowError, pl.exceptions.PolarsError):
+            series.append(pl.Series(k, v))
+    return pl.DataFrame(series)
 
 
 class Tables(Displayed):

@@ -593,11 +593,41 @@ def test_dataframe_dtypes_are_the_declared_ones_for_empty_and_all_none_columns(
     assert len(df) == 0
     assert df["peak_mb"].dtype == np.float64 and df["events"].dtype == np.int64
     assert not pd.api.types.is_numeric_dtype(df["device"])
-    steps = perfcast.summary(table, correct=False).to_pandas("steps")
+    summary = perfcast.summary(table, correct=False)
+    steps = summary.to_pandas("steps")
     assert steps["measured_real_ms"].isna().all() and steps["measured_real_ms"].dtype == float
+    scopes_df = summary.to_pandas("top_scopes")  # no scopes in this trace
+    assert len(scopes_df) == 0 and scopes_df["count"].dtype == np.int64
+    assert not pd.api.types.is_numeric_dtype(scopes_df["name"])
+    # An optional int is pandas' nullable Int64 whether or not a None came up.
+    queue = launch_queue(table).to_pandas("by_stream")
+    assert str(queue["cupti_blocked_calls"].dtype) == "Int64"
     pa = pytest.importorskip("pyarrow")
     schema = mem.to_arrow("allocators").schema
     assert schema.field("peak_mb").type == pa.float64()
     assert schema.field("device").type == pa.string()
     pl = pytest.importorskip("polars")
     assert mem.to_polars("allocators").schema["events"] == pl.Int64
+
+
+def test_declared_column_types_leave_containers_and_odd_values_alone() -> None:
+    """Only scalar annotations type a column: list[int] is not an int column (its rows are
+    joined text), a Callable does not break the table, and an int field holding 1.5 stays
+    1.5 (a cast would have made it 1 in silence)."""
+    import dataclasses
+    from collections.abc import Callable
+
+    from perfcast.frames import columns_to_pandas, field_kinds, rows_to_columns
+
+    row_fields = [
+        ("ranks", list[int]),
+        ("hook", Callable[[int], int] | None),
+        ("calls", int | None),
+        ("count", int),
+    ]
+    row = dataclasses.make_dataclass("Row", row_fields)  # annotations as objects
+
+    assert field_kinds(row) == {"calls": "int?", "count": "int"}
+    pytest.importorskip("pandas")
+    df = columns_to_pandas(rows_to_columns([row([1, 2], None, None, 1.5)]))  # type: ignore[arg-type]
+    assert df["ranks"][0] == "1, 2" and df["count"][0] == 1.5

@@ -130,3 +130,6 @@ def test_the_profiled_prediction_is_never_below_the_unprofiled_one_and_rows_add_
     assert sum(rows) / len(rows) == pytest.approx(r.predicted_ms, rel=1e-6)
     lead = [a for a in r.assumptions if "ahead of the GPU" in a]
     assert lead and "with the profiler's cost left in" in lead[0]
+    # Held where the replay put it below, each row too, and said.
+    assert all(it.predicted_traced_ms >= it.predicted_ms for it in r.iterations)
+    assert any("it is held at the latter" in a for a in r.assumptions)

@@ -33,7 +33,7 @@ from perfcast.analysis.optimizers import (
 )
 from perfcast.analysis.real_step import RealWorld, real_world
 from perfcast.events import EventTable, Kind
-from perfcast.frames import Tables, rows_to_columns
+from perfcast.frames import Tables, TypedColumns, field_kinds, rows_to_columns
 from perfcast.graph.build import build_graph
 from perfcast.graph.model import GpuKind, Graph, NodeKind
 from perfcast.graph.phases import Phase, host_collective_mask
@@ -147,6 +147,7 @@ class Advice(Tables):
             "name": [s.name for s in shown],
             "status": [status for status, _ in items],
             "predicted_ms": [s.predicted_ms for s in shown],
+            "predicted_traced_ms": [s.predicted_traced_ms for s in shown],
             "speedup": [s.speedup for s in shown],
             "speedup_low": [s.speedup_low for s in shown],
             "speedup_high": [s.speedup_high for s in shown],
@@ -158,7 +159,13 @@ class Advice(Tables):
             "why": [s.uncertain for s in shown],
             "explanation": [s.explanation for s in shown],
         }
-        tables: dict[str, Any] = {"suggestions": suggestions}
+        kinds = field_kinds(Suggestion) | {"status": "str", "why": "str"}
+        kinds |= {"from_trace_share": kinds.get("measured_share", "float")}
+        tables: dict[str, Any] = {
+            "suggestions": TypedColumns(
+                suggestions, {k: kinds[k] for k in suggestions if k in kinds}
+            )
+        }
         tables["not_applicable"] = rows_to_columns(self.not_applicable, NotApplicable)
         return tables
 

@@ -83,10 +83,16 @@ class ReplayResult(Tables):
         ]
         return {
             "steps": dicts_to_columns(
-                steps, ("rank", "step", *keys), {"measured_real_ms": "float"}
+                steps,
+                ("rank", "step", *keys),
+                {"rank": "int", "step": "str", "source": "str"}
+                | {k: "float" for k in keys if k.endswith(("_ms", "_pct"))},
             ),
             "critical_path": dicts_to_columns(
-                path, ("rank", "step", "bottleneck", "category", "ms")
+                path,
+                ("rank", "step", "bottleneck", "category", "ms"),
+                {"rank": "int", "step": "str", "bottleneck": "str", "category": "str"}
+                | {"ms": "float"},
             ),
         }
 

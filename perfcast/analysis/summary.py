@@ -147,7 +147,11 @@ class Summary(Tables):
             for it in rs.iterations
         ]
         columns = ("rank", *(name for name, _ in _STEP_COLUMNS))
-        out = {"steps": dicts_to_columns(steps, columns, {"measured_real_ms": "float"})}
+        # Declared types: a column no step filled (measured_real_ms) or a table of no rows
+        # (top_kernels of a CPU-only trace) keeps them in pandas, polars and Arrow.
+        kinds = {name: "float" for name in columns if name.endswith(("_ms", "_pct"))}
+        kinds |= {"rank": "int", "step": "str", "source": "str", "kernels": "int"}
+        out = {"steps": dicts_to_columns(steps, columns, kinds)}
         for name in ("top_kernels", "top_ops", "top_scopes"):
             out[name] = dicts_to_columns(
                 [
@@ -162,6 +166,7 @@ class Summary(Tables):
                     for t in getattr(rs, name)
                 ],
                 ("rank", "name", "count", "total_ms", "pct"),
+                {"rank": "int", "name": "str", "count": "int", "total_ms": "float", "pct": "float"},
             )
         return out
 

@@ -286,8 +286,8 @@ def _quiet_stdout() -> None:
     try:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
-    except (OSError, ValueError):  # stdout is not a file descriptor (a test's capture)
-        pass
+    except (OSError, ValueError, AttributeError):  # not a file descriptor (a test's capture),
+        pass  # or no stdout at all (started with it closed: sys.stdout is None)
 
 
 def entry() -> None:
@@ -300,7 +300,8 @@ def entry() -> None:
     gc.freeze()
     code = main()
     try:
-        sys.stdout.flush()
+        if sys.stdout is not None:  # None when the command was started with stdout closed
+            sys.stdout.flush()
     except BrokenPipeError:  # output the reader stopped reading after main returned
         _quiet_stdout()
     sys.exit(code)

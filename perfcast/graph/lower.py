@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from perfcast.graph.launches import launch_queue_pairs
-from perfcast.graph.model import NO_RELEASE, Graph, NodeKind, SyncKind
+from perfcast.graph.model import NO_RELEASE, Graph, NodeKind, Source, SyncKind
 from perfcast.graph.resolve import resolve_sync_targets
 
 
@@ -46,7 +46,10 @@ def _launch_weights(c: dict[str, np.ndarray], gpu: np.ndarray, launch: np.ndarra
     w = c["launch_w"][gpu]
     now = c["dur"][launch]
     was = c["dur_measured"][launch]
-    moved = (w < 0) & (was > 0) & (now != was)
+    # Only calls changed after the build (corrected, scaled, modelled): the build itself
+    # shortens a launch blocked on a full queue, and its tasks must replay where they ran.
+    changed = c["source"][launch] != int(Source.MEASURED)
+    moved = (w < 0) & (was > 0) & (now != was) & changed
     if not moved.any():
         return w
     w = w.copy()

@@ -170,7 +170,9 @@ def _collective_arrivals(g: Any) -> np.ndarray:
     nxt = np.where(~mark, pos, order.size)
     nxt = np.minimum.accumulate(nxt[::-1])[::-1]
     ok = mark & (nxt < order.size)
-    ok[ok] = lane[nxt[ok]] == lane[ok]
+    # Only into the collective it was copied from (the same name, on its lane): a what-if
+    # that removed that transfer (ddp, zero) leaves its arrival to be drawn on its own.
+    ok[ok] = (lane[nxt[ok]] == lane[ok]) & (c["name"][order[nxt[ok]]] == c["name"][order[ok]])
     into[order[ok]] = order[nxt[ok]]
     return into
 

@@ -345,6 +345,26 @@ def predicted_profiled_ms(
     return max(pt, predicted_ms), predicted_traced
 
 
+def _held_note(
+    world: RealWorld, predicted_traced: Timeline, applied: list[AppliedModel], predicted_ms: float
+) -> list[str]:
+    """The assumption to state when the profiled prediction was held at the unprofiled one."""
+    ratio = steady_ratio(world.traced, predicted_traced, applied, count_lead=False)
+    raw = (
+        step_ms(world.traced)[0] * ratio
+        if ratio is not None
+        else _mean_ms(predicted_traced, lead_not_kept_ns(world.traced, predicted_traced))
+    )
+    if raw >= predicted_ms - 0.0005:
+        return []
+    return [
+        f"the prediction with the profiler's cost left in replays to {raw:,.3f} ms per step, "
+        f"under the {predicted_ms:,.3f} ms predicted without it, which the profiler's own "
+        "cost cannot make; it is held at the latter (each world adds back its own host lead "
+        "or scales its own baseline)"
+    ]
+
+
 def run_whatif(
     table: EventTable,
     specs: list[Spec],
@@ -368,22 +388,26 @@ def run_whatif(
     pt, predicted_traced = predicted_profiled_ms(world, specs, applied, predicted, p)
     traced_rows = step_ms(predicted_traced)[2]
     # Each row with its rank's host lead added back, as the mean has it (the rows left it
-    # out and did not add up to the mean).
+    # out and did not add up to the mean); a profiled row held at its unprofiled one, as
+    # the mean is (predicted_profiled_ms).
     lead = lead_not_kept_ns(world.real, predicted)
     lead_traced = lead_not_kept_ns(world.traced, predicted_traced)
-    iterations = [
-        IterationPrediction(
-            rank=est.rank,
-            name=est.name,
-            traced_ms=est.traced_ms,
-            real_ms=est.real_ms,
-            measured_real_ms=est.measured_real_ms,
-            source=est.source,
-            predicted_ms=pr[3] + lead.get(est.rank, 0.0) / 1e6,
-            predicted_traced_ms=tr[3] + lead_traced.get(est.rank, 0.0) / 1e6,
+    iterations = []
+    for est, pr, tr in zip(world.steps, pred_rows, traced_rows):
+        real_row = pr[3] + lead.get(est.rank, 0.0) / 1e6
+        iterations.append(
+            IterationPrediction(
+                rank=est.rank,
+                name=est.name,
+                traced_ms=est.traced_ms,
+                real_ms=est.real_ms,
+                measured_real_ms=est.measured_real_ms,
+                source=est.source,
+                predicted_ms=real_row,
+                predicted_traced_ms=max(tr[3] + lead_traced.get(est.rank, 0.0) / 1e6, real_row),
+            )
         )
-        for est, pr, tr in zip(world.steps, pred_rows, traced_rows)
-    ]
+    held = [] if world.cost.is_off else _held_note(world, predicted_traced, applied, p)
     result = WhatIfResult(
         baseline_ms=b,
         predicted_ms=p,
@@ -400,7 +424,8 @@ def run_whatif(
             a
             for a in [lead_assumption(world.real, predicted, applied, world, predicted_traced)]
             if a
-        ],
+        ]
+        + held,
         notes=input_notes(table) + graph_notes(world.traced_graph, steps_ns(world.traced)),
         memory=memory,
         baseline_memory=baseline_memory,
