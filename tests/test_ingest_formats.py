@@ -894,3 +894,27 @@ def test_epoch_nanosecond_timestamps_are_read_exactly(shared_traces: Path) -> No
     assert set(want) <= got
     idle = perfcast.idle_time(table).by_stream[0]
     assert idle.host_wait_ms == pytest.approx(1.347125, abs=1e-6)
+
+
+def test_a_comma_before_the_lists_end_is_no_cut(tmp_path) -> None:
+    """`...},]` (a hand-joined trace): both events kept and no cut reported (the last event
+    was dropped as 'the unfinished one at the cut'); a trailing comma inside an event's
+    array is still that event's damage, the events around it kept."""
+    event = '{{"ph":"X","cat":"cpu_op","name":"{}","pid":1,"tid":1,"ts":{},"dur":5{}}}'
+    trailing = tmp_path / "trailing.json"
+    trailing.write_text(
+        '{"traceEvents":[' + event.format("aten::mm", 10, "") + ","
+        + event.format("aten::add", 20, "") + ',]}'
+    )  # fmt: skip
+    table = perfcast.load(trailing)
+    assert sorted(table.names[i] for i in table.name) == ["aten::add", "aten::mm"]
+    assert not table.ranks[0].truncated
+    nested = tmp_path / "nested.json"
+    bad = ',"args":{"Input Dims":[[1,2],]}'
+    nested.write_text(
+        '{"traceEvents":[' + event.format("aten::mm", 10, "") + ","
+        + event.format("aten::bad", 15, bad) + "," + event.format("aten::add", 20, "")
+        + '],"schemaVersion":1}'
+    )  # fmt: skip
+    table = perfcast.load(nested)
+    assert sorted(table.names[i] for i in table.name) == ["aten::add", "aten::mm"]

@@ -602,16 +602,24 @@ class TraceReader:
         final = self._eof and not self._buf[end:].strip(b" \t\r\n,")
         return self._recover(end, final=final)
 
+    def _unpadded(self, start: int, end: int) -> int:
+        """`end` moved back over whitespace and commas to `start` at most: a comma before
+        the list's "]" (hand-joined traces) is no cut-off last event."""
+        while end > start and self._buf[end - 1] in b" \t\r\n,":
+            end -= 1
+        return end
+
     def _before_close(self, at: int) -> list[EventList]:
         """The events before the "]" at _buf[at] that ends the list; consumes them. A
         well-formed file's last stretch holds that "]": its events decode at once (the
         piece-by-piece search of `_recover`, kept for damage, took a fifth of the time to
         load a small rank file)."""
         for _ in range(4):
+            end = self._unpadded(0, at)
             try:
-                got = self._decode(0, at)
+                got = self._decode(0, end)
             except _Repaired as r:
-                at = r.end  # rewritten in place: the "]" follows the rewritten stretch
+                at += r.end - end  # rewritten in place: the "]" moved with the stretch
                 continue
             except _Damage:
                 break
@@ -786,6 +794,12 @@ class TraceReader:
             close = self._buf.rfind(b"]", start, start + at)
             if close >= 0:
                 return _Damage("closed", close - start, text)
+        if "trailing comma" in text and self._buf[start + at : start + at + 1] == b"]":
+            # "...},]": the list closed after a comma, if that "]" is the list's own (at
+            # depth 1 of "[" + stretch) and not an array's inside an event.
+            pos, codes, depth = scan(b"[" + bytes(self._buf[start : start + at + 1]))
+            if pos.size and codes[-1] == ord("]") and depth[-1] == 1 and pos[-1] == at + 1:
+                return _Damage("closed", at, text)
         return _Damage("damage", at, text)
 
     def _validated(self, events: EventList, data: bytes | bytearray) -> _Got:
@@ -951,7 +965,7 @@ class TraceReader:
             and not closing
             and self._verify_close(pos + whole.at, closed_list=True)
         ):
-            got = self._attempt(pos, pos + whole.at)
+            got = self._attempt(pos, self._unpadded(pos, pos + whole.at))
             return (got if isinstance(got, _Got) else None), pos + whole.at, pos + whole.at
         # Pieces (split at `},{`) up to a little past the damage only: dense damage then
         # costs little per step.
