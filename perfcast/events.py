@@ -107,6 +107,9 @@ class RankInfo:
     # distributedInfo lists a gloo process group smaller than the world: gloo's ranges (which
     # do not say their group) cannot be matched across ranks or sized by the world.
     gloo_subgroups: bool = False
+    # Of `warnings`, those about the whole folder of ranks (files left out, ranks that
+    # disagree on the job's size), on its first rank: a summary says them once, on top.
+    folder_notes: list[str] = field(default_factory=list)
 
 
 @dataclass

@@ -167,6 +167,9 @@ def test_files_that_hold_no_trace_are_left_out_of_a_folder(tmp_path: Path, write
     note = next(w for w in table.ranks[0].warnings if "not read" in w)
     assert "3 files" in note and "advise.json is empty" in note and "result.json" in note
     assert "rank-5.json is a timeline perfcast wrote" in note
+    # A summary says it once, on top, where API and --json users look first.
+    summary = perfcast.summary(table, correct=False)
+    assert summary.notes == [note] and note not in summary.ranks[0].notes
     # Given on its own, each is still an error naming it.
     assert_format_error(export, "timeline perfcast wrote")
     assert_format_error(tmp_path / "run" / "advise.json", "is empty")

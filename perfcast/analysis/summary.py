@@ -239,7 +239,8 @@ def _summarize(table: EventTable, top: int) -> Summary:
     )
     for info in table.ranks:
         rank = info.rank
-        notes = rank_notes(info)
+        notes = [n for n in rank_notes(info) if n not in info.folder_notes]
+        out.notes.extend(info.folder_notes)
         on_rank = table.rank_rows(rank)
         g = on_rank[is_gpu[on_rank]]
         g_start = table.ts[g]

@@ -113,10 +113,11 @@ def load(path: str | os.PathLike[str], progress: ProgressFn | None = None) -> Ev
     if not_traces:
         shown = "; ".join(f"{os.path.basename(e.path)} {e.why}" for e in not_traces[:3])
         n = len(not_traces)
-        parts[0][0].warnings.append(
+        _folder_note(
+            parts[0][0],
             f"{n} file{'s' if n > 1 else ''} of the folder {'are' if n > 1 else 'is'} no "
             f"profiler trace and {'were' if n > 1 else 'was'} not read: {shown}"
-            f"{'; ...' if n > 3 else ''} (keep outputs out of the trace folder)"
+            f"{'; ...' if n > 3 else ''} (keep outputs out of the trace folder)",
         )
     if len(files) > 1 or in_folder:
         _note_folder_doubts(path, [p[0] for p in parts])
@@ -131,6 +132,13 @@ class _NotATrace:
     why: str
 
 
+def _folder_note(first: RankInfo, note: str) -> None:
+    """A note about the whole folder, kept on its first rank (every command shows a rank's
+    warnings; a summary says these once, above its ranks)."""
+    first.warnings.append(note)
+    first.folder_notes.append(note)
+
+
 def _note_folder_doubts(folder: str, infos: list[RankInfo]) -> None:
     """What a folder of ranks leaves in doubt, on its first rank: entries named like traces
     that are no file (never read), and ranks that disagree on the job's size."""
@@ -138,16 +146,18 @@ def _note_folder_doubts(folder: str, infos: list[RankInfo]) -> None:
     skipped = reader.not_files_in(folder) if os.path.isdir(folder) else []
     if skipped:
         shown = ", ".join(skipped[:3]) + (", ..." if len(skipped) > 3 else "")
-        first.warnings.append(
+        _folder_note(
+            first,
             f"{len(skipped)} entr{'y' if len(skipped) == 1 else 'ies'} of the folder named like "
             f"a trace {'is' if len(skipped) == 1 else 'are'} no file (a folder, a FIFO or a "
-            f"broken link) and {'was' if len(skipped) == 1 else 'were'} not read: {shown}"
+            f"broken link) and {'was' if len(skipped) == 1 else 'were'} not read: {shown}",
         )
     sizes = sorted({i.world_size for i in infos if i.world_size})
     if len(sizes) > 1:
-        first.warnings.append(
+        _folder_note(
+            first,
             "the ranks disagree on the job's size (distributedInfo world_size "
-            f"{', '.join(map(str, sizes))}): traces of different jobs in one folder?"
+            f"{', '.join(map(str, sizes))}): traces of different jobs in one folder?",
         )
 
 
