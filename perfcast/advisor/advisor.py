@@ -592,7 +592,7 @@ def advise(
         if not s.uncertain:
             kept = tl if world.cost.is_off else None
             del tl, new_graph  # one graph at a time (see above)
-            s.predicted_traced_ms, _ = predicted_profiled_ms(
+            s.predicted_traced_ms, _, _ = predicted_profiled_ms(
                 world, [spec], applied, kept, predicted
             )
         return s

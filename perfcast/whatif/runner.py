@@ -323,10 +323,11 @@ def predicted_profiled_ms(
     applied: list[AppliedModel],
     predicted: Timeline | None,
     predicted_ms: float,
-) -> tuple[float, Timeline]:
+) -> tuple[float, Timeline, float]:
     """The predicted mean step with the profiler's cost left in (the same specs applied to
-    the traced graph and replayed), and its timeline; `applied`, `predicted` and
-    `predicted_ms` are the unprofiled prediction's (reused where the correction is off)."""
+    the traced graph and replayed), held at or above `predicted_ms`; its timeline; and the
+    mean as replayed, before it was held. `applied`, `predicted` and `predicted_ms` are the
+    unprofiled prediction's (reused where the correction is off)."""
     if world.cost.is_off:
         assert predicted is not None, "without the correction the prediction is the profiled one"
         predicted_traced = predicted
@@ -342,26 +343,19 @@ def predicted_profiled_ms(
     # two can put the profiled prediction below the unprofiled one (r50_foreach with every
     # task 4x faster: 10.5 against 13.2 ms, the lead added back to the unprofiled world
     # only), which the profiler's cost, never negative, cannot do.
-    return max(pt, predicted_ms), predicted_traced
+    return max(pt, predicted_ms), predicted_traced, pt
 
 
-def _held_note(
-    world: RealWorld, predicted_traced: Timeline, applied: list[AppliedModel], predicted_ms: float
-) -> list[str]:
-    """The assumption to state when the profiled prediction was held at the unprofiled one."""
-    ratio = steady_ratio(world.traced, predicted_traced, applied, count_lead=False)
-    raw = (
-        step_ms(world.traced)[0] * ratio
-        if ratio is not None
-        else _mean_ms(predicted_traced, lead_not_kept_ns(world.traced, predicted_traced))
-    )
-    if raw >= predicted_ms - 0.0005:
+def _held_note(replayed_ms: float, predicted_ms: float) -> list[str]:
+    """The assumption to state when the profiled prediction (`replayed_ms` as replayed) was
+    held at the unprofiled one."""
+    if replayed_ms >= predicted_ms - 0.0005:
         return []
     return [
-        f"the prediction with the profiler's cost left in replays to {raw:,.3f} ms per step, "
-        f"under the {predicted_ms:,.3f} ms predicted without it, which the profiler's own "
-        "cost cannot make; it is held at the latter (each world adds back its own host lead "
-        "or scales its own baseline)"
+        f"the prediction with the profiler's cost left in replays to {replayed_ms:,.3f} ms "
+        f"per step, under the {predicted_ms:,.3f} ms predicted without it, which the "
+        "profiler's own cost cannot make; it is held at the latter (each world adds back its "
+        "own host lead or scales its own baseline)"
     ]
 
 
@@ -385,7 +379,9 @@ def run_whatif(
     traced, _, _ = step_ms(world.traced)
     memory, baseline_memory, no_memory = _memory(table, specs)
     p = predicted_step_ms(world.real, predicted, applied)
-    pt, predicted_traced = predicted_profiled_ms(world, specs, applied, predicted, p)
+    pt, predicted_traced, replayed_traced = predicted_profiled_ms(
+        world, specs, applied, predicted, p
+    )
     traced_rows = step_ms(predicted_traced)[2]
     # Each row with its rank's host lead added back, as the mean has it (the rows left it
     # out and did not add up to the mean); a profiled row held at its unprofiled one, as
@@ -407,7 +403,7 @@ def run_whatif(
                 predicted_traced_ms=max(tr[3] + lead_traced.get(est.rank, 0.0) / 1e6, real_row),
             )
         )
-    held = [] if world.cost.is_off else _held_note(world, predicted_traced, applied, p)
+    held = _held_note(replayed_traced, p)
     result = WhatIfResult(
         baseline_ms=b,
         predicted_ms=p,
