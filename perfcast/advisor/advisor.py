@@ -142,32 +142,34 @@ class Advice(Tables):
         ms. "not_applicable": what could not be predicted on this trace, and why."""
         items = [("ranked", s) for s in self.suggestions]
         items += [("not ranked", s) for s in self.uncertain]
-        shown = [s for _, s in items]
-        suggestions = {
-            "name": [s.name for s in shown],
-            "status": [status for status, _ in items],
-            "predicted_ms": [s.predicted_ms for s in shown],
-            "predicted_traced_ms": [s.predicted_traced_ms for s in shown],
-            "speedup": [s.speedup for s in shown],
-            "speedup_low": [s.speedup_low for s in shown],
-            "speedup_high": [s.speedup_high for s in shown],
-            "gain_ms": [s.gain_ms for s in shown],
-            "error_band_pct": [s.error_band_pct for s in shown],
-            "band_pairs": [s.band_pairs for s in shown],
-            "from_trace_share": [s.measured_share for s in shown],
-            "code": [s.code for s in shown],
-            "why": [s.uncertain for s in shown],
-            "explanation": [s.explanation for s in shown],
+        fields = field_kinds(Suggestion)
+        suggestions = {"name": [s.name for _, s in items], "status": [st for st, _ in items]}
+        kinds = {"name": fields["name"], "status": "str"}
+        for column, attr in _SUGGESTION_COLUMNS.items():
+            suggestions[column] = [getattr(s, attr) for _, s in items]
+            if attr in fields:
+                kinds[column] = fields[attr]
+        return {
+            "suggestions": TypedColumns(suggestions, kinds),
+            "not_applicable": rows_to_columns(self.not_applicable, NotApplicable),
         }
-        kinds = field_kinds(Suggestion) | {"status": "str", "why": "str"}
-        kinds |= {"from_trace_share": kinds.get("measured_share", "float")}
-        tables: dict[str, Any] = {
-            "suggestions": TypedColumns(
-                suggestions, {k: kinds[k] for k in suggestions if k in kinds}
-            )
-        }
-        tables["not_applicable"] = rows_to_columns(self.not_applicable, NotApplicable)
-        return tables
+
+
+# The suggestions table's columns after name and status: column -> Suggestion field.
+_SUGGESTION_COLUMNS = {
+    "predicted_ms": "predicted_ms",
+    "predicted_traced_ms": "predicted_traced_ms",
+    "speedup": "speedup",
+    "speedup_low": "speedup_low",
+    "speedup_high": "speedup_high",
+    "gain_ms": "gain_ms",
+    "error_band_pct": "error_band_pct",
+    "band_pairs": "band_pairs",
+    "from_trace_share": "measured_share",
+    "code": "code",
+    "why": "uncertain",
+    "explanation": "explanation",
+}
 
 
 CANDIDATES = [
