@@ -8,7 +8,7 @@ from typing import ClassVar
 from perfcast.analysis.critical_path import CriticalPath, critical_paths
 from perfcast.analysis.notes import input_notes
 from perfcast.analysis.real_step import RealWorld
-from perfcast.frames import Columns, Tables, dicts_to_columns
+from perfcast.frames import Columns, Tables, dicts_to_columns, field_kinds
 from perfcast.real import Correction
 from perfcast.sim.timeline import Timeline
 
@@ -85,8 +85,8 @@ class ReplayResult(Tables):
             "steps": dicts_to_columns(
                 steps,
                 ("rank", "step", *keys),
-                {"rank": "int", "step": "str", "source": "str"}
-                | {k: "float" for k in keys if k.endswith(("_ms", "_pct"))},
+                {"rank": "int", "step": "str"}
+                | {k: kind for k, kind in field_kinds(IterationReplay).items() if k in keys},
             ),
             "critical_path": dicts_to_columns(
                 path,

@@ -17,7 +17,7 @@ from perfcast.analysis import intervals as iv
 from perfcast.analysis.common import nearest_ancestor
 from perfcast.analysis.notes import rank_notes
 from perfcast.events import GPU_KINDS, NONE, EventTable, Kind
-from perfcast.frames import Columns, Tables, dicts_to_columns
+from perfcast.frames import Columns, Tables, dicts_to_columns, field_kinds
 from perfcast.graph.phases import (
     PHASE_LABELS,
     Phase,
@@ -166,7 +166,7 @@ class Summary(Tables):
                     for t in getattr(rs, name)
                 ],
                 ("rank", "name", "count", "total_ms", "pct"),
-                {"rank": "int", "name": "str", "count": "int", "total_ms": "float", "pct": "float"},
+                {"rank": "int"} | field_kinds(NamedTime),
             )
         return out
 

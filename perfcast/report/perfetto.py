@@ -153,10 +153,9 @@ def _collective_arrivals(g: Any) -> np.ndarray:
         return into
     src, dst = g.edge_src[coll], g.edge_dst[coll]
     zero = (c["dur_measured"] == 0) & (c["event"] < 0) & g.alive
-    hubs = np.intersect1d(src, dst)
+    hubs = np.intersect1d(src, dst)  # barriers: both ends of collective edges
     marks = np.zeros(len(g), dtype=bool)
-    marks[src[zero[src]]] = True
-    marks[hubs[zero[hubs]]] = True
+    marks[src[zero[src]]] = True  # arrivals and barriers (every barrier is a source)
     alive = np.flatnonzero(g.alive)
     order = alive[np.lexsort((c["order"][alive], c["lane"][alive]))]
     lane = c["lane"][order]
