@@ -127,6 +127,8 @@ class EventTable:
       the GPU's index, MEM_DEVICE_CPU for the CPU's allocator, NONE when not recorded),
       shapes int32 (index into names),
       in_types int32 (names: an op's "Input type", with record_shapes),
+      stack int32 (names: an op's or range's "Call stack", the Python frames PyTorch
+      1.8-1.10 recorded with with_stack=True, innermost first and ';'-separated),
       coll_name int32 (names), coll_in int64, coll_out int64, coll_group int32,
       coll_dtype int32 (names), coll_ranks int32 (names),
       wait_stream int64 and wait_corr int64 (cuda_sync rows: what a stream waits on).
@@ -155,6 +157,7 @@ class EventTable:
     mem_device: np.ndarray
     shapes: np.ndarray
     in_types: np.ndarray  # CPU ops: their "Input type" list as text (index into names)
+    stack: np.ndarray  # CPU ops and ranges of 2021-era traces: "Call stack" (names)
     wait_stream: np.ndarray  # cuda_sync rows: the stream waited on
     wait_corr: np.ndarray  # cuda_sync rows: correlation of the cudaEventRecord waited on
     coll_name: np.ndarray

@@ -831,3 +831,137 @@ def test_nested_instances_fold_once_their_parents_merged(tmp_path: Path) -> None
     linear = node_at(folded, "nn.Module: Net_0", "nn.Module: Block ×4", "nn.Module: Linear ×13")
     assert folded.incl["kernels"][linear] == 13
     assert folded.incl["gpu_ns"][0] == tree.incl["gpu_ns"][0]
+
+
+# ---------------------------------------------------------------------------------------------
+# 2021-era traces (PyTorch 1.8-1.10): stacks as op arguments, no fwdbwd flows
+
+
+def _trace_2021(path: Path) -> Path:
+    """A BatchNorm forward and its backward as PyTorch 1.9 wrote them: `Operator` events with
+    "Call stack" (innermost first, absolute paths) and "Fwd thread id" 0 on forward ops, 1 on
+    the backward node; `aten::add_` (num_batches_tracked) shares the node's sequence number."""
+    site = "/home/u/env/lib/python3.7/site-packages"
+    fwd_stack = (
+        f"{site}/torch/nn/functional.py(2263): batch_norm;"
+        f"{site}/torch/nn/modules/batchnorm.py(178): forward;"
+        "train.py(40): <module>"
+    )
+    b = TraceBuilder()
+    b.op("ProfilerStep#1", 0, 200, cat="Operator", **{"Call stack": "train.py(38): <module>"})
+    b.op(
+        "Optimizer.step#SGD.step",
+        150,
+        40,
+        cat="Operator",
+        **{"Call stack": f"{site}/torch/optim/optimizer.py(88): wrapper;train.py(44): <module>"},
+    )
+    b.op(
+        "aten::add_",
+        152,
+        5,
+        cat="Operator",
+        **{
+            "Call stack": f"{site}/torch/optim/sgd.py(110): step;"
+            f"{site}/torch/optim/optimizer.py(89): wrapper;train.py(44): <module>"
+        },
+    )
+    common = {"Sequence number": 11, "Fwd thread id": 0}
+    b.op("aten::add_", 2, 5, cat="Operator", **common, **{"Call stack": fwd_stack})
+    b.op("aten::batch_norm", 10, 40, cat="Operator", **common, **{"Call stack": fwd_stack})
+    b.op("aten::cudnn_batch_norm", 12, 36, cat="Operator", **common, **{"Call stack": fwd_stack})
+    b.launch("bn_fwd_kernel", 14, 4, 20, 10)
+    b.op(
+        "autograd::engine::evaluate_function: CudnnBatchNormBackward",
+        100,
+        30,
+        tid=200,
+        cat="Operator",
+        **{"Sequence number": 11, "Fwd thread id": 1},
+    )
+    b.op("CudnnBatchNormBackward", 101, 28, tid=200, cat="Operator", **{
+        "Sequence number": 11, "Fwd thread id": 1})  # fmt: skip
+    b.launch("bn_bwd_kernel", 102, 3, 110, 12, tid=200)
+    return b.write(path)
+
+
+def test_2021_backward_ops_link_to_the_forward_op_that_made_their_node(tmp_path: Path) -> None:
+    table = perfcast.load(_trace_2021(tmp_path / "t2021.json"))
+    assert table.fwd_bwd.shape == (1, 2)
+    f, b = table.fwd_bwd[0].tolist()
+    # Kineto's flows run from the latest forward op with the number (not the add_ before the
+    # batch norm) to the node (not the engine's evaluate_function wrapper).
+    assert table.name_of(f) == "aten::cudnn_batch_norm"
+    assert table.name_of(b) == "CudnnBatchNormBackward"
+    t = context_tree(table)
+    assert t.index.backward_attached == 1
+
+
+def test_2021_call_stacks_become_frames(tmp_path: Path) -> None:
+    t = context_tree(perfcast.load(_trace_2021(tmp_path / "t2021.json")))
+    assert t.level == "python"
+    # Absolute install paths are cut as later PyTorch versions write them.
+    fwd = (
+        "train.py(40): <module>",
+        "torch/nn/modules/batchnorm.py(178): forward",
+        "torch/nn/functional.py(2263): batch_norm",
+    )
+    bn = node_at(t, *fwd, "aten::batch_norm")
+    assert node_at(t, *fwd, "aten::add_") != bn
+    # The backward node sits under its forward op, with its kernel.
+    bwd = node_at(
+        t,
+        *fwd,
+        "aten::batch_norm",
+        "aten::cudnn_batch_norm",
+        "autograd::engine::evaluate_function: CudnnBatchNormBackward",
+        "CudnnBatchNormBackward",
+        "cudaLaunchKernel",
+        "bn_bwd_kernel",
+    )
+    assert t.incl["gpu_ns"][bwd] == 12 * US
+    assert t.incl["gpu_ns"][node_at(t, "train.py(40): <module>")] == 22 * US
+    # Under a range with a stack of its own, only the frames below the range's: the op's
+    # stack shares the range's outermost frame (train.py(44)), not the wrapper's line.
+    node_at(
+        t,
+        "train.py(44): <module>",
+        "torch/optim/optimizer.py(88): wrapper",
+        "Optimizer.step#SGD.step",
+        "torch/optim/optimizer.py(89): wrapper",
+        "torch/optim/sgd.py(110): step",
+        "aten::add_",
+    )
+    assert is_library_frame("torch/optim/sgd.py(110): step")
+
+
+def test_folded_instances_keep_one_label_across_passes(tmp_path: Path) -> None:
+    from perfcast.analysis.context_views import FOLD_MIN, fold_repeated, sites
+
+    n = max(FOLD_MIN, 2)
+    b = TraceBuilder()
+    t = 0.0
+
+    def conv(i: int, ts: float) -> None:
+        b.op(f"nn.Module: Conv2d_{i}", ts, 20, cat="python_function")
+        b.op("aten::conv2d", ts + 1, 18)
+        b.launch("conv_kernel", ts + 2, 2, ts + 5, 10)
+
+    # n convolutions at the top (folded in the first pass), and n blocks holding n
+    # convolutions between them (the blocks fold first, their convolutions in the second
+    # pass): both groups read "Conv2d ×n", one label, so one site without "instances".
+    for i in range(n):
+        conv(i, t)
+        t += 30
+    for block in range(n):
+        b.op(f"nn.Module: Block_{block}", t, 25 * n, cat="python_function")
+        conv(n + block, t + 1)
+        t += 25 * n + 5
+    tree = context_tree(perfcast.load(b.write(tmp_path / "blocks.json")))
+    folded, count = fold_repeated(tree)
+    assert count > 0
+    labels = {folded.index.labels[i] for i in folded.index.label.tolist()}
+    assert f"nn.Module: Conv2d ×{n}" in labels
+    found = sites(folded.index, folded.excl["gpu_ns"], top=5, min_share=0.0)
+    mods = [s.module for s in found if s.module]
+    assert mods and all("instances" not in m for m in mods), mods

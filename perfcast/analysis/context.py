@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import enum
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -400,6 +401,8 @@ def _tree_kinds(table: EventTable, labels_of_name: np.ndarray, is_module: np.nda
     lut[Kind.MEMCPY] = CtxKind.COPY
     lut[Kind.MEMSET] = CtxKind.COPY
     kind = lut[table.kind]
+    # 2021-era traces record their ranges ("Optimizer.step#SGD.step") as CPU ops.
+    kind[table.annotation_mask()] = CtxKind.ANNOTATION
     module_rows = (table.kind == Kind.PYTHON_FUNCTION) & is_module[table.name]
     kind[module_rows] = CtxKind.MODULE
     return kind
@@ -478,6 +481,90 @@ CPU_KINDS_ARR = np.array(
     [Kind.CPU_OP, Kind.USER_ANNOTATION, Kind.PYTHON_FUNCTION, Kind.RUNTIME, Kind.DRIVER],
     dtype=np.int8,
 )
+
+
+# Where 2021-era stacks name a file by its absolute path, the part later PyTorch versions
+# leave out of python_function names (they write "torch/nn/modules/module.py(1051): ...").
+_INSTALL_PREFIX = re.compile(r"^.*/(?:site-packages|dist-packages|lib/python\d[\d.]*)/")
+
+
+def _call_stack_items(
+    table: EventTable,
+    kind: np.ndarray,
+    row_parent: np.ndarray,
+    rows: np.ndarray,
+    pos: np.ndarray,
+    intern: Callable[[str], int],
+    first_item: int,
+) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Python frames from 2021-era "Call stack" arguments, as tree items.
+
+    Each outermost op or range with a stack (its parent on the tree is no op) hangs under
+    the chain of its frames, outermost first; under a range that has a stack of its own,
+    only the frames below the range's (the range was entered in the frames they share).
+    Chains of the same frames under the same parent become one path of the tree.
+    Returns the positions (among `rows`) of the items that move, their new parent items,
+    and the frame items to append: (parent, label, rank), numbered from `first_item`.
+    """
+    stack = table.stack
+    r_stack = stack[rows]
+    r_parent = row_parent[rows]
+    parent_kind = np.where(r_parent >= 0, kind[np.maximum(r_parent, 0)], -1)
+    starts = np.flatnonzero(
+        (r_stack >= 0)
+        & ((kind[rows] == CtxKind.OP) | (kind[rows] == CtxKind.ANNOTATION))
+        & (parent_kind != CtxKind.OP)
+    )
+    empty = np.zeros(0, np.int64)
+    if starts.size == 0:
+        return empty, empty, (empty, empty, empty)
+    par = r_parent[starts].astype(np.int64)
+    par_stack = np.where(par >= 0, stack[np.maximum(par, 0)], NONE).astype(np.int64)
+    rank = table.rank[rows[starts]].astype(np.int64)
+    key = np.stack([rank, par, r_stack[starts].astype(np.int64), par_stack], axis=1)
+    uniq, inv = np.unique(key, axis=0, return_inverse=True)
+    inv = inv.reshape(-1)
+
+    frames_of: dict[int, list[int]] = {}
+
+    def frames(s: int) -> list[int]:
+        f = frames_of.get(s)
+        if f is None:
+            text = table.names[s].split(";")
+            f = frames_of[s] = [
+                intern(normalize_label(_INSTALL_PREFIX.sub("", x.strip())))
+                for x in reversed(text)
+                if x.strip()
+            ]
+        return f
+
+    new_parent = np.full(uniq.shape[0], NONE, dtype=np.int64)
+    f_parent: list[int] = []
+    f_label: list[int] = []
+    f_rank: list[int] = []
+    for u, (r, p, s, ps) in enumerate(uniq.tolist()):
+        chain = frames(s)
+        shared = 0
+        if ps >= 0:
+            outer = frames(ps)
+            while shared < min(len(chain), len(outer)) and chain[shared] == outer[shared]:
+                shared += 1
+        up = int(pos[p]) if p >= 0 else NONE
+        for label in chain[shared:]:
+            f_parent.append(up)
+            f_label.append(label)
+            f_rank.append(r)
+            up = first_item + len(f_parent) - 1
+        new_parent[u] = up if len(chain) > shared else (int(pos[p]) if p >= 0 else NONE)
+    return (
+        starts,
+        new_parent[inv],
+        (
+            np.array(f_parent, dtype=np.int64),
+            np.array(f_label, dtype=np.int64),
+            np.array(f_rank, dtype=np.int64),
+        ),
+    )
 
 
 def cpu_self(table: EventTable) -> np.ndarray:
@@ -641,6 +728,17 @@ def build_index(table: EventTable) -> ContextIndex:
     # id precedes every launch the trace recorded was launched before the trace began.
     no_launch = np.flatnonzero(is_gpu[rows] & (item_parent < 0))
     item_rank = table.rank[rows]
+    stack_frames = 0
+    if not (kind == CtxKind.FRAME).any() and (table.stack >= 0).any():
+        moved_items, new_parent, frames = _call_stack_items(
+            table, kind, row_parent, rows, pos, intern, item_parent.size
+        )
+        item_parent[moved_items] = new_parent
+        item_parent = np.concatenate([item_parent, frames[0]])
+        item_label = np.concatenate([item_label, frames[1]])
+        item_kind = np.concatenate([item_kind, np.full(frames[0].size, int(CtxKind.FRAME))])
+        item_rank = np.concatenate([item_rank, frames[2]])
+        stack_frames = int(frames[0].size)
     if no_launch.size:
         g = rows[no_launch]
         launchers = np.flatnonzero(np.isin(table.kind, [Kind.RUNTIME, Kind.DRIVER]))
@@ -688,7 +786,7 @@ def build_index(table: EventTable) -> ContextIndex:
         row_node[off] = np.where(anc >= 0, row_node[np.maximum(anc, 0)], gap_node)
 
     ctx = node_context(trie.parent, trie.level_start, trie.kind, trie.label, labels)
-    has_frames = bool((kind == CtxKind.FRAME).any()) if n else False
+    has_frames = bool((kind == CtxKind.FRAME).any() or stack_frames) if n else False
     has_scopes = (
         bool(((kind == CtxKind.MODULE) | (kind == CtxKind.ANNOTATION)).any()) if n else False
     )
@@ -1064,6 +1162,10 @@ def _compiled(index: ContextIndex, gpu_rows: np.ndarray) -> CompiledCode | None:
 def _notes(tree: ContextTree) -> list[str]:
     cov = tree.coverage
     notes = [f"context from {LEVEL_TEXT[tree.level]}"]
+    if not cov.gpu_ns:
+        notes.append(
+            "no GPU work in the selection: its GPU times are zero (--metric cpu ranks by CPU time)"
+        )
     if cov.gpu_ns and tree.level == LEVEL_PYTHON:
         text = f"{cov.unattributed_pct:.2f}% of GPU time has no Python frame on its path"
         if cov.no_launch_ns:
@@ -1098,9 +1200,15 @@ def _notes(tree: ContextTree) -> list[str]:
             f"{c.kernels:,} Inductor/Triton kernels ({c.gpu_ns / 1e6:.2f} ms): "
             f"{100.0 * c.in_kernel_op_ns / max(c.gpu_ns, 1):.0f}% launched inside the op "
             "named after the kernel, "
-            f"{100.0 * c.with_frame_ns / max(c.gpu_ns, 1):.0f}% reach a Python frame (the "
-            "compiled region's call site); the source lines of the ops each kernel fused are "
-            "not in the trace, only the op names its kernel name lists"
+            + (
+                f"{100.0 * c.with_frame_ns / max(c.gpu_ns, 1):.0f}% reach a Python frame (the "
+                "compiled region's call site); "
+                if tree.level == LEVEL_PYTHON
+                else "the trace records no Python frames (with_stack=True shows the "
+                "compiled region's call site); "
+            )
+            + "the source lines of the ops each kernel fused are not in the trace, only the "
+            "op names its kernel name lists"
         )
     elif c is not None and c.regions:
         notes.append(

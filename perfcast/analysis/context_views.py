@@ -147,7 +147,9 @@ def fold_repeated(tree: ContextTree, min_count: int = FOLD_MIN) -> tuple[Context
         fold &= ~inner  # the outermost foldable groups are never inner: some stay
         names = {v: k for k, v in cls_names.items()}
         new_label = index.label.astype(np.int64).copy()
-        interned: dict[str, int] = {}
+        # One id per text across passes too: a group folded in an earlier pass and its
+        # twin folded now must stay one label (`sites` counts distinct labels as instances).
+        interned = {text: i for i, text in enumerate(labels)}
         for node, cls, n in zip(
             cand[fold].tolist(), node_cls[cand[fold]].tolist(), counts[group[fold]].tolist()
         ):

@@ -162,7 +162,15 @@ def _note_folder_doubts(folder: str, infos: list[RankInfo]) -> None:
 
 
 # Columns that hold indices into the name table.
-_NAME_COLUMNS = ("name", "shapes", "in_types", "coll_name", "coll_dtype", "coll_ranks")
+_NAME_COLUMNS = (
+    "name",
+    "shapes",
+    "in_types",
+    "stack",
+    "coll_name",
+    "coll_dtype",
+    "coll_ranks",
+)
 
 
 def _load_and_derive(
@@ -959,17 +967,20 @@ def _fwd_bwd_links(c: dict[str, np.ndarray], flows: dict[str, Any]) -> np.ndarra
             if b is not None and f is not None:
                 pairs.append((f, b))
     else:
+        # As Kineto draws its flows: a backward op carries its forward thread's id (> 0; a
+        # forward op none or 0, as 2021-era traces write it), and the link runs from the
+        # *latest* forward op holding the sequence number (the innermost, which made the
+        # autograd node: a BatchNorm's `aten::add_` on num_batches_tracked comes first with
+        # the same number) to the innermost backward op (the node, not the engine's
+        # `evaluate_function` wrapper around it).
         seq = c["seq"]
         fwd_tid = c["fwd_tid"]
-        first_fwd: dict[int, int] = {}
-        for i in ops[(seq[ops] >= 0) & (fwd_tid[ops] == NONE)].tolist():
-            first_fwd.setdefault(int(seq[i]), i)
-        seen: set[int] = set()
-        for i in ops[(seq[ops] >= 0) & (fwd_tid[ops] != NONE)].tolist():
-            s = int(seq[i])
-            if s in first_fwd and s not in seen:
-                seen.add(s)
-                pairs.append((first_fwd[s], i))
+        by_start = ops[np.lexsort((-c["dur"][ops], c["ts"][ops]))]
+        has_seq = seq[by_start] >= 0
+        backward = fwd_tid[by_start] > 0
+        last_fwd = {int(seq[i]): i for i in by_start[has_seq & ~backward].tolist()}
+        last_bwd = {int(seq[i]): i for i in by_start[has_seq & backward].tolist()}
+        pairs = [(last_fwd[s], b) for s, b in last_bwd.items() if s in last_fwd]
     return np.array(pairs, dtype=np.int32).reshape(-1, 2)
 
 
@@ -1033,6 +1044,7 @@ def _concat(
         mem_device=cat("mem_device", np.int16),
         shapes=cat("shapes", np.int32),
         in_types=cat("in_types", np.int32),
+        stack=cat("stack", np.int32),
         wait_stream=cat("wait_stream", np.int64),
         wait_corr=cat("wait_corr", np.int64),
         coll_name=cat("coll_name", np.int32),

@@ -422,6 +422,14 @@ def _extract_chunk(
             if types is not None:
                 in_types[i] = names(types)
 
+    # PyTorch 1.8-1.10 wrote with_stack's Python frames as each op's "Call stack" argument
+    # (innermost first, ';'-separated), where later versions write python_function events.
+    stack = np.full(n, NONE, dtype=np.int32)
+    for i in np.flatnonzero((kinds == Kind.CPU_OP) | (kinds == Kind.USER_ANNOTATION)).tolist():
+        a = args[i]
+        if a is not None and isinstance(text := a.call_stack, str) and text:
+            stack[i] = names(text)
+
     coll_name = np.full(n, NONE, dtype=np.int32)
     coll_in = np.full(n, NONE, dtype=np.int64)
     coll_out = np.full(n, NONE, dtype=np.int64)
@@ -457,6 +465,7 @@ def _extract_chunk(
         "mem_device": mem_device,
         "shapes": shapes,
         "in_types": in_types,
+        "stack": stack,
         "wait_stream": wait_stream,
         "wait_corr": wait_corr,
         "coll_name": coll_name,

@@ -40,6 +40,7 @@ ARG_FIELDS: tuple[tuple[str, str, bool], ...] = (
     ("mem_device_id", "Device Id", False),
     ("input_dims", "Input Dims", False),
     ("input_types", "Input type", False),
+    ("call_stack", "Call stack", False),
     ("coll_name", "Collective name", False),
     ("coll_in", "In msg nelems", False),
     ("coll_out", "Out msg nelems", False),

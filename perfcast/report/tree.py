@@ -161,6 +161,16 @@ def render_tree(result: TreeResult, console: Console) -> None:
         else:
             text += "no Python frames recorded"
         console.print(Text(text))
+    if "focus" in sel and result.rows and cov.root_gpu_ns and result.metric == "gpu_ns":
+        # The rows below hold only the matches' time: the root's row is their total.
+        shown = result.rows[0].incl["gpu_ns"]
+        console.print(
+            Text(
+                f"paths through --focus {sel['focus']!r}: {shown / 1e6:,.2f} ms, "
+                f"{100.0 * shown / cov.root_gpu_ns:.1f}% of the root's GPU time (the % column "
+                "is of this)"
+            )
+        )
     for note in result.notes[1:]:  # the first one repeats the level
         console.print(Text(f"note: {note}", style="yellow"))
     if result.compiled is not None:
