@@ -10,10 +10,13 @@ data-parallel rank):
                      the point-to-point sends by v; Narayanan et al. 2021)
     gradients        ddp: all-reduce of the stage's gradients once per step;
                      ZeRO-1/2: reduce-scatter of the gradients + all-gather of the updated
-                     parameters; ZeRO-3 / FSDP: per micro-batch an all-gather of the
+                     parameters (ZeRO-2 with several micro-batches: a reduce-scatter after
+                     each one's backward, as it keeps only its shard of the gradients);
+                     ZeRO-3 / FSDP: per micro-batch an all-gather of the
                      parameters in forward and again in backward, and a reduce-scatter of the
-                     gradients, prefetched one unit ahead so that only what compute cannot
-                     cover is exposed (FSDP2, DeepSpeed ZeRO-3)
+                     gradients, prefetched one unit ahead so that only what the
+                     micro-batch's slot (its compute, or the host's launches where they take
+                     longer) cannot cover is exposed (FSDP2, DeepSpeed ZeRO-3)
                      with `overlap_dp`, ddp / ZeRO-1/2 gradient traffic overlaps the last
                      micro-batch's backward (DDP buckets), else it follows it (Megatron 2021)
     optimizer        the stage's parameters (1/dp of them with ZeRO) read and written once
@@ -25,7 +28,8 @@ Memory per GPU, on the worst stage:
     + activations of one micro-batch x micro-batches in flight (1F1B: min(m, pp) on the
       first stage; interleaved x (1 + (pp-1)/(pp v)))
     + the working set of the layer being run backward (and the logits on the last stage)
-    + two gathered units with ZeRO-3 (the one computing and the one prefetched)
+    + two gathered units with ZeRO-3 (the one computing and the one prefetched; a unit is
+      one of the stage's layers)
 
 Data-parallel ranks are laid out next to the tensor-parallel ones (Megatron's order: tp
 innermost, then dp, then pp), which decides whether a group stays inside a node.
@@ -112,7 +116,6 @@ def evaluate(
     slot = t_mb + pp_comm_mb
     bubble_slots = (pp - 1) / v
     pipeline = (m + bubble_slots) * slot
-    bubble = bubble_slots / (m + bubble_slots)
 
     params = w.params_stage(p)  # type: ignore[attr-defined]
     wb, gb, ob = w.bytes_per_param()  # type: ignore[attr-defined]
@@ -125,15 +128,30 @@ def evaluate(
     rs = collective_time_s(cluster, "reducescatter", g_bytes, dp, local)
     ag = collective_time_s(cluster, "allgather", gather, dp, local)
     z = p.zero
-    once = np.where(z == 0, ar, np.where(z <= 2, rs + ag, 0.0))
+    # ZeRO-2 keeps only its shard of the gradients, so with several micro-batches it
+    # reduce-scatters after each one's backward (DeepSpeed stage 2 under gradient
+    # accumulation); ZeRO-1 keeps them whole until the step and reduces once.
+    rs_each_mb = (z == 2) & (p.m > 1)
+    once = np.where(z == 0, ar, np.where(z <= 2, np.where(rs_each_mb, 0.0, rs) + ag, 0.0))
+    per_mb_rs = np.where(rs_each_mb, rs, 0.0)
     per_mb_fsdp = np.where(z == 3, 2 * ag + rs, 0.0)
-    units = max(1, int(getattr(w, "n_layers", 1)))
-    exposed_once = (
-        np.maximum(once - DP_HIDDEN_BY_BACKWARD * st.bwd, once / units) if overlap_dp else once
-    )
+    # FSDP's units (and DDP's last bucket) are the stage's layers, not the model's.
+    units = np.maximum(1.0, np.ceil(max(1, int(getattr(w, "n_layers", 1))) / pp))
+    # Traffic hides behind the micro-batch's slot, not only its GPU work: where the host
+    # sets the pace, the GPU idles between launches and the link works meanwhile (a faster
+    # link that shortened the GPU work exposed more traffic).
+    stretch = np.where(compute > 0, t_mb / np.maximum(compute, 1e-30), 1.0)
+    bwd_slot = st.bwd * stretch
+    if overlap_dp:
+        exposed_once = np.maximum(once - DP_HIDDEN_BY_BACKWARD * bwd_slot, once / units)
+        exposed_rs = m * np.maximum(per_mb_rs - DP_HIDDEN_BY_BACKWARD * bwd_slot, per_mb_rs / units)
+    else:
+        exposed_once, exposed_rs = once, m * per_mb_rs
     exposed_fsdp = m * (
-        np.maximum(per_mb_fsdp - FSDP_HIDDEN_BY_COMPUTE * compute, 0.0) + per_mb_fsdp / units
+        np.maximum(per_mb_fsdp - FSDP_HIDDEN_BY_COMPUTE * t_mb, 0.0) + per_mb_fsdp / units
     )
+    exposed_once = exposed_once + exposed_rs
+    per_mb_fsdp = per_mb_fsdp + per_mb_rs
     dp_comm = once + m * per_mb_fsdp
     dp_exposed = np.where(p.dp > 1, exposed_once + exposed_fsdp, 0.0)
     dp_comm = np.where(p.dp > 1, dp_comm, 0.0)
@@ -144,6 +162,9 @@ def evaluate(
     gpu_lag = np.maximum(compute - st.host, 0.0) * np.where(p.pp > 1, 1.0, m)
     optimizer = w.optimizer_s(opt_params, gpu_lag, 1.0 / pp)  # type: ignore[attr-defined]
     step = pipeline + dp_exposed + optimizer + fixed_s
+    # The bubble's share of the whole step (the pipeline's own share is (pp-1)/v over
+    # m + (pp-1)/v slots; traffic, optimizer and fixed time lower it).
+    bubble = bubble_slots * slot / np.maximum(step, 1e-30)
 
     # Memory of the worst stage.
     w_mem = np.where(z == 3, w_bytes / dp, w_bytes)
