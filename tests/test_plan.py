@@ -771,3 +771,16 @@ def test_bubble_share_is_of_the_whole_step() -> None:
     pipe_share = 3 / (8 + 3)
     assert cost.bubble_frac[0] == pytest.approx(pipe_share * cost.pipeline_s[0] / cost.step_s[0])
     assert cost.bubble_frac[0] < pipe_share
+
+
+def test_full_checkpointing_memory_does_not_grow_with_the_pipeline(tmp_path: Path) -> None:
+    """One region is recomputed at a time whatever the stage holds: deeper pipelines hold
+    less, never more (the region's peak was multiplied by pp)."""
+    from perfcast.plan.trace_workload import trace_workload
+
+    c = make_cluster("h100")
+    w = trace_workload(perfcast.load(EXAMPLE), c)
+    peaks = [evaluate(w, _plan(pp=pp, mb=w.batch, ckpt=2), c).peak_b[0] for pp in (1, 2, 4, 8)]
+    assert all(b <= a * (1 + 1e-9) for a, b in itertools.pairwise(peaks)), peaks
+    plain = evaluate(w, _plan(mb=w.batch), c).peak_b[0]
+    assert peaks[0] < plain

@@ -189,9 +189,12 @@ class TraceWorkload:
             if self.ckpt_region_bytes is not None
             else self.facts.activation_bytes / max(self.n_groups, 1)
         )
-        extra = np.where(p.ckpt == 2, one_region * p.pp, 0.0)
+        # Under full checkpointing, backward runs one region at a time: its recompute peak
+        # (the same region at any pipeline depth) holds the working set of the layer being
+        # run backward, which is not added again.
+        work = np.where(p.ckpt == 2, max(float(pair), float(one_region)), float(pair))
         copies = np.where(p.amp > 0, self.facts.params * 2.0 / p.pp, 0.0)
-        return (pair + extra) * p.mb / self.batch * amp + copies
+        return work * p.mb / self.batch * amp + copies
 
     def _linear_act_share(self) -> float:
         total = self.facts.activation_bytes
