@@ -779,8 +779,8 @@ def test_full_checkpointing_memory_does_not_grow_with_the_pipeline(tmp_path: Pat
     from perfcast.plan.trace_workload import trace_workload
 
     c = make_cluster("h100")
-    w = trace_workload(perfcast.load(EXAMPLE), c)
+    w = trace_workload(perfcast.load(str(RECORDED / "r50_base.json.gz")), c)
     peaks = [evaluate(w, _plan(pp=pp, mb=w.batch, ckpt=2), c).peak_b[0] for pp in (1, 2, 4, 8)]
     assert all(b <= a * (1 + 1e-9) for a, b in itertools.pairwise(peaks)), peaks
     plain = evaluate(w, _plan(mb=w.batch), c).peak_b[0]
-    assert peaks[0] < plain
+    assert peaks[0] < 0.5 * plain
