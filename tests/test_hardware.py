@@ -800,3 +800,35 @@ def test_copy_direction_in_every_spelling() -> None:
     assert copy_kind("CopyHostToDevice") == "Memcpy HtoD"
     assert copy_kind("Memcpy PtoP (Device -> Device)") == "Memcpy PtoP"
     assert copy_kind("Memset (Device)") == "Memset"
+
+
+def test_clusters_of_variant_parts_take_their_cut_links() -> None:
+    from perfcast.errors import OptionError
+    from perfcast.hardware.devices import lookup_device, variant_link
+    from perfcast.hardware.network import make_cluster
+
+    h800 = make_cluster("h800")
+    assert h800.device.name == "H100-SXM5-80GB"
+    assert h800.intra.name == "nvlink4-h800" and h800.intra.bw_gbs_per_direction == 200
+    assert "H800" in h800.describe()
+    assert make_cluster("NVIDIA A800-SXM4-80GB").intra.name == "nvlink3-a800"
+    assert variant_link("NVIDIA H100 80GB HBM3") is None
+    # GH200 is no H200: an H100 at 80 GB, said so.
+    assert lookup_device("NVIDIA GH200 480GB") is None
+    gh = make_cluster("gh200")
+    assert gh.device.name == "H100-SXM5-80GB" and "GH200" in gh.describe()
+    # NVLS only over NVLink 4 and later (third-generation NVSwitch).
+    assert make_cluster("h100").nvls
+    assert not make_cluster("h100", intra="nvlink3").nvls
+    # Links in the wrong role, or of the other vendor, and an empty name are refused.
+    for kw in (
+        {"intra": "ib-ndr"},
+        {"inter": "nvlink5"},
+        {"intra": "infinity-fabric-mi300x"},
+    ):
+        with pytest.raises(OptionError):
+            make_cluster("h100", **kw)
+    with pytest.raises(OptionError):
+        make_cluster("mi300x", intra="nvlink4")
+    with pytest.raises(OptionError):
+        make_cluster("")

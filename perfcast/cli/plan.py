@@ -73,6 +73,10 @@ def cmd_plan(args: argparse.Namespace, ui: Any) -> int:
         raise PerfcastError(
             "--host-us-per-kernel applies to --model only: a trace's own host time is measured"
         )
+    if args.model and args.ray:
+        raise PerfcastError(
+            "--ray loads rank traces on a Ray cluster; a --model description loads none"
+        )
     if args.model:
         host = (
             {}
@@ -82,7 +86,7 @@ def cmd_plan(args: argparse.Namespace, ui: Any) -> int:
         result = plan_model(
             args.model,
             args.gpus,
-            gpu=args.gpu or "h100",
+            gpu="h100" if args.gpu is None else args.gpu,
             link=args.link,
             inter=args.inter,
             memory_gb=args.memory_gb,

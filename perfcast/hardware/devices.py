@@ -405,7 +405,7 @@ _RULES: tuple[tuple[re.Pattern[str], str], ...] = tuple(
         (r"mi250x", "MI250X-GCD"),  # also "AMD Instinct MI250X / MI250"
         (r"mi250", "MI250-GCD"),
         (r"b200", "B200"),  # also GB200, whose B200 runs ~10% faster (closest entry)
-        (r"h200", "H200-SXM-141GB"),
+        (r"(?<!g)h200", "H200-SXM-141GB"),  # not GH200 (a variant, below)
         (r"h100.*pcie", "H100-PCIe-80GB"),
         (r"h100.*nvl", "H100-NVL-94GB"),
         (r"h100", "H100-SXM5-80GB"),  # "H100 80GB HBM3" is how the SXM part reports itself
@@ -450,20 +450,32 @@ def lookup_device(name: str) -> DeviceSpec | None:
     return None
 
 
-# Parts missing from the table that are variants of one in it, with what differs. Used only
-# when a name matches nothing else, and always stated in the prediction's assumptions.
-_VARIANTS: tuple[tuple[re.Pattern[str], str, str], ...] = tuple(
-    (re.compile(pattern), device, why)
-    for pattern, device, why in (
+# Parts missing from the table that are variants of one in it, with what differs and the
+# intra-node link they use when it is not the base part's. Used only when a name matches
+# nothing else, and always stated in the prediction's assumptions.
+_VARIANTS: tuple[tuple[re.Pattern[str], str, str, str | None], ...] = tuple(
+    (re.compile(pattern), device, why, link)
+    for pattern, device, why, link in (
         (
             r"h800",
             "H100-SXM5-80GB",
-            "the H800 is the H100 SXM with NVLink cut to 400 GB/s; compute and memory as H100",
+            "the H800 is the H100 SXM with NVLink cut to 400 GB/s (both directions); compute "
+            "and memory as H100",
+            "nvlink4-h800",
         ),
         (
             r"a800",
             "A100-SXM4-80GB",
-            "the A800 is the A100 with NVLink cut to 400 GB/s; compute and memory as A100 80GB",
+            "the A800 is the A100 with NVLink cut to 400 GB/s (both directions); compute and "
+            "memory as A100 80GB",
+            "nvlink3-a800",
+        ),
+        (
+            r"gh200",
+            "H100-SXM5-80GB",
+            "the GH200's GPU is an H100 with 96 GB (HBM3) or 144 GB (HBM3e) and a faster "
+            "clock; taken as the H100 SXM, 80 GB",
+            None,
         ),
     )
 )
@@ -472,9 +484,21 @@ _VARIANTS: tuple[tuple[re.Pattern[str], str, str], ...] = tuple(
 def nearest_device(name: str) -> tuple[DeviceSpec, str] | None:
     """A known part standing in for an unknown name, and why; None when nothing is near."""
     key = _compact(name)
-    for pattern, device, why in _VARIANTS:
+    for pattern, device, why, _ in _VARIANTS:
         if key and pattern.search(key):
             return _BY_NAME[device], f"'{name}' is not in the device table: {why}"
+    return None
+
+
+def variant_link(name: str) -> str | None:
+    """The intra-node link of a variant part whose link differs from its base part's (the
+    H800's and A800's cut NVLink), by the link table's name; None for other names."""
+    if lookup_device(name) is not None:
+        return None
+    key = _compact(name)
+    for pattern, _, _, link in _VARIANTS:
+        if key and pattern.search(key):
+            return link
     return None
 
 

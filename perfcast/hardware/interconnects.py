@@ -85,6 +85,20 @@ _LINKS: tuple[LinkSpec, ...] = (
         "per direction (900 GB/s total); " + _LAT_NVL,
     ),
     LinkSpec(
+        "nvlink3-a800",
+        200.0,
+        0.6,
+        "NVIDIA A800 product listing: NVLink 400 GB/s (both directions), i.e. 200 GB/s per "
+        "direction (the A100's 600 GB/s cut for export); " + _LAT_NVL,
+    ),
+    LinkSpec(
+        "nvlink4-h800",
+        200.0,
+        0.6,
+        "NVIDIA H800 product listing: NVLink 400 GB/s (both directions), i.e. 200 GB/s per "
+        "direction (the H100's 900 GB/s cut for export); " + _LAT_NVL,
+    ),
+    LinkSpec(
         "nvlink5",
         900.0,
         0.6,
@@ -168,6 +182,9 @@ def _aliases() -> dict[str, str]:
     for gen, gpu in ((2, "v100"), (3, "a100"), (4, "h100"), (5, "b200")):
         for alias in (f"nvlink{gen}", f"nvlink{gen}0", f"nvlinkv{gen}", f"nvlink{gpu}"):
             table[alias] = f"nvlink{gen}"
+    for gen, gpu in ((3, "a800"), (4, "h800")):
+        for alias in (f"nvlink{gpu}", f"nvlink{gen}{gpu}"):
+            table[alias] = f"nvlink{gen}-{gpu}"
     for chip in ("mi250x", "mi250", "mi200"):
         for prefix in ("infinityfabric", "if", "xgmi"):
             table[prefix + chip] = "infinity-fabric-mi250x"
@@ -227,6 +244,12 @@ def lookup_link(name: str) -> LinkSpec | None:
         return _BY_NAME[name]
     canonical = _ALIASES.get(_compact(name))
     return _BY_NAME[canonical] if canonical else None
+
+
+def is_network_link(link: LinkSpec) -> bool:
+    """A link between nodes (InfiniBand, Ethernet), as opposed to one between the GPUs of a
+    node (NVLink, Infinity Fabric, PCIe)."""
+    return link.name.startswith("ib-") or link.name.endswith("gbe")
 
 
 def list_links() -> list[LinkSpec]:

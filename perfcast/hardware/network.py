@@ -30,8 +30,13 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from perfcast.hardware.devices import DeviceSpec, lookup_device
-from perfcast.hardware.interconnects import LinkSpec, default_intra_node_link, lookup_link
+from perfcast.hardware.devices import DeviceSpec, lookup_device, nearest_device, variant_link
+from perfcast.hardware.interconnects import (
+    LinkSpec,
+    default_intra_node_link,
+    is_network_link,
+    lookup_link,
+)
 
 _GBS = 1e9
 
@@ -51,6 +56,7 @@ class Cluster:
     base_us: float = 10.0
     nvls: bool = False
     calibration: str = ""  # what set intra_eff, when a trace did
+    device_note: str = ""  # how an unlisted GPU name was taken (a variant of a known part)
 
     @property
     def nic_gbs_per_gpu(self) -> float:
@@ -59,6 +65,7 @@ class Cluster:
     def describe(self) -> str:
         nv = ", all-reduce by NVLS inside a node" if self.nvls else ""
         cal = f"; {self.calibration}" if self.calibration else ""
+        cal += f"; {self.device_note}" if self.device_note else ""
         nics = f"{self.nics_per_node} x " if self.nics_per_node != self.gpus_per_node else ""
         return (
             f"{self.device.name} x {self.gpus_per_node} per node over {self.intra.name} "
@@ -84,16 +91,42 @@ def make_cluster(
     four NICs)."""
     from perfcast.errors import OptionError
 
+    if isinstance(device, str) and not device.strip():
+        raise OptionError("no GPU named (an empty name)", hint="e.g. h100, a100-80gb, mi300x")
     spec = lookup_device(device) if isinstance(device, str) else device
+    note = ""
+    if spec is None and isinstance(device, str):
+        near = nearest_device(device)
+        if near is not None:
+            spec, why = near
+            note = f"{why}; taken as {spec.name}"
+            intra = intra or variant_link(device)
     if spec is None:
         raise OptionError(f"unknown GPU '{device}'", hint="e.g. h100, a100-80gb, mi300x")
     link_in = lookup_link(intra) if intra else default_intra_node_link(spec)
     if link_in is None:
         raise OptionError(f"unknown link '{intra}'", hint="e.g. nvlink4, pcie5")
+    if is_network_link(link_in):
+        raise OptionError(
+            f"'{intra}' is a link between nodes, not between the GPUs of a node",
+            hint="inside a node: nvlink2-5, pcie3-6, infinity-fabric-*; between nodes: --inter",
+        )
+    foreign = {"amd": "nvlink", "nvidia": "infinity-fabric"}.get(spec.vendor.lower())
+    if foreign and link_in.name.startswith(foreign):
+        raise OptionError(
+            f"the {spec.name} has no {link_in.name} (NVLink joins NVIDIA GPUs, Infinity "
+            "Fabric AMD ones)",
+            hint="name the node's link for this GPU, or leave it out for its usual one",
+        )
     hopper = any(k in spec.name for k in ("H100", "H200", "B200", "MI300"))
     link_out = lookup_link(inter) if inter else lookup_link("ib-ndr" if hopper else "ib-hdr")
     if link_out is None:
         raise OptionError(f"unknown link '{inter}'", hint="e.g. ib-ndr, ib-hdr, 400gbe")
+    if not is_network_link(link_out):
+        raise OptionError(
+            f"'{inter}' joins the GPUs of a node, not nodes",
+            hint="between nodes: ib-edr, ib-hdr, ib-ndr, ib-xdr, 100gbe, 200gbe, 400gbe",
+        )
     if nics_per_node is not None and nics_per_node < 1:
         raise OptionError(
             f"NICs per node must be at least 1, not {nics_per_node}",
@@ -101,8 +134,10 @@ def make_cluster(
         )
     eff_in = 0.80  # NVLink and PCIe alike (see the module docstring)
     if nvls is None:
-        nvls = spec.name.startswith(("H100-SXM", "H200", "B200")) and link_in.name.startswith(
-            "nvlink"
+        # NVLink SHARP needs third-generation NVSwitch: NVLink 4 (Hopper) and later.
+        nvls = spec.name.startswith(("H100-SXM", "H200", "B200")) and link_in.name in (
+            "nvlink4",
+            "nvlink5",
         )
     return Cluster(
         device=spec,
@@ -112,6 +147,7 @@ def make_cluster(
         nics_per_node=gpus_per_node if nics_per_node is None else nics_per_node,
         intra_eff=eff_in,
         nvls=bool(nvls),
+        device_note=note,
     )
 
 

@@ -243,9 +243,11 @@ class AnalyticWorkload:
     assumptions: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        if not (self.host_us_per_kernel >= 0 and np.isfinite(self.host_us_per_kernel)):
+        # Up to a second per kernel: beyond that no launch is plausible and steps overflow.
+        if not (0 <= self.host_us_per_kernel <= 1e6):
             raise PerfcastError(
-                f"host time per kernel must be a number >= 0 us, not {self.host_us_per_kernel}"
+                "host time per kernel must be a number of us from 0 to 1,000,000, not "
+                f"{self.host_us_per_kernel}"
             )
         dev = self.cluster.device
         self.e_mm, self.e_flash, note = gemm_efficiency(dev)
