@@ -618,7 +618,19 @@ def for_trace(table: Any) -> tuple[Calibration | None, str]:
         how = (
             "the same host" if same_host else f"a host with the same CPU ({cpu[0]}, {cpu[1]} cores)"
         )
-        return cal, f"{cal.source()}; the trace comes from {how} (per {first['from']})"
+        versions = sorted({str(t["torch"]) for t in stated if t.get("torch")})
+        mine = m.get("torch")
+        other_torch = [v for v in versions if mine and v != mine]
+        torch_note = (
+            f"; calibrated under torch {mine}, the trace ran torch {', '.join(other_torch)} "
+            "(the profiler's costs may differ between versions)"
+            if other_torch
+            else ""
+        )
+        return (
+            cal,
+            f"{cal.source()}; the trace comes from {how} (per {first['from']}){torch_note}",
+        )
     other = others[0]
     mismatch = (
         f"measured on host {cal_host} ({m.get('cpu_model', 'CPU unknown')}), but the trace "

@@ -337,7 +337,7 @@ def test_steps_are_timed_without_the_profiler_and_written_into_the_trace(tmp_pat
         assert cap.schedule_steps == 5 + 4 + 5
         _train(16)  # 1 warm-up + 4 timed + 4 profiled + 3 absorbing the export + 2 timed
         # The trace waits for the window after it, then is written at once, mid-loop.
-    assert len(cap.unprofiled_step_ms) == 2 and all(x > 0 for x in cap.unprofiled_step_ms)
+    assert len(cap.unprofiled_step_ms) == 3 and all(x > 0 for x in cap.unprofiled_step_ms)
     assert len(cap.unprofiled_after_step_ms) == 1 and cap.unprofiled_after_step_ms[0] > 0
     assert len(cap.trace_paths) == 1 and not list(tmp_path.glob(".*"))  # no leftovers
     raw = _load(cap.trace_paths[0])
@@ -490,3 +490,140 @@ def test_launchers_perfcast_cannot_profile_through_are_one_line_errors(
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "t").exists()
+
+
+_STEPS_SCRIPT = """
+import os, sys
+import torch
+
+model = torch.nn.Linear(8, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(int(sys.argv[1])):
+    loss = model(torch.randn(4, 8)).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    ACTION
+"""
+_FAST = ["--unprofiled-steps", "0", "--wait", "0", "--warmup", "1"]
+
+
+def _steps_script(tmp_path: Path, action: str) -> Path:
+    script = tmp_path / "train.py"
+    script.write_text(_STEPS_SCRIPT.replace("ACTION", action))
+    return script
+
+
+def test_a_forked_child_that_runs_on_neither_reports_nor_writes_the_parents_trace(
+    tmp_path: Path,
+) -> None:
+    """The child inherited the capture: it stepped the profiler, overwrote the parent's trace
+    with its own, reported it, and hung at exit in Kineto's destructors."""
+    import subprocess
+    import sys
+
+    import perfcast
+
+    script = _steps_script(tmp_path, "if step == 1 and os.fork() == 0: sys.exit(0)")
+    out = tmp_path / "t"
+    cmd = [sys.executable, "-m", "perfcast", "profile", "-o", str(out), *_FAST]
+    done = subprocess.run(
+        [*cmd, "--active", "3", "--", "python", str(script), "40"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("wrote 1 trace(s)") == 1, done.stdout
+    assert "error" not in done.stderr
+    assert [it.name for it in perfcast.load(out).iterations] == [
+        "ProfilerStep#1",
+        "ProfilerStep#2",
+        "ProfilerStep#3",
+    ]
+
+
+def test_a_script_that_ends_before_an_active_step_writes_no_trace(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Stopped in the warm-up, the trace held only the open step after the loop, and the run
+    said it wrote it."""
+    script = _steps_script(tmp_path, "pass")
+    out = tmp_path / "t"
+    rc = run_profile(["-o", str(out), *_FAST, "--active", "2", "--", "python", str(script), "1"])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert "no trace written: only 1 step(s) ran, the schedule needs 2+" in err
+    assert not out.exists()  # the folder this run made is gone again
+
+
+def test_ctrl_c_says_what_was_written(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import perfcast
+
+    script = _steps_script(tmp_path, "if step == 3: raise KeyboardInterrupt")
+    out = tmp_path / "t"
+    rc = run_profile(["-o", str(out), *_FAST, "--active", "5", "--", "python", str(script), "9"])
+    err = capsys.readouterr().err
+    assert rc == 130
+    assert "interrupted after 4 step(s); wrote 1 trace(s)" in err and "partial" in err, err
+    assert len(perfcast.load(out).iterations) == 3  # steps 1-3 after the warm-up one
+
+
+def test_the_scripts_traceback_is_its_own(tmp_path: Path, capsys) -> None:
+    script = _steps_script(tmp_path, "if step == 2: raise ValueError('boom')")
+    rc = run_profile(["-o", str(tmp_path / "t"), *_FAST, "--", "python", str(script), "9"])
+    err = capsys.readouterr().err
+    assert rc == 1
+    assert f'File "{script}"' in err and "ValueError: boom" in err
+    assert "runpy" not in err and "capture/profiler.py" not in err, err
+
+
+def test_the_scripts_own_capture_stands_aside_under_perfcast_profile(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import perfcast
+
+    script = tmp_path / "own.py"
+    script.write_text(
+        _STEPS_SCRIPT.replace(
+            "for step", "with perfcast.capture.capture(sys.argv[2]) as cap:\n for step"
+        )
+        .replace("\n    ", "\n     ")
+        .replace("ACTION", "cap.step()")
+        .replace("import torch", "import torch\nimport perfcast")
+    )
+    out = tmp_path / "t"
+    own = tmp_path / "own"
+    rc = run_profile(
+        ["-o", str(out), *_FAST, "--active", "2", "--", "python", str(script), "20", str(own)]
+    )
+    err = capsys.readouterr().err
+    assert rc == 0, err
+    assert "stands aside" in err
+    assert len(perfcast.load(out).iterations) == 2
+    assert not own.exists()
+
+
+def test_capture_refuses_to_run_beside_another_profiler_and_warns_when_it_writes_nothing(
+    tmp_path: Path,
+) -> None:
+    with (
+        torch.profiler.profile(),
+        pytest.raises(RuntimeError, match="already running"),
+        capture(tmp_path / "a"),
+    ):
+        pass
+    with (
+        pytest.warns(UserWarning, match="no trace written"),
+        capture(tmp_path / "b", wait=1, warmup=1, active=2, unprofiled=0),
+    ):
+        _train(1)
+
+
+def test_run_profile_option_errors_are_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        run_profile(["--bogus", "--", "python", "x.py"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "unrecognized arguments: --bogus" in err

@@ -366,8 +366,18 @@ def test_a_calibration_applies_only_to_its_own_machine(tmp_path: Path, monkeypat
     assert ours.runtime_us == pytest.approx(4.5)  # no GPU when calibrating: the default
     theirs = perfcast.predict(other, "remove-host-sync").correction
     assert theirs.source == "default"
+    # The default says that a calibration exists and why it is not used (it said nothing).
+    assert "measured on host" in theirs.note and "not used" in theirs.note
     # A trace that does not say its machine: the profiler's cost is never guessed across hosts.
-    assert perfcast.predict(unknown, "remove-host-sync").correction.source == "default"
+    unchecked = perfcast.predict(unknown, "remove-host-sync").correction
+    assert unchecked.source == "default"
+    assert "could not be checked" in unchecked.note and "per machine" in unchecked.note
+    # The same machine under another torch version: used, and said so.
+    older = tmp_path / "older.json.gz"
+    older_torch = {**here, "torch": "2.1.0+cu118"}
+    older.write_bytes(gzip.compress(json.dumps({**doc, "perfcast_machine": older_torch}).encode()))
+    then = perfcast.predict(older, "remove-host-sync").correction
+    assert then.source == "calibration" and "the trace ran torch 2.1.0+cu118" in then.note
 
 
 def test_the_profiler_cost_is_measured_here() -> None:
@@ -438,3 +448,14 @@ def test_unprofiled_steps_a_gpu_bound_step_cannot_fit_are_said_to_be_unused(
     assert r.correction.source == "default"
     assert "were not fitted" in r.correction.note
     assert r.measured_real_ms == pytest.approx(73.8)
+
+
+def test_steps_measured_far_slower_are_set_aside_even_where_the_step_does_not_respond(
+    tmp_path: Path,
+) -> None:
+    """A GPU-bound step does not respond to the profiler's cost; unprofiled steps 10x slower
+    than the traced ones (a pause in the timing window) were said to fit "any cost" instead
+    of being set aside as something the profiler cannot cause."""
+    path = _with_measured(H100 / "r50_bs128.json.gz", tmp_path, [900.0, 950.0, 1000.0])
+    note = perfcast.replay(path).correction.note
+    assert "slower than the traced ones" in note and "any cost fits" not in note

@@ -78,9 +78,13 @@ def real_world(
     if not correct:
         cost = OFF
     else:
+        unused = ""
         if calibration is None and table is not None:
-            calibration = calibrated_cost(table, settings)
+            calibration, unused = calibrated_cost(table, settings)
         cost = calibration if calibration is not None else default_cost(settings)
+        if unused and calibration is None:
+            # A calibration exists but is not this machine's: the default says why.
+            cost = replace(cost, note="; ".join(x for x in (cost.note, unused) if x))
         if measured and fit:
             cost = _fit(graph, cost, measured)
     if cost.is_off:
@@ -105,18 +109,25 @@ def real_world(
     return RealWorld(graph, corrected, traced, real, cost, settings, removed, correction, steps)
 
 
-def calibrated_cost(table: object, settings: ProfilerSettings) -> ProfilerCost | None:
+def calibrated_cost(table: object, settings: ProfilerSettings) -> tuple[ProfilerCost | None, str]:
     """The profiler costs `perfcast calibrate` measured, when the trace comes from that
-    machine (runtime calls: the default when the calibration had no GPU)."""
+    machine (runtime calls: the default when the calibration had no GPU); else None and,
+    when a calibration exists, why it is not used."""
     from perfcast import calibration
 
     cal, fits, sentence = calibration.matches_trace(table)
-    if cal is None or cal.profiler is None or not fits:
-        return None
+    if cal is None:
+        return None, sentence  # a calibration of another host says so; none says nothing
+    if cal.profiler is None:
+        return None, f"{cal.source()}: it holds no profiler costs (calibrate measures them)"
+    if not fits:
+        return None, (
+            f"{sentence}; so it is not used for the profiler's costs, which are per machine"
+        )
     p = cal.profiler
     base = default_cost(settings)
     share = p.work_share if p.work_share is not None else estimate.CALIBRATION_WORK_SHARE
-    return ProfilerCost(
+    cost = ProfilerCost(
         op_ns=p.op_ns if settings.record_shapes else p.op_no_shapes_ns,
         input_ns=p.input_ns if settings.record_shapes else 0.0,
         runtime_ns=p.runtime_ns if p.runtime_ns is not None else base.runtime_ns,
@@ -135,6 +146,7 @@ def calibrated_cost(table: object, settings: ProfilerSettings) -> ProfilerCost |
             else "on the project's CPU machine (this calibration predates that measurement)"
         ),
     )
+    return cost, ""
 
 
 def _rank_steps(graph: Graph) -> dict[int, float]:
@@ -158,19 +170,21 @@ def _fit(graph: Graph, base: ProfilerCost, measured: dict[int, float]) -> Profil
         return float(np.mean(rel)) if rel else 0.0
 
     lo_err, hi_err = error(0.0), error(FIT_MAX_SCALE)
+    # Steps measured slower than the traced ones are no fit's business, whether or not the
+    # step responds to the cost: said first.
+    if lo_err < -FIT_CONTRADICTION:
+        slower = -lo_err / (1 + lo_err)
+        aside = (
+            f"the unprofiled steps the trace carries ran {slower:.0%} slower than the traced "
+            "ones, which the profiler cannot cause: they are set aside"
+        )
+        return replace(base, note="; ".join(x for x in (base.note, aside) if x))
     if lo_err - hi_err < FIT_MIN_RESPONSE:
         # Said, so that a trace carrying measured steps does not fall back in silence.
         aside = (
             "the unprofiled steps the trace carries were not fitted: the replayed step moves "
             f"less than {FIT_MIN_RESPONSE:.0%} over the whole range of the profiler's cost "
             f"(x0 to x{FIT_MAX_SCALE:g}), so any cost fits them"
-        )
-        return replace(base, note="; ".join(x for x in (base.note, aside) if x))
-    if lo_err < -FIT_CONTRADICTION:
-        slower = -lo_err / (1 + lo_err)
-        aside = (
-            f"the unprofiled steps the trace carries ran {slower:.0%} slower than the traced "
-            "ones, which the profiler cannot cause: they are set aside"
         )
         return replace(base, note="; ".join(x for x in (base.note, aside) if x))
     if lo_err <= 0:

@@ -108,6 +108,16 @@ def _synchronize() -> None:
         pass
 
 
+def _another_profiler_running() -> bool:
+    """Whether a torch profiler (the script's own) is recording already."""
+    try:
+        import torch
+
+        return bool(torch._C._autograd._profiler_enabled())
+    except Exception:  # an older or unusual build: nothing to tell
+        return False
+
+
 def _record(prof: Any, key: str, value: Any, running: bool = False) -> None:
     """Put a JSON value in the trace header under `key` (torch's metadata API): preset
     before the profiler starts, added while it runs (`running`)."""
@@ -213,6 +223,14 @@ class Capture:
         # Only one optimizer drives automatic steps, so a loop that steps two optimizers
         # (e.g. sparse + dense) still counts one training step per iteration.
         self._driver: weakref.ref[Any] | None = None
+        # The process that profiles: a child forked from it (a worker, a helper process)
+        # inherits the capture and must neither step its profiler nor write its trace.
+        self._pid = os.getpid()
+        #: made by `perfcast profile` for the script it runs
+        self.from_cli = False
+        # A capture the script opens itself while `perfcast profile` runs it: it stands
+        # aside (torch cannot nest profilers); its steps go to the running capture.
+        self._inert = False
 
     @property
     def pre_steps(self) -> int:
@@ -248,8 +266,21 @@ class Capture:
         global _ACTIVE
         from torch.optim.optimizer import register_optimizer_step_post_hook
 
+        if _ACTIVE is not None and _ACTIVE.from_cli:
+            self._inert = True
+            print(
+                "perfcast: note: the script's own perfcast.capture() stands aside: "
+                "perfcast profile is already capturing it",
+                file=sys.stderr,
+            )
+            return self
         if _ACTIVE is not None:
             raise RuntimeError("a perfcast capture is already active; captures cannot nest")
+        if _another_profiler_running():
+            raise RuntimeError(
+                "a torch profiler is already running: perfcast.capture starts its own (and "
+                "times steps without one); stop the other profiler first"
+            )
         self.out_dir.mkdir(parents=True, exist_ok=True)
         if self.repeat != 1:
             # Each cycle goes to its own file, so torch's "clears events" warning is noise.
@@ -287,19 +318,24 @@ class Capture:
         tb: TracebackType | None,
     ) -> None:
         global _ACTIVE
+        if self._inert:
+            return
         _ACTIVE = None
         self._remove_hook()
         prof, self._prof = self._prof, None
+        if self._forked():
+            return  # the parent owns the profiler and its trace
         try:
             if prof is not None:
-                # Stopping mid-cycle still flushes a partial trace through _on_trace_ready;
-                # its last ProfilerStep was opened by the last step boundary and never
-                # closed: what ran after the loop. The trace says so for the loader.
-                if not self.finished:
-                    _record(prof, "perfcast_last_step_open", True, running=True)
                 self._stopping = True
                 try:
                     with _profiler_output(self):
+                        # Stopping mid-cycle still flushes a partial trace through
+                        # _on_trace_ready; its last ProfilerStep was opened by the last step
+                        # boundary and never closed: what ran after the loop. The trace
+                        # says so for the loader.
+                        if not self.finished:
+                            _record(prof, "perfcast_last_step_open", True, running=True)
                         prof.__exit__(exc_type, exc, tb)
                 finally:
                     self._stopping = False
@@ -307,9 +343,29 @@ class Capture:
             # The script ended before the window after the trace was timed: the trace goes
             # out without it.
             self._release_held()
+        if exc_type is None and not self.trace_paths and not self.from_cli:
+            # In a notebook nothing else would say so (perfcast profile says it itself).
+            warnings.warn(
+                f"perfcast.capture: no trace written to {self.out_dir}: {self.steps} step(s) "
+                f"ran, the schedule needs {self.steps_for_a_trace}+ (fewer unprofiled steps, "
+                "wait or warmup need fewer)",
+                stacklevel=2,
+            )
+
+    @property
+    def steps_for_a_trace(self) -> int:
+        """Training steps a run needs before its first trace holds one whole step."""
+        return self.pre_steps + self.wait + self.warmup + 1
+
+    def _forked(self) -> bool:
+        return os.getpid() != self._pid
 
     def step(self) -> None:
         """Mark the end of one training step (explicit mode)."""
+        if self._inert:
+            if _ACTIVE is not None and _ACTIVE is not self:
+                _ACTIVE.step()
+            return
         if not self._explicit:
             # The user marks steps themselves; the optimizer hook would double count.
             self._explicit = True
@@ -341,6 +397,8 @@ class Capture:
         self._advance()
 
     def _advance(self) -> None:
+        if self._forked():
+            return
         if self._prof is None:
             if self.unprofiled and not self.unprofiled_step_ms and _ACTIVE is self:
                 self.steps += 1
@@ -348,8 +406,11 @@ class Capture:
             return
         self.steps += 1
         after_trace = bool(self._held)  # the trace was exported at an earlier boundary
-        with _profiler_output(self):
-            self._prof.step()
+        if not (self.finished and after_trace):
+            # Once every cycle is written the schedule has nothing left to do: stepping it
+            # (and redirecting stderr around that) only slowed the steps timed after it.
+            with _profiler_output(self):
+                self._prof.step()
         if after_trace:
             self._time_after()
         if (
@@ -362,15 +423,17 @@ class Capture:
 
     def _time_unprofiled(self) -> None:
         """At each step boundary before the profiler starts: the first closes the warm-up step;
-        then two windows of steps are timed, each between two device synchronizations (one
-        per window, not per step, so the CPU still runs ahead of the GPU inside it)."""
+        then up to three windows of steps are timed, each between two device
+        synchronizations (one per window, not per step, so the CPU still runs ahead of the
+        GPU inside it). Three, so that the median of the windows passes over one slow step
+        (a first window still warming up, a pause of the script's own)."""
         import time
 
         _synchronize()
         self._timing.append(time.perf_counter())
         edges = self._timing
-        half = self.unprofiled // 2 or 1
-        ends = [half, self.unprofiled] if self.unprofiled >= 2 else [1]
+        windows = min(3, self.unprofiled)
+        ends = [round(self.unprofiled * (k + 1) / windows) for k in range(windows)]
         done = len(edges) - 1  # timed steps so far
         if done < self.unprofiled:
             return
@@ -417,7 +480,16 @@ class Capture:
         # rank's trace of that cycle, which is what a folder load takes as one run.
         return self.out_dir / f"step{step_num}" / name
 
+    def _recorded_a_step(self) -> bool:
+        """Whether the cycle being flushed at a stop holds a whole active step: stopped in
+        its wait or warm-up, the trace would hold only the open step after the loop."""
+        cycle = self.wait + self.warmup + self.active
+        done = (self.steps - self.pre_steps) % cycle
+        return done > self.wait + self.warmup
+
     def _on_trace_ready(self, prof: Any) -> None:
+        if self._stopping and not self.finished and not self._recorded_a_step():
+            return  # nothing of the training loop in it: no trace rather than an empty one
         final = self._trace_path(int(prof.step_num))
         final.parent.mkdir(parents=True, exist_ok=True)
         tmp_json = final.with_name(f".{final.name}.{os.getpid()}.json")
@@ -499,7 +571,7 @@ def capture(
     ``max_steps`` ends the program (``MaxStepsReached``, a SystemExit) once that many steps
     ran and the schedule is complete. The profiler's own stderr lines go to
     ``out_dir/profiler.log`` unless ``show_profiler_output``. Before the profiler starts, one
-    warm-up step runs, then ``unprofiled`` steps are timed without the profiler (two windows,
+    warm-up step runs, then ``unprofiled`` steps are timed without the profiler (three windows,
     each between device synchronizations); the times go into every trace
     (``perfcast_unprofiled_step_ms``), and perfcast fits its profiler-cost correction to them.
     With one cycle (``repeat=1``), ``unprofiled_after`` more steps (default: half as many)
@@ -582,8 +654,15 @@ def _parse_target(cmd: Sequence[str]) -> tuple[str, str, list[str]]:
     return "path", args[0], args[1:]
 
 
+class _OneLineParser(argparse.ArgumentParser):
+    """Errors in one line, as every other command gives them, not the usage block."""
+
+    def error(self, message: str) -> Any:
+        self.exit(2, f"perfcast profile: error: {message} (see `perfcast profile --help`)\n")
+
+
 def _build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _OneLineParser(
         prog="perfcast profile",
         description="Run a training script in-process under the PyTorch profiler and write "
         "one gzipped Kineto trace per rank. After '--' a torchrun command (or python -m "
@@ -703,6 +782,7 @@ def run_profile(argv: list[str]) -> int:
         )
     except ValueError as exc:
         return _fail(str(exc))
+    cap.from_cli = True
     if ns.max_steps is None and not ns.run_to_end and ns.repeat > 0:
         # Stop at the first step boundary once every trace is written (documented).
         cap.max_steps = cap.schedule_steps
@@ -735,7 +815,9 @@ def run_profile(argv: list[str]) -> int:
     sys.argv = [argv0, *script_args]
     sys.path.insert(0, sys_path0)
     rc = 0
-    stopped = False
+    stopped = interrupted = False
+    out = Path(ns.out)
+    made_out = not out.exists()
     try:
         with cap:
             try:
@@ -747,15 +829,38 @@ def run_profile(argv: list[str]) -> int:
                 stopped = True
             except SystemExit as exc:
                 rc = _exit_code(exc)
-    except Exception:
-        # The script failed: show its traceback like python would; traces are still flushed.
-        traceback.print_exc()
+            except KeyboardInterrupt:
+                # Ctrl-C: the capture still flushes what it recorded (said below).
+                interrupted, rc = True, 130
+    except Exception as exc:
+        # The script failed: show its traceback like python would (its own frames, not
+        # perfcast's or runpy's); traces are still flushed.
+        _print_script_traceback(exc)
         rc = 1
     finally:
         sys.argv = saved_argv
         sys.path[:] = saved_path
+    if cap._forked():
+        # A child the script forked ran on to the end of the script: it leaves as the script
+        # would, without reporting (or writing) the parent's traces.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(rc)
+    if not cap.trace_paths and made_out:
+        _remove_if_empty(out)
+    if interrupted:
+        written = ", ".join(p.relative_to(out).as_posix() for p in cap.trace_paths)
+        _fail(
+            f"interrupted after {cap.steps} step(s); "
+            + (
+                f"wrote {len(cap.trace_paths)} trace(s) to {out}: {written}"
+                + ("" if cap.finished else " (the last one partial)")
+                if cap.trace_paths
+                else "no trace written"
+            )
+        )
+        return rc
 
-    out = Path(ns.out)
     if cap.steps == 0 and rc != 0 and not stopped:
         _fail(
             f"the script failed (exit status {rc}) before its first training step: no trace "
@@ -764,11 +869,11 @@ def run_profile(argv: list[str]) -> int:
         return rc
     if cap.steps == 0:
         return _fail(
-            "no training steps seen (no optimizer.step() or perfcast.capture.step() call); "
-            f"trace in {out} is possibly empty"
+            "no training steps seen (no optimizer.step() or perfcast.capture.step() call): "
+            "no trace written"
         )
     if not cap.trace_paths:
-        need = cap.pre_steps + ns.wait + ns.warmup + 1
+        need = cap.steps_for_a_trace
         if rc != 0 and not stopped:
             # The script's own failure is the news (its traceback is above); its exit status
             # is kept, as running it without perfcast would.
@@ -925,6 +1030,30 @@ def _unwritable(out: Path) -> str | None:
             with contextlib.suppress(OSError):
                 path.rmdir()
     return None
+
+
+def _print_script_traceback(exc: BaseException) -> None:
+    """The script's exception as `python script.py` shows it: from the script's first
+    frame, without perfcast's and runpy's frames above it."""
+    tb = exc.__traceback__
+    while tb is not None and (
+        tb.tb_frame.f_code.co_filename == __file__
+        or tb.tb_frame.f_globals.get("__name__") == "runpy"
+    ):
+        tb = tb.tb_next
+    traceback.print_exception(type(exc), exc, tb)
+
+
+def _remove_if_empty(out: Path) -> None:
+    """A folder this run made and wrote no trace to goes again, with its log when that holds
+    only the profiler's start and stop lines (anything else may say why: it stays)."""
+    log = out / PROFILER_LOG
+    with contextlib.suppress(OSError, UnicodeDecodeError):
+        if log.is_file() and all(
+            line.startswith("USDT:") for line in log.read_text().splitlines() if line.strip()
+        ):
+            log.unlink()
+        out.rmdir()
 
 
 def _exit_code(exc: SystemExit) -> int:
