@@ -459,3 +459,14 @@ def test_steps_measured_far_slower_are_set_aside_even_where_the_step_does_not_re
     path = _with_measured(H100 / "r50_bs128.json.gz", tmp_path, [900.0, 950.0, 1000.0])
     note = perfcast.replay(path).correction.note
     assert "slower than the traced ones" in note and "any cost fits" not in note
+
+
+def test_remove_host_sync_op_matches_the_ops_around_the_sync() -> None:
+    """`op=aten::item` names the op the user wrote; the wait sits in the
+    `_local_scalar_dense` inside it, and only that innermost op was matched."""
+    base = H100 / "mlp_base.json.gz"
+    outer = perfcast.predict(base, "remove-host-sync:op=aten::item")
+    inner = perfcast.predict(base, "remove-host-sync:op=_local_scalar_dense")
+    assert outer.predicted_ms == pytest.approx(inner.predicted_ms)
+    with pytest.raises(perfcast.NotApplicableError, match="matching op 'aten::conv2d'"):
+        perfcast.predict(base, "remove-host-sync:op=aten::conv2d")

@@ -88,7 +88,9 @@ def check_pattern(pattern: str | None) -> re.Pattern[str] | None:
         ) from None
 
 
-def _name_mask(names: list[str], pattern: str | None) -> np.ndarray:
+def name_mask(names: list[str], pattern: str | None) -> np.ndarray:
+    """Per name: whether the regular expression `pattern` finds it (or it holds the
+    pattern as it is); all True for no pattern."""
     pat = check_pattern(pattern)
     if pat is None or pattern is None:  # the same test: mypy needs `pattern` narrowed
         return np.ones(len(names), dtype=bool)
@@ -137,7 +139,7 @@ def select(
     n = len(graph)
     mask = graph.alive.copy() if alive_only else np.ones(n, dtype=bool)
     if name is not None:
-        nm = _name_mask(graph.names, name)
+        nm = name_mask(graph.names, name)
         idx = c["name"]
         mask &= (idx >= 0) & nm[np.maximum(idx, 0)]
     if op is not None:
@@ -180,14 +182,14 @@ def select(
 def _op_mask(graph: Graph, pattern: str) -> np.ndarray:
     """Nodes attributed to an op whose name matches (GPU work: the op that launched it)."""
     idx = graph.cols["op_name"]
-    nm = _name_mask(graph.names, pattern)
+    nm = name_mask(graph.names, pattern)
     return (idx >= 0) & nm[np.maximum(idx, 0)]
 
 
 def _scope_mask(graph: Graph, pattern: str) -> np.ndarray:
     """Nodes inside a module or record_function scope whose name matches."""
     idx = graph.cols["scope"]
-    nm = _name_mask(graph.names, pattern)
+    nm = name_mask(graph.names, pattern)
     return (idx >= 0) & nm[np.maximum(idx, 0)]
 
 

@@ -111,9 +111,26 @@ def shape_op_of(graph: Graph, syncs: np.ndarray) -> np.ndarray:
     return np.where(hit >= 0, table.name[np.maximum(hit, 0)], -1).astype(np.int64)
 
 
+def inside_ops(graph: Graph, syncs: np.ndarray, pattern: str) -> np.ndarray:
+    """Per sync node: whether it runs inside an op whose name matches (its own op or any op
+    around it: `aten::item` holds the `_local_scalar_dense` that waits)."""
+    from perfcast.analysis.common import nearest_ancestor
+    from perfcast.events import Kind
+
+    table = graph.table
+    if table is None or syncs.size == 0:
+        return np.isin(syncs, P.select(graph, kind="sync", op=pattern))
+    named = P.name_mask(table.names, pattern)[table.name]
+    rows = graph.cols["op"][syncs].astype(np.int64)
+    hit = nearest_ancestor(table, rows, (table.kind == Kind.CPU_OP) & named)
+    return (rows >= 0) & (hit >= 0)
+
+
 def apply(graph: Graph, options: Options) -> Graph:
     c = graph.cols
-    syncs = P.select(graph, kind="sync", op=options.op)
+    syncs = P.select(graph, kind="sync")
+    if options.op:
+        syncs = syncs[inside_ops(graph, syncs, options.op)]
     if options.reads:
         syncs = np.intersect1d(syncs, P.select(graph, kind="sync", op=HOST_READS))
     syncs = syncs[c["iteration"][syncs] >= 0] if (c["iteration"][syncs] >= 0).any() else syncs
