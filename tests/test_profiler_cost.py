@@ -470,3 +470,19 @@ def test_remove_host_sync_op_matches_the_ops_around_the_sync() -> None:
     assert outer.predicted_ms == pytest.approx(inner.predicted_ms)
     with pytest.raises(perfcast.NotApplicableError, match="matching op 'aten::conv2d'"):
         perfcast.predict(base, "remove-host-sync:op=aten::conv2d")
+
+
+def test_diff_apply_sets_the_modelled_fused_kernels_against_bs_real_ones() -> None:
+    """The modelled fused-Adam time sat on rows of for-loop kernels the fusion removed, and B's
+    real fused kernels showed a prediction of 0."""
+    d = perfcast.diff(
+        H100 / "mlp_base.json.gz", H100 / "mlp_fused.json.gz", apply="fused-optimizer:kind=fused"
+    )
+    kernels = {r.name: r for r in d.predicted if r.kind == "kernel"}
+    fused = kernels["multi_tensor_apply_kernel<FusedAdamMathFunctor> (modelled)"]
+    assert fused.predicted_ms > 0 and fused.b_ms > 0
+    for name, row in kernels.items():
+        if "FusedAdamMathFunctor" in name and name != fused.name:
+            raise AssertionError(f"B's {name} left unpaired: {row}")
+        if row.b_ms == 0 and row.a_ms > 0:  # removed for-loop kernels predict nothing
+            assert row.predicted_ms == 0, row

@@ -103,6 +103,18 @@ def apply(graph: Graph, options: Options) -> Graph:
     return graph
 
 
+# What the modelled kernels are called: the template PyTorch's multi-tensor kernels share,
+# the functor where the fused class is known, marked as perfcast's.
+MODELLED = " (modelled)"
+
+
+def modelled_kernel_name(kind: str, optimizer: str | None) -> str:
+    if kind == "fused" and optimizer in ("Adam", "AdamW"):
+        return f"multi_tensor_apply_kernel<FusedAdamMathFunctor>{MODELLED}"
+    what = f"{kind} {optimizer}" if optimizer else kind
+    return f"multi_tensor_apply_kernel ({what}){MODELLED}"
+
+
 def already_fused(graph: Graph, gpu: np.ndarray) -> bool:
     """Do these optimizer kernels come from a multi-tensor (foreach) or fused optimizer?"""
     names = graph.names
@@ -179,6 +191,9 @@ def _apply_gpu(graph: Graph, gpu: np.ndarray, options: Options) -> None:
         new_total = var + n_new * fixed
         keep, drop = group[:n_new], group[n_new:]
         P.set_duration(graph, keep, int(new_total / n_new))
+        # The kept nodes are the new multi-tensor kernels, not the for-loop kernels whose
+        # places they take: named so (diff --apply set their time against the old names).
+        c["name"][keep] = graph.intern(modelled_kernel_name(options.kind, optimizer))
         dropped.append(drop)
         host = host_of.get((rank, it))
         if host is not None:
