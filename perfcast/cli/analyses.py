@@ -52,9 +52,16 @@ def register(sub: Any, add_common: Callable[[Any], None], table: dict[str, Any])
 
 
 def _add_exports(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--csv", metavar="DIR", help="also write every table as DIR/NAME.csv")
     p.add_argument(
-        "--parquet", metavar="DIR", help="also write every table as DIR/NAME.parquet (pyarrow)"
+        "--csv",
+        metavar="DIR",
+        help="also write every table as a CSV file in DIR, one per table, named as the result "
+        "names it (analyze: ANALYSIS.TABLE.csv, e.g. idle.by_stream.csv)",
+    )
+    p.add_argument(
+        "--parquet",
+        metavar="DIR",
+        help="also write every table as a Parquet file in DIR, named as with --csv (pyarrow)",
     )
 
 
