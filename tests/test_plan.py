@@ -784,3 +784,14 @@ def test_full_checkpointing_memory_does_not_grow_with_the_pipeline(tmp_path: Pat
     assert all(b <= a * (1 + 1e-9) for a, b in itertools.pairwise(peaks)), peaks
     plain = evaluate(w, _plan(mb=w.batch), c).peak_b[0]
     assert peaks[0] < 0.5 * plain
+
+
+def test_plan_says_when_half_the_gpus_run_the_step_faster() -> None:
+    """Every plan must use all N GPUs: with a global batch too small for them, the best of N
+    was slower than the best of N/2, and nothing said so."""
+    many = plan_model("llama3-8b", 1024, global_batch=32, top=1)
+    half = plan_model("llama3-8b", 512, global_batch=32, top=1)
+    assert half.best[0].step_ms < many.best[0].step_ms
+    assert any(n.startswith("on 512 GPUs the best plan") for n in many.notes), many.notes
+    roomy = plan_model("gpt-1.7b", 16, global_batch=1024, top=1)
+    assert not any("GPUs the best plan" in n for n in roomy.notes)

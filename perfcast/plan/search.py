@@ -280,6 +280,24 @@ def search(
             f"no plan fits in {cap_gib:g} GiB: the smallest needs "
             f"{costs.peak_b[smallest] / GIB:.3g} GiB ({describe(plans.row(smallest))})"
         )
+    if rows and gpus >= 2:
+        # Every plan uses all N GPUs: where the global batch leaves each too little work,
+        # half of them may run the same step faster (and free the rest).
+        half = enumerate_plans(
+            workload, gpus // 2, global_batch, cluster, amp=amp, ckpt=ckpt, zero=zero
+        )
+        if len(half):
+            hc = evaluate(workload, half, cluster, overlap_dp=overlap_dp, fixed_s=fixed_s)
+            ok = np.flatnonzero(hc.peak_b <= cap)
+            if ok.size:
+                i = int(ok[np.argmin(hc.step_s[ok])])
+                if hc.step_s[i] < 0.995 * best_step:
+                    result.notes.append(
+                        f"on {gpus // 2:,} GPUs the best plan ({describe(half.row(i))}) runs the "
+                        f"step in {1e3 * hc.step_s[i]:,.3g} ms, faster than the best on "
+                        f"{gpus:,} ({1e3 * best_step:,.3g} ms): a global batch of "
+                        f"{global_batch:,} leaves too little work per GPU for {gpus:,}"
+                    )
     if baseline is not None:
         bc = evaluate(workload, baseline, cluster, overlap_dp=overlap_dp, fixed_s=fixed_s)
         result.baseline = _row(0, 0, baseline, bc, tokens, _reasons(0, baseline, bc, best_step))
