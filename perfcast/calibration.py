@@ -35,7 +35,7 @@ from typing import Any
 
 from perfcast.errors import PerfcastError
 from perfcast.machine import machine_id
-from perfcast.paths import user_cache_dir
+from perfcast.paths import not_a_file, user_cache_dir
 
 ENV = "PERFCAST_CALIBRATION"
 FORMAT = 2
@@ -199,6 +199,9 @@ def active() -> Calibration | None:
 
 def load(path: str | Path) -> Calibration:
     p = Path(path)
+    special = not_a_file(p)
+    if special:
+        raise PerfcastError(f"{special} (a calibration file)", path=str(p))
     try:
         raw = json.loads(p.read_text())
         if not isinstance(raw, dict):

@@ -97,7 +97,9 @@ def describe_internal(exc: BaseException, path: str | None) -> str:
     )
 
 
-def whole_number(name: str, value: object, minimum: int | None = 1) -> int:
+def whole_number(
+    name: str, value: object, minimum: int | None = 1, maximum: int | None = None
+) -> int:
     """An integer argument (a count, a size, a rank) of at least `minimum` (None: any): a
     wrong type or value stops where it enters, with its name, instead of as a slice that
     means something else (top=-1: all but one) or a TypeError from deep inside."""
@@ -106,6 +108,9 @@ def whole_number(name: str, value: object, minimum: int | None = 1) -> int:
     # numbers.Integral: numpy's integers too (a count taken from an array); not a bool.
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise OptionError(f"{name} must be an integer, not {value!r}")
-    if minimum is not None and value < minimum:
-        raise OptionError(f"{name} must be at least {minimum}, not {value}")
-    return int(value)
+    number = int(value)
+    if minimum is not None and number < minimum:
+        raise OptionError(f"{name} must be at least {minimum}, not {number}")
+    if maximum is not None and number > maximum:
+        raise OptionError(f"{name} must be at most {maximum:,}, not {number:,}")
+    return number

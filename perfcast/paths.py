@@ -10,6 +10,25 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 
+def not_a_file(path: str | os.PathLike[str], folders: bool = False) -> str | None:
+    """Why `path` cannot be read as an input file (a pipe, a FIFO, a device: reading one
+    may wait forever for a writer, and its contents cannot be read twice), else None; a
+    folder is fine where `folders`. A path that does not exist is for the caller to say."""
+    import stat
+
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):
+        return None
+    if stat.S_ISREG(mode) or (folders and stat.S_ISDIR(mode)):
+        return None
+    if stat.S_ISDIR(mode):
+        return "is a folder, not a file"
+    if stat.S_ISFIFO(mode):
+        return "is a pipe, not a file: save what it holds to a file first"
+    return "is a device, not a file" if stat.S_ISCHR(mode) else "is not a regular file"
+
+
 def user_cache_dir() -> Path:
     """perfcast's folder in the user's cache: $XDG_CACHE_HOME/perfcast, else ~/.cache/perfcast.
     Not created here."""

@@ -627,3 +627,22 @@ def test_run_profile_option_errors_are_one_line(capsys: pytest.CaptureFixture[st
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "unrecognized arguments: --bogus" in err
+
+
+def test_overwrite_leaves_a_users_own_trace_named_like_ours(tmp_path: Path, capsys) -> None:
+    """--overwrite took any rank0.json.gz for its own and deleted the user's trace."""
+    import gzip
+    import shutil
+
+    out = tmp_path / "t"
+    out.mkdir()
+    theirs = out / "rank0.json.gz"
+    shutil.copy(
+        Path(__file__).resolve().parents[1] / "perfcast/examples/ddp_a100_rank0.json.gz", theirs
+    )
+    before = theirs.read_bytes()
+    script = _steps_script(tmp_path, "pass")
+    rc = run_profile(["-o", str(out), "--overwrite", *_FAST, "--", "python", str(script), "9"])
+    assert rc == 2 and "did not write (rank0.json.gz)" in capsys.readouterr().err
+    assert theirs.read_bytes() == before
+    assert b'"perfcast_' not in gzip.decompress(before)[:65536]

@@ -940,3 +940,77 @@ def test_a_reader_that_stops_reading_is_not_a_failure() -> None:
     err = proc.stderr.read()
     assert proc.wait(timeout=300) == 0, err
     assert b"Traceback" not in err and b"error" not in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["plan", "{ex}", "--gpus", str(10**30)], "gpus must be at most 1,048,576"),
+        (["plan", "--model", "gpt-1.7b", "--gpus", "8", "--gpus-per-node", str(10**20)],
+         "gpus_per_node must be at most"),
+        (["plan", "--model", "gpt-1.7b", "--gpus", "8", "--link", ""], "link is empty"),
+        (["plan", "--model", "{tmp}", "--gpus", "8"], "is a folder, not a file"),
+        (["plan", "--model", "{ex}", "--gpus", "8"], "a trace?"),
+        (["whatif", "{ex}", "--apply", "torch-compile", "--apply", "torch-compile"],
+         "torch-compile is given twice"),
+        (["whatif", "{ex}", "--apply", "ddp:gpus=4", "--apply", "zero"],
+         "ddp and zero cannot be applied together"),
+        (["whatif", "{ex}", "--apply", "faster-op:pattern='gemm,factor=2"], "is never closed"),
+        (["calibrate", "-o", ""], "-o is empty"),
+        (["calibrate", "--workers", str(10**30)], "--workers must be from 1 to 256"),
+        (["calibrate", "-o", "{ex}/c.json"], "is a file, not a folder"),
+        (["tree", "{ex}", "--speedscope", "{tmp}/same", "--folded", "{tmp}/same"],
+         "--speedscope and --folded both name"),
+        (["replay", "{ex}", "--export-trace", "{ex}/x.json"], "is a file, not a folder"),
+        (["show", ""], "the result path is empty"),
+    ],
+)  # fmt: skip
+def test_options_beyond_reason_are_one_line_errors(capsys, tmp_path, argv, message):
+    """Each was a traceback, a hang, a silent overwrite or an accepted contradiction."""
+    filled = [a.format(ex=EXAMPLE, tmp=tmp_path) for a in argv]
+    assert main(filled) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err, err
+
+
+def test_pipes_devices_and_saved_lists_are_refused_in_one_line(capsys, tmp_path):
+    import os
+
+    fifo = tmp_path / "trace.json"
+    os.mkfifo(fifo)  # reading one waited forever for a writer
+    for argv in (["summary", str(fifo)], ["show", str(fifo)], ["summary", "/dev/null"]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and ("is a pipe" in err or "is a device" in err), err
+    listed = tmp_path / "list.json"
+    listed.write_text('[{"name": "amp"}]')
+    assert main(["show", str(listed)]) == 2
+    assert "holds a JSON list, not a saved result" in capsys.readouterr().err
+
+
+def test_output_that_cannot_be_written_or_encoded(tmp_path):
+    """A full disk and an ASCII-only stdout were internal errors (exit 3); a huge COLUMNS
+    laid tables out that wide (minutes and gigabytes)."""
+    import os
+    import subprocess
+    import sys
+
+    run = [sys.executable, "-m", "perfcast", "summary", str(EXAMPLE), "--keep-profiler-cost"]
+    env = {**os.environ, "PYTHONIOENCODING": "ascii"}
+    done = subprocess.run(run, capture_output=True, env=env, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    if os.path.exists("/dev/full"):
+        with open("/dev/full", "w") as full:
+            done = subprocess.run(run, stdout=full, stderr=subprocess.PIPE, timeout=300)
+        assert done.returncode == 2
+        assert b"cannot write the output (No space left on device)" in done.stderr
+    env = {**os.environ, "COLUMNS": "100000000"}
+    done = subprocess.run(
+        [*run[:3], "analyze", str(EXAMPLE), "--only", "kernels"],
+        capture_output=True,
+        env=env,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0
+    assert max(map(len, done.stdout.decode().splitlines())) <= 1000

@@ -306,6 +306,8 @@ class Capture:
             profile_memory=self.profile_memory,
         )
         _record_machine(self._prof)
+        # torch warns on a schedule without warm-up; the schedule is the user's choice.
+        warnings.filterwarnings("ignore", message="Profiler won't be using warmup")
         if self.unprofiled_step_ms:
             _record(self._prof, "perfcast_unprofiled_step_ms", self.unprofiled_step_ms)
         with _profiler_output(self):
@@ -735,6 +737,24 @@ def _build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _bad_option(ns: argparse.Namespace) -> str | None:
+    """The first option whose value the schedule cannot take, named as the user typed it."""
+    if not ns.out.strip():
+        return "-o is empty: name the folder to write the traces to"
+    for flag, value, least in (
+        ("--wait", ns.wait, 0),
+        ("--warmup", ns.warmup, 0),
+        ("--active", ns.active, 1),
+        ("--repeat", ns.repeat, 0),
+        ("--unprofiled-steps", ns.unprofiled_steps, 0),
+        ("--unprofiled-after-steps", ns.unprofiled_after_steps, 0),
+        ("--max-steps", ns.max_steps, 1),
+    ):
+        if value is not None and value < least:
+            return f"{flag} must be at least {least}, not {value}"
+    return None
+
+
 def run_profile(argv: list[str]) -> int:
     """Implement ``perfcast profile [options] -- python train.py args...``; returns exit code."""
     if "--" in argv:
@@ -747,6 +767,9 @@ def run_profile(argv: list[str]) -> int:
         cmd = list(ns.command)
     elif ns.command:
         return _fail(f"unexpected arguments before '--': {' '.join(ns.command)}")
+    bad = _bad_option(ns)
+    if bad:
+        return _fail(bad)
     try:
         import torch.profiler  # noqa: F401  (fail here, with a clear line, not mid-script)
     except ImportError:
@@ -791,6 +814,8 @@ def run_profile(argv: list[str]) -> int:
         return _profile_through_launcher(launcher, opt_argv, ns)
     if kind == "path":
         script = Path(target)
+        if script.is_dir():
+            return _fail(f"{target} is a folder, not a script (python -m runs a package)")
         if not script.is_file():
             return _fail(f"script not found: {target}")
         sys_path0 = str(script.resolve().parent)
@@ -1004,8 +1029,18 @@ def _is_leftover(path: Path) -> bool:
 
 
 def _is_own(path: Path) -> bool:
-    """A trace (or temporary file) that `perfcast profile` writes, where it writes it."""
-    return _is_leftover(path) or bool(_OWN_TRACE.fullmatch(path.name))
+    """A trace (or temporary file) that `perfcast profile` writes, where it writes it: named
+    as it names them and, for a trace, holding the keys it records at the top (a user's own
+    rank0.json.gz copied into the folder is not its to delete)."""
+    if _is_leftover(path):
+        return True
+    if not _OWN_TRACE.fullmatch(path.name):
+        return False
+    try:
+        with gzip.open(path, "rb") as fh:
+            return b'"perfcast_' in fh.read(1 << 16)
+    except (OSError, EOFError):  # not gzip, cut short, unreadable: not provably ours
+        return False
 
 
 def _unwritable(out: Path) -> str | None:

@@ -12,6 +12,7 @@ from typing import Any
 from rich.text import Text
 
 from perfcast.errors import OptionError, PerfcastError
+from perfcast.paths import not_a_file
 
 
 def add_correction_option(p: Any) -> None:
@@ -132,6 +133,8 @@ def _check_output(path: str | None, inputs: str) -> None:
     _refuse_folder(path)
     parent = os.path.dirname(os.path.abspath(path))
     refuse_inside_input(parent, inputs, path)
+    if os.path.exists(parent) and not os.path.isdir(parent):
+        raise PerfcastError(f"cannot write the output: {parent} is a file, not a folder", path=path)
     if not os.path.isdir(parent):
         raise PerfcastError("output folder does not exist", path=path)
 
@@ -152,6 +155,32 @@ def refuse_inside_input(folder: str, inputs: str, path: str) -> None:
             path=path,
             hint="choose a folder outside it",
         )
+
+
+# More DataLoader workers than any machine's cores to measure with.
+MAX_CALIBRATION_WORKERS = 256
+
+
+def _refuse_unwritable(path: str) -> None:
+    """An output whose folder cannot be made or written to, refused before the work that
+    would fill it (a probe file in the nearest folder that exists)."""
+    import os
+    import tempfile
+
+    folder = os.path.dirname(os.path.abspath(path))
+    while not os.path.exists(folder) and os.path.dirname(folder) != folder:
+        folder = os.path.dirname(folder)
+    if not os.path.isdir(folder):
+        raise PerfcastError(f"cannot write the output: {folder} is a file, not a folder", path=path)
+    try:
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".perfcast-probe-"):
+            pass
+    except OSError as exc:
+        raise PerfcastError(
+            f"cannot write the output ({exc.strerror or exc})",
+            path=path,
+            hint="choose a folder you can write to",
+        ) from None
 
 
 def _refuse_folder(path: str) -> None:
@@ -334,8 +363,13 @@ def cmd_show(args: argparse.Namespace, ui: Any) -> int:
     from perfcast.plan.search import PlanResult
     from perfcast.whatif.runner import WhatIfResult
 
+    if not args.result:
+        raise PerfcastError("the result path is empty: give a file saved with --json")
     if not os.path.exists(args.result):
         raise PerfcastError("no such file or folder", path=args.result)
+    special = not_a_file(args.result)
+    if special:
+        raise PerfcastError(special, path=args.result)
     try:
         with open(args.result, "rb") as fh:
             data = fh.read()
@@ -347,6 +381,12 @@ def cmd_show(args: argparse.Namespace, ui: Any) -> int:
             )
         if data[:2] == b"\x1f\x8b":  # a result saved through gzip, like the traces
             data = gzip.decompress(data)
+        if data.lstrip()[:1] == b"[":
+            raise PerfcastError(
+                "holds a JSON list, not a saved result (a saved result is one object: "
+                "`perfcast COMMAND TRACE --json > FILE`)",
+                path=args.result,
+            )
         # Only the top-level keys (msgspec.Raw skips the values): deep nesting is not read.
         top = msgspec.json.decode(data, type=dict[str, msgspec.Raw])
         keys = set(top)
@@ -447,13 +487,22 @@ def cmd_calibrate(args: argparse.Namespace, ui: Any) -> int:
             f"--worker-cpus: this machine has no CPU {unknown[0]} "
             f"(CPUs 0-{(os.cpu_count() or 1) - 1})"
         )
+    if args.out is not None and not args.out.strip():
+        raise OptionError("-o is empty: name the calibration file to write")
+    if not 1 <= args.workers <= MAX_CALIBRATION_WORKERS:
+        raise OptionError(
+            f"--workers must be from 1 to {MAX_CALIBRATION_WORKERS}, not {args.workers}"
+        )
+    # -o names a file, whatever it is called; PERFCAST_CALIBRATION=off (no calibration in
+    # use) leaves the default place to write to.
     out = args.out or os.environ.get(calibration.ENV, "").strip() or None
-    if out is not None and out.lower() in ("off", "none", "0"):
+    if args.out is None and out is not None and out.lower() in ("off", "none", "0"):
         out = None
     target = out or str(calibration.default_path())
     # Before a minute of measuring, not after (save() creates missing folders).
     if out is not None:
         _refuse_folder(out)
+    _refuse_unwritable(target)
     # ~20 s on an idle 2-core VM, 4 s of it the workers' deliberate idle gaps; a busy machine
     # takes longer (the timing loops share the cores), and says so below.
     ui.note(

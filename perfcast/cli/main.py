@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -25,14 +26,27 @@ def _raise_broken_pipe() -> None:
     raise BrokenPipeError
 
 
+# The widest line a table is laid out for: COLUMNS=100000000 made section rules of that
+# many characters (minutes and gigabytes for one analysis).
+MAX_WIDTH = 1000
+# Errors a write to the output can end with: said as such, not as a bug of perfcast's.
+_WRITE_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO, errno.EBADF}
+
+
+def _bounded(console: Console) -> Console:
+    if console.width > MAX_WIDTH:
+        console.width = MAX_WIDTH
+    return console
+
+
 class UI:
     """Where output goes: results to stdout, progress and notes to stderr."""
 
     def __init__(self, quiet: bool = False, json_mode: bool = False) -> None:
         self.quiet = quiet
         self.json_mode = json_mode
-        self.out = Console(highlight=False, soft_wrap=False)
-        self.err = Console(stderr=True, highlight=False)
+        self.out = _bounded(Console(highlight=False, soft_wrap=False))
+        self.err = _bounded(Console(stderr=True, highlight=False))
         # rich exits 1 when the reader goes away (`perfcast analyze T | head`); a closed
         # pipe is the reader's choice, not a failure: main's handler quiets it, exit 0.
         self.out.on_broken_pipe = _raise_broken_pipe  # type: ignore[method-assign]
@@ -42,6 +56,8 @@ class UI:
             self.err.print(text, style="yellow", markup=False, highlight=False)
 
     def emit_json(self, obj: Any) -> None:
+        if sys.stdout is None:  # started with stdout closed: the result goes nowhere
+            return
         sys.stdout.write(msgspec.json.format(msgspec.json.encode(obj), indent=2).decode())
         sys.stdout.write("\n")
 
@@ -257,6 +273,14 @@ def _guard(fn: Callable[[], int], *, debug: bool, subject: str | None) -> int:
     except BrokenPipeError:
         _quiet_stdout()
         return 0
+    except OSError as exc:
+        if exc.errno not in _WRITE_ERRORS:
+            _print_traceback(debug)
+            print(f"perfcast: {one_line(describe_internal(exc, subject))}", file=sys.stderr)
+            return InternalError.exit_code
+        _print_traceback(debug)
+        print(f"perfcast: error: cannot write the output ({exc.strerror or exc})", file=sys.stderr)
+        return PerfcastError.exit_code
     except MemoryError:
         _print_traceback(debug)
         where = f"{subject}: " if subject else ""
@@ -298,13 +322,31 @@ def entry() -> None:
 
     gc.collect()  # what the imports left for the collector is not kept forever
     gc.freeze()
+    _encodable_streams()
     code = main()
     try:
         if sys.stdout is not None:  # None when the command was started with stdout closed
             sys.stdout.flush()
     except BrokenPipeError:  # output the reader stopped reading after main returned
         _quiet_stdout()
+    except OSError as exc:  # a full disk under a redirected stdout
+        _quiet_stdout()
+        print(f"perfcast: error: cannot write the output ({exc.strerror or exc})", file=sys.stderr)
+        code = code or PerfcastError.exit_code
     sys.exit(code)
+
+
+def _encodable_streams() -> None:
+    """Output in an encoding that cannot hold the tables' characters (·, µ, ×, box
+    lines: PYTHONIOENCODING=ascii) gets '?' for them rather than failing the command."""
+    for stream in (sys.stdout, sys.stderr):
+        encoding = getattr(stream, "encoding", None) or "utf-8"
+        try:
+            "·µ×─".encode(encoding)
+        except (UnicodeEncodeError, LookupError):
+            reconfigure = getattr(stream, "reconfigure", None)
+            if reconfigure is not None:
+                reconfigure(errors="replace")
 
 
 if __name__ == "__main__":

@@ -8,6 +8,8 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from perfcast.errors import OptionError
+
 
 def register(sub: Any, add_common: Callable[[Any], None], table: dict[str, Any]) -> None:
     p = sub.add_parser(
@@ -100,6 +102,15 @@ def cmd_tree(args: argparse.Namespace, ui: Any) -> int:
     check_focus(args)
     for out in (args.speedscope, args.folded):
         _check_output(out, args.path)
+    if (
+        args.speedscope
+        and args.folded
+        and os.path.abspath(args.speedscope) == os.path.abspath(args.folded)
+    ):
+        raise OptionError(
+            f"--speedscope and --folded both name {args.folded}: the second would overwrite "
+            "the first; give each its own file"
+        )
     widen_when_piped(ui)
     table = ui.load(args.path)
     tree = context_tree(table, rank=args.rank, phase=args.phase, step=args.step)

@@ -19,6 +19,7 @@ from perfcast.ingest.normalize import Interner, RankColumns, extract_rank, print
 from perfcast.ingest.schema import NON_LAUNCHING_CALLS
 from perfcast.machine import machine_id
 from perfcast.parallel import map_ordered, worker_count
+from perfcast.paths import not_a_file
 
 _RANK_IN_NAME = re.compile(r"(?:rank|worker|node|gpu|proc)[-_.]?(\d+)", re.IGNORECASE)
 _CPU_KINDS = np.array(
@@ -53,6 +54,9 @@ def load(path: str | os.PathLike[str], progress: ProgressFn | None = None) -> Ev
             path=path,
             hint="check its permissions and those of the folders above it",
         ) from None
+    special = not_a_file(path, folders=True)
+    if special:
+        raise TraceFormatError(special, path=path)
     in_folder = os.path.isdir(path)
     if in_folder:
         try:

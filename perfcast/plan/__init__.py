@@ -75,7 +75,18 @@ def _check_counts(
     ):
         if value is None and name == "global_batch":
             continue
-        whole_number(name, value)
+        whole_number(name, value, maximum=_MOST.get(name))
+
+
+# Beyond any machine or batch there is (a larger count overflowed the plans' int64 arrays
+# or printed plans of 10^11 seconds).
+_MOST = {
+    "gpus": 1 << 20,
+    "global_batch": 1 << 30,
+    "gpus_per_node": 1024,
+    "batch": 1 << 30,
+    "nics_per_node": 1024,
+}
 
 
 def _check_arguments(names: dict[str, Any], counts: dict[str, Any], what: str = "plan") -> None:
@@ -86,9 +97,11 @@ def _check_arguments(names: dict[str, Any], counts: dict[str, Any], what: str = 
         allowed = (str, DeviceSpec) if name == "gpu" else (str,)
         if value is not None and not isinstance(value, allowed):
             raise OptionError(f"{what}: {name} must be a name (a string), not {value!r}")
+        if isinstance(value, str) and not value.strip():
+            raise OptionError(f"{what}: {name} is empty: name one (or leave it out)")
     for name, value in counts.items():
         if value is not None:
-            whole_number(f"{what}: {name}", value)
+            whole_number(f"{what}: {name}", value, maximum=_MOST.get(name))
 
 
 def _cluster_for(

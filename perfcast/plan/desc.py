@@ -166,7 +166,22 @@ def load_desc(text: str) -> ModelDesc:
     if text in PRESETS:
         return PRESETS[text]
     raw: object
+    if os.path.exists(text) and not os.path.isfile(text):
+        from perfcast.paths import not_a_file
+
+        raise PerfcastError(
+            f"{not_a_file(text) or 'is not a file'}: a model description is a JSON file",
+            path=text,
+        )
     if os.path.isfile(text):
+        with open(text, "rb") as fh:
+            head = fh.read(2)
+        if head == b"\x1f\x8b":
+            raise PerfcastError(
+                "is a gzipped file (a trace?), not a model description",
+                path=text,
+                hint=f"plan a trace with `perfcast plan {text} --gpus N`",
+            )
         try:
             with open(text) as fh:
                 raw = json.load(fh)

@@ -110,10 +110,11 @@ _OPENERS = {"(": ")", "[": "]", "{": "}", "<": ">"}
 _NEXT_KEY = re.compile(r"\s*[A-Za-z_][\w-]*=")
 
 
-def _split_options(rest: str) -> list[str]:
+def _split_options(rest: str, strict: bool = False) -> list[str]:
     """`rest` split at its top-level commas. A comma inside quotes or brackets belongs to
     the value: a regex quantifier (`x{2,3}`), a kernel name's template arguments
-    (`kernel<4, float>`). Brackets that do not balance split as plain commas."""
+    (`kernel<4, float>`). Brackets that do not balance split as plain commas; a quote that
+    is never closed is an error where `strict` (what the user typed), else plain commas."""
     parts: list[str] = []
     closing: list[str] = []
     quote = ""
@@ -140,6 +141,11 @@ def _split_options(rest: str) -> list[str]:
             continue
         current.append(ch)
     parts.append("".join(current))
+    if quote and strict:
+        raise OptionError(
+            f"the quote {quote} in '{rest}' is never closed",
+            hint="quote a whole value that holds a comma: pattern='a,b'",
+        )
     if closing or quote:
         return rest.split(",")
     return parts
@@ -164,7 +170,7 @@ def parse_spec(text: str) -> Spec:
     (`pattern='gemm,conv'`)."""
     name, _, rest = text.partition(":")
     options: dict[str, str] = {}
-    for part in filter(None, (p.strip() for p in _split_options(rest))):
+    for part in filter(None, (p.strip() for p in _split_options(rest, strict=True))):
         key, eq, value = part.partition("=")
         if not eq:
             raise OptionError(

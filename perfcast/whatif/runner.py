@@ -232,6 +232,10 @@ def _keep_acyclic(graph: Graph, spec: Spec) -> None:
     )
 
 
+# What-ifs that may be given more than once: each applies to the ops or syncs it selects.
+_REPEATABLE = frozenset({"faster-op", "remove-host-sync"})
+
+
 def conflict(specs: list[Spec]) -> str | None:
     """Why these changes cannot be made together, or None. torch.compile's reduce-overhead
     replays its CUDA graph trees from its own pools: they cannot run inside a capture of the
@@ -250,6 +254,20 @@ def conflict(specs: list[Spec]) -> str | None:
     twice = sorted({c for c in capturing if capturing.count(c) > 1})
     if twice:
         return f"{twice[0]} is given twice: apply it once"
+    # A change to the whole step made twice (torch-compile twice predicted more than once)
+    # or two ways of running data parallelism: only chosen ops and syncs repeat.
+    names = [s.name for s in specs if s.name not in _REPEATABLE]
+    again = sorted({n for n in names if names.count(n) > 1})
+    if again:
+        return (
+            f"{again[0]} is given twice: apply it once (each changes the whole step; only "
+            f"{' and '.join(sorted(_REPEATABLE))} repeat, on different ops)"
+        )
+    if "ddp" in names and "zero" in names:
+        return (
+            "ddp and zero cannot be applied together: both set how gradients are synchronized "
+            "across the GPUs (zero takes gpus= itself); apply one"
+        )
     if len(capturing) > 1:
         return (
             f"{' and '.join(capturing)} cannot be applied together: both capture the step in "
