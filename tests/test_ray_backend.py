@@ -75,3 +75,26 @@ def test_a_daemonic_process_loads_in_process(tmp_path: Path) -> None:
     child.start()
     child.join(60)
     assert out.get(timeout=10) == 1
+
+
+def test_every_trace_command_loads_on_ray(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """--ray was plan's alone; summary, analyze, tree and the rest take it too."""
+    pytest.importorskip("ray", reason="Ray is an optional extra: pip install 'perfcast[ray]'")
+    import json
+
+    from perfcast.cli.main import main
+
+    folder = tmp_path / "ranks"
+    folder.mkdir()
+    for r in range(4):
+        b = TraceBuilder()
+        b.step(1, 0, 200)
+        b.op("aten::linear", 10, 20)
+        b.launch("sm80_xmma_gemm_f32f32", 12, 3, 40, 10 + r)
+        b.write(folder / f"rank-{r}.json.gz")
+    assert main(["summary", str(folder), "--ray", "--json", "-q"]) == 0
+    assert len(json.loads(capsys.readouterr().out)["ranks"]) == 4
+    with pytest.raises(SystemExit) as exc:  # show reads no trace
+        main(["show", str(folder), "--ray"])
+    assert exc.value.code == 2
+    assert "unrecognized arguments: --ray" in capsys.readouterr().err

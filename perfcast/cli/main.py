@@ -42,9 +42,12 @@ def _bounded(console: Console) -> Console:
 class UI:
     """Where output goes: results to stdout, progress and notes to stderr."""
 
-    def __init__(self, quiet: bool = False, json_mode: bool = False) -> None:
+    def __init__(
+        self, quiet: bool = False, json_mode: bool = False, ray: str | None = None
+    ) -> None:
         self.quiet = quiet
         self.json_mode = json_mode
+        self.ray = ray  # load rank files on Ray: "auto" (a local instance) or an address
         self.out = _bounded(Console(highlight=False, soft_wrap=False))
         self.err = _bounded(Console(stderr=True, highlight=False))
         # rich exits 1 when the reader goes away (`perfcast analyze T | head`); a closed
@@ -68,6 +71,14 @@ class UI:
         return self._load(path).require_events()
 
     def _load(self, path: str):
+        if self.ray:
+            from perfcast.parallel import ray_backend
+
+            with ray_backend(None if self.ray == "auto" else self.ray):
+                return self._load_here(path)
+        return self._load_here(path)
+
+    def _load_here(self, path: str):
         from perfcast.ingest import load
 
         if self.quiet or not self.err.is_terminal or _input_size(path) < 2_000_000:
@@ -120,6 +131,15 @@ def cmd_summary(args: argparse.Namespace, ui: UI) -> int:
 
 def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the machine-readable result")
+    if p.prog.split()[-1] not in ("show", "calibrate"):  # the commands that read traces
+        p.add_argument(
+            "--ray",
+            nargs="?",
+            const="auto",
+            metavar="ADDRESS",
+            help="load a folder's rank files on a Ray cluster (a local one when no address "
+            "is given; default: a local process pool)",
+        )
     p.add_argument("-q", "--quiet", action="store_true", help="no progress or notes on stderr")
     # Also accepted before the command (`perfcast --debug summary ...`); SUPPRESS keeps the
     # subcommand's default from overriding that.
@@ -205,7 +225,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.command:
         parser.print_help()
         return 2
-    ui = UI(quiet=getattr(args, "quiet", False), json_mode=getattr(args, "json", False))
+    ui = UI(
+        quiet=getattr(args, "quiet", False),
+        json_mode=getattr(args, "json", False),
+        ray=getattr(args, "ray", None),
+    )
     # The file the command works on, for the one-line message of an error that does not name
     # one (diff: A, the trace its --apply changes).
     subject = (

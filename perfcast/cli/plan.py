@@ -50,13 +50,6 @@ def register(sub: Any, add_common: Callable[[Any], None], table: dict[str, Any])
         "median of eager PyTorch steps on H100/H200 hosts; heavier frameworks cost more)",
     )
     p.add_argument("--top", type=int, default=10, help="how many plans to list")
-    p.add_argument(
-        "--ray",
-        nargs="?",
-        const="auto",
-        metavar="ADDRESS",
-        help="load the rank files on a Ray cluster (a local one when no address is given)",
-    )
     from perfcast.cli.commands import add_correction_option
 
     add_correction_option(p)
@@ -99,13 +92,7 @@ def cmd_plan(args: argparse.Namespace, ui: Any) -> int:
     else:
         if not args.path:
             raise PerfcastError("give a trace PATH or --model NAME")
-        if args.ray:
-            from perfcast.parallel import ray_backend
-
-            with ray_backend(None if args.ray == "auto" else args.ray):
-                tbl = ui.load(args.path)
-        else:
-            tbl = ui.load(args.path)
+        tbl = ui.load(args.path)
         result = plan_trace(
             tbl,
             args.gpus,
