@@ -112,7 +112,8 @@ def register(sub: Any, add_common: Callable[[Any], None], table: dict[str, Any])
     p.add_argument(
         "--quick",
         action="store_true",
-        help="fewer repetitions: about 25 s where a full run takes 90 (2 idle cores)",
+        help="fewer repetitions: about 8 s where a full run takes 15 (2 cores, measured on "
+        "this project's machine; a busy machine takes longer)",
     )
     add_common(p)
     table["calibrate"] = cmd_calibrate
@@ -507,7 +508,7 @@ def cmd_calibrate(args: argparse.Namespace, ui: Any) -> int:
     # takes longer (the timing loops share the cores), and says so below.
     ui.note(
         "measuring the profiler's cost, host speed, DataLoader hand-off and checkpoint "
-        "costs (20-60 s) ..."
+        "costs (15-60 s) ..."
     )
     started = time.monotonic()
     with warnings.catch_warnings():
