@@ -963,6 +963,9 @@ def test_a_reader_that_stops_reading_is_not_a_failure() -> None:
          "--speedscope and --folded both name"),
         (["replay", "{ex}", "--export-trace", "{ex}/x.json"], "is a file, not a folder"),
         (["show", ""], "the result path is empty"),
+        (["whatif", "{ex}", "--apply", "batch-size", "--depth", "3"], "add --tree"),
+        (["whatif", "--list", "--apply", "nope"], "give it alone"),
+        (["whatif", "{ex}", "--apply", "ddp:grad_bytes=3"], "grad_bytes must be 1, 2, 4 or 8"),
     ],
 )  # fmt: skip
 def test_options_beyond_reason_are_one_line_errors(capsys, tmp_path, argv, message):

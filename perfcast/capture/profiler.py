@@ -752,6 +752,11 @@ def _bad_option(ns: argparse.Namespace) -> str | None:
     ):
         if value is not None and value < least:
             return f"{flag} must be at least {least}, not {value}"
+    if ns.repeat != 1 and ns.unprofiled_after_steps:
+        return (
+            "--unprofiled-after-steps times steps after the one traced window: with --repeat "
+            f"{ns.repeat} the next cycle follows at once; use --repeat 1 or leave it out"
+        )
     return None
 
 

@@ -279,6 +279,23 @@ def cmd_whatif(args: argparse.Namespace, ui: Any) -> int:
     from perfcast.whatif.registry import checked_specs, describe_models, model_defaults
     from perfcast.whatif.runner import run_whatif
 
+    if args.list and (args.apply or args.path):
+        raise OptionError(
+            "--list prints the what-ifs and reads no trace: give it alone (perfcast whatif --list)"
+        )
+    if not args.tree:
+        given = [
+            flag
+            for flag, value in (
+                ("--depth", args.depth is not None),
+                ("--min-pct", args.min_pct != 1.0),
+                ("--focus", args.focus is not None),
+                ("--all-frames", args.all_frames),
+            )
+            if value
+        ]
+        if given:
+            raise OptionError(f"{given[0]} shapes the gain tree: add --tree")
     if args.list:
         models = [(name, doc, model_defaults(name)) for name, doc in describe_models()]
         if args.json:

@@ -260,8 +260,8 @@ def check_options(options: Options) -> None:
         raise OptionValueError("ddp: bucket_mb and first_bucket_mb must be positive")
     if options.params_mb is not None and options.params_mb <= 0:
         raise OptionValueError("ddp: params_mb must be positive")
-    if options.grad_bytes <= 0:
-        raise OptionValueError("ddp: grad_bytes must be positive")
+    if options.grad_bytes not in (1, 2, 4, 8):
+        raise OptionValueError("ddp: grad_bytes must be 1, 2, 4 or 8 (bytes per gradient element)")
     if options.algorithm not in ("ring", "tree"):
         raise OptionValueError("ddp: algorithm must be ring or tree")
     check_node_options("ddp", options.gpus_per_node, options.nics_per_node)
