@@ -646,3 +646,16 @@ def test_overwrite_leaves_a_users_own_trace_named_like_ours(tmp_path: Path, caps
     assert rc == 2 and "did not write (rank0.json.gz)" in capsys.readouterr().err
     assert theirs.read_bytes() == before
     assert b'"perfcast_' not in gzip.decompress(before)[:65536]
+
+
+def test_a_cycle_stopped_before_its_active_steps_is_not_called_a_partial_trace(
+    tmp_path: Path, capsys
+) -> None:
+    script = _steps_script(tmp_path, "pass")
+    rc = run_profile(
+        ["-o", str(tmp_path / "t"), "--unprofiled-steps", "0", "--wait", "1", "--warmup", "1",
+         "--active", "2", "--repeat", "2", "--", "python", str(script), "6"]
+    )  # fmt: skip
+    err = capsys.readouterr().err
+    assert rc == 0
+    assert "1 of 2 cycle(s) written" in err and "partial" not in err, err

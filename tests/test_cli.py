@@ -1017,3 +1017,14 @@ def test_output_that_cannot_be_written_or_encoded(tmp_path):
     )
     assert done.returncode == 0
     assert max(map(len, done.stdout.decode().splitlines())) <= 1000
+
+
+def test_checkpointing_of_named_modules_may_repeat(capsys):
+    """Each activation-checkpointing:module= selects its own modules, as module='A|B' does."""
+    two = ["--apply", "activation-checkpointing:module=conv2d"]
+    two += ["--apply", "activation-checkpointing:module=batch_norm"]
+    assert main(["whatif", str(EXAMPLE), *two, "--json"]) == 0
+    both = json.loads(capsys.readouterr().out)["predicted_ms"]
+    one = ["--apply", "activation-checkpointing:module='conv2d|batch_norm'"]
+    assert main(["whatif", str(EXAMPLE), *one, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["predicted_ms"] == pytest.approx(both)

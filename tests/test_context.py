@@ -965,3 +965,26 @@ def test_folded_instances_keep_one_label_across_passes(tmp_path: Path) -> None:
     found = sites(folded.index, folded.excl["gpu_ns"], top=5, min_share=0.0)
     mods = [s.module for s in found if s.module]
     assert mods and all("instances" not in m for m in mods), mods
+
+
+def test_2021_frames_leave_work_without_a_launch_under_its_own_node(tmp_path: Path) -> None:
+    """The frame items were appended before the node for GPU work without a launch, which
+    still numbered itself from the rows: an orphan kernel landed under a source line."""
+    b = TraceBuilder()
+    b.op("aten::mm", 10, 40, cat="Operator", **{"Call stack": "train.py(40): <module>"})
+    b.launch("mm_kernel", 12, 4, 20, 10)
+    b.events.append(
+        {
+            "ph": "X",
+            "cat": "kernel",
+            "name": "orphan_kernel",
+            "pid": 0,
+            "tid": 7,
+            "ts": 90,
+            "dur": 30,
+            "args": {"correlation": 99999, "stream": 7, "device": 0},
+        }
+    )
+    t = context_tree(perfcast.load(b.write(tmp_path / "orphan.json")))
+    assert t.incl["gpu_ns"][node_at(t, NO_LAUNCH_LABEL, "orphan_kernel")] == 30 * US
+    assert t.incl["gpu_ns"][node_at(t, "train.py(40): <module>")] == 10 * US

@@ -811,6 +811,7 @@ def test_clusters_of_variant_parts_take_their_cut_links() -> None:
     assert h800.device.name == "H100-SXM5-80GB"
     assert h800.intra.name == "nvlink4-h800" and h800.intra.bw_gbs_per_direction == 200
     assert "H800" in h800.describe()
+    assert h800.nvls  # NVLink 4 through the same third-generation switch
     assert make_cluster("NVIDIA A800-SXM4-80GB").intra.name == "nvlink3-a800"
     assert variant_link("NVIDIA H100 80GB HBM3") is None
     # GH200 is no H200: an H100 at 80 GB, said so.
@@ -832,3 +833,12 @@ def test_clusters_of_variant_parts_take_their_cut_links() -> None:
         make_cluster("mi300x", intra="nvlink4")
     with pytest.raises(OptionError):
         make_cluster("")
+
+
+def test_the_device_whatif_moves_collectives_onto_a_variants_cut_link() -> None:
+    import perfcast
+
+    example = Path(__file__).resolve().parents[1] / "perfcast/examples/ddp_a100_rank0.json.gz"
+    r = perfcast.predict(example, "device:target=a800")
+    text = " ".join(a for ap in r.applied for a in ap.assumptions)
+    assert "nvlink3 -> nvlink3-a800" in text

@@ -751,7 +751,7 @@ def build_index(table: EventTable) -> ContextIndex:
         labs = np.array([intern(NO_LAUNCH_LABEL), intern(EARLY_LAUNCH_LABEL)], dtype=np.int64)
         key = table.rank[g].astype(np.int64) * 2 + why
         need, inv = np.unique(key, return_inverse=True)
-        syn = rows.size + np.arange(need.size)
+        syn = item_parent.size + np.arange(need.size)  # after any frame items before them
         item_parent = np.concatenate([item_parent, np.full(need.size, NONE)])
         item_parent[no_launch] = syn[inv.reshape(-1)]
         item_label = np.concatenate([item_label, labs[need % 2]])
@@ -1162,10 +1162,6 @@ def _compiled(index: ContextIndex, gpu_rows: np.ndarray) -> CompiledCode | None:
 def _notes(tree: ContextTree) -> list[str]:
     cov = tree.coverage
     notes = [f"context from {LEVEL_TEXT[tree.level]}"]
-    if not cov.gpu_ns:
-        notes.append(
-            "no GPU work in the selection: its GPU times are zero (--metric cpu ranks by CPU time)"
-        )
     if cov.gpu_ns and tree.level == LEVEL_PYTHON:
         text = f"{cov.unattributed_pct:.2f}% of GPU time has no Python frame on its path"
         if cov.no_launch_ns:

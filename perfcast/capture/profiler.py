@@ -216,6 +216,8 @@ class Capture:
         self.steps = 0
         #: trace cycles that ran to the end of their active phase
         self.cycles_completed = 0
+        #: whether the stop flushed a cycle cut short (the last trace written is partial)
+        self.wrote_partial = False
         self._stopping = False
         self._prof: Any = None
         self._hook: Any = None
@@ -504,6 +506,8 @@ class Capture:
         # stopping its workers, a scheduler's SIGTERM) keeps it; those steps' times are
         # added once measured (_release_held), after the timing.
         self._write_trace(tmp_json, final, {})
+        if self._stopping and not self.finished:
+            self.wrote_partial = True
         if not self._stopping and self.unprofiled_after:
             self._held.append(final)
         if not self._stopping:
@@ -884,7 +888,7 @@ def run_profile(argv: list[str]) -> int:
             f"interrupted after {cap.steps} step(s); "
             + (
                 f"wrote {len(cap.trace_paths)} trace(s) to {out}: {written}"
-                + ("" if cap.finished else " (the last one partial)")
+                + (" (the last one partial)" if cap.wrote_partial else "")
                 if cap.trace_paths
                 else "no trace written"
             )
@@ -938,9 +942,15 @@ def run_profile(argv: list[str]) -> int:
             file=sys.stderr,
         )
     if cap.schedule_steps is not None and not cap.finished:
+        what = (
+            "the last trace is partial"
+            if cap.wrote_partial
+            else f"{cap.cycles_completed} of {ns.repeat} cycle(s) written (the last one stopped "
+            "before an active step: no trace of it)"
+        )
         print(
             f"perfcast: warning: the script ended before the schedule finished "
-            f"({cap.steps}/{cap.schedule_steps} steps); the last trace is partial",
+            f"({cap.steps}/{cap.schedule_steps} steps); {what}",
             file=sys.stderr,
         )
     return rc

@@ -30,7 +30,7 @@ def _raise_broken_pipe() -> None:
 # many characters (minutes and gigabytes for one analysis).
 MAX_WIDTH = 1000
 # Errors a write to the output can end with: said as such, not as a bug of perfcast's.
-_WRITE_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO, errno.EBADF}
+_WRITE_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
 
 
 def _bounded(console: Console) -> Console:

@@ -474,7 +474,7 @@ _VARIANTS: tuple[tuple[re.Pattern[str], str, str, str | None], ...] = tuple(
             r"gh200",
             "H100-SXM5-80GB",
             "the GH200's GPU is an H100 with 96 GB (HBM3) or 144 GB (HBM3e) and a faster "
-            "clock; taken as the H100 SXM, 80 GB",
+            "clock; its memory is read as the H100 SXM's 80 GB",
             None,
         ),
     )

@@ -135,9 +135,8 @@ def make_cluster(
     eff_in = 0.80  # NVLink and PCIe alike (see the module docstring)
     if nvls is None:
         # NVLink SHARP needs third-generation NVSwitch: NVLink 4 (Hopper) and later.
-        nvls = spec.name.startswith(("H100-SXM", "H200", "B200")) and link_in.name in (
-            "nvlink4",
-            "nvlink5",
+        nvls = spec.name.startswith(("H100-SXM", "H200", "B200")) and link_in.name.startswith(
+            ("nvlink4", "nvlink5")  # the H800's cut NVLink 4 too: the same switch
         )
     return Cluster(
         device=spec,

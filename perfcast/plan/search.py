@@ -205,6 +205,11 @@ def _reasons(i: int, p: Plans, c: PlanCosts, best_step: float) -> list[str]:
     return out
 
 
+def _ms(x: float) -> str:
+    """Milliseconds in plain figures (3 significant, no exponent: 2,140 not 2.14e+03)."""
+    return f"{x:,.0f}" if x >= 100 else f"{x:.3g}"
+
+
 def search(
     workload: object,
     cluster: Cluster,
@@ -294,8 +299,8 @@ def search(
                 if hc.step_s[i] < 0.995 * best_step:
                     result.notes.append(
                         f"on {gpus // 2:,} GPUs the best plan ({describe(half.row(i))}) runs the "
-                        f"step in {1e3 * hc.step_s[i]:,.3g} ms, faster than the best on "
-                        f"{gpus:,} ({1e3 * best_step:,.3g} ms): a global batch of "
+                        f"step in {_ms(1e3 * hc.step_s[i])} ms, faster than the best on "
+                        f"{gpus:,} ({_ms(1e3 * best_step)} ms): a global batch of "
                         f"{global_batch:,} leaves too little work per GPU for {gpus:,}"
                     )
     if baseline is not None:

@@ -161,6 +161,19 @@ def render_tree(result: TreeResult, console: Console) -> None:
         else:
             text += "no Python frames recorded"
         console.print(Text(text))
+    if (
+        not cov.gpu_ns
+        and result.metric == "gpu_ns"
+        and result.rows
+        and result.rows[0].incl.get("cpu_ns")
+    ):
+        console.print(
+            Text(
+                "note: no GPU work in the selection: its GPU times are zero (--metric cpu "
+                "ranks by CPU time)",
+                style="yellow",
+            )
+        )
     if "focus" in sel and result.rows and cov.root_gpu_ns and result.metric == "gpu_ns":
         # The rows below hold only the matches' time: the root's row is their total.
         shown = result.rows[0].incl["gpu_ns"]

@@ -232,8 +232,15 @@ def _keep_acyclic(graph: Graph, spec: Spec) -> None:
     )
 
 
-# What-ifs that may be given more than once: each applies to the ops or syncs it selects.
+# What-ifs that may be given more than once: each applies to the ops or syncs it selects
+# (and activation checkpointing of the modules module= names).
 _REPEATABLE = frozenset({"faster-op", "remove-host-sync"})
+
+
+def _repeatable(spec: Spec) -> bool:
+    return spec.name in _REPEATABLE or (
+        spec.name == "activation-checkpointing" and "module" in spec.options
+    )
 
 
 def conflict(specs: list[Spec]) -> str | None:
@@ -256,12 +263,13 @@ def conflict(specs: list[Spec]) -> str | None:
         return f"{twice[0]} is given twice: apply it once"
     # A change to the whole step made twice (torch-compile twice predicted more than once)
     # or two ways of running data parallelism: only chosen ops and syncs repeat.
-    names = [s.name for s in specs if s.name not in _REPEATABLE]
+    names = [s.name for s in specs if not _repeatable(s)]
     again = sorted({n for n in names if names.count(n) > 1})
     if again:
         return (
             f"{again[0]} is given twice: apply it once (each changes the whole step; only "
-            f"{' and '.join(sorted(_REPEATABLE))} repeat, on different ops)"
+            f"{', '.join(sorted(_REPEATABLE))} and activation-checkpointing:module= repeat, "
+            "on different ops)"
         )
     if "ddp" in names and "zero" in names:
         return (

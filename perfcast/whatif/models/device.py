@@ -70,7 +70,8 @@ import numpy as np
 from perfcast.errors import OptionValueError, PerfcastError
 from perfcast.graph.model import GpuKind, Graph, NodeKind
 from perfcast.hardware import DeviceSpec, KernelClass
-from perfcast.hardware.interconnects import known_intra_node_link
+from perfcast.hardware.devices import variant_link
+from perfcast.hardware.interconnects import LinkSpec, known_intra_node_link, lookup_link
 from perfcast.hardware.measured import achieved_gemm, achieved_gemm_or_stand_in, measured_ratio
 from perfcast.whatif import primitives as P
 from perfcast.whatif.kernels import (
@@ -110,11 +111,20 @@ _MEMCPY_DTOD = re.compile(r"DtoD|Device -> Device", re.IGNORECASE)
 GPUS_PER_NODE = 8
 
 
-def _link_ratio(src: DeviceSpec, dst: DeviceSpec) -> float | None:
+def _intra_link(spec: DeviceSpec, named: str | None) -> LinkSpec | None:
+    """The part's intra-node link; a variant named by the trace or the user (an H800) runs
+    over its own cut link, not its base part's."""
+    cut = variant_link(named) if named else None
+    return lookup_link(cut) if cut else known_intra_node_link(spec)
+
+
+def _link_ratio(
+    src: DeviceSpec, dst: DeviceSpec, src_name: str | None = None, dst_name: str | None = None
+) -> float | None:
     """Communication time's ratio: the intra-node links' bandwidths, where both parts' links
     are known (NVLink, PCIe, Infinity Fabric alike: moving from NVLink to a PCIe part slows
     collectives as much as the other way speeds them up)."""
-    a, b = known_intra_node_link(src), known_intra_node_link(dst)
+    a, b = _intra_link(src, src_name), _intra_link(dst, dst_name)
     if a is None or b is None or a.bw_gbs_per_direction <= 0 or b.bw_gbs_per_direction <= 0:
         return None
     return a.bw_gbs_per_direction / b.bw_gbs_per_direction
@@ -264,7 +274,8 @@ def apply(graph: Graph, options: Options) -> Graph:
             continue
         k = int(c["klass"][n])
         if k == KernelClass.COMMUNICATION:
-            r = None if multi_node else _link_ratio(src, target)
+            src_name = options.source or graph.device_names.get(int(c["rank"][n]))
+            r = None if multi_node else _link_ratio(src, target, src_name, options.target)
             if r is not None:
                 ratio[i] = r
                 comm_scaled = True
@@ -302,6 +313,7 @@ def apply(graph: Graph, options: Options) -> Graph:
         P.scale(graph, host, 1.0 / host_speed)
         host_text = f"the new machine's CPU taken as {host_speed:.3g}x as fast ({host_how})"
     # Later models (amp, batch-size) see the new device; a fresh dict, as copies share it.
+    graph_names = dict(graph.device_names)  # as traced, for the links' names below
     graph.device_names = {**graph.device_names, **dict.fromkeys(sources, target.name)}
     src_names = ", ".join(sorted({s.name for s in sources.values()}))
     comm = "communication kernels unchanged (a device's intra-node link is not known)"
@@ -312,8 +324,9 @@ def apply(graph: Graph, options: Options) -> Graph:
         )
     if comm_scaled:
         links = {
-            f"{known_intra_node_link(s).name} -> {known_intra_node_link(target).name}"  # type: ignore[union-attr]
-            for s in sources.values()
+            f"{_intra_link(s, options.source or graph_names.get(r)).name} -> "  # type: ignore[union-attr]
+            f"{_intra_link(target, options.target).name}"  # type: ignore[union-attr]
+            for r, s in sources.items()
         }
         comm = (
             "communication kernels scaled by the intra-node links' bandwidth ratio "
