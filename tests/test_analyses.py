@@ -631,3 +631,50 @@ def test_declared_column_types_leave_containers_and_odd_values_alone() -> None:
     pytest.importorskip("pandas")
     df = columns_to_pandas(rows_to_columns([row([1, 2], None, None, 1.5)]))  # type: ignore[arg-type]
     assert df["ranks"][0] == "1, 2" and df["count"][0] == 1.5
+
+
+def test_stragglers_leave_out_a_rank_without_collectives_and_keep_whole_ns(write_trace) -> None:
+    """A rank cut before its GPU work left no collective present on every rank (nothing was
+    compared); and waits were computed from epoch ns in float64 (multiples of 256 ns)."""
+    epoch = 1_700_000_000_000_000.0  # µs: ~1.7e18 ns, as real traces' timestamps are
+    for rank, starts in ((0, [100, 300]), (1, [150, 310])):
+        d = _rank_trace(rank, [epoch + s for s in starts], [epoch + 200, epoch + 350])
+        d["distributedInfo"]["world_size"] = 3
+        write_trace(d, f"run/rank{rank}.json")
+    bare = TraceBuilder()
+    bare.step(1, epoch, 1000)
+    d = bare.doc()
+    d["distributedInfo"] = {"rank": 2, "world_size": 3}
+    path = write_trace(d, "run/rank2.json")
+    table = perfcast.load(path.parent)
+    r = stragglers(table)
+    assert r.matched == 2 and r.candidates == [1]
+    assert any("rank 2 holds no collective" in n for n in r.notes)
+    assert r.worst[0].max_wait_us == 50.0  # exactly: not 49.92 or 50.176
+    assert {x.rank: x.mean_lateness_us for x in r.by_rank}[1] == 15.0
+
+
+def test_a_folder_short_of_the_jobs_ranks_says_so(write_trace) -> None:
+    for rank in (0, 1):
+        d = _rank_trace(rank, [100], [200])
+        d["distributedInfo"]["world_size"] = 4
+        path = write_trace(d, f"run/rank{rank}.json")
+    notes = perfcast.summary(path.parent, correct=False).notes
+    assert any("the folder holds 2 of the job's 4 ranks" in n for n in notes), notes
+
+
+def test_kernels_across_ranks_count_ranks_that_never_ran_them(write_trace) -> None:
+    for rank in (0, 1):
+        b = TraceBuilder()
+        b.step(1, 0, 1000)
+        b.launch("everywhere_kernel", 10, 2, 20, 50)
+        if rank == 0:
+            b.launch("rank0_only_kernel", 100, 2, 110, 90)
+        d = b.doc()
+        d["distributedInfo"] = {"rank": rank, "world_size": 2}
+        path = write_trace(d, f"k/rank{rank}.json")
+    rows = {r.name: r for r in perfcast.kernel_breakdown(path.parent).across_ranks}
+    only = rows["rank0_only_kernel"]
+    assert only.ranks == 1 and only.min_rank_ms == 0.0 and only.max_rank_ms == pytest.approx(0.09)
+    assert only.spread_pct == pytest.approx(200.0)  # all of it on one rank of two
+    assert rows["everywhere_kernel"].spread_pct == 0.0

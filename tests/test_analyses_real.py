@@ -276,3 +276,13 @@ def test_diff_notes_two_traces_of_different_programs() -> None:
     assert d.different_programs and "measures how unlike they are" in d.text()
     # A whole-step CUDA graph keeps its kernels; bf16 autocast keeps its ops.
     assert not noted("mlp_base", "mlp_graph") and not noted("r50_base", "r50_amp_bf16")
+
+
+def test_an_all_gather_without_arguments_is_sized_by_its_output(shared_traces: Path) -> None:
+    """c10d::_allgather_base_ records (output, input); the nccl: range inside it only the
+    input, which was taken as the size (nccl-tests counts the output) with the world as the
+    group: bandwidth 64x too low on HTA's 128-rank sample."""
+    r = perfcast.collectives(shared_traces / "hta_sampled_128rank")
+    gathers = [row for row in r.by_op if row.op == "allgather" and row.rank == 0]
+    assert gathers and gathers[0].size_bytes == 1_073_741_824 and gathers[0].group_size == 64
+    assert gathers[0].busbw_gbs == pytest.approx(19.9, rel=0.01)

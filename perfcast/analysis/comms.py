@@ -154,7 +154,8 @@ def enclosing_op_args(
     op from the enclosing `nccl:<op>` range, and the size and dtype from the shapes of the
     nearest enclosing `record_param_comms` / `c10d::` op or `nccl:<op>` range that records a
     tensor (record_shapes). Per row: (op, dtype,
-    elements), None / 0 where the trace does not say."""
+    elements), None / 0 where the trace does not say. See `enclosing_extent` for the
+    other side of an all-gather or reduce-scatter."""
     from perfcast.ingest.input_dims import parse_input_dims, tensor_shapes
 
     names = table.names
@@ -192,6 +193,31 @@ def enclosing_op_args(
         elems.append(int(np.prod(first_tensor[int(table.shapes[r])])))
         dtypes.append(_first_input_dtype(table, r))
     return ops, dtypes, elems
+
+
+def enclosing_extent(table: EventTable, rows: np.ndarray) -> np.ndarray:
+    """Per collective kernel: the most elements of any one tensor of its enclosing `c10d::`
+    or `record_param_comms` op (0 where none records shapes). `c10d::_allgather_base_`
+    records (output, input): the all-gather's output, which the nccl: range inside it, holding
+    only the input, does not show; likewise a reduce-scatter's input."""
+    from perfcast.ingest.input_dims import parse_input_dims, tensor_shapes
+
+    names = table.names
+    launch = table.launch[rows].astype(np.int64)
+    start = np.where(launch >= 0, table.parent[np.maximum(launch, 0)], NONE)
+    c10d = np.array([n == "record_param_comms" or n.startswith("c10d::") for n in names])
+    largest: dict[int, int] = {}
+    for i in np.unique(table.shapes[c10d[table.name] & (table.shapes >= 0)]).tolist():
+        sizes = [int(np.prod(s)) for s in tensor_shapes(parse_input_dims(names[i])) if s]
+        if sizes:
+            largest[i] = max(sizes)
+    has = np.zeros(len(names), dtype=bool)
+    has[list(largest)] = True
+    sized = c10d[table.name] & (table.shapes >= 0) & has[np.maximum(table.shapes, 0)]
+    op = nearest_ancestor(table, start, sized)
+    return np.array(
+        [largest[int(table.shapes[r])] if r >= 0 else 0 for r in op.tolist()], dtype=np.int64
+    )
 
 
 def collective_ops(table: EventTable, rows: np.ndarray) -> list[str | None]:
@@ -267,6 +293,7 @@ def collectives(table: EventTable, link: str | None = None) -> Collectives:
     missing = np.flatnonzero(~has & ~on_host)
     fb_op, fb_dtype, fb_n = enclosing_op_args(table, rows[missing])
     fallback = {int(j): (o, d, k) for j, o, d, k in zip(missing, fb_op, fb_dtype, fb_n)}
+    extent = dict(zip(missing.tolist(), enclosing_extent(table, rows[missing]).tolist()))
     own = np.flatnonzero(on_host)
     fallback.update(
         {int(j): (None, d, k) for j, d, k in zip(own.tolist(), *_own_shapes(table, rows[own]))}
@@ -287,6 +314,13 @@ def collectives(table: EventTable, link: str | None = None) -> Collectives:
                 n_in[j] = f_n
         rank = int(table.rank[r])
         gs = int(group[j]) if group[j] > 0 else (table.rank_info(rank).world_size or 0)
+        big, small = extent.get(j, 0), int(n_in[j])
+        if op in ("allgather", "reducescatter") and small > 0 and big > small:
+            # The enclosing c10d op's larger tensor is the gathered output (the scattered
+            # input); their ratio is the group, which the world size need not be.
+            n_in[j], n_out[j] = (small, big) if op == "allgather" else (big, small)
+            if group[j] <= 0 and big % small == 0:
+                gs = big // small
         if on_host[j] and table.rank_info(rank).gloo_subgroups:
             gs = 0  # a gloo range does not say which of the trace's groups ran it
             unknown_group = True

@@ -55,11 +55,13 @@ class KernelAcrossRanks:
     name: str
     ranks: int  # ranks that ran it
     total_ms: float  # summed over ranks
+    # Over every rank with GPU work, those that never ran it at 0 ms (a kernel only some
+    # ranks run is the imbalance this table is for).
     min_rank_ms: float
     median_rank_ms: float
     max_rank_ms: float
     max_rank: int  # the rank with the most time in it
-    spread_pct: float  # (max - min) / median of the per-rank totals
+    spread_pct: float  # (max - min) / median of the per-rank totals (0 median: of the max)
 
 
 @dataclass(repr=False)
@@ -113,6 +115,7 @@ def kernel_breakdown(table: EventTable, top: int = 10) -> KernelBreakdown:
 
     # Top kernels per (rank, kind): chosen by their total over all ranks.
     n_names = len(table.names)
+    n_gpu_ranks = int(np.unique(g_rank).size)
     stats = group_stats((g_rank * 4 + g_kind) * n_names + g_name, dur)
     s_rank, rest = np.divmod(stats.keys, 4 * n_names)
     s_kind, s_name = np.divmod(rest, n_names)
@@ -143,6 +146,10 @@ def kernel_breakdown(table: EventTable, top: int = 10) -> KernelBreakdown:
                         pct=100.0 * total_ms / (kind_total.get((r, KINDS[k])) or 1.0),
                     )
                 )
+            ran = per_rank
+            idle_ranks = n_gpu_ranks - sel.size
+            if idle_ranks > 0:
+                per_rank = np.concatenate([per_rank, np.zeros(idle_ranks)])
             med = float(np.median(per_rank))
             out.across_ranks.append(
                 KernelAcrossRanks(
@@ -153,8 +160,10 @@ def kernel_breakdown(table: EventTable, top: int = 10) -> KernelBreakdown:
                     min_rank_ms=float(per_rank.min()) / NS_PER_MS,
                     median_rank_ms=med / NS_PER_MS,
                     max_rank_ms=float(per_rank.max()) / NS_PER_MS,
-                    max_rank=int(s_rank[sel[int(np.argmax(per_rank))]]),
-                    spread_pct=100.0 * float(per_rank.max() - per_rank.min()) / (med or 1.0),
+                    max_rank=int(s_rank[sel[int(np.argmax(ran))]]),
+                    spread_pct=100.0
+                    * float(per_rank.max() - per_rank.min())
+                    / (med or float(per_rank.max()) or 1.0),
                 )
             )
     return plain(out)

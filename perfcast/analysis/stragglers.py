@@ -139,6 +139,19 @@ def stragglers(table: EventTable, candidates: int = 2, top: int = 20) -> Straggl
     lists = _collective_lists(table)
     if host_collective_mask(table).any() and any(i.gloo_subgroups for i in table.ranks):
         out.notes.append(SUBGROUPS_NOTE)
+    # A rank with no collective at all (a file cut before its GPU work) would leave nothing
+    # present on every rank: it is left out, and said so.
+    bare = [r for r in ranks if not lists.get(r)]
+    if bare and len(bare) < len(ranks):
+        shown = ", ".join(map(str, bare[:5])) + (", ..." if len(bare) > 5 else "")
+        out.notes.append(
+            f"rank{'s' if len(bare) > 1 else ''} {shown} hold{'' if len(bare) > 1 else 's'} no "
+            "collective (a file cut before its GPU work?): left out; the others are compared"
+        )
+        ranks = [r for r in ranks if lists.get(r)]
+        if len(ranks) < 2:
+            out.notes.append("fewer than two ranks hold collectives: nothing to compare")
+            return out
     keys = set.intersection(*(set(lists.get(r, {})) for r in ranks)) if lists else set()
     matched: list[tuple[str, str, int, np.ndarray]] = []  # (kind, group, index, rows per rank)
     for key in sorted(keys):
@@ -172,6 +185,9 @@ def stragglers(table: EventTable, candidates: int = 2, top: int = 20) -> Straggl
     rows = np.stack([m[3] for m in matched])  # (n, ranks)
     base = np.array([table.rank_info(r).base_ns for r in ranks], dtype=np.int64)
     start = table.ts[rows] + base
+    # From the earliest start, in integer ns: epoch ns (~1.7e18) in float64 are multiples
+    # of 256, which rounded every wait below.
+    start = start - start.min()
     end = start + table.dur[rows]
     offset = np.median(end - end[:, :1], axis=0)  # align every rank to the first
     arrive = start - offset

@@ -163,6 +163,15 @@ def _note_folder_doubts(folder: str, infos: list[RankInfo]) -> None:
             "the ranks disagree on the job's size (distributedInfo world_size "
             f"{', '.join(map(str, sizes))}): traces of different jobs in one folder?",
         )
+    elif sizes and len(infos) < sizes[0]:
+        # A rank missing from the folder is missing from every comparison of ranks: the
+        # straggler it was cannot be named, and collectives wait on it unseen.
+        _folder_note(
+            first,
+            f"the folder holds {len(infos):,} of the job's {sizes[0]:,} ranks "
+            "(distributedInfo world_size): stragglers and collectives are those among "
+            "these ranks",
+        )
 
 
 # Columns that hold indices into the name table.
@@ -680,9 +689,15 @@ def _note_gpu_side_lost_at_the_cut(
     )
     if runtime_parent.size == 0:
         if info.device_name is not None:  # a GPU run cut before its GPU side was written
+            gpu_left = int(np.isin(kind, _GPU_KINDS).sum())
+            what = (
+                f"only {gpu_left:,} GPU event{'s' * (gpu_left != 1)} and no runtime call"
+                if gpu_left
+                else "no runtime call or GPU event"
+            )
             info.warnings.append(
-                f"no runtime call or GPU event survived {loss} (Kineto writes them after all "
-                f"CPU ops): the GPU side of every step is lost; {action}"
+                f"{what} survived {loss} (Kineto writes them after all CPU ops): the GPU "
+                f"side of the steps is {'mostly ' if gpu_left else ''}lost; {action}"
             )
         return
     if len(iterations) < 2:

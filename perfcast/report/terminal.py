@@ -100,13 +100,15 @@ def _render_rank_overview(summary: Summary, console: Console) -> None:
     _render_stragglers(summary, console)
 
 
-def _render_stragglers(summary: Summary, console: Console) -> None:
+def _render_stragglers(summary: Summary, console: Console, marked: bool = True) -> None:
+    """`marked`: the rank overview above marks them with *."""
     if summary.stragglers:
         console.print(
             Text(
-                "stragglers (* above: the ranks that arrive latest at collectives on average, "
-                "as HTA ranks them, and made others wait; the waiting each caused: perfcast "
-                "analyze --only stragglers): " + ", ".join(str(r) for r in summary.stragglers)
+                f"stragglers ({'* above: ' if marked else ''}the ranks that arrive latest at "
+                "collectives on average, as HTA ranks them, and made others wait; the waiting "
+                "each caused: perfcast analyze --only stragglers): "
+                + ", ".join(str(r) for r in summary.stragglers)
             )
         )
 
@@ -121,7 +123,7 @@ def render_summary(summary: Summary, console: Console, top: int = 5) -> None:
         ranks = [by_time[-1], by_time[0]]  # slowest and fastest in detail; --json has all
         console.print(Text("details of the slowest and the fastest rank:", style="bold"))
     else:
-        _render_stragglers(summary, console)
+        _render_stragglers(summary, console, marked=False)
     correction = summary.correction
     several = len(summary.ranks) > 1
     if (
