@@ -395,3 +395,35 @@ def test_many_ranks_draw_the_time_series_of_a_few(
     assert len(kept) == 3 and set(stragglers[:3]) <= kept
     assert len(whole["results"]["kernels"]["top"]) == len(cut["results"]["kernels"]["top"])
     assert any("drawn for 3 of 8 ranks (stragglers" in n for n in notes)
+
+
+def test_report_warns_where_advise_does_and_keeps_the_cost_when_asked(
+    shared_traces: Path, tmp_path: Path
+) -> None:
+    """advise's notes (a step that is mostly lazy initialization) never reached the page, and
+    --keep-profiler-cost still embedded estimates without the profiler."""
+    import perfcast
+    from perfcast.report.html import report_data
+
+    table = perfcast.load(shared_traces / "hta_mi250_minitoy_train.json.gz")
+    data = report_data(table)
+    assert any("lazy initialization" in c for c in data["caveats"])
+    kept = report_data(table, correct=False)
+    assert all(
+        it["real_ms"] is None for rs in kept["summary"]["ranks"] for it in rs["iterations"]
+    )
+
+
+@browser_test
+def test_report_page_shows_caveats_step_estimates_and_labels(
+    shared_traces: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "mi250.html"
+    make_report(shared_traces / "hta_mi250_minitoy_train.json.gz", out)
+    page = load_page(out)
+    root = browser_checks(page)
+    verdict = root.by_id("verdict-body")
+    assert verdict is not None and "lazy initialization" in verdict.text_content()
+    summary = root.by_id("summary-body")
+    assert summary is not None and "without profiler ms" in summary.text_content()
+    assert "icicle graph" in out.read_text(encoding="utf-8")  # the canvas's accessible name

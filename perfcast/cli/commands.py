@@ -466,7 +466,9 @@ def cmd_report(args: argparse.Namespace, ui: Any) -> int:
     _check_output(args.output, args.path)
     table = ui.load(args.path)
     with writing(args.output):
-        write_report(table, args.output, correct=args.correct)
+        caveats = write_report(table, args.output, correct=args.correct)
+    for caveat in caveats:  # what the page's first card warns of, said here too
+        ui.note(f"note: {caveat}")
     ui.note(f"wrote {args.output}")
     if args.json:
         ui.emit_json({"output": args.output})

@@ -29,7 +29,7 @@ from perfcast import __version__
 from perfcast.analysis.summary import summarize
 from perfcast.errors import PerfcastError
 from perfcast.events import EventTable, Kind
-from perfcast.graph.model import NONE, GpuKind, Graph, NodeKind
+from perfcast.graph.model import GpuKind, Graph, NodeKind
 from perfcast.graph.phases import collective_kernel_mask, host_collective_mask
 from perfcast.paths import write_output
 from perfcast.report import shorten
@@ -63,10 +63,12 @@ SECTIONS = (
 )
 
 
-def write_report(table: EventTable, output_path: str, correct: bool = True) -> None:
-    """Analyse `table` and write the HTML report to `output_path` (atomically)."""
-    text = render_report(table, correct=correct)
-    write_output(output_path, text.encode("utf-8"))
+def write_report(table: EventTable, output_path: str, correct: bool = True) -> list[str]:
+    """Analyse `table` and write the HTML report to `output_path` (atomically). Returns the
+    caveats its first card shows (for the command line to say too)."""
+    data = report_data(table, correct=correct)
+    write_output(output_path, render_html(data).encode("utf-8"))
+    return list(data.get("caveats") or [])
 
 
 def render_report(table: EventTable, correct: bool = True) -> str:
@@ -100,7 +102,8 @@ def report_data(table: EventTable, correct: bool = True) -> dict[str, Any]:
         world = real_world(graph, correct=correct)
         tl = world.traced
         replay = replay_result(tl, world)
-        add_real_steps(summary, world)
+        if correct:  # --keep-profiler-cost: no estimate without the profiler, as summary
+            add_real_steps(summary, world)
     except PerfcastError as exc:
         notes.append(f"the trace could not be replayed: {exc}")
     if graph is not None and tl is not None:
@@ -132,6 +135,7 @@ def report_data(table: EventTable, correct: bool = True) -> dict[str, Any]:
             "notes": notes,
         },
         "summary": _asdict(summary),
+        "caveats": report_caveats(notes, advice),
         "replay": _asdict(replay) if replay is not None else None,
         "advice": _asdict(advice) if advice is not None else None,
         "timeline": _timeline(table, graph, tl),
@@ -140,6 +144,21 @@ def report_data(table: EventTable, correct: bool = True) -> dict[str, Any]:
         "analyses": _analyses(table, notes),
     }
     return _clean(data)
+
+
+# A note that says the figures themselves are in doubt (a cut or damaged file): the first
+# card repeats it beside the answers it casts doubt on.
+_DOUBT = ("unreliable", "survived the cut", "survived the damage")
+
+
+def report_caveats(notes: list[str], advice: Any) -> list[str]:
+    """What the first card says before its answers: the advisor's own notes (what `perfcast
+    advise` prints first, e.g. a step that is mostly lazy initialization) and the trace's
+    notes that put every figure in doubt."""
+    out = [n for n in notes if any(d in n for d in _DOUBT)]
+    if advice is not None:
+        out.extend(n for n in getattr(advice, "notes", []) if n not in out)
+    return out
 
 
 def _analyses(table: EventTable, notes: list[str]) -> dict[str, Any] | None:
@@ -410,8 +429,9 @@ def _simulated_group(
     span = g.iterations[span_pos]
     begin, finish = _sim_window(tl, span_pos)
     kind = c["kind"]
-    on_rank = (c["rank"] == span.rank) & g.alive
-    sel = on_rank if span.start_node == NONE else on_rank & (c["iteration"] == span.index)
+    # Everything that ran in the window, as the measured group shows it: a step's own host
+    # work often ran before its window (the CPU runs ahead), and the lanes were then empty.
+    sel = (c["rank"] == span.rank) & g.alive
     sel &= (kind != NodeKind.CPU) | (c["op"] >= 0)  # CPU gaps outside any op are idle
     sel &= (tl.start < finish) & (tl.end > begin) & (tl.end > tl.start)
     nodes = np.flatnonzero(sel)

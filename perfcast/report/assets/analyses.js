@@ -65,7 +65,12 @@
       th.title = c;  // the column's name in --json, --csv and the API
     });
     var tb = t.appendChild(el("tbody"));
-    rows.slice(0, ROWS).forEach(function (r) {
+    // A table with a row per rank shows ROWS rows of each rank, up to 16 ranks (the first
+    // ranks' rows filled it and later ranks were missing).
+    var ranks = cols.indexOf("rank") >= 0
+      ? Object.keys(rows.reduce(function (m, r) { m[r.rank] = 1; return m; }, {})).length : 1;
+    var limit = ROWS * Math.min(Math.max(ranks, 1), 16);
+    rows.slice(0, limit).forEach(function (r) {
       var row = tb.appendChild(el("tr"));
       cols.forEach(function (c) {
         var v = r[c];
@@ -79,8 +84,8 @@
         }
       });
     });
-    if (rows.length > ROWS) {
-      parent.appendChild(el("p", "caption", "… " + (rows.length - ROWS) +
+    if (rows.length > limit) {
+      parent.appendChild(el("p", "caption", "… " + (rows.length - limit) +
         " more rows: `perfcast analyze --csv DIR` or the API have them all."));
     }
   }

@@ -68,10 +68,11 @@
       return "-";
     }
     var d = digits === undefined ? 2 : digits;
-    return Number(x).toLocaleString("en-US", {
-      minimumFractionDigits: d,
-      maximumFractionDigits: d
-    });
+    // toFixed rounds the binary value, as the terminal's Python does (259.005 is 259.00 in
+    // both); toLocaleString rounded the decimal text up. Then the thousands separators.
+    var parts = Number(x).toFixed(d).split(".");
+    parts[0] = parts[0].replace(/\B(?=(\d{3})+(?!\d))/g, ",");
+    return parts.join(".");
   }
 
   function pct(x, digits) {
@@ -163,7 +164,10 @@
   }
 
   function chart(parent, id, traces, layout, height, config) {
-    var div = add(parent, el("div", { "class": "chart", id: id }));
+    var title = layout && layout.title ? (layout.title.text || layout.title) : id;
+    var div = add(parent, el("div", {
+      "class": "chart", id: id, role: "img", "aria-label": "chart: " + String(title)
+    }));
     var base = {
       font: FONT,
       height: height || 360,
@@ -282,11 +286,24 @@
         caption(root, "The profiler's own cost is kept in (--keep-profiler-cost): every figure " +
           "and prediction here is for the profiled run, as traced.");
       } else if (r.correction) {
+        var c = r.correction;
+        var costs = [ms(c.op_us) + " µs per op"];
+        [[c.input_us, "per recorded input"], [c.runtime_us, "per runtime call"],
+          [c.task_us, "per GPU task a runtime call launches beyond its first"],
+          [c.python_us, "per Python frame"], [c.memory_us, "per [memory] event"]]
+          .forEach(function (x) {
+            if (x[0] > 0.005) {
+              costs.push(ms(x[0]) + " µs " + x[1]);
+            }
+          });
+        if (c.work_pct > 0) {
+          costs.push("the ops' own CPU work taken as " + ms(c.work_pct, 1) + "% longer traced");
+        }
         caption(root, "Without profiler: the step as it runs with the profiler off, estimated by " +
           "replaying the trace with the profiler's own host cost taken out (" +
-          r.correction.source + ", ±" + r.correction.uncertainty_pct.toFixed(0) + "%: " +
-          r.correction.op_us.toFixed(2) + " µs per op, " + r.correction.runtime_us.toFixed(2) +
-          " µs per runtime call). Predictions below are for that run.");
+          c.source + ", ±" + c.uncertainty_pct.toFixed(0) + "%: " + costs.join(", ") + "; " +
+          ms(c.removed_ms_per_step) + " ms of host time per step" +
+          (c.note ? "; " + c.note : "") + "). Predictions below are for that run.");
       }
       if (r.assumptions && r.assumptions.length) {
         var d = add(root, el("details"));
@@ -308,6 +325,7 @@
         return [
           stepLabel(it.name), ms(it.measured_ms), s ? ms(s.simulated_ms) : "-",
           s ? signedPct(s.error_pct) : "-",
+          s && !keptCost && s.real_ms !== null && s.real_ms !== undefined ? ms(s.real_ms) : "-",
           g ? ms(g.compute_ms) : "-", g ? ms(g.communication_exposed_ms) : "-",
           g ? ms(g.memcpy_exposed_ms) : "-", g ? ms(g.idle_ms) : "-",
           g ? pct(g.communication_overlap_pct, 0) : "-", String(it.kernels)
@@ -316,7 +334,7 @@
       table(det, [
         { label: "step" }, { label: "measured ms", num: true },
         { label: "simulated ms", num: true }, { label: "error", num: true },
-        { label: "GPU compute", num: true }, { label: "comm exposed", num: true },
+        { label: "without profiler ms", num: true }, { label: "GPU compute", num: true }, { label: "comm exposed", num: true },
         { label: "copies exposed", num: true }, { label: "idle", num: true },
         { label: "comm overlap", num: true }, { label: "kernels", num: true }
       ], rows2);
@@ -346,6 +364,9 @@
         " median as traced (no advice on this trace: the notes above say why)"]);
       return;
     }
+    (DATA.caveats || []).forEach(function (n) {
+      line("caution", [n]);
+    });
     var kept = A.correction.source === "off";
     line("step", kept
       ? [el("b", null, ms(A.traced_ms) + " ms"), " as traced (the profiler's cost kept in)"]
@@ -881,7 +902,8 @@
     caption(root, RANKS.length + " ranks. Longest step: rank " + RANKS[slowest].rank + " (" +
       ms(meas[slowest]) + " ms), shortest: rank " + RANKS[fastest].rank + " (" +
       ms(meas[fastest]) + " ms). " + (late.length
-        ? "Stragglers, the ranks that arrive latest at collectives on average: " + late.join(", ") +
+        ? "Stragglers, the ranks that arrive latest at collectives on average and made others " +
+          "wait (the analyses below list the latest on average): " + late.join(", ") +
           " (a waiting rank shows the longest step, not the rank it waits for)."
         : "No rank arrived late at collectives often enough to call it a straggler."));
   }
@@ -976,9 +998,13 @@
     var head = root.appendChild(el("p", { "class": "caption" },
       "Context from " + C.level_text + ". One box per call path, as wide as its time " +
       "(summed over " + C.steps + " step(s)); click to zoom, search to highlight. " +
-      C.library_frames_hidden.toLocaleString("en-US") + " frames of PyTorch and the " +
-      "interpreter are hidden (perfcast tree --all-frames shows them)."));
+      C.library_frames_hidden.toLocaleString("en-US") + " call-path nodes of PyTorch and " +
+      "interpreter frames are hidden (perfcast tree --all-frames shows them; it folds " +
+      "repeated module instances first, so it counts fewer)."));
     head.id = "flame-caption";
+    (C.notes || []).slice(1).forEach(function (note) {  // the first repeats the level
+      root.appendChild(el("p", { "class": "caption" }, note));
+    });
     if (C.gpu_total_ns > 0) {
       root.appendChild(el("p", { "class": "caption" },
         "GPU time not attributed to a Python frame: " + C.unattributed_pct.toFixed(2) + "%" +
@@ -1001,7 +1027,11 @@
     var summary = bar.appendChild(el("span", { id: "flame-match-summary", "class": "caption" }));
     var crumbs = root.appendChild(el("p", { id: "flame-zoom", "class": "caption" }));
     var wrap = root.appendChild(el("div", { "class": "flame-wrap" }));
-    var canvas = wrap.appendChild(el("canvas", { id: "flame-canvas" }));
+    var canvas = wrap.appendChild(el("canvas", {
+      id: "flame-canvas", role: "img",
+      "aria-label": "icicle graph of the calling context: one box per call path, as wide " +
+        "as its time; the matching paths are listed below"
+    }));
     var tip = wrap.appendChild(el("div", { id: "flame-tip", "class": "flame-tip" }));
     tip.hidden = true;
     var matches = root.appendChild(el("ul", { id: "flame-matches", "class": "flame-matches" }));
