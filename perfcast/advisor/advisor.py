@@ -6,8 +6,10 @@ read off the baseline: what limits the step and how much of it the
 optimization touches.
 
 Every prediction carries the error its model has shown on the project's measured pairs
-(`error_bands.json`, written by the recorded accuracy benchmark): a speedup s with a band e
-means the measured speedup was within s(1 - e) .. s(1 + e) on every pair of that model. Only
+(`error_bands.json`, written by the recorded accuracy benchmark): a band e is the largest
+|predicted - measured| / measured speedup on that model's pairs, so a prediction s means a
+measured speedup within s / (1 + e) .. s / (1 - e) (not s(1 - e) .. s(1 + e), a range that
+left out the very pairs e came from). Only
 suggestions whose gain stays above 1.00x at the band's low end are ranked; the others are
 listed as uncertain, with why. The best plan composes the ranked suggestions that can be
 applied together, and is predicted as one what-if.
@@ -327,13 +329,28 @@ def _bands() -> dict[str, object]:
     return data if isinstance(data, dict) else {}
 
 
+# A band of e >= 1 would bound the measured speedup by nothing above: its top is taken at
+# this (none of the measured models comes near: the largest is 0.51).
+MAX_BAND = 0.95
+# Options that make another model of the same what-if: its measured pairs are not theirs
+# (the recorded torch-compile pairs are all default mode, the amp pairs all bf16).
+_OTHER_MODEL = {("torch-compile", "mode"): "default", ("amp", "dtype"): "bf16"}
+
+
 def _band(spec: str, bands: dict[str, object]) -> tuple[float | None, int]:
     """(relative error band, pairs behind it): the model's largest error on its measured pairs;
-    a model with none gets the largest error of any model, and 0 pairs."""
+    a model with none (or a variant of one, e.g. torch-compile's reduce-overhead mode) gets
+    the largest error of any model, and 0 pairs."""
     by_model = bands.get("by_model", {})
     overall = bands.get("all", {})
-    if isinstance(by_model, dict):
-        entry = by_model.get(spec.split(":")[0])
+    name, _, opts = spec.partition(":")
+    given = dict(o.split("=", 1) for o in opts.split(",") if "=" in o)
+    variant = any(
+        model == name and given.get(key, default).strip("'\"") != default
+        for (model, key), default in _OTHER_MODEL.items()
+    )
+    if isinstance(by_model, dict) and not variant:
+        entry = by_model.get(name)
         if isinstance(entry, dict) and entry.get("max") is not None:
             return float(entry["max"]), int(entry.get("rows", 0))
     if isinstance(overall, dict) and overall.get("max") is not None:
@@ -587,8 +604,8 @@ def advise(
             code=_code(text, traits),
             error_band_pct=None if band is None else 100.0 * band,
             band_pairs=pairs,
-            speedup_low=None if band is None else speedup * (1 - band),
-            speedup_high=None if band is None else speedup * (1 + band),
+            speedup_low=None if band is None else speedup / (1 + band),
+            speedup_high=None if band is None else speedup / (1 - min(band, MAX_BAND)),
         )
         s.uncertain = _why_uncertain(s)
         if not s.uncertain:
@@ -640,6 +657,21 @@ SLOW_COLLECTIVE_PCT = 5.0
 ORPHAN_SHARE = 0.01
 
 
+def _launched_before_trace(table: Any) -> int:
+    """GPU tasks without a launch whose correlation id precedes every launch the trace
+    recorded on their rank: launched before the profiler started."""
+    if table is None:
+        return 0
+    gpu = table.kind_mask((Kind.KERNEL, Kind.MEMCPY, Kind.MEMSET)) & (table.launch < 0)
+    rows = np.flatnonzero(gpu & (table.correlation >= 0))
+    if rows.size == 0:
+        return 0
+    calls = np.flatnonzero(table.kind_mask((Kind.RUNTIME, Kind.DRIVER)) & (table.correlation >= 0))
+    first = np.full(int(table.rank.max()) + 1, np.iinfo(np.int64).max, dtype=np.int64)
+    np.minimum.at(first, table.rank[calls], table.correlation[calls])
+    return int((table.correlation[rows] < first[table.rank[rows]]).sum())
+
+
 def _idle_findings(graph: Graph, facts: dict[str, float]) -> list[str]:
     """When time no traced work explains holds a large share of the critical path: whether the
     trace lost the launches of its GPU work (a trace without its CPU side) or the host was
@@ -651,6 +683,15 @@ def _idle_findings(graph: Graph, facts: dict[str, float]) -> list[str]:
     orphans = graph.unresolved.get("gpu_without_launch", 0)
     tasks = int(((graph.cols["kind"] == NodeKind.GPU) & graph.alive).sum())
     # A few kernels without a launch are ordinary (work enqueued just before the trace).
+    early = _launched_before_trace(graph.table)
+    if orphans > ORPHAN_SHARE * max(tasks, 1) and early >= 0.5 * orphans:
+        return [
+            f"{head}, and {orphans:,} GPU tasks have no launch in the trace: {early:,} of them "
+            "were launched before it began (their correlation ids precede every launch it "
+            "recorded), so the GPU was still working through earlier work when profiling "
+            "started; the first steps' times hold that backlog: profile after a few more "
+            "warm-up steps (torch.profiler.schedule(wait=..., warmup=...))"
+        ]
     if orphans > ORPHAN_SHARE * max(tasks, 1):
         return [
             f"{head}, and {orphans:,} GPU tasks have no launch in the trace: its CPU side is "

@@ -468,7 +468,8 @@ def render_advice(advice: Advice, console: Console) -> None:
     w_hash = len(str(len(rows)))
     overhead = 2 * 6 + 5  # padding and separators of six columns
     fixed = overhead + w_hash + max(w_num, 2) + max(w_sp, 7) + 5
-    longest = max((len(r[1]) for r in rows), default=12)
+    # At least the header's width: "optimization" folded into "optimizatio / n".
+    longest = max([len("optimization"), *(len(r[1]) for r in rows)])
     name_w = max(8, min(longest, console.width - fixed - 10))
     range_w = console.width - fixed - name_w
     # Too narrow for the range too (under ~55 columns): it is left out, the rest kept whole.

@@ -280,11 +280,13 @@ def apply(graph: Graph, options: Options) -> Graph:
 def _refuse_dynamic_shapes(graph: Graph, host: np.ndarray) -> None:
     """A sync that sizes a data-dependent output (boolean-mask indexing, nonzero, unique)
     means shapes that change from step to step; a CUDA graph replays fixed ones."""
-    from perfcast.whatif.models.remove_host_sync import shape_op_of
+    from perfcast.whatif.models.remove_host_sync import SHAPE, classify_syncs, shape_op_of
 
     c = graph.cols
     syncs = host[c["kind"][host] == NodeKind.SYNC]
     ops = shape_op_of(graph, syncs)
+    # A host-to-device copy inside such an op (DLRM's index tensors) sizes nothing.
+    ops[classify_syncs(graph, syncs) != SHAPE] = -1
     if not (ops >= 0).any():
         return
     table = graph.table

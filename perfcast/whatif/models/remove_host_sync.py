@@ -87,14 +87,16 @@ def classify_syncs(graph: Graph, syncs: np.ndarray) -> np.ndarray:
     if syncs.size == 0 or graph.table is None:
         return out
     c = graph.cols
-    out[shape_op_of(graph, syncs) >= 0] = SHAPE
-    # A blocking copy's GPU half: the copies launched from the same op as the sync.
+    # A blocking copy's GPU half: the copies launched from the same op as the sync. Told
+    # apart first: an index tensor copied from the host inside `aten::index` is a copy to
+    # pin, not a data-dependent shape (DLRM's syncs were refused as shapes).
     row = c["op"][syncs].astype(np.int64)
     gpu = np.flatnonzero((c["kind"] == NodeKind.GPU) & (c["op"] >= 0) & graph.alive)
     h2d_names = np.array([copy_direction(n) == "HtoD" for n in graph.names], dtype=bool)
     h2d_ops = np.unique(c["op"][gpu[h2d_names[c["name"][gpu]]]])
-    copy = (out == READ) & (row >= 0) & np.isin(row, h2d_ops)
+    copy = (row >= 0) & np.isin(row, h2d_ops)
     out[copy] = H2D_COPY
+    out[~copy & (shape_op_of(graph, syncs) >= 0)] = SHAPE
     return out
 
 

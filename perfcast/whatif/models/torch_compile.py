@@ -215,7 +215,7 @@ def _refuse_compiled(graph: Graph) -> None:
     for i in used.tolist():
         if _COMPILED.search(graph.names[i]):
             name = graph.names[i]
-            name = name if len(name) <= 60 else "…" + name[-59:]  # the end names the op
+            name = name if len(name) <= 80 else "…" + name[-79:]  # the end names the op
             raise NotApplicableError(
                 f"torch-compile: the trace is compiled already ({name!r} runs in it)"
             )
