@@ -409,9 +409,7 @@ def test_report_warns_where_advise_does_and_keeps_the_cost_when_asked(
     data = report_data(table)
     assert any("lazy initialization" in c for c in data["caveats"])
     kept = report_data(table, correct=False)
-    assert all(
-        it["real_ms"] is None for rs in kept["summary"]["ranks"] for it in rs["iterations"]
-    )
+    assert all(it["real_ms"] is None for rs in kept["summary"]["ranks"] for it in rs["iterations"])
 
 
 @browser_test
