@@ -678,3 +678,13 @@ def test_kernels_across_ranks_count_ranks_that_never_ran_them(write_trace) -> No
     assert only.ranks == 1 and only.min_rank_ms == 0.0 and only.max_rank_ms == pytest.approx(0.09)
     assert only.spread_pct == pytest.approx(200.0)  # all of it on one rank of two
     assert rows["everywhere_kernel"].spread_pct == 0.0
+
+
+def test_diff_says_when_a_and_b_hold_different_ranks(write_trace) -> None:
+    for folder, ranks in (("a", (0, 1)), ("b", (2, 3))):
+        for rank in ranks:
+            d = _rank_trace(rank, [100], [200])
+            d["distributedInfo"]["world_size"] = 4
+            last = write_trace(d, f"{folder}/rank{rank}.json")
+    notes = perfcast.diff(last.parent.parent / "a", last.parent).notes
+    assert any("A holds ranks 0, 1, B ranks 2, 3" in n for n in notes), notes

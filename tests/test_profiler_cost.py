@@ -486,3 +486,25 @@ def test_diff_apply_sets_the_modelled_fused_kernels_against_bs_real_ones() -> No
             raise AssertionError(f"B's {name} left unpaired: {row}")
         if row.b_ms == 0 and row.a_ms > 0:  # removed for-loop kernels predict nothing
             assert row.predicted_ms == 0, row
+
+
+def test_diff_apply_keeps_the_work_a_change_removes_and_pairs_renamed_kernels() -> None:
+    """The for-loop kernels a fused optimizer removes were missing from the predicted table
+    (only B's and the prediction's names were listed); amp's modelled native batch-norm
+    kernel and its autocast-renamed kernels did not meet their counterparts."""
+    d = perfcast.diff(
+        H100 / "mlp_base.json.gz",
+        H100 / "mlp_fused.json.gz",
+        apply="fused-optimizer:kind=fused",
+        top=1000,
+    )
+    removed = [r for r in d.predicted if r.kind == "kernel" and "addcdiv" in r.name and r.a_ms > 0]
+    assert removed and all(r.predicted_ms == 0 and r.b_ms == 0 for r in removed)
+    amp = perfcast.diff(
+        H100 / "r50_base.json.gz", H100 / "r50_amp_bf16.json.gz", apply="amp", top=1000
+    )
+    rows = {r.name: r for r in amp.predicted if r.kind == "kernel"}
+    bn = rows["batch_norm_transform (native bf16, modelled)"]
+    assert bn.predicted_ms > 0 and bn.b_ms > 0
+    renamed = [r for name, r in rows.items() if name.startswith("autocast[")]
+    assert renamed and all(r.a_ms > 0 for r in renamed)

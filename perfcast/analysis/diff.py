@@ -14,6 +14,7 @@ and per launching op, against what B measured. Predict, apply, measure: the loop
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
 
@@ -340,8 +341,19 @@ def diff(a: EventTable, b: EventTable, top: int = 20, real: bool = True) -> Trac
         b_files=[r.path for r in b.ranks],
         notes=[f"A: {n}" for n in input_notes(a)] + [f"B: {n}" for n in input_notes(b)],
     )
-    if len(a.ranks) != len(b.ranks):
-        out.notes.append(f"A has {len(a.ranks)} ranks, B {len(b.ranks)}: per-step sums differ")
+    ra, rb = a.rank_ids(), b.rank_ids()
+    if len(ra) != len(rb):
+        out.notes.append(
+            f"A has {len(ra)} rank(s), B {len(rb)}: the step times are each trace's slowest "
+            "rank's, and ops, kernels and phases are per rank and step, so the ranks compared "
+            "differ"
+        )
+    elif ra != rb:
+        shown = ", ".join(map(str, ra[:4])) + (", ..." if len(ra) > 4 else "")
+        other = ", ".join(map(str, rb[:4])) + (", ..." if len(rb) > 4 else "")
+        out.notes.append(
+            f"A holds ranks {shown}, B ranks {other}: different ranks of the job are compared"
+        )
     out.notes.extend(_setup_notes(a, b))
     unrelated = _different_programs_note(pa, pb)
     out.notes.extend(unrelated)
@@ -379,19 +391,26 @@ def _predicted_gpu(tl: Timeline, steps: int) -> tuple[dict[str, float], dict[str
     return by(c["name"][sel]), by(c["op_name"][sel])
 
 
+_AUTOCAST = re.compile(r"^autocast\[\w+\] ")
+
+
+def _as_traced(name: str) -> str:
+    """A kernel's name as A traced it, where a what-if renamed it (amp's
+    `autocast[bf16] <kernel>`)."""
+    return _AUTOCAST.sub("", name)
+
+
 def _pair_modelled(
     pred: dict[str, float], a_t: dict[str, float], b_t: dict[str, float]
 ) -> tuple[dict[str, float], dict[str, float]]:
     """A's and B's kernel times with B's kernels that a modelled kernel stands for (a
     what-if's new `multi_tensor_apply_kernel<FusedAdamMathFunctor> (modelled)`) summed under
     the modelled name: B's real names carry template arguments no model can know."""
-    from perfcast.whatif.models.fused_optimizer import MODELLED
-
     b_t = dict(b_t)
     for name in pred:
-        if not name.endswith(MODELLED) or name in b_t:
+        if not name.endswith("modelled)") or name in b_t:
             continue
-        base = name.removesuffix(MODELLED).split(" (")[0]
+        base = name.split(" (")[0]
         family, _, functor = base.partition("<")
         functor = functor.rstrip(">")
         mine = [n for n in b_t if n not in pred and family in n and (not functor or functor in n)]
@@ -442,18 +461,21 @@ def compare_prediction(
         ("kernel", pred_k, *_pair_modelled(pred_k, pa.kernel_ms, pb.kernel_ms)),
         ("op", pred_op, pa.op_gpu_ms, pb.op_gpu_ms),
     ):
+        # A's work the change removed stays in the table, predicted 0 (it was left out, so
+        # a reader could not see what the prediction took away).
+        shown_a = {_as_traced(nm) for nm in pred}
         part = [
             PredictedRow(
                 kind,
                 nm,
-                a_t.get(nm, 0.0),
+                a_t.get(nm, a_t.get(_as_traced(nm), 0.0)),
                 pred.get(nm, 0.0),
                 b_t.get(nm, 0.0),
                 pred.get(nm, 0.0) - b_t.get(nm, 0.0),
             )
-            for nm in set(pred) | set(b_t)
+            for nm in set(pred) | set(b_t) | (set(a_t) - shown_a)
         ]
-        part.sort(key=lambda r: (-max(r.b_ms, r.predicted_ms), r.name))
+        part.sort(key=lambda r: (-max(r.b_ms, r.predicted_ms, r.a_ms), r.name))
         rows.extend(part[:top])
     out.predicted = rows
     return plain(out)

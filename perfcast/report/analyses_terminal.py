@@ -77,7 +77,16 @@ def render_table(
     if n == 0:
         return
     shown = min(n, rows)
-    cells = {c: [_cell(cols[c][i], column=c) for i in range(shown)] for c in names}
+    # Names as long as the terminal allows (at 60 characters two kernels that differ only
+    # in their template arguments printed alike); they fold where they must.
+    name_w = max(60, console.width - 40)
+    cells = {
+        c: [
+            _cell(cols[c][i], width=name_w if c in TEXT_COLUMNS else 60, column=c)
+            for i in range(shown)
+        ]
+        for c in names
+    }
     # Figures are never cut ("2,1…"): each keeps its widest cell, text columns wrap into
     # what is left, and when even that does not fit the rightmost figures are left out.
     width = {c: max([len(c), *map(len, cells[c])]) for c in names}
@@ -165,16 +174,17 @@ def render_diff(result: TraceDiff, console: Console, rows: int = 15) -> None:
         console.print(Text(f"note: {note}", style="yellow"))
     s = result.step
     head = (
-        f"step time: A {s.a_ms:,.3f} ms → B {s.b_ms:,.3f} ms "
+        f"step time (mean of the steps, as traced): A {s.a_ms:,.3f} ms → B {s.b_ms:,.3f} ms "
         f"({s.delta_ms:+,.3f} ms, {s.delta_pct:+.1f}%, speedup {s.speedup:.3f}×)"
     )
     console.print(Text(head, style="bold"))
     if s.real_speedup is not None and s.a_real_ms is not None and s.b_real_ms is not None:
         console.print(
             Text(
-                f"without the profiler: A {s.a_real_ms:,.3f} ms → B {s.b_real_ms:,.3f} ms "
-                f"(speedup {s.real_speedup:.3f}×; {s.real_source}): the steps above are as "
-                "traced, each with its profiler's own cost in it",
+                f"without the profiler (estimated, or measured where a trace carries its "
+                f"unprofiled steps: their median): A {s.a_real_ms:,.3f} ms → B "
+                f"{s.b_real_ms:,.3f} ms (speedup {s.real_speedup:.3f}×; {s.real_source}): the "
+                "steps above are as traced, each with its profiler's own cost in it",
                 style="bold",
             )
         )
@@ -235,4 +245,5 @@ def render_diff(result: TraceDiff, console: Console, rows: int = 15) -> None:
                 )
             )
     for tname, cols in result_tables(result).items():
-        render_table(console, tname, cols, None, rows)
+        # The predicted table holds the top kernels and then the top ops: both shown.
+        render_table(console, tname, cols, None, 2 * rows if tname == "predicted" else rows)
