@@ -508,3 +508,15 @@ def test_diff_apply_keeps_the_work_a_change_removes_and_pairs_renamed_kernels() 
     assert bn.predicted_ms > 0 and bn.b_ms > 0
     renamed = [r for name, r in rows.items() if name.startswith("autocast[")]
     assert renamed and all(r.a_ms > 0 for r in renamed)
+
+
+def test_diff_apply_attributes_gpu_time_to_ops_as_the_measured_side_does() -> None:
+    """Against itself with a change that moves no GPU work, every op's predicted GPU time is
+    its measured one (DDP's all-reduce went to nccl:all_reduce on the predicted side and to
+    record_param_comms on the measured one)."""
+    example = REPO / "perfcast" / "examples" / "ddp_a100_rank0.json.gz"
+    d = perfcast.diff(example, example, apply="remove-host-sync", top=1000)
+    ops = [r for r in d.predicted if r.kind == "op"]
+    assert ops
+    for r in ops:
+        assert r.predicted_ms == pytest.approx(r.a_ms, rel=0.02, abs=1e-3), r

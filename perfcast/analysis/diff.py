@@ -388,7 +388,27 @@ def _predicted_gpu(tl: Timeline, steps: int) -> tuple[dict[str, float], dict[str
         tot = np.bincount(inv, weights=dur[ok]) / steps / NS_PER_MS
         return {g.names[i]: t for i, t in zip(uniq.tolist(), tot.tolist())}
 
-    return by(c["name"][sel]), by(c["op_name"][sel])
+    # Per op as the measured side attributes it (`launching_op`, any op's name: DDP's
+    # all-reduce under record_param_comms, not the nccl: range inside it); work a model
+    # added, with no trace row, by the graph's own op.
+    op_name = c["op_name"][sel].astype(np.int64)
+    table = g.table
+    ev = c["event"][sel].astype(np.int64)
+    traced = np.flatnonzero(ev >= 0)
+    if table is not None and traced.size:
+        rows = ev[traced]
+        launched = table.launch[rows] >= 0
+        op_rows = np.full(rows.size, NONE, dtype=np.int64)
+        op_rows[launched] = launching_op(table, rows[launched], aten_first=False)
+        known = op_rows >= 0
+        ids = np.full(rows.size, -1, dtype=np.int64)
+        if known.any():
+            # The trace's names into the graph's name table, once per distinct name.
+            uniq, inv = np.unique(table.name[op_rows[known]], return_inverse=True)
+            mapped = np.array([g.intern(table.names[i]) for i in uniq.tolist()], dtype=np.int64)
+            ids[known] = mapped[inv.reshape(-1)]
+        op_name[traced] = ids
+    return by(c["name"][sel]), by(op_name)
 
 
 _AUTOCAST = re.compile(r"^autocast\[\w+\] ")
