@@ -64,7 +64,7 @@ def test_one_row_end_to_end(tmp_path: Path) -> None:
     import perfcast
 
     info = perfcast.load(trace).ranks[0]
-    assert len(info.unprofiled_step_ms) == 2 and len(info.unprofiled_after_step_ms) == 1
+    assert len(info.unprofiled_step_ms) == 3 and len(info.unprofiled_after_step_ms) == 1
     assert "| mlp | foreach-adam | cpu |" in proc.stdout
     # The same row in the recorded format, with its trace, scorable later without a rerun.
     from benchmarks.accuracy.recorded_rows import load_rows

@@ -412,3 +412,28 @@ def test_advise_on_traces_queued_before_the_profiler_and_index_copies(
     # data-dependent shapes that would rule out CUDA graphs.
     advice = perfcast.advise(shared_traces / "dlrm_v100_8rank")
     assert any(s.name == "cuda-graphs" for s in advice.suggestions)
+
+
+def test_a_trace_without_launches_is_not_said_to_be_queued_before_it(tmp_path: Path) -> None:
+    """With no launch at all on a rank, every GPU task's correlation id read as "before the
+    first launch"; such a trace lost its CPU side."""
+    example = Path(__file__).resolve().parents[1] / "perfcast/examples/ddp_a100_rank0.json.gz"
+    doc = json.loads(gzip.decompress(example.read_bytes()))
+    keep = ("kernel", "gpu_memcpy", "gpu_memset")
+    doc["traceEvents"] = [
+        e for e in doc["traceEvents"] if e.get("cat") in keep or e.get("ph") == "M"
+    ]
+    path = tmp_path / "gpu_only.json"
+    path.write_text(json.dumps(doc))
+    assert adv._launched_before_trace(perfcast.load(path)) == 0
+
+
+def test_plans_amp_note_reads_the_band_as_advise_does() -> None:
+    from types import SimpleNamespace
+
+    from perfcast.plan import _amp_confidence
+
+    best, alt = SimpleNamespace(step_ms=100.0), SimpleNamespace(step_ms=180.0, label="dp8")
+    assert _amp_confidence(best, alt) is None  # 1.8x / 1.51 > 1: advise would rank it
+    close = SimpleNamespace(step_ms=120.0, label="dp8")
+    assert "measure one AMP step" in (_amp_confidence(best, close) or "")

@@ -41,7 +41,7 @@ def test_every_result_draws_as_html_and_text(table) -> None:
         "predict": "what-if: remove-host-sync",
         "analyze": "idle: GPU idle time per stream",
         "memory": "Memory · copies",
-        "diff": "step time: A 222.409 ms → B 222.409 ms",
+        "diff": "step time (mean of the steps, as traced): A 222.409 ms → B 222.409 ms",
         "tree": "calling context · all ranks",
     }
     for name, result in _results(table).items():

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import perfcast
-from perfcast.errors import NotApplicableError, PerfcastError
+from perfcast.errors import NotApplicableError, OptionError, PerfcastError
 from perfcast.graph import build_graph
 from perfcast.graph.model import NodeKind, Source
 from perfcast.sim.timeline import simulate
@@ -245,7 +245,7 @@ def test_amp_refusals(write_trace):
     bf16 = load(write_trace, gpu_trace([kernel(BF16_GEMM, 100.0, "aten::mm")]), "bf16.json")
     with pytest.raises(NotApplicableError, match="16 bits"):
         predict(bf16, "amp")
-    with pytest.raises(NotApplicableError, match="already applied"):
+    with pytest.raises(OptionError, match="amp is given twice"):
         predict(load(write_trace, gpu_trace(MIXED)), "amp", "amp")
     with pytest.raises(NotApplicableError, match="dtype"):
         predict(load(write_trace, gpu_trace(MIXED)), "amp:dtype=fp8")

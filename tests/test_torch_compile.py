@@ -247,7 +247,10 @@ def test_compiling_an_already_captured_step_is_refused(shared_traces):
 
 def test_the_refusals_name_what_captured_the_step(shared_traces):
     table = perfcast.load(shared_traces / "tracelens_h100_bert_small.json.gz")
-    with pytest.raises(NotApplicableError, match="already by torch-compile:mode=reduce-overhead"):
+    with pytest.raises(
+        perfcast.OptionError,
+        match=r"given twice \(torch-compile and torch-compile:mode=reduce-overhead\)",
+    ):
         perfcast.predict(table, ["torch-compile:mode=reduce-overhead", "torch-compile"])
     with pytest.raises(perfcast.OptionError, match="cuda-graphs is given twice"):
         perfcast.predict(table, ["cuda-graphs", "cuda-graphs"])

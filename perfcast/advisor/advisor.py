@@ -343,10 +343,15 @@ def _band(spec: str, bands: dict[str, object]) -> tuple[float | None, int]:
     the largest error of any model, and 0 pairs."""
     by_model = bands.get("by_model", {})
     overall = bands.get("all", {})
+    from perfcast.whatif.models.amp import _DTYPE_ALIASES as ALIASES  # as amp reads them
+
     name, _, opts = spec.partition(":")
-    given = dict(o.split("=", 1) for o in opts.split(",") if "=" in o)
+    given = {
+        k.strip().replace("-", "_"): v.strip().strip("'\"").lower()
+        for k, _, v in (o.partition("=") for o in opts.split(",") if "=" in o)
+    }
     variant = any(
-        model == name and given.get(key, default).strip("'\"") != default
+        model == name and ALIASES.get(given.get(key, default), given.get(key, default)) != default
         for (model, key), default in _OTHER_MODEL.items()
     )
     if isinstance(by_model, dict) and not variant:
@@ -667,9 +672,13 @@ def _launched_before_trace(table: Any) -> int:
     if rows.size == 0:
         return 0
     calls = np.flatnonzero(table.kind_mask((Kind.RUNTIME, Kind.DRIVER)) & (table.correlation >= 0))
-    first = np.full(int(table.rank.max()) + 1, np.iinfo(np.int64).max, dtype=np.int64)
+    if calls.size == 0:
+        return 0  # no launch at all: a trace without its CPU side, not work queued before it
+    none = np.iinfo(np.int64).max
+    first = np.full(int(table.rank.max()) + 1, none, dtype=np.int64)
     np.minimum.at(first, table.rank[calls], table.correlation[calls])
-    return int((table.correlation[rows] < first[table.rank[rows]]).sum())
+    before = first[table.rank[rows]]
+    return int(((before != none) & (table.correlation[rows] < before)).sum())
 
 
 def _idle_findings(graph: Graph, facts: dict[str, float]) -> list[str]:

@@ -307,7 +307,7 @@ def plan_trace(
     result = searched(top=top, amp=amp_choices, baseline=base)
     if amp is not None and result.best and result.best[0].plan["amp"]:
         plain = searched(top=1, amp=(0,)).best  # the best plan without AMP
-        note = _amp_confidence(result.best[0], plain[0]) if plain else None
+        note = _amp_confidence(result.best[0], plain[0], amp.dtype) if plain else None
         if note:
             result.notes.append(note)
     if world > 1:
@@ -357,16 +357,17 @@ def plan_trace(
     return result
 
 
-def _amp_confidence(best: PlanRow, alt: PlanRow) -> str | None:
+def _amp_confidence(best: PlanRow, alt: PlanRow, dtype: str = "bf16") -> str | None:
     """A note when the best plan owes its lead over the best one without AMP (`alt`) to AMP
-    by less than the AMP model's measured error (as `advise` leaves such a gain unranked)."""
+    by less than the AMP model's measured error (as `advise` leaves such a gain unranked:
+    the measured speedup may be as low as gain / (1 + band))."""
     from perfcast.advisor.advisor import _band, _bands
 
-    band, pairs = _band("amp", _bands())
+    band, pairs = _band(f"amp:dtype={dtype}", _bands())
     if band is None:
         return None
     gain = alt.step_ms / best.step_ms
-    if gain * (1.0 - band) >= 1.0:
+    if gain / (1.0 + band) > 1.0:
         return None
     return (
         f"the best plans use AMP, predicted {gain:.2f}x faster than the best without it "

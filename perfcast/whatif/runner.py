@@ -266,8 +266,10 @@ def conflict(specs: list[Spec]) -> str | None:
     names = [s.name for s in specs if not _repeatable(s)]
     again = sorted({n for n in names if names.count(n) > 1})
     if again:
+        given = sorted({str(s) for s in specs if s.name == again[0]})
+        which = f" ({' and '.join(given)})" if len(given) > 1 else ""
         return (
-            f"{again[0]} is given twice: apply it once (each changes the whole step; only "
+            f"{again[0]} is given twice{which}: apply it once (each changes the whole step; only "
             f"{', '.join(sorted(_REPEATABLE))} and activation-checkpointing:module= repeat, "
             "on different ops)"
         )

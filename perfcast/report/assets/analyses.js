@@ -65,12 +65,25 @@
       th.title = c;  // the column's name in --json, --csv and the API
     });
     var tb = t.appendChild(el("tbody"));
-    // A table with a row per rank shows ROWS rows of each rank, up to 16 ranks (the first
-    // ranks' rows filled it and later ranks were missing).
-    var ranks = cols.indexOf("rank") >= 0
-      ? Object.keys(rows.reduce(function (m, r) { m[r.rank] = 1; return m; }, {})).length : 1;
-    var limit = ROWS * Math.min(Math.max(ranks, 1), 16);
-    rows.slice(0, limit).forEach(function (r) {
+    // A table with a row per rank shows the first ROWS rows of each of its first 16 ranks,
+    // in the table's order (a cap over all rows let the first ranks fill it).
+    var shown = rows;
+    if (cols.indexOf("rank") >= 0) {
+      var seen = {};
+      var order = [];
+      shown = rows.filter(function (r) {
+        if (!(r.rank in seen)) {
+          seen[r.rank] = 0;
+          order.push(r.rank);
+        }
+        seen[r.rank] += 1;
+        return order.indexOf(r.rank) < 16 && seen[r.rank] <= ROWS;
+      });
+    } else {
+      shown = rows.slice(0, ROWS);
+    }
+    var limit = shown.length;
+    shown.forEach(function (r) {
       var row = tb.appendChild(el("tr"));
       cols.forEach(function (c) {
         var v = r[c];
