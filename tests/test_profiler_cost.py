@@ -347,7 +347,7 @@ def test_a_calibration_applies_only_to_its_own_machine(tmp_path: Path, monkeypat
 
     from perfcast import calibration
 
-    here = calibration.machine_identity()
+    here = {**calibration.machine_identity(), "torch": "2.13.0+cpu"}  # torch may be absent
     monkeypatch.setenv(calibration.ENV, "")  # the default location, which tmp HOME points to
     monkeypatch.setattr(calibration, "default_path", lambda: _calibration_file(tmp_path, here))
     doc = json.loads(gzip.decompress((H100 / "mlp_base.json.gz").read_bytes()))
