@@ -430,11 +430,11 @@ def _facts(graph: Graph, tl: Timeline) -> dict[str, float]:
         )
     sync = np.flatnonzero((c["kind"] == NodeKind.SYNC) & alive & (c["iteration"] >= 0))
     # Syncs that size data-dependent outputs stay under remove-host-sync: not counted as its.
-    from perfcast.whatif.models.remove_host_sync import SHAPE, classify_syncs
+    from perfcast.whatif.models.remove_host_sync import SHAPE, blocking_ns, classify_syncs
 
     shaped = classify_syncs(graph, sync) == SHAPE
     facts["syncs_per_step"] = float((~shaped).sum()) / n_steps
-    facts["sync_ms"] = float(c["dur_measured"][sync[~shaped]].sum()) / 1e6 / n_steps
+    facts["sync_ms"] = blocking_ns(graph, sync[~shaped]) / 1e6 / n_steps
     facts["shape_syncs_per_step"] = float(shaped.sum()) / n_steps
     opt = gpu[c["phase"][gpu] == 3]
     facts["optimizer_kernels_per_step"] = opt.size / n_steps
