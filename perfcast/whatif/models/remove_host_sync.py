@@ -91,31 +91,30 @@ def classify_syncs(graph: Graph, syncs: np.ndarray) -> np.ndarray:
     # apart first: an index tensor copied from the host inside `aten::index` is a copy to
     # pin, not a data-dependent shape (DLRM's syncs were refused as shapes).
     row = c["op"][syncs].astype(np.int64)
-    gpu = np.flatnonzero((c["kind"] == NodeKind.GPU) & (c["op"] >= 0) & graph.alive)
-    h2d_names = np.array([copy_direction(n) == "HtoD" for n in graph.names], dtype=bool)
-    h2d_ops = np.unique(c["op"][gpu[h2d_names[c["name"][gpu]]]])
-    copy = (row >= 0) & np.isin(row, h2d_ops)
+    copy = (row >= 0) & np.isin(row, c["op"][_h2d_copies(graph)])
     out[copy] = H2D_COPY
     out[~copy & (shape_op_of(graph, syncs) >= 0)] = SHAPE
     return out
 
 
+def _h2d_copies(graph: Graph) -> np.ndarray:
+    """The GPU nodes (alive, launched from an op) that copy host memory to the device."""
+    c = graph.cols
+    gpu = np.flatnonzero((c["kind"] == NodeKind.GPU) & (c["op"] >= 0) & graph.alive)
+    h2d_names = np.array([copy_direction(n) == "HtoD" for n in graph.names], dtype=bool)
+    return gpu[h2d_names[c["name"][gpu]]]
+
+
 def blocking_ns(graph: Graph, syncs: np.ndarray) -> int:
     """The host time these syncs held as traced: their own, and for blocking host-to-device
-    copies the copy calls too (a pageable cudaMemcpyAsync blocks inside the call, 3-40 ms on
-    the 2021 V100 ResNet-50, where the synchronize after it takes 0.05 ms)."""
+    copies (syncs whose op launched one, as `classify_syncs` tells them) the copy calls too
+    (a pageable cudaMemcpyAsync blocks inside the call, 3-40 ms on the 2021 V100 ResNet-50,
+    where the synchronize after it takes 0.05 ms)."""
     c = graph.cols
     total = int(np.sum(c["dur_measured"][syncs]))
-    copies = syncs[classify_syncs(graph, syncs) == H2D_COPY]
-    if copies.size:
-        gpu = np.flatnonzero(
-            (c["kind"] == NodeKind.GPU) & graph.alive & np.isin(c["op"], c["op"][copies])
-        )
-        h2d = np.array([copy_direction(graph.names[i]) == "HtoD" for i in c["name"][gpu]])
-        calls = np.unique(c["launch"][gpu[h2d]]) if gpu.size else gpu
-        calls = calls[calls >= 0]
-        total += int(np.sum(c["dur_measured"][calls]))
-    return total
+    copies = _h2d_copies(graph)
+    calls = np.unique(c["launch"][copies[np.isin(c["op"][copies], c["op"][syncs])]])
+    return total + int(np.sum(c["dur_measured"][calls[calls >= 0]]))
 
 
 def shape_op_of(graph: Graph, syncs: np.ndarray) -> np.ndarray:
