@@ -344,15 +344,18 @@ def _band(spec: str, bands: dict[str, object]) -> tuple[float | None, int]:
     by_model = bands.get("by_model", {})
     overall = bands.get("all", {})
     from perfcast.whatif.models.amp import _DTYPE_ALIASES as ALIASES  # as amp reads them
+    from perfcast.whatif.registry import build_options, parse_spec
 
-    name, _, opts = spec.partition(":")
-    given = {
-        k.strip().replace("-", "_"): v.strip().strip("'\"").lower()
-        for k, _, v in (o.partition("=") for o in opts.split(",") if "=" in o)
-    }
+    parsed = parse_spec(spec)
+    name = parsed.name
+    options = build_options(name, parsed.options)  # the defaults of what the spec leaves out
+
+    def value(key: str) -> str:
+        text = str(getattr(options, key)).lower()
+        return ALIASES.get(text, text)
+
     variant = any(
-        model == name and ALIASES.get(given.get(key, default), given.get(key, default)) != default
-        for (model, key), default in _OTHER_MODEL.items()
+        model == name and value(key) != default for (model, key), default in _OTHER_MODEL.items()
     )
     if isinstance(by_model, dict) and not variant:
         entry = by_model.get(name)
