@@ -17,7 +17,9 @@ bandwidth far below the peak may be a straggler, not the link.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -147,6 +149,36 @@ def _first_input_dtype(table: EventTable, row: int) -> str | None:
     return _CPP_TYPES.get(first, first) if first else None
 
 
+def _launch_parents(table: EventTable, rows: np.ndarray) -> np.ndarray:
+    """Per GPU row: the event enclosing its launching call (NONE without a launch)."""
+    launch = table.launch[rows].astype(np.int64)
+    return np.where(launch >= 0, table.parent[np.maximum(launch, 0)], NONE)
+
+
+def _c10d_ops(names: list[str]) -> np.ndarray:
+    """Per name: a `record_param_comms` or `c10d::` op (what a collective is called from)."""
+    return np.array([n == "record_param_comms" or n.startswith("c10d::") for n in names], bool)
+
+
+def _nearest_with_tensors(
+    table: EventTable, start: np.ndarray, ops: np.ndarray, measure: Callable[[list[Any]], int]
+) -> tuple[np.ndarray, dict[int, int]]:
+    """From each `start` row up: the nearest event whose name `ops` marks and whose shapes
+    hold a tensor (NONE where none), and per shapes id, `measure` of its tensors' shapes."""
+    from perfcast.ingest.input_dims import parse_input_dims, tensor_shapes
+
+    names = table.names
+    measured: dict[int, int] = {}
+    for i in np.unique(table.shapes[ops[table.name] & (table.shapes >= 0)]).tolist():
+        tensors = [s for s in tensor_shapes(parse_input_dims(names[i])) if s]
+        if tensors:
+            measured[i] = measure(tensors)
+    has = np.zeros(len(names), dtype=bool)
+    has[list(measured)] = True
+    sized = ops[table.name] & (table.shapes >= 0) & has[np.maximum(table.shapes, 0)]
+    return nearest_ancestor(table, start, sized), measured
+
+
 def enclosing_op_args(
     table: EventTable, rows: np.ndarray
 ) -> tuple[list[str | None], list[str | None], list[int]]:
@@ -156,31 +188,18 @@ def enclosing_op_args(
     tensor (record_shapes). Per row: (op, dtype,
     elements), None / 0 where the trace does not say. See `enclosing_extent` for the
     other side of an all-gather or reduce-scatter."""
-    from perfcast.ingest.input_dims import parse_input_dims, tensor_shapes
-
     names = table.names
-    launch = table.launch[rows].astype(np.int64)
-    start = np.where(launch >= 0, table.parent[np.maximum(launch, 0)], NONE)
+    start = _launch_parents(table, rows)
     # The nearest enclosing nccl:<op> range that names a collective.
     op_of_name = [collective_from_kernel_name(n) if n.startswith("nccl:") else None for n in names]
     named = np.array([o is not None for o in op_of_name], dtype=bool)
     op_row = nearest_ancestor(table, start, named[table.name])
     # The nearest enclosing record_param_comms / c10d:: op or nccl:<op> range whose shapes
     # hold a tensor (DDP's c10d op records a TensorList without dims; the nccl: range inside
-    # it records the bucket's flat tensor).
-    comms_op = (
-        np.array([n == "record_param_comms" or n.startswith("c10d::") for n in names], dtype=bool)
-        | named
+    # it records the bucket's flat tensor): its first tensor's elements.
+    size_row, first_elems = _nearest_with_tensors(
+        table, start, _c10d_ops(names) | named, lambda t: int(np.prod(t[0]))
     )
-    first_tensor: dict[int, list[int]] = {}
-    for i in np.unique(table.shapes[comms_op[table.name] & (table.shapes >= 0)]).tolist():
-        shapes = [s for s in tensor_shapes(parse_input_dims(names[i])) if s]
-        if shapes:
-            first_tensor[i] = shapes[0]
-    sized_shape = np.zeros(len(names), dtype=bool)
-    sized_shape[list(first_tensor)] = True
-    sized = comms_op[table.name] & (table.shapes >= 0) & sized_shape[np.maximum(table.shapes, 0)]
-    size_row = nearest_ancestor(table, start, sized)
 
     ops = [op_of_name[int(table.name[r])] if r >= 0 else None for r in op_row.tolist()]
     dtypes: list[str | None] = []
@@ -190,7 +209,7 @@ def enclosing_op_args(
             dtypes.append(None)
             elems.append(0)
             continue
-        elems.append(int(np.prod(first_tensor[int(table.shapes[r])])))
+        elems.append(first_elems[int(table.shapes[r])])
         dtypes.append(_first_input_dtype(table, r))
     return ops, dtypes, elems
 
@@ -200,21 +219,12 @@ def enclosing_extent(table: EventTable, rows: np.ndarray) -> np.ndarray:
     or `record_param_comms` op (0 where none records shapes). `c10d::_allgather_base_`
     records (output, input): the all-gather's output, which the nccl: range inside it, holding
     only the input, does not show; likewise a reduce-scatter's input."""
-    from perfcast.ingest.input_dims import parse_input_dims, tensor_shapes
-
-    names = table.names
-    launch = table.launch[rows].astype(np.int64)
-    start = np.where(launch >= 0, table.parent[np.maximum(launch, 0)], NONE)
-    c10d = np.array([n == "record_param_comms" or n.startswith("c10d::") for n in names])
-    largest: dict[int, int] = {}
-    for i in np.unique(table.shapes[c10d[table.name] & (table.shapes >= 0)]).tolist():
-        sizes = [int(np.prod(s)) for s in tensor_shapes(parse_input_dims(names[i])) if s]
-        if sizes:
-            largest[i] = max(sizes)
-    has = np.zeros(len(names), dtype=bool)
-    has[list(largest)] = True
-    sized = c10d[table.name] & (table.shapes >= 0) & has[np.maximum(table.shapes, 0)]
-    op = nearest_ancestor(table, start, sized)
+    op, largest = _nearest_with_tensors(
+        table,
+        _launch_parents(table, rows),
+        _c10d_ops(table.names),
+        lambda t: max(int(np.prod(s)) for s in t),
+    )
     return np.array(
         [largest[int(table.shapes[r])] if r >= 0 else 0 for r in op.tolist()], dtype=np.int64
     )
