@@ -29,6 +29,33 @@ def not_a_file(path: str | os.PathLike[str], folders: bool = False) -> str | Non
     return "is a device, not a file" if stat.S_ISCHR(mode) else "is not a regular file"
 
 
+def unwritable_folder(folder: str | os.PathLike[str]) -> str | None:
+    """Why files cannot be written into `folder`, else None, found before the work that
+    would fill it: the folder (and any missing above it) is made, a temporary file written
+    in it, and everything made removed again."""
+    import tempfile
+
+    target = Path(folder)
+    made = []  # folders made for the probe, removed again: nothing is left on a failure
+    current = target.absolute()
+    while not current.exists() and current != current.parent:
+        made.append(current)
+        current = current.parent
+    if not current.is_dir():
+        return f"{current} is a file, not a folder"
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=target, prefix=".perfcast-probe-"):
+            pass
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    finally:
+        for path in made:  # deepest first
+            with contextlib.suppress(OSError):
+                path.rmdir()
+    return None
+
+
 def user_cache_dir() -> Path:
     """perfcast's folder in the user's cache: $XDG_CACHE_HOME/perfcast, else ~/.cache/perfcast.
     Not created here."""

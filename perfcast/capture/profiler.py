@@ -31,7 +31,7 @@ from perfcast.capture.launch import (
     worker_command,
 )
 from perfcast.ingest.reader import CYCLE_FOLDER
-from perfcast.paths import native_stderr_to
+from perfcast.paths import native_stderr_to, unwritable_folder
 
 __all__ = ["Capture", "MaxStepsReached", "active_capture", "capture", "run_profile", "step"]
 
@@ -1059,27 +1059,10 @@ def _is_own(path: Path) -> bool:
 
 
 def _unwritable(out: Path) -> str | None:
-    """Why traces cannot be written to `out` (created here if missing), before the script
-    runs: the profiler's own export fails silently, and the script would train to the end
-    for nothing."""
-    import tempfile
-
-    made = []  # folders made for the probe, removed again: nothing is left on a failure
-    folder = out.absolute()
-    while not folder.exists() and folder != folder.parent:
-        made.append(folder)
-        folder = folder.parent
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=out, prefix=".perfcast-probe-"):
-            pass
-    except OSError as exc:
-        return f"cannot write traces to {out} ({exc.strerror or exc}); choose another -o"
-    finally:
-        for path in made:  # deepest first
-            with contextlib.suppress(OSError):
-                path.rmdir()
-    return None
+    """Why traces cannot be written to `out`, before the script runs: the profiler's own
+    export fails silently, and the script would train to the end for nothing."""
+    why = unwritable_folder(out)
+    return f"cannot write traces to {out} ({why}); choose another -o" if why else None
 
 
 def _print_script_traceback(exc: BaseException) -> None:

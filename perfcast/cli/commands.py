@@ -12,7 +12,7 @@ from typing import Any
 from rich.text import Text
 
 from perfcast.errors import OptionError, PerfcastError
-from perfcast.paths import not_a_file
+from perfcast.paths import not_a_file, unwritable_folder
 
 
 def add_correction_option(p: Any) -> None:
@@ -164,24 +164,14 @@ MAX_CALIBRATION_WORKERS = 256
 
 def _refuse_unwritable(path: str) -> None:
     """An output whose folder cannot be made or written to, refused before the work that
-    would fill it (a probe file in the nearest folder that exists)."""
+    would fill it."""
     import os
-    import tempfile
 
-    folder = os.path.dirname(os.path.abspath(path))
-    while not os.path.exists(folder) and os.path.dirname(folder) != folder:
-        folder = os.path.dirname(folder)
-    if not os.path.isdir(folder):
-        raise PerfcastError(f"cannot write the output: {folder} is a file, not a folder", path=path)
-    try:
-        with tempfile.NamedTemporaryFile(dir=folder, prefix=".perfcast-probe-"):
-            pass
-    except OSError as exc:
+    why = unwritable_folder(os.path.dirname(os.path.abspath(path)))
+    if why:
         raise PerfcastError(
-            f"cannot write the output ({exc.strerror or exc})",
-            path=path,
-            hint="choose a folder you can write to",
-        ) from None
+            f"cannot write the output ({why})", path=path, hint="choose a folder you can write to"
+        )
 
 
 def _refuse_folder(path: str) -> None:
