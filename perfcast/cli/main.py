@@ -33,6 +33,10 @@ MAX_WIDTH = 1000
 _WRITE_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
 
 
+def _write_failed(exc: OSError) -> str:
+    return f"perfcast: error: cannot write the output ({exc.strerror or exc})"
+
+
 def _bounded(console: Console) -> Console:
     if console.width > MAX_WIDTH:
         console.width = MAX_WIDTH
@@ -298,13 +302,12 @@ def _guard(fn: Callable[[], int], *, debug: bool, subject: str | None) -> int:
         _quiet_stdout()
         return 0
     except OSError as exc:
-        if exc.errno not in _WRITE_ERRORS:
-            _print_traceback(debug)
-            print(f"perfcast: {one_line(describe_internal(exc, subject))}", file=sys.stderr)
-            return InternalError.exit_code
         _print_traceback(debug)
-        print(f"perfcast: error: cannot write the output ({exc.strerror or exc})", file=sys.stderr)
-        return PerfcastError.exit_code
+        if exc.errno in _WRITE_ERRORS:
+            print(_write_failed(exc), file=sys.stderr)
+            return PerfcastError.exit_code
+        print(f"perfcast: {one_line(describe_internal(exc, subject))}", file=sys.stderr)
+        return InternalError.exit_code
     except MemoryError:
         _print_traceback(debug)
         where = f"{subject}: " if subject else ""
@@ -355,7 +358,7 @@ def entry() -> None:
         _quiet_stdout()
     except OSError as exc:  # a full disk under a redirected stdout
         _quiet_stdout()
-        print(f"perfcast: error: cannot write the output ({exc.strerror or exc})", file=sys.stderr)
+        print(_write_failed(exc), file=sys.stderr)
         code = code or PerfcastError.exit_code
     sys.exit(code)
 
