@@ -490,6 +490,15 @@ def nearest_device(name: str) -> tuple[DeviceSpec, str] | None:
     return None
 
 
+def lookup_or_nearest(name: str) -> tuple[DeviceSpec, str | None] | None:
+    """The spec for `name` (`lookup_device`), else the known part standing in for a variant
+    of it with why (`nearest_device`); None when neither knows it."""
+    spec = lookup_device(name)
+    if spec is not None:
+        return spec, None
+    return nearest_device(name)
+
+
 def variant_link(name: str) -> str | None:
     """The intra-node link of a variant part whose link differs from its base part's (the
     H800's and A800's cut NVLink), by the link table's name; None for other names."""

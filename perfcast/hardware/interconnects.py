@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from perfcast.hardware.devices import DeviceSpec
+from perfcast.hardware.devices import DeviceSpec, variant_link
 
 
 @dataclass(frozen=True)
@@ -256,15 +256,18 @@ def list_links() -> list[LinkSpec]:
     return list(_LINKS)
 
 
-def default_intra_node_link(device: DeviceSpec) -> LinkSpec:
-    """The GPU-to-GPU link a typical server with this device uses inside one node.
+def default_intra_node_link(device: DeviceSpec, named: str | None = None) -> LinkSpec:
+    """The GPU-to-GPU link a typical server with this device uses inside one node; where
+    `named` (the name a trace or a user gave) is a variant `device` stands in for, the
+    variant's own link (the H800's cut NVLink).
 
     Unknown devices get PCIe 4.0 x16, the most common slot of the period this table covers.
     """
-    return _BY_NAME[_INTRA_NODE.get(device.name, "pcie4")]
+    return known_intra_node_link(device, named) or _BY_NAME["pcie4"]
 
 
-def known_intra_node_link(device: DeviceSpec) -> LinkSpec | None:
-    """The device's intra-node link when the table names one (no PCIe 4.0 guess)."""
-    name = _INTRA_NODE.get(device.name)
+def known_intra_node_link(device: DeviceSpec, named: str | None = None) -> LinkSpec | None:
+    """The device's intra-node link when the table names one (no PCIe 4.0 guess); a
+    variant's own, as `default_intra_node_link`."""
+    name = (variant_link(named) if named else None) or _INTRA_NODE.get(device.name)
     return _BY_NAME[name] if name else None

@@ -30,7 +30,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from perfcast.hardware.devices import DeviceSpec, lookup_device, nearest_device, variant_link
+from perfcast.hardware.devices import DeviceSpec, lookup_device, lookup_or_nearest
 from perfcast.hardware.interconnects import (
     LinkSpec,
     default_intra_node_link,
@@ -84,8 +84,10 @@ def make_cluster(
     gpus_per_node: int = 8,
     nvls: bool | None = None,
     nics_per_node: int | None = None,
+    named: str | None = None,
 ) -> Cluster:
-    """A cluster of `device` GPUs. `intra` defaults to the device's usual intra-node link;
+    """A cluster of `device` GPUs. `intra` defaults to the device's usual intra-node link
+    (a variant's own where `device`, or `named` beside a spec, names one: the H800's);
     `inter` to 400 Gb/s InfiniBand NDR for Hopper and newer, 200 Gb/s HDR before, one NIC
     per GPU unless `nics_per_node` says otherwise (e.g. 4 on nodes whose eight GPUs share
     four NICs)."""
@@ -93,17 +95,13 @@ def make_cluster(
 
     if isinstance(device, str) and not device.strip():
         raise OptionError("no GPU named (an empty name)", hint="e.g. h100, a100-80gb, mi300x")
-    spec = lookup_device(device) if isinstance(device, str) else device
-    note = ""
-    if spec is None and isinstance(device, str):
-        near = nearest_device(device)
-        if near is not None:
-            spec, why = near
-            note = f"{why}; taken as {spec.name}"
-            intra = intra or variant_link(device)
-    if spec is None:
+    found = lookup_or_nearest(device) if isinstance(device, str) else (device, None)
+    if found is None:
         raise OptionError(f"unknown GPU '{device}'", hint="e.g. h100, a100-80gb, mi300x")
-    link_in = lookup_link(intra) if intra else default_intra_node_link(spec)
+    spec, why = found
+    note = f"{why}; taken as {spec.name}" if why else ""
+    named = named or (device if isinstance(device, str) else None)
+    link_in = lookup_link(intra) if intra else default_intra_node_link(spec, named)
     if link_in is None:
         raise OptionError(f"unknown link '{intra}'", hint="e.g. nvlink4, pcie5")
     if is_network_link(link_in):

@@ -24,7 +24,7 @@ from perfcast.analysis.common import traced_device
 from perfcast.analysis.notes import refuse_counter_trace
 from perfcast.errors import OptionError, PerfcastError, whole_number
 from perfcast.events import EventTable
-from perfcast.hardware.devices import DeviceSpec, lookup_device, variant_link
+from perfcast.hardware.devices import DeviceSpec, lookup_device
 from perfcast.hardware.network import Cluster, calibrated_from, make_cluster
 from perfcast.plan.analytic import AnalyticWorkload
 from perfcast.plan.desc import PRESETS, ModelDesc, load_desc
@@ -127,10 +127,13 @@ def _cluster_for(
             f"GPU '{named}' is not in perfcast's device table",
             hint="pass --gpu with a known one (e.g. h100, a100-80gb, mi300x)",
         )
-    # A variant (an H800) runs over its own cut link, not its base part's.
-    link = link or (variant_link(named) if named else None)
     return make_cluster(
-        spec, intra=link, inter=inter, gpus_per_node=gpus_per_node, nics_per_node=nics_per_node
+        spec,
+        intra=link,
+        inter=inter,
+        gpus_per_node=gpus_per_node,
+        nics_per_node=nics_per_node,
+        named=named,  # a variant (an H800) runs over its own cut link
     )
 
 

@@ -11,7 +11,7 @@ from perfcast.errors import NotApplicableError, OptionValueError
 from perfcast.graph.model import NONE, EdgeType, GpuKind, Graph, NodeKind, Source
 from perfcast.graph.phases import Phase
 from perfcast.hardware.classify import KernelClass
-from perfcast.hardware.devices import DeviceSpec, lookup_device, nearest_device, variant_link
+from perfcast.hardware.devices import DeviceSpec, lookup_or_nearest
 from perfcast.hardware.interconnects import (
     LinkSpec,
     default_intra_node_link,
@@ -62,19 +62,17 @@ def link_for(graph: Graph, rank: int, name: str | None, model: str) -> tuple[Lin
     if given is not None:
         return given, "given"
     dev = graph.device_names.get(rank)
-    spec = lookup_device(dev) if dev else None
-    if spec is None and dev:
-        near = nearest_device(dev)
-        if near is not None:  # a variant: its own link where it differs (the H800's)
-            cut = variant_link(dev)
-            link = lookup_link(cut) if cut else default_intra_node_link(near[0])
-            assert link is not None
-            return link, f"the usual intra-node link of the {dev} ({near[1]})"
-    if spec is None:
+    found = lookup_or_nearest(dev) if dev else None
+    if found is None:
         link = lookup_link(FALLBACK_LINK)
         assert link is not None
         return link, f"device {dev or 'unknown'} not recognized: {link.name} assumed"
-    return default_intra_node_link(spec), f"the usual intra-node link of {spec.name}"
+    spec, variant = found
+    # A variant runs over its own link where it differs (the H800's).
+    link = default_intra_node_link(spec, dev)
+    if variant:
+        return link, f"the usual intra-node link of the {dev} ({variant})"
+    return link, f"the usual intra-node link of {spec.name}"
 
 
 @dataclass(frozen=True)
@@ -142,8 +140,8 @@ def comm_model(
     if cache is not None and dev in cache:
         return cache[dev]
     link, why = link_for(graph, rank, name, model)
-    near = nearest_device(dev) if dev and lookup_device(dev) is None else None
-    spec = (lookup_device(dev) if dev else None) or (near[0] if near else _UNKNOWN_DEVICE)
+    known = lookup_or_nearest(dev) if dev else None
+    spec = known[0] if known else _UNKNOWN_DEVICE
     check_node_options(model, gpus_per_node, nics_per_node)
     cluster = make_cluster(
         spec, intra=link.name, gpus_per_node=gpus_per_node, nics_per_node=nics_per_node

@@ -70,8 +70,7 @@ import numpy as np
 from perfcast.errors import OptionValueError, PerfcastError
 from perfcast.graph.model import GpuKind, Graph, NodeKind
 from perfcast.hardware import DeviceSpec, KernelClass
-from perfcast.hardware.devices import variant_link
-from perfcast.hardware.interconnects import LinkSpec, known_intra_node_link, lookup_link
+from perfcast.hardware.interconnects import known_intra_node_link
 from perfcast.hardware.measured import achieved_gemm, achieved_gemm_or_stand_in, measured_ratio
 from perfcast.whatif import primitives as P
 from perfcast.whatif.kernels import (
@@ -111,20 +110,14 @@ _MEMCPY_DTOD = re.compile(r"DtoD|Device -> Device", re.IGNORECASE)
 GPUS_PER_NODE = 8
 
 
-def _intra_link(spec: DeviceSpec, named: str | None) -> LinkSpec | None:
-    """The part's intra-node link; a variant named by the trace or the user (an H800) runs
-    over its own cut link, not its base part's."""
-    cut = variant_link(named) if named else None
-    return lookup_link(cut) if cut else known_intra_node_link(spec)
-
-
 def _link_ratio(
     src: DeviceSpec, dst: DeviceSpec, src_name: str | None = None, dst_name: str | None = None
 ) -> float | None:
     """Communication time's ratio: the intra-node links' bandwidths, where both parts' links
     are known (NVLink, PCIe, Infinity Fabric alike: moving from NVLink to a PCIe part slows
     collectives as much as the other way speeds them up)."""
-    a, b = _intra_link(src, src_name), _intra_link(dst, dst_name)
+    # A variant named by the trace or the user (an H800) runs over its own cut link.
+    a, b = known_intra_node_link(src, src_name), known_intra_node_link(dst, dst_name)
     if a is None or b is None or a.bw_gbs_per_direction <= 0 or b.bw_gbs_per_direction <= 0:
         return None
     return a.bw_gbs_per_direction / b.bw_gbs_per_direction
@@ -324,8 +317,8 @@ def apply(graph: Graph, options: Options) -> Graph:
         )
     if comm_scaled:
         links = {
-            f"{_intra_link(s, options.source or graph_names.get(r)).name} -> "  # type: ignore[union-attr]
-            f"{_intra_link(target, options.target).name}"  # type: ignore[union-attr]
+            f"{known_intra_node_link(s, options.source or graph_names.get(r)).name} -> "  # type: ignore[union-attr]
+            f"{known_intra_node_link(target, options.target).name}"  # type: ignore[union-attr]
             for r, s in sources.items()
         }
         comm = (
