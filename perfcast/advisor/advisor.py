@@ -23,6 +23,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from perfcast.analysis.common import NO_LAUNCH, first_launch_correlation
 from perfcast.analysis.context_gain import CallSite, SiteFinder
 from perfcast.analysis.critical_path import GPU, HOST, critical_paths
 from perfcast.analysis.notes import graph_notes, input_notes, refuse_counter_trace
@@ -674,14 +675,9 @@ def _launched_before_trace(table: Any) -> int:
     rows = np.flatnonzero(gpu & (table.correlation >= 0))
     if rows.size == 0:
         return 0
-    calls = np.flatnonzero(table.kind_mask((Kind.RUNTIME, Kind.DRIVER)) & (table.correlation >= 0))
-    if calls.size == 0:
-        return 0  # no launch at all: a trace without its CPU side, not work queued before it
-    none = np.iinfo(np.int64).max
-    first = np.full(int(table.rank.max()) + 1, none, dtype=np.int64)
-    np.minimum.at(first, table.rank[calls], table.correlation[calls])
-    before = first[table.rank[rows]]
-    return int(((before != none) & (table.correlation[rows] < before)).sum())
+    # A rank with no launch at all lost its CPU side: its work is not queued before the trace.
+    before = first_launch_correlation(table)[table.rank[rows]]
+    return int(((before != NO_LAUNCH) & (table.correlation[rows] < before)).sum())
 
 
 def _idle_findings(graph: Graph, facts: dict[str, float]) -> list[str]:

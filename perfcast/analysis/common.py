@@ -114,6 +114,20 @@ def nearest_ancestor(table: EventTable, rows: np.ndarray, wanted: np.ndarray) ->
     return out
 
 
+# `first_launch_correlation` of a rank that recorded no launch.
+NO_LAUNCH = np.iinfo(np.int64).max
+
+
+def first_launch_correlation(table: EventTable) -> np.ndarray:
+    """Per rank id: the lowest correlation id of a runtime or driver call the trace recorded
+    (NO_LAUNCH where none): GPU work without a launch and a lower id was launched before the
+    trace began."""
+    calls = np.flatnonzero(table.kind_mask((Kind.RUNTIME, Kind.DRIVER)) & (table.correlation >= 0))
+    first = np.full(int(table.rank.max(initial=0)) + 1, NO_LAUNCH, dtype=np.int64)
+    np.minimum.at(first, table.rank[calls], table.correlation[calls])
+    return first
+
+
 def launching_op(table: EventTable, gpu_rows: np.ndarray, aten_first: bool = True) -> np.ndarray:
     """Per GPU row, the CPU op that launched it (NONE where no launch is known).
 

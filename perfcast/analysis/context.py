@@ -38,6 +38,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from perfcast.analysis.common import first_launch_correlation
 from perfcast.analysis.roofline import FUSED_ATTENTION, attention_flops
 from perfcast.arrays import combine_codes
 from perfcast.errors import OptionError
@@ -741,10 +742,7 @@ def build_index(table: EventTable) -> ContextIndex:
         stack_frames = int(frames[0].size)
     if no_launch.size:
         g = rows[no_launch]
-        launchers = np.flatnonzero(np.isin(table.kind, [Kind.RUNTIME, Kind.DRIVER]))
-        first = np.full(max(ranks, default=0) + 1, np.iinfo(np.int64).max, dtype=np.int64)
-        has = launchers[table.correlation[launchers] >= 0]
-        np.minimum.at(first, table.rank[has], table.correlation[has])
+        first = first_launch_correlation(table)
         corr = table.correlation[g]
         early = (corr >= 0) & (corr < first[table.rank[g]])
         why = early.astype(np.int64)  # 0: not in the trace, 1: before the trace
