@@ -309,7 +309,8 @@ def plan_trace(
     )
     result = searched(top=top, amp=amp_choices, baseline=base)
     if amp is not None and result.best and result.best[0].plan["amp"]:
-        plain = searched(top=1, amp=(0,)).best  # the best plan without AMP
+        # The best plan without AMP (only its best row is read: no second half-GPUs search).
+        plain = searched(top=1, amp=(0,), half_gpus_note=False).best
         note = _amp_confidence(result.best[0], plain[0], amp.dtype) if plain else None
         if note:
             result.notes.append(note)

@@ -224,8 +224,10 @@ def search(
     ckpt: tuple[int, ...] = (0, 1, 2),
     zero: tuple[int, ...] = (0, 1, 2, 3),
     baseline: Plans | None = None,
+    half_gpus_note: bool = True,
 ) -> PlanResult:
-    """Enumerate, cost, prune by memory and rank plans for `workload` on `gpus` GPUs."""
+    """Enumerate, cost, prune by memory and rank plans for `workload` on `gpus` GPUs; with
+    `half_gpus_note`, say when half of them would run the step faster (a second search)."""
     if gpus < 1:
         raise OptionError(f"gpus must be at least 1, not {gpus}")
     if global_batch < 1:
@@ -285,7 +287,7 @@ def search(
             f"no plan fits in {cap_gib:g} GiB: the smallest needs "
             f"{costs.peak_b[smallest] / GIB:.3g} GiB ({describe(plans.row(smallest))})"
         )
-    if rows and gpus >= 2:
+    if half_gpus_note and rows and gpus >= 2:
         # Every plan uses all N GPUs: where the global batch leaves each too little work,
         # half of them may run the same step faster (and free the rest).
         half = enumerate_plans(
