@@ -14,7 +14,6 @@ and per launching op, against what B measured. Predict, apply, measure: the loop
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
 
@@ -411,15 +410,6 @@ def _predicted_gpu(tl: Timeline, steps: int) -> tuple[dict[str, float], dict[str
     return by(c["name"][sel]), by(op_name)
 
 
-_AUTOCAST = re.compile(r"^autocast\[\w+\] ")
-
-
-def _as_traced(name: str) -> str:
-    """A kernel's name as A traced it, where a what-if renamed it (amp's
-    `autocast[bf16] <kernel>`)."""
-    return _AUTOCAST.sub("", name)
-
-
 def _pair_modelled(
     pred: dict[str, float], a_t: dict[str, float], b_t: dict[str, float]
 ) -> tuple[dict[str, float], dict[str, float]]:
@@ -476,6 +466,9 @@ def compare_prediction(
         p.measured_real_ms, p.measured_real_source = st.b_real_ms, st.b_real_source
         p.measured_real_speedup = st.real_speedup
         p.real_error_pct = 100.0 * (p.predicted_real_ms - st.b_real_ms) / st.b_real_ms
+    # A kernel amp renamed `autocast[bf16] <kernel>` is A's <kernel>.
+    from perfcast.whatif.models.amp import traced_name
+
     rows: list[PredictedRow] = []
     for kind, pred, a_t, b_t in (
         ("kernel", pred_k, *_pair_modelled(pred_k, pa.kernel_ms, pb.kernel_ms)),
@@ -483,12 +476,12 @@ def compare_prediction(
     ):
         # A's work the change removed stays in the table, predicted 0 (it was left out, so
         # a reader could not see what the prediction took away).
-        shown_a = {_as_traced(nm) for nm in pred}
+        shown_a = {traced_name(nm) for nm in pred}
         part = [
             PredictedRow(
                 kind,
                 nm,
-                a_t.get(nm, a_t.get(_as_traced(nm), 0.0)),
+                a_t.get(nm, a_t.get(traced_name(nm), 0.0)),
                 pred.get(nm, 0.0),
                 b_t.get(nm, 0.0),
                 pred.get(nm, 0.0) - b_t.get(nm, 0.0),

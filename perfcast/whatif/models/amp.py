@@ -134,6 +134,19 @@ from perfcast.whatif.kernels import (
 
 SUMMARY = "automatic mixed precision: fp32/tf32 matmul and conv in 16 bits (dtype=bf16|fp16)"
 
+_AUTOCAST_PREFIX = re.compile(r"^autocast\[\w+\] ")
+
+
+def autocast_name(kernel: str, dtype: str) -> str:
+    """The name a converted kernel takes: "autocast[bf16] <name>"."""
+    return f"autocast[{dtype}] {kernel}"
+
+
+def traced_name(kernel: str) -> str:
+    """A kernel's name as traced, where `autocast_name` renamed it."""
+    return _AUTOCAST_PREFIX.sub("", kernel)
+
+
 _DTYPE_ALIASES = {
     "bf16": "bf16",
     "bfloat16": "bf16",
@@ -569,7 +582,7 @@ def apply(graph: Graph, options: Options) -> Graph:
     scale_variable(graph, comp, ratio, fixed)
     comp_after = int(c["dur"][comp].sum())
     for n in comp.tolist():
-        c["name"][n] = graph.intern(f"autocast[{dtype}] {graph.name_of(n)}")
+        c["name"][n] = graph.intern(autocast_name(graph.name_of(n), dtype))
 
     mem = np.array(memory, dtype=np.int64)
     mem_before = int(c["dur"][mem].sum())
