@@ -180,19 +180,24 @@ def test_run_profile_refuses_a_folder_it_cannot_write_before_the_script_runs(
     assert err.startswith("perfcast: error: cannot write traces to") and err.count("\n") == 1
 
 
-_SCRIPT = """
-import pathlib, sys
+_STEPS_SCRIPT = """
+import os, sys
 import torch
 
 model = torch.nn.Linear(8, 1)
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
-for _ in range(int(sys.argv[1])):
+for step in range(int(sys.argv[1])):
     loss = model(torch.randn(4, 8)).pow(2).mean()
     opt.zero_grad()
     loss.backward()
     opt.step()
-pathlib.Path(sys.argv[2]).write_text("the script ran to its end")
+    ACTION
 """
+# A loop of N steps (argv[1]) that leaves a marker (argv[2]) when it runs to its end.
+_SCRIPT = (
+    _STEPS_SCRIPT.replace("ACTION", "pass")
+    + 'import pathlib\npathlib.Path(sys.argv[2]).write_text("the script ran to its end")\n'
+)
 
 
 def test_run_profile_refuses_a_folder_with_traces(tmp_path: Path, capsys) -> None:
@@ -492,19 +497,6 @@ def test_launchers_perfcast_cannot_profile_through_are_one_line_errors(
     assert not (tmp_path / "t").exists()
 
 
-_STEPS_SCRIPT = """
-import os, sys
-import torch
-
-model = torch.nn.Linear(8, 1)
-opt = torch.optim.SGD(model.parameters(), lr=0.1)
-for step in range(int(sys.argv[1])):
-    loss = model(torch.randn(4, 8)).pow(2).mean()
-    opt.zero_grad()
-    loss.backward()
-    opt.step()
-    ACTION
-"""
 _FAST = ["--unprofiled-steps", "0", "--wait", "0", "--warmup", "1"]
 
 
