@@ -129,6 +129,8 @@ class EventTable:
       in_types int32 (names: an op's "Input type", with record_shapes),
       stack int32 (names: an op's or range's "Call stack", the Python frames PyTorch
       1.8-1.10 recorded with with_stack=True, innermost first and ';'-separated),
+      concrete int32 (names: a convolution op's "Concrete Inputs", the values of its
+      scalar and list arguments, stride and padding among them; NONE on other ops),
       coll_name int32 (names), coll_in int64, coll_out int64, coll_group int32,
       coll_dtype int32 (names), coll_ranks int32 (names),
       wait_stream int64 and wait_corr int64 (cuda_sync rows: what a stream waits on).
@@ -158,6 +160,7 @@ class EventTable:
     shapes: np.ndarray
     in_types: np.ndarray  # CPU ops: their "Input type" list as text (index into names)
     stack: np.ndarray  # CPU ops and ranges of 2021-era traces: "Call stack" (names)
+    concrete: np.ndarray  # convolution ops: their "Concrete Inputs" as text (names)
     wait_stream: np.ndarray  # cuda_sync rows: the stream waited on
     wait_corr: np.ndarray  # cuda_sync rows: correlation of the cudaEventRecord waited on
     coll_name: np.ndarray

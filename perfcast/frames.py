@@ -308,7 +308,9 @@ _PLAIN = (
     "coll_group", "wait_stream", "wait_corr", "launch",
 )  # fmt: skip
 # Columns that index `names` (NONE = -1 where absent).
-_NAMED = ("name", "shapes", "in_types", "stack", "coll_name", "coll_dtype", "coll_ranks")
+_NAMED = (
+    "name", "shapes", "in_types", "stack", "concrete", "coll_name", "coll_dtype", "coll_ranks",
+)  # fmt: skip
 
 
 def event_columns(table: EventTable) -> dict[str, Any]:

@@ -39,6 +39,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from perfcast.analysis.common import first_launch_correlation
+from perfcast.analysis.convolution import CONVOLUTION_OPS, conv_cost, parse_concrete
 from perfcast.analysis.roofline import FUSED_ATTENTION, attention_flops
 from perfcast.arrays import combine_codes
 from perfcast.errors import OptionError
@@ -819,15 +820,19 @@ def _prod(xs: list[int]) -> int:
     return p
 
 
-def op_flops(op: str, shapes: str) -> float:
+def op_flops(op: str, shapes: str, concrete: str | None = None) -> float:
     """FLOPs of one op from its input shapes (multiply-add = 2), 0 when they do not tell.
 
-    Matrix products (mm, addmm, bmm, baddbmm, matmul, linear) and scaled-dot-product
-    attention; convolutions need strides and padding the trace does not record.
+    Matrix products (mm, addmm, bmm, baddbmm, matmul, linear), scaled-dot-product attention
+    and convolutions (a forward one needs its stride and padding, `concrete`: the op's
+    "Concrete Inputs" as the table keeps them; `analysis.convolution`).
     """
     dims = tensor_shapes(parse_input_dims(shapes))
     if not dims:
         return 0.0
+    if op in CONVOLUTION_OPS:
+        cost = conv_cost(op, dims, parse_concrete(concrete), 1)
+        return cost[0] if cost else 0.0
     name = op.removeprefix("aten::")
 
     def arg(i: int) -> list[int]:
@@ -870,15 +875,12 @@ def _row_flops(table: EventTable, rows_op: np.ndarray) -> np.ndarray:
     has = rows_op[table.shapes[rows_op] >= 0]
     if has.size == 0:
         return flops
-    key = table.name[has].astype(np.int64) * (len(table.names) + 1) + table.shapes[has]
-    uniq, inv = np.unique(key, return_inverse=True)
+    key = np.stack([table.name[has], table.shapes[has], table.concrete[has]], axis=1)
+    uniq, inv = np.unique(key, axis=0, return_inverse=True)
     per = np.array(
         [
-            op_flops(
-                table.names[int(k) // (len(table.names) + 1)],
-                table.names[int(k) % (len(table.names) + 1)],
-            )
-            for k in uniq.tolist()
+            op_flops(table.names[n], table.names[s], table.names[c] if c >= 0 else None)
+            for n, s, c in uniq.tolist()
         ],
         dtype=np.float64,
     )

@@ -10,8 +10,9 @@ Needs `record_shapes=True`. Formulas (per call; b = bytes per element):
 - elementwise ops (add, mul, relu, ...) and normalizations / softmax: one FLOP per output
   element (five for norms and softmax), every input read and the output written once.
 
-Convolutions are left out: the trace records their input shapes but not stride, padding or
-dilation, so their output size and FLOPs cannot be known.
+- convolutions (forward, transposed, backward): `analysis.convolution`; a forward one needs
+  its stride and padding from the trace's "Concrete Inputs" (PyTorch 2.x), and is left out
+  of traces without them (the row's shapes then say so in the notes).
 
 The dtype (and so b and the peak) is read from the names of the kernels the op launched
 (`hardware.classify.dtype_from_kernel_name`), fp32 when they do not say (the row says so).
@@ -27,12 +28,21 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from perfcast.analysis.common import NS_PER_MS, device_spec, nearest_ancestor
+from perfcast.analysis.convolution import (
+    CONVOLUTION_OPS,
+    FORWARD_CONVOLUTIONS,
+    allows_tf32,
+    conv_args_text,
+    conv_cost,
+    parse_concrete,
+)
 from perfcast.analysis.notes import input_notes
 from perfcast.arrays import combine_codes, split_by
 from perfcast.events import EventTable, Kind
 from perfcast.frames import Tables, plain
 from perfcast.hardware.classify import dtype_from_kernel_name
-from perfcast.ingest.input_dims import parse_input_dims, row_input_dtype
+from perfcast.hardware.devices import DeviceSpec
+from perfcast.ingest.input_dims import parse_input_dims, row_input_dtype, tensor_shapes
 
 DTYPE_BYTES = {"fp64": 8, "fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 
@@ -164,6 +174,26 @@ def op_cost(name: str, shapes: list, b: int) -> tuple[float, float] | None:
     return None
 
 
+def _has_tf32(spec: DeviceSpec | None) -> bool:
+    """An NVIDIA GPU whose tensor cores run TF32 (Ampere and later): faster than its fp32."""
+    if spec is None or spec.vendor != "NVIDIA":
+        return False
+    return spec.peak_tflops.get("tf32", 0.0) > spec.peak_tflops.get("fp32", 0.0)
+
+
+def _trace_allows_tf32(table: EventTable) -> bool:
+    """cuDNN's allow_tf32 for convolution ops that do not record it: off when one forward
+    convolution of the trace says it was off, else PyTorch's default (on)."""
+    conv = np.array([n in FORWARD_CONVOLUTIONS for n in table.names], dtype=bool)
+    rows = np.flatnonzero((table.kind == Kind.CPU_OP) & conv[table.name] & (table.concrete >= 0))
+    for code in np.unique(table.concrete[rows]).tolist():
+        for row in rows[table.concrete[rows] == code][:1].tolist():
+            name = table.names[int(table.name[row])]
+            if allows_tf32(name, parse_concrete(table.names[int(code)])) is False:
+                return False
+    return True
+
+
 def _matmul(name: str, dims: list[list], b: int) -> tuple[float, float] | None:
     if name in ("aten::mm",) and len(dims) >= 2 and len(dims[0]) == 2 and len(dims[1]) == 2:
         (m, k), (_, n) = dims[0], dims[1]
@@ -240,6 +270,7 @@ def roofline(table: EventTable, top: int = 30) -> Roofline:
         [
             n in _MATMUL
             or n in _SDPA
+            or n in CONVOLUTION_OPS
             or n.removeprefix("aten::") in _ELEMENTWISE
             or n.removeprefix("aten::") in _NORMS
             for n in names
@@ -264,11 +295,12 @@ def roofline(table: EventTable, top: int = 30) -> Roofline:
     n_kern = np.bincount(inv)
     first_kernel = np.full(inst.size, -1, dtype=np.int64)
     first_kernel[inv[::-1]] = kern[::-1]
-    # Group instances by (rank, op name, shapes).
+    # Group instances by (rank, op name, shapes, a convolution's stride and padding).
     ginv, groups = combine_codes(
         table.rank[inst].astype(np.int64),
         table.name[inst].astype(np.int64),
         table.shapes[inst].astype(np.int64),
+        table.concrete[inst].astype(np.int64),
     )
     # Each group's instances, found with one sort (a mask per group is O(groups x ops)).
     members_of = dict(split_by(ginv))
@@ -277,8 +309,11 @@ def roofline(table: EventTable, top: int = 30) -> Roofline:
     g_kern = np.bincount(ginv, weights=n_kern)
     devices = {info.rank: device_spec(info) for info in table.ranks}
     dtype_of_kernel: dict[int, str | None] = {}
+    skipped_convs: list[str] = []
+    conv_tf32 = _trace_allows_tf32(table)
+    tf32_convs = False
     for gi in np.argsort(-g_gpu, kind="stable").tolist():
-        rank, name_i, shape_i = (int(x) for x in groups[gi])
+        rank, name_i, shape_i, concrete_i = (int(x) for x in groups[gi])
         shapes = parse_input_dims(names[shape_i])
         in_group = members_of[gi]
         members = first_kernel[in_group]
@@ -296,14 +331,40 @@ def roofline(table: EventTable, top: int = 30) -> Roofline:
         as_traced = traced and not (traced == "fp32" and named == "tf32")
         dtype = traced if as_traced and traced else named or "fp32"
         assumed = traced is None and named is None
+        op_name = names[name_i]
+        shape_text = names[shape_i]
+        spec = devices.get(rank)
+        concrete = None
+        if op_name in CONVOLUTION_OPS:
+            concrete = parse_concrete(names[concrete_i]) if concrete_i >= 0 else None
+            # cuDNN runs fp32 convolutions as TF32 by default on GPUs that have it, and
+            # kernel names do not always say so.
+            allowed = allows_tf32(op_name, concrete)
+            if (
+                dtype == "fp32"
+                and (allowed if allowed is not None else conv_tf32)
+                and _has_tf32(spec)
+            ):
+                dtype, assumed, tf32_convs = "tf32", False, True
         b = DTYPE_BYTES.get(dtype, 4)
-        cost = op_cost(names[name_i], shapes, b) if shapes is not None else None
+        if op_name in CONVOLUTION_OPS:
+            cost = conv_cost(op_name, tensor_shapes(shapes), concrete, b) if shapes else None
+            if (
+                cost is None
+                and concrete is None
+                and op_name in FORWARD_CONVOLUTIONS
+                and op_name not in skipped_convs
+            ):
+                skipped_convs.append(op_name)
+            if args := conv_args_text(op_name, concrete):
+                shape_text = f"{shape_text} {args}"
+        else:
+            cost = op_cost(op_name, shapes, b) if shapes is not None else None
         if cost is None:
             continue
         flops, nbytes = cost
         calls = int(g_calls[gi])
         secs = g_gpu[gi] / 1e9
-        spec = devices.get(rank)
         peak = spec.peak(dtype) if spec else None
         bw = spec.mem_bw_gbs if spec else None
         tflops = flops * calls / secs / 1e12 if secs > 0 else 0.0
@@ -313,8 +374,8 @@ def roofline(table: EventTable, top: int = 30) -> Roofline:
         out.ops.append(
             OpRoofline(
                 rank=rank,
-                op=names[name_i],
-                shapes=names[shape_i],
+                op=op_name,
+                shapes=shape_text,
                 dtype=dtype,
                 dtype_assumed=assumed,
                 calls=calls,
@@ -354,6 +415,21 @@ def roofline(table: EventTable, top: int = 30) -> Roofline:
             rows.append(row)
             kept[row.rank] = kept.get(row.rank, 0) + 1
     out.ops = rows
+    if tf32_convs:
+        out.notes.append(
+            "fp32 convolutions are rated against the TF32 peak: cuDNN runs them as TF32 "
+            "unless torch.backends.cudnn.allow_tf32 is off, which this trace does not say"
+        )
+    if any((row.pct_peak_flops or 0.0) > 100.0 for row in out.ops):
+        out.notes.append(
+            "above 100% of peak: the kernels did fewer operations than the formula counts "
+            "(Winograd or FFT convolutions do), or ran in a lower precision than the row's"
+        )
+    if skipped_convs:
+        out.notes.append(
+            f"{', '.join(skipped_convs[:3])}: left out, the trace does not record its stride "
+            'and padding ("Concrete Inputs", written by PyTorch 2.x with record_shapes=True)'
+        )
     if any(devices[r] is None for r in devices):
         out.notes.append("unknown device on some ranks: no peak to compare with")
     return plain(out)

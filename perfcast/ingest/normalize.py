@@ -396,6 +396,7 @@ def _extract_chunk(
 
     shapes = np.full(n, NONE, dtype=np.int32)
     in_types = np.full(n, NONE, dtype=np.int32)
+    concrete = np.full(n, NONE, dtype=np.int32)
     long_shapes = 0
     # Ops, and the collective ranges gloo and NCCL record as user annotations with their
     # tensors' shapes (gloo:*, and nccl:* where DDP's c10d op records only a TensorList);
@@ -421,6 +422,12 @@ def _extract_chunk(
             types = _compact(a.input_types)
             if types is not None:
                 in_types[i] = names(types)
+        # Stride, padding and dilation (a convolution's output size, so its FLOPs) are in
+        # its "Concrete Inputs" only; other ops' are not read, so they are not kept.
+        if a is not None and a.concrete is not None and "conv" in str(rows[i].name):
+            text = _compact(a.concrete)
+            if text is not None:
+                concrete[i] = names(text)
 
     # PyTorch 1.8-1.10 wrote with_stack's Python frames as each op's "Call stack" argument
     # (innermost first, ';'-separated), where later versions write python_function events.
@@ -466,6 +473,7 @@ def _extract_chunk(
         "shapes": shapes,
         "in_types": in_types,
         "stack": stack,
+        "concrete": concrete,
         "wait_stream": wait_stream,
         "wait_corr": wait_corr,
         "coll_name": coll_name,

@@ -41,6 +41,7 @@ ARG_FIELDS: tuple[tuple[str, str, bool], ...] = (
     ("input_dims", "Input Dims", False),
     ("input_types", "Input type", False),
     ("call_stack", "Call stack", False),
+    ("concrete", "Concrete Inputs", False),
     ("coll_name", "Collective name", False),
     ("coll_in", "In msg nelems", False),
     ("coll_out", "Out msg nelems", False),
