@@ -769,8 +769,8 @@ def test_real_traces(shared_traces: Path, filename: str) -> None:
 def test_convolutions_run_tf32_only_with_tf32_tensor_cores(device: str, tf32: bool) -> None:
     """cuDNN's allow_tf32 default matters from Ampere on; Volta has no TF32 and ROCm's
     convolutions are MIOpen's: an fp32 convolution kernel there is fp32."""
-    from perfcast.hardware import KernelClass, lookup_device
-    from perfcast.whatif.kernels import convs_in_tf32, kernel_dtype
+    from perfcast.hardware import KernelClass, convs_in_tf32, lookup_device
+    from perfcast.whatif.kernels import kernel_dtype
 
     dev = lookup_device(device)
     assert dev is not None

@@ -40,8 +40,8 @@ from perfcast.analysis.notes import input_notes
 from perfcast.arrays import combine_codes, split_by
 from perfcast.events import EventTable, Kind
 from perfcast.frames import Tables, plain
+from perfcast.hardware import convs_in_tf32
 from perfcast.hardware.classify import dtype_from_kernel_name
-from perfcast.hardware.devices import DeviceSpec
 from perfcast.ingest.input_dims import parse_input_dims, row_input_dtype, tensor_shapes
 
 DTYPE_BYTES = {"fp64": 8, "fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
@@ -172,13 +172,6 @@ def op_cost(name: str, shapes: list, b: int) -> tuple[float, float] | None:
             reads = tensors[:-1]  # the .out variant: its last tensor is where it writes
         return per * out, float(sum(numel(t) for t in reads) + out) * b
     return None
-
-
-def _has_tf32(spec: DeviceSpec | None) -> bool:
-    """An NVIDIA GPU whose tensor cores run TF32 (Ampere and later): faster than its fp32."""
-    if spec is None or spec.vendor != "NVIDIA":
-        return False
-    return spec.peak_tflops.get("tf32", 0.0) > spec.peak_tflops.get("fp32", 0.0)
 
 
 def _trace_allows_tf32(table: EventTable) -> bool:
@@ -343,7 +336,7 @@ def roofline(table: EventTable, top: int = 30) -> Roofline:
             if (
                 dtype == "fp32"
                 and (allowed if allowed is not None else conv_tf32)
-                and _has_tf32(spec)
+                and convs_in_tf32(spec)
             ):
                 dtype, assumed, tf32_convs = "tf32", False, True
         b = DTYPE_BYTES.get(dtype, 4)

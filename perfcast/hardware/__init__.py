@@ -28,6 +28,7 @@ from perfcast.hardware.collectives import (
 from perfcast.hardware.devices import (
     DTYPES,
     DeviceSpec,
+    convs_in_tf32,
     list_devices,
     lookup_device,
     lookup_device_properties,
@@ -55,6 +56,7 @@ __all__ = [
     "classify_names",
     "collective_from_kernel_name",
     "collective_time_us",
+    "convs_in_tf32",
     "default_intra_node_link",
     "dtype_from_kernel_name",
     "gemm_flops_bytes",

@@ -430,6 +430,14 @@ def _compact(name: str) -> str:
     return re.sub(r"[^a-z0-9]+", "", text)
 
 
+def convs_in_tf32(dev: DeviceSpec | None) -> bool:
+    """Does cuDNN run this GPU's fp32 convolutions in TF32 by default
+    (`torch.backends.cudnn.allow_tf32`)? Only with TF32 tensor cores (NVIDIA Ampere and
+    newer: a TF32 peak above the fp32 one); Volta and Turing have none, and on ROCm the
+    convolutions are MIOpen's, in fp32."""
+    return dev is not None and dev.vendor == "NVIDIA" and dev.peak("tf32") > dev.peak("fp32")
+
+
 def lookup_device(name: str) -> DeviceSpec | None:
     """Find the spec for a device name as written in a trace or typed by a user.
 

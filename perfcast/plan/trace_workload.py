@@ -621,7 +621,8 @@ def _compute_ratio(
     peak of the dtype each runs in there: an fp32 GEMM stays fp32 (PyTorch leaves matmul
     TF32 off), an fp32 convolution runs in TF32 where the device has TF32 tensor cores
     (cuDNN's default), as the device what-if reads them. And the dtypes, time-weighted."""
-    from perfcast.whatif.kernels import convs_in_tf32, kernel_dtype
+    from perfcast.hardware import convs_in_tf32
+    from perfcast.whatif.kernels import kernel_dtype
 
     total = float(dur.sum())
     if total <= 0:

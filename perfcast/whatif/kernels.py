@@ -209,14 +209,6 @@ def node_dtype(graph: Graph, node: int, conv_tf32: bool = True) -> str:
     return traced if traced in ("bf16", "fp16", "fp8") else named
 
 
-def convs_in_tf32(dev: DeviceSpec | None) -> bool:
-    """Does cuDNN run this GPU's fp32 convolutions in TF32 by default
-    (`torch.backends.cudnn.allow_tf32`)? Only with TF32 tensor cores (NVIDIA Ampere and
-    newer: a TF32 peak above the fp32 one); Volta and Turing have none, and on ROCm the
-    convolutions are MIOpen's, in fp32."""
-    return dev is not None and dev.vendor == "NVIDIA" and dev.peak("tf32") > dev.peak("fp32")
-
-
 def op_input_dims(graph: Graph, node: int) -> list | None:
     """The parsed "Input Dims" of the op a node is attributed to (do not modify), or None."""
     table = graph.table

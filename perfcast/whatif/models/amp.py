@@ -113,6 +113,7 @@ from perfcast.graph.phases import Phase
 from perfcast.graph.syncs import SYNC_MIN_NS
 from perfcast.hardware import (
     KernelClass,
+    convs_in_tf32,
     dtype_from_kernel_name,
     gemm_flops_bytes,
     roofline_time_us,
@@ -120,7 +121,6 @@ from perfcast.hardware import (
 from perfcast.hardware.measured import AchievedGemm, achieved_gemm_or_stand_in
 from perfcast.whatif import primitives as P
 from perfcast.whatif.kernels import (
-    convs_in_tf32,
     is_compute_kernel,
     is_library_helper,
     kernel_fixed_cost_ns,
