@@ -918,3 +918,33 @@ def test_a_comma_before_the_lists_end_is_no_cut(tmp_path) -> None:
     )  # fmt: skip
     table = perfcast.load(nested)
     assert sorted(table.names[i] for i in table.name) == ["aten::add", "aten::mm"]
+
+
+def test_a_step_outliving_the_recorded_window_is_cut_at_its_end(write_trace) -> None:
+    """HTA's Triton sample: ProfilerStep#1 lasts 13.3 s, its work 0.3 ms, and Kineto's
+    "Record Window End" marker comes 1.8 ms after the step began. The step ends there."""
+    from tests.tracegen import TraceBuilder
+
+    b = TraceBuilder()
+    b.step(1, 0.0, 5_000_000.0)
+    b.op("aten::mm", 100.0, 300)
+    b.launch("gemm", 120.0, 10, 200.0, 400.0)
+    b.events.append({"name": "Record Window End", "ph": "i", "s": "g", "pid": "", "tid": "",
+                     "ts": 2000.0})  # fmt: skip
+    table = perfcast.load(write_trace(b.doc()))
+    (it,) = table.iterations
+    assert it.end_ns - it.start_ns == 2_000_000
+    (note,) = [w for w in table.ranks[0].warnings if "Record Window End" in w]
+    assert "ProfilerStep#1 ends 4,998.00 ms after" in note
+    # A marker after the step's end changes nothing, and so does a step within 0.1 ms of it.
+    b.events[-1]["ts"] = 6_000_000.0
+    assert perfcast.load(write_trace(b.doc())).iterations[0].end_ns == 5_000_000_000
+    b.events[-1]["ts"] = 4_999_950.0
+    table = perfcast.load(write_trace(b.doc()))
+    assert table.iterations[0].end_ns == 5_000_000_000 and not table.ranks[0].warnings
+
+
+def test_the_shared_triton_sample_step_is_its_recorded_window(shared_traces) -> None:
+    table = perfcast.load(shared_traces / "hta_triton_example_a100.json.gz")
+    (it,) = table.iterations
+    assert (it.end_ns - it.start_ns) / 1e6 < 2.0  # was 13,336 ms

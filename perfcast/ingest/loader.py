@@ -591,8 +591,18 @@ def _derive(
                 "ended (perfcast profile stopped mid-window): it holds what ran after the "
                 "training loop, not a training step; profile more steps for a whole one"
             )
+        window_end = rc.window_end_ns
         for nm, i in ordered:
             s, e = int(ts[i]), int(ts[i] + dur[i])
+            if window_end is not None and s < window_end and e > window_end + _STOP_HELD_NS:
+                # A step range that outlives the recorded window (Kineto's end marker) holds
+                # nothing recorded past it: an HTA sample's ran 13 s past its 2 ms of work.
+                info.warnings.append(
+                    f"{nm} ends {(e - window_end) / 1e6:,.2f} ms after the profiler's recorded "
+                    'window (its "Record Window End" marker): the step is cut there'
+                )
+                e = window_end
+                dur[i] = e - s
             iterations.append(Iteration(info.rank, nm, s, e, cpu_end_ns=e, window_start_ns=s))
     else:
         info.has_steps = False

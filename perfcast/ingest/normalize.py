@@ -83,6 +83,7 @@ class RankColumns:
     first_dropped: str | None = None  # the first unreadable time, e.g. "'dur' is nan"
     negative_dur: int = 0  # durations below 0, read as 0
     untimed_gpu: int = 0  # kernels, copies and memsets without a duration (read as 0)
+    window_end_ns: int | None = None  # Kineto's "Record Window End" marker, when written
 
 
 def _to_int_id(value: Any, strings: dict[str, int]) -> int:
@@ -220,8 +221,15 @@ def _triple(value: Any) -> tuple[int, int, int]:
     return (0, 0, 0)
 
 
+# Kineto's instant event at the end of the recorded window: no row, but its time bounds the
+# steps (`RankColumns.window_end_ns`).
+WINDOW_END_MARKER = "Record Window End"
+WINDOW_END = -2
+
+
 def classify(ev: Any, kind_cache: dict[tuple[Any, Any, Any], int]) -> int:
-    """Kind of an event, or -1 for events we do not keep as rows."""
+    """Kind of an event, or -1 for events we do not keep as rows (WINDOW_END for the
+    window's end marker)."""
     ph = ev.ph
     cat = ev.cat
     key = (ph, cat, ev.name if ph in ("i", "I") else None)
@@ -235,6 +243,8 @@ def classify(ev: Any, kind_cache: dict[tuple[Any, Any, Any], int]) -> int:
                 kind = -1
         elif ph in ("i", "I") and ev.name == "[memory]":
             kind = int(Kind.MEMORY)
+        elif ph in ("i", "I") and ev.name == WINDOW_END_MARKER:
+            kind = WINDOW_END
         kind_cache[key] = kind
     return kind
 
@@ -270,6 +280,9 @@ def extract_rank(chunks: Iterable[Events], names: Interner) -> RankColumns:
         first_dropped=next((p.first_dropped for p in parts if p.first_dropped), None),
         negative_dur=sum(p.negative_dur for p in parts),
         untimed_gpu=sum(p.untimed_gpu for p in parts),
+        window_end_ns=max(
+            (p.window_end_ns for p in parts if p.window_end_ns is not None), default=None
+        ),
     )
 
 
@@ -286,6 +299,13 @@ def _extract_chunk(
     kind_cache: dict[tuple[Any, Any, Any], int],
 ) -> RankColumns:
     kinds_all = [classify(ev, kind_cache) for ev in events]
+    window_end_ns = None
+    if WINDOW_END in kind_cache.values():  # a few entries: no pass over the events without it
+        marks = _times_ns(
+            [ev.ts for ev, k in zip(events, kinds_all, strict=False) if k == WINDOW_END]
+        )
+        marks = marks[marks != _BAD_TIME]
+        window_end_ns = int(marks.max()) if marks.size else None
     rows = [ev for ev, k in zip(events, kinds_all, strict=False) if k >= 0]
     kinds = np.fromiter((k for k in kinds_all if k >= 0), dtype=np.int8, count=len(rows))
     n = len(rows)
@@ -499,6 +519,7 @@ def _extract_chunk(
         first_dropped=first_dropped,
         negative_dur=negative_dur,
         untimed_gpu=untimed_gpu,
+        window_end_ns=window_end_ns,
     )
 
 
