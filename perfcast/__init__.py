@@ -1,6 +1,7 @@
 """perfcast: predict how much faster a PyTorch training step gets, from its profiler trace."""
 
 import importlib
+import inspect
 import sys
 import types
 from typing import TYPE_CHECKING, Any
@@ -27,6 +28,8 @@ if TYPE_CHECKING:
         summary,
         tree,
     )
+    from perfcast.api import predict as whatif
+    from perfcast.plan import plan_trace as plan
 from perfcast.errors import (
     InternalError,
     NotApplicableError,
@@ -61,6 +64,7 @@ __all__ = [
     "load",
     "memory",
     "op_kernels",
+    "plan",
     "predict",
     "replay",
     "roofline",
@@ -68,12 +72,15 @@ __all__ = [
     "stragglers",
     "summary",
     "tree",
+    "whatif",
 ]
 
 # The API's functions are imported on first use: the command line imports this package for
 # its version, and the API's module imports every result type (so that
 # typing.get_type_hints resolves them), which costs ~0.4 s the command line need not pay.
-_API_FUNCTIONS = frozenset(name for name in __all__ if name not in globals())
+_API_FUNCTIONS = frozenset(
+    name for name in __all__ if name not in globals() and name not in ("plan", "whatif")
+)
 
 
 # Subpackages named as the command line's commands, callable: perfcast.whatif(...) is
@@ -87,6 +94,12 @@ class _CommandModule(types.ModuleType):
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         module, function = _CALLABLE_PACKAGES[self.__name__.rpartition(".")[2]].split(":")
         return getattr(importlib.import_module(module), function)(*args, **kwargs)
+
+    @property
+    def __signature__(self) -> inspect.Signature:
+        # What help(), a notebook's `?` and tab completion show: the function's own.
+        module, function = _CALLABLE_PACKAGES[self.__name__.rpartition(".")[2]].split(":")
+        return inspect.signature(getattr(importlib.import_module(module), function))
 
     def __reduce__(self) -> tuple[Any, tuple[str]]:
         # Pickled by name, as a plain module is (cloudpickle ships a function that uses it

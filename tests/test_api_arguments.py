@@ -416,3 +416,19 @@ def test_empty_selections_and_paths_are_refused() -> None:
     with pytest.raises(perfcast.OptionError, match="not both"):
         perfcast.diff(example, example, correct=True, real=False)
     assert perfcast.diff(example, example, real=False).step.real_speedup is None
+
+
+def test_plan_and_whatif_carry_their_functions_signatures() -> None:
+    """perfcast.plan / perfcast.whatif are callable packages: help() and a notebook's `?`
+    showed (*args, **kwargs), and `from perfcast import *` left them out."""
+    import inspect
+
+    from perfcast.api import predict
+    from perfcast.plan import plan_trace
+
+    assert inspect.signature(perfcast.plan) == inspect.signature(plan_trace)
+    assert inspect.signature(perfcast.whatif) == inspect.signature(predict)
+    assert {"plan", "whatif"} <= set(perfcast.__all__)
+    namespace: dict[str, object] = {}
+    exec("from perfcast import *", namespace)
+    assert namespace["plan"] is perfcast.plan and callable(namespace["whatif"])
