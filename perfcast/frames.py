@@ -78,7 +78,8 @@ class TypedColumns(dict[str, Any]):
 
 def field_kinds(row_type: type) -> dict[str, str]:
     """Per field of a row dataclass, the scalar kind its annotation declares ("int?" for an
-    optional int); fields of other types (enums, containers, nested rows) are left out."""
+    optional int); enums and containers are "str", as `_scalar` writes them; fields of other
+    types are left out."""
     out: dict[str, str] = {}
     try:
         hints = typing.get_type_hints(row_type)
@@ -92,8 +93,18 @@ def field_kinds(row_type: type) -> dict[str, str]:
             args = set(typing.get_args(hint))
             optional = type(None) in args
             args.discard(type(None))
-        else:  # list[int], dict[...], Callable[...]: not a scalar column
+        elif origin in (list, tuple, dict):  # written as text (`_scalar`)
+            out[name] = "str"
             continue
+        else:  # Callable[...] and the like: not a column
+            continue
+        if len(args) == 1 and isinstance(arg := next(iter(args)), type):
+            if issubclass(arg, enum.Enum):  # written by name (`_scalar`)
+                out[name] = "str"
+                continue
+            if arg in (list, tuple, dict):
+                out[name] = "str"
+                continue
         if args == {bool}:
             out[name] = "bool"
         elif args == {int}:

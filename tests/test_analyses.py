@@ -24,6 +24,8 @@ from perfcast.analysis.stragglers import stragglers
 from perfcast.frames import result_tables
 from tests.tracegen import TraceBuilder
 
+EXAMPLE = Path(__file__).parents[1] / "perfcast" / "examples" / "ddp_a100_rank0.json.gz"
+
 # ---------------------------------------------------------------------------------------------
 # A hand-built trace (times in µs). Stream 7 runs, in order:
 #   sgemm  [100, 140]  launched at 20-30 inside aten::mm [10, 60]
@@ -611,9 +613,9 @@ def test_dataframe_dtypes_are_the_declared_ones_for_empty_and_all_none_columns(
 
 
 def test_declared_column_types_leave_containers_and_odd_values_alone() -> None:
-    """Only scalar annotations type a column: list[int] is not an int column (its rows are
-    joined text), a Callable does not break the table, and an int field holding 1.5 stays
-    1.5 (a cast would have made it 1 in silence)."""
+    """list[int] is a text column (its rows are joined text, so a table of no rows is text
+    too), a Callable does not break the table, and an int field holding 1.5 stays 1.5 (a
+    cast would have made it 1 in silence)."""
     import dataclasses
     from collections.abc import Callable
 
@@ -627,7 +629,7 @@ def test_declared_column_types_leave_containers_and_odd_values_alone() -> None:
     ]
     row = dataclasses.make_dataclass("Row", row_fields)  # annotations as objects
 
-    assert field_kinds(row) == {"calls": "int?", "count": "int"}
+    assert field_kinds(row) == {"ranks": "str", "calls": "int?", "count": "int"}
     pytest.importorskip("pandas")
     df = columns_to_pandas(rows_to_columns([row([1, 2], None, None, 1.5)]))  # type: ignore[arg-type]
     assert df["ranks"][0] == "1, 2" and df["count"][0] == 1.5
@@ -688,3 +690,20 @@ def test_diff_says_when_a_and_b_hold_different_ranks(write_trace) -> None:
             last = write_trace(d, f"{folder}/rank{rank}.json")
     notes = perfcast.diff(last.parent.parent / "a", last.parent).notes
     assert any("A holds ranks 0, 1, B ranks 2, 3" in n for n in notes), notes
+
+
+def test_empty_tables_of_text_and_plan_degrees_concatenate_with_full_ones() -> None:
+    """A prediction that applied nothing, and a plan search where nothing fits, gave Null /
+    float64 columns for lists of text and for the plan's degrees: polars and Arrow refused
+    to concatenate them with another trace's results."""
+    pl = pytest.importorskip("polars")
+    pa = pytest.importorskip("pyarrow")
+    table = perfcast.load(EXAMPLE)
+    none, amp = perfcast.predict(table, []), perfcast.predict(table, ["amp"])
+    assert len(pl.concat([none.to_polars("applied"), amp.to_polars("applied")])) == 1
+    assert pa.concat_tables([none.to_arrow("applied"), amp.to_arrow("applied")]).num_rows == 1
+    fits_nothing = perfcast.plan(table, gpus=8, gpu="h100", memory_gb=0.001)
+    some = perfcast.plan(table, gpus=8, gpu="h100")
+    both = pl.concat([fits_nothing.to_polars("best"), some.to_polars("best")])
+    assert both.schema["dp"] == pl.Int64 and both.schema["reasons"] == pl.String
+    assert fits_nothing.to_pandas("best")["tp"].dtype == np.int64

@@ -15,7 +15,7 @@ from typing import ClassVar
 import numpy as np
 
 from perfcast.errors import OptionError
-from perfcast.frames import Columns, Tables, TypedColumns, field_kinds, rows_to_columns
+from perfcast.frames import Columns, Tables, TypedColumns, rows_to_columns
 from perfcast.hardware.network import Cluster
 from perfcast.plan.cost import GIB, OVERLAP_ASSUMPTION, PlanCosts, evaluate
 from perfcast.plan.plans import CKPT_NAMES, Plans, describe
@@ -72,7 +72,7 @@ class PlanResult(Tables):
             del cols["plan"]  # a dict: one column per degree instead
             # Every degree a column, with no rows too (no plan fits): code that selects them runs.
             degrees = {f.name: [r.plan[f.name] for r in rows] for f in fields(Plans)}
-            kinds = getattr(cols, "kinds", {}) | field_kinds(Plans)
+            kinds = getattr(cols, "kinds", {}) | {f.name: "int" for f in fields(Plans)}
             ordered = {"rank": cols.pop("rank"), "label": cols.pop("label"), **degrees, **cols}
             return TypedColumns(ordered, kinds)
 
