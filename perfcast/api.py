@@ -18,7 +18,7 @@ import os
 from typing import cast
 
 from perfcast.advisor.advisor import Advice
-from perfcast.analysis.battery import Analyses
+from perfcast.analysis.battery import Analyses, said_when_empty
 from perfcast.analysis.comms import Collectives
 from perfcast.analysis.context import ContextTree
 from perfcast.analysis.counters import GpuCounters
@@ -224,7 +224,8 @@ def kernel_breakdown(trace: TraceLike, top: int = 10) -> KernelBreakdown:
     from perfcast.analysis.kernels import kernel_breakdown as fn
 
     top = whole_number("top", top)
-    return fn(_table(trace), top=top)
+    table = _table(trace)
+    return said_when_empty(table, fn(table, top=top))
 
 
 def idle_time(trace: TraceLike, kernel_gap_ns: int = 30_000) -> IdleTime:
@@ -235,7 +236,8 @@ def idle_time(trace: TraceLike, kernel_gap_ns: int = 30_000) -> IdleTime:
     from perfcast.analysis.idle import idle_time as fn
 
     kernel_gap_ns = whole_number("kernel_gap_ns", kernel_gap_ns, minimum=0)
-    return fn(_table(trace), kernel_gap_ns=kernel_gap_ns)
+    table = _table(trace)
+    return said_when_empty(table, fn(table, kernel_gap_ns=kernel_gap_ns))
 
 
 def launch_stats(trace: TraceLike, top: int = 20) -> LaunchStats:
@@ -246,7 +248,8 @@ def launch_stats(trace: TraceLike, top: int = 20) -> LaunchStats:
     from perfcast.analysis.launches import launch_stats as fn
 
     top = whole_number("top", top)
-    return fn(_table(trace), top=top)
+    table = _table(trace)
+    return said_when_empty(table, fn(table, top=top))
 
 
 def launch_queue(trace: TraceLike, max_depth: int | None = None) -> LaunchQueue:
@@ -258,7 +261,8 @@ def launch_queue(trace: TraceLike, max_depth: int | None = None) -> LaunchQueue:
 
     if max_depth is not None:
         max_depth = whole_number("max_depth", max_depth)
-    return fn(_table(trace), max_depth=max_depth)
+    table = _table(trace)
+    return said_when_empty(table, fn(table, max_depth=max_depth))
 
 
 def memory(trace: TraceLike) -> Memory:
@@ -268,7 +272,8 @@ def memory(trace: TraceLike) -> Memory:
     """
     from perfcast.analysis.memory import memory as fn
 
-    return fn(_table(trace))
+    table = _table(trace)
+    return said_when_empty(table, fn(table))
 
 
 def stragglers(trace: TraceLike, candidates: int = 2) -> Stragglers:
@@ -279,7 +284,8 @@ def stragglers(trace: TraceLike, candidates: int = 2) -> Stragglers:
     from perfcast.analysis.stragglers import stragglers as fn
 
     candidates = whole_number("candidates", candidates)
-    return fn(_table(trace), candidates=candidates)
+    table = _table(trace)
+    return said_when_empty(table, fn(table, candidates=candidates))
 
 
 def collectives(trace: TraceLike, link: str | None = None) -> Collectives:
@@ -290,7 +296,8 @@ def collectives(trace: TraceLike, link: str | None = None) -> Collectives:
     from perfcast.analysis.comms import collectives as fn
 
     _name_or_none("link", link)
-    return fn(_table(trace), link=link)
+    table = _table(trace)
+    return said_when_empty(table, fn(table, link=link))
 
 
 def roofline(trace: TraceLike, top: int = 30) -> Roofline:
@@ -301,7 +308,8 @@ def roofline(trace: TraceLike, top: int = 30) -> Roofline:
     from perfcast.analysis.roofline import roofline as fn
 
     top = whole_number("top", top)
-    return fn(_table(trace), top=top)
+    table = _table(trace)
+    return said_when_empty(table, fn(table, top=top))
 
 
 def scopes(trace: TraceLike, top: int = 30) -> Scopes:
@@ -312,7 +320,8 @@ def scopes(trace: TraceLike, top: int = 30) -> Scopes:
     from perfcast.analysis.scopes import scopes as fn
 
     top = whole_number("top", top)
-    return fn(_table(trace), top=top)
+    table = _table(trace)
+    return said_when_empty(table, fn(table, top=top))
 
 
 def gpu_counters(trace: TraceLike, top: int = 30) -> GpuCounters:
@@ -323,7 +332,8 @@ def gpu_counters(trace: TraceLike, top: int = 30) -> GpuCounters:
     from perfcast.analysis.counters import gpu_counters as fn
 
     top = whole_number("top", top)
-    return fn(_table(trace), top=top)
+    table = _table(trace)
+    return said_when_empty(table, fn(table, top=top))
 
 
 def op_kernels(trace: TraceLike, top: int = 30) -> OpKernelResult:
@@ -334,7 +344,8 @@ def op_kernels(trace: TraceLike, top: int = 30) -> OpKernelResult:
     from perfcast.analysis.op_kernels import op_kernels as fn
 
     top = whole_number("top", top)
-    return fn(_table(trace), top=top)
+    table = _table(trace)
+    return said_when_empty(table, fn(table, top=top))
 
 
 def diff(

@@ -80,7 +80,7 @@ def render_tables(result: Any, console: Any) -> None:
         if tname in SERIES:
             continue
         render_table(console, f"{name} · {tname}", cols, None, 12)
-        shown = True
+        shown = shown or any(len(col) for col in cols.values())
     if not shown:
         console.print(Text(f"{name}: no rows"))
     for note in getattr(result, "notes", []):

@@ -707,3 +707,14 @@ def test_empty_tables_of_text_and_plan_degrees_concatenate_with_full_ones() -> N
     both = pl.concat([fits_nothing.to_polars("best"), some.to_polars("best")])
     assert both.schema["dp"] == pl.Int64 and both.schema["reasons"] == pl.String
     assert fits_nothing.to_pandas("best")["tp"].dtype == np.int64
+
+
+def test_an_analysis_called_alone_says_why_it_is_empty(shared_traces: Path) -> None:
+    """perfcast.kernel_breakdown(...) on a CPU-only trace printed a blank line (only
+    perfcast.analyze carried the note), and its HTML an empty box."""
+    table = perfcast.load(shared_traces / "hta_cpu_only_gloo_rank34.json.gz")
+    for fn in (perfcast.kernel_breakdown, perfcast.idle_time, perfcast.launch_queue):
+        result = fn(table)
+        text = str(result)
+        assert "no rows" in text and "no GPU work (a CPU-only job)" in text
+        assert "CPU-only job" in result._repr_html_()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol, TypeVar
 
 from perfcast.analysis.catalog import TITLES
 from perfcast.analysis.comms import Collectives, collectives
@@ -124,14 +124,27 @@ def analyze(table: EventTable, only: str | list[str] | None = None, top: int = 1
         fn, _ = ANALYSES[name]
         res = fn(table, top)
         res.notes = [n for n in res.notes if n not in out.notes]  # input notes once, at the top
-        if not res.notes and _all_empty(res):
-            res.notes.append(
-                "nothing to report: the trace holds no GPU work (a CPU-only job)"
-                if not table.is_gpu().any()
-                else "nothing to report for this trace"
-            )
-        setattr(out, name, res)
+        setattr(out, name, said_when_empty(table, res))
     return out
+
+
+class _HasNotes(Protocol):
+    notes: list[str]
+
+
+_R = TypeVar("_R", bound=_HasNotes)
+
+
+def said_when_empty(table: EventTable, result: _R) -> _R:
+    """`result`, with a note saying why when none of its tables has a row and nothing else
+    says so (a CPU-only trace printed nothing at all)."""
+    if not result.notes and _all_empty(result):
+        result.notes.append(
+            "nothing to report: the trace holds no GPU work (a CPU-only job)"
+            if not table.is_gpu().any()
+            else "nothing to report for this trace"
+        )
+    return result
 
 
 def _all_empty(result: object) -> bool:
