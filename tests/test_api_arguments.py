@@ -432,3 +432,48 @@ def test_plan_and_whatif_carry_their_functions_signatures() -> None:
     namespace: dict[str, object] = {}
     exec("from perfcast import *", namespace)
     assert namespace["plan"] is perfcast.plan and callable(namespace["whatif"])
+
+
+def test_graph_primitives_refuse_ids_and_values_outside_the_graph() -> None:
+    """-1 removed the last node and scaled it, large ids and empty groups raised NumPy's
+    IndexError / ValueError, a NaN position and a rank given as "0" passed in silence."""
+    from perfcast.graph.model import NodeKind
+    from perfcast.whatif import primitives as P
+
+    example = Path(__file__).parents[1] / "perfcast" / "examples" / "ddp_a100_rank0.json.gz"
+    g = perfcast.dependency_graph(perfcast.load(example))
+    n = len(g)
+    sel = P.select(g, kind="gpu")[:3]
+    bad_calls = {
+        "not in the graph": [
+            lambda: P.remove(g, [-1]),
+            lambda: P.scale(g, [n], 0.5),
+            lambda: P.reschedule(g, [10**9], [1.0]),
+            lambda: P.insert(g, lane=0, after=10**9, dur=10, kind=NodeKind.CPU, name="x"),
+            lambda: P.insert(g, lane=10**6, dur=10, kind=NodeKind.CPU, name="x"),
+            lambda: P.add_lane(g, 999, True, 0, 99, "x"),
+        ],
+        "at least one node": [lambda: P.fuse(g, [], 100, "x")],
+        "finite": [
+            lambda: P.fuse(g, sel, float("nan"), "x"),
+            lambda: P.reschedule(g, sel, [float("nan")] * 3),
+        ],
+        "one lane": [lambda: P.fuse(g, [int(P.select(g, kind="cpu")[0]), int(sel[0])], 1, "x")],
+        "NodeKind": [lambda: P.insert(g, lane=0, dur=10, kind="gpu", name="x")],  # type: ignore[arg-type]
+        "count must be": [
+            lambda: P.insert(g, lane=0, dur=10, kind=NodeKind.CPU, name="x", count=0)
+        ],
+        "must be an integer": [lambda: P.select(g, rank="0")],  # type: ignore[arg-type]
+        "kind must be": [lambda: P.select(g, kind=5)],  # type: ignore[arg-type]
+        "a number": [lambda: P.scale(g, sel, None)],  # type: ignore[arg-type]
+    }
+    before = (g.alive.copy(), g.cols["dur"].copy(), len(g.lanes))
+    for message, calls in bad_calls.items():
+        for call in calls:
+            with pytest.raises(perfcast.OptionError, match=message):
+                call()
+    assert (g.alive == before[0]).all() and (g.cols["dur"] == before[1]).all()
+    assert len(g.lanes) == before[2]
+    # What is right still works.
+    first = P.fuse(g, sel[:2][g.cols["lane"][sel[:2]] == g.cols["lane"][sel[0]]], 1000, "fused")
+    assert g.cols["dur"][first] == 1000

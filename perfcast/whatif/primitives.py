@@ -98,18 +98,55 @@ def name_mask(names: list[str], pattern: str | None) -> np.ndarray:
     return np.array([bool(pat.search(n)) or pattern in n for n in names], dtype=bool)
 
 
-def node_ids(nodes: Any) -> np.ndarray:
+def node_ids(nodes: Any, graph: Graph | None = None) -> np.ndarray:
     """`nodes` as an array of node ids; a pattern or names passed where ids belong is an
-    OptionValueError saying so (it was NumPy's 'invalid literal for int()')."""
+    OptionValueError saying so (it was NumPy's 'invalid literal for int()'), and so is an
+    id outside `graph` (NumPy read -1 as the last node)."""
     try:
         ids = np.asarray(nodes)
         if ids.dtype.kind not in "iu" and ids.size:
             raise TypeError
-        return ids.astype(np.int64)
+        ids = ids.astype(np.int64).reshape(-1)
     except (TypeError, ValueError):
         raise OptionValueError(
-            f"nodes must be node ids (integers, as select() returns them), not {nodes!r}"
+            f"nodes must be node ids (integers, as select() returns them), not {nodes!r:.80}"
         ) from None
+    if graph is not None and ids.size:
+        n = len(graph)
+        outside = ids[(ids < 0) | (ids >= n)]
+        if outside.size:
+            raise OptionValueError(
+                f"node id {int(outside[0])} is not in the graph (ids 0 to {n - 1}, as select() "
+                "returns them)"
+            )
+    return ids
+
+
+def _node_id(graph: Graph, node: Any, what: str) -> int:
+    if isinstance(node, bool) or not isinstance(node, (int, np.integer)):
+        raise OptionValueError(f"{what} must be one node id (an integer), not {node!r:.80}")
+    return int(node_ids([node], graph)[0])
+
+
+def _lane_id(graph: Graph, lane: Any) -> int:
+    if isinstance(lane, bool) or not isinstance(lane, (int, np.integer)):
+        raise OptionValueError(f"lane must be a lane id (an integer), not {lane!r:.80}")
+    if not 0 <= int(lane) < len(graph.lanes):
+        raise OptionValueError(
+            f"lane {int(lane)} is not in the graph (lanes 0 to {len(graph.lanes) - 1}; "
+            "add_lane() makes a new one)"
+        )
+    return int(lane)
+
+
+def _duration(dur: Any, what: str = "dur") -> np.ndarray:
+    try:
+        d = np.asarray(dur, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise OptionValueError(f"{what} must be a duration in ns, not {dur!r:.80}") from None
+    if not (np.isfinite(d) & (d >= 0) & (d <= MAX_SCALED_NS)).all():
+        raise OptionValueError(f"{what} must be a finite duration in ns >= 0, not {dur!r:.80}")
+    return np.rint(d).astype(np.int64)
 
 
 def select(
@@ -147,8 +184,8 @@ def select(
     if module is not None:
         mask &= _scope_mask(graph, module)
     if kind is not None:
-        kinds = [kind] if isinstance(kind, str) else list(kind)
-        unknown_kinds = [k for k in kinds if k not in _KIND_NAMES]
+        kinds = [kind] if isinstance(kind, str) else _listed(kind, "kind")
+        unknown_kinds = [k for k in kinds if not isinstance(k, str) or k not in _KIND_NAMES]
         if unknown_kinds:
             raise OptionValueError(
                 f"unknown node kind {unknown_kinds[0]!r}: kinds are {', '.join(_KIND_NAMES)}"
@@ -156,10 +193,10 @@ def select(
         allowed = [int(k) for kn in kinds for k in _KIND_NAMES[kn]]
         mask &= np.isin(c["kind"], allowed)
     if klass is not None:
-        mask &= np.isin(c["klass"], [int(k) for k in klass])
+        mask &= np.isin(c["klass"], _whole(_listed(klass, "klass"), "klass"))
     if phase is not None:
-        phases = [phase] if isinstance(phase, str) else list(phase)
-        unknown = [p for p in phases if p not in _PHASE_NAMES]
+        phases = [phase] if isinstance(phase, str) else _listed(phase, "phase")
+        unknown = [p for p in phases if not isinstance(p, str) or p not in _PHASE_NAMES]
         if unknown:
             raise OptionValueError(
                 f"unknown phase {unknown[0]!r}: phases are {', '.join(_PHASE_NAMES)} "
@@ -167,16 +204,35 @@ def select(
             )
         mask &= np.isin(c["phase"], [int(_PHASE_NAMES[p]) for p in phases])
     if lane is not None:
-        lanes_wanted = [lane] if isinstance(lane, int) else list(lane)
+        lanes_wanted = _whole([lane] if isinstance(lane, int) else _listed(lane, "lane"), "lane")
         mask &= np.isin(c["lane"], lanes_wanted)
     if stream is not None:
+        (stream,) = _whole([stream], "stream")
         lanes = [i for i, ln in enumerate(graph.lanes) if ln.is_gpu and ln.tid == stream]
         mask &= np.isin(c["lane"], lanes)
     if rank is not None:
+        (rank,) = _whole([rank], "rank")  # "0" matched nothing, in silence
         mask &= c["rank"] == rank
     if iteration is not None:
+        (iteration,) = _whole([iteration], "iteration")
         mask &= c["iteration"] == iteration
     return np.flatnonzero(mask)
+
+
+def _listed(values: Any, what: str) -> list[Any]:
+    try:
+        return list(values)
+    except TypeError:
+        raise OptionValueError(
+            f"{what} must be a value or a list of them, not {values!r:.80}"
+        ) from None
+
+
+def _whole(values: list[Any], what: str) -> list[int]:
+    bad = [v for v in values if isinstance(v, bool) or not isinstance(v, (int, np.integer))]
+    if bad:
+        raise OptionValueError(f"{what} must be an integer, not {bad[0]!r:.80}")
+    return [int(v) for v in values]
 
 
 def _op_mask(graph: Graph, pattern: str) -> np.ndarray:
@@ -203,8 +259,13 @@ def scale(
 ) -> None:
     """Multiply node durations by `factor` (0.5 = twice as fast; a finite number >= 0)."""
     c = graph.cols
-    nodes = node_ids(nodes)
-    f = np.asarray(factor, dtype=np.float64)
+    nodes = node_ids(nodes, graph)
+    try:
+        if factor is None:  # NumPy reads None as nan
+            raise TypeError
+        f = np.asarray(factor, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise OptionValueError(f"a duration factor must be a number, not {factor!r:.80}") from None
     if not (np.isfinite(f) & (f >= 0)).all():
         bad = f[~(np.isfinite(f) & (f >= 0))].ravel()[0]
         raise OptionValueError(f"a duration factor must be a finite number >= 0, not {bad}")
@@ -221,7 +282,7 @@ def set_duration(
     graph: Graph, nodes: np.ndarray, dur: np.ndarray | int, source: Source = Source.MODELLED
 ) -> None:
     c = graph.cols
-    nodes = node_ids(nodes)
+    nodes = node_ids(nodes, graph)
     c["dur"][nodes] = np.maximum(np.asarray(dur, dtype=np.int64), 0)
     c["source"][nodes] = np.maximum(c["source"][nodes], int(source))
 
@@ -236,7 +297,7 @@ def protected(graph: Graph) -> np.ndarray:
 def remove(graph: Graph, nodes: np.ndarray) -> None:
     """Take nodes out of the graph. Their lanes close up; edges from them pass to
     their lane predecessor. Step boundary nodes keep their place with zero time."""
-    nodes = node_ids(nodes)
+    nodes = node_ids(nodes, graph)
     if nodes.size == 0:
         return
     keep = np.isin(nodes, protected(graph))
@@ -297,6 +358,26 @@ def insert(
     anchor's.
     """
     c = graph.cols
+    lane = _lane_id(graph, lane)
+    if after is not None:
+        after = _node_id(graph, after, "after")
+    if before is not None:
+        before = _node_id(graph, before, "before")
+    if isinstance(count, bool) or not isinstance(count, (int, np.integer)) or count < 1:
+        raise OptionValueError(f"count must be a whole number >= 1, not {count!r:.80}")
+    if (
+        not isinstance(kind, (int, np.integer))
+        or isinstance(kind, bool)
+        or int(kind) not in {int(k) for k in NodeKind}
+    ):
+        raise OptionValueError(
+            f"kind must be a NodeKind ({', '.join(k.name for k in NodeKind)}), not {kind!r:.80}"
+        )
+    dur = _duration(dur)
+    if dur.ndim and dur.size not in (1, count):
+        raise OptionValueError(f"dur holds {dur.size} durations for {count} node(s)")
+    if like is not None:
+        like = _node_id(graph, like, "like")
     lane_nodes = np.flatnonzero((c["lane"] == lane) & graph.alive)
     orders = np.sort(c["order"][lane_nodes])
     if after is not None:
@@ -340,9 +421,16 @@ def fuse(
 ) -> int:
     """Replace a group of nodes on one lane by one node at the first one's place."""
     c = graph.cols
-    nodes = node_ids(nodes)
+    nodes = node_ids(nodes, graph)
+    if nodes.size == 0:
+        raise OptionValueError("fuse needs at least one node")
+    if np.unique(c["lane"][nodes]).size > 1:
+        raise OptionValueError(
+            "fuse takes nodes of one lane (one thread or stream); these are on "
+            f"{np.unique(c['lane'][nodes]).size} (select(..., lane=N) picks one)"
+        )
     first = int(nodes[np.argmin(c["order"][nodes])])
-    set_duration(graph, np.array([first]), dur, source)
+    set_duration(graph, np.array([first]), _duration(dur), source)
     c["name"][first] = graph.intern(name)
     rest = nodes[nodes != first]
     if c["kind"][first] == NodeKind.GPU:
@@ -354,18 +442,36 @@ def fuse(
 
 def reschedule(graph: Graph, nodes: np.ndarray, new_order: np.ndarray) -> None:
     """Change nodes' positions in their lanes (e.g. to prioritize communication)."""
-    graph.cols["order"][np.asarray(nodes)] = np.asarray(new_order, dtype=np.float64)
+    nodes = node_ids(nodes, graph)
+    try:
+        order = np.asarray(new_order, dtype=np.float64).reshape(-1)
+    except (TypeError, ValueError):
+        raise OptionValueError(f"new_order must be numbers, not {new_order!r:.80}") from None
+    if order.size not in (1, nodes.size) or not np.isfinite(order).all():
+        raise OptionValueError(
+            f"new_order must be one finite position per node ({nodes.size}), not {new_order!r:.80}"
+        )
+    graph.cols["order"][nodes] = order
 
 
 def add_lane(graph: Graph, rank: int, is_gpu: bool, pid: int, tid: int, name: str) -> int:
     """A new stream or thread (e.g. a communication stream); returns its lane id."""
+    ranks = {ln.rank for ln in graph.lanes}
+    if (
+        isinstance(rank, bool)
+        or not isinstance(rank, (int, np.integer))
+        or (ranks and rank not in ranks)
+    ):
+        raise OptionValueError(
+            f"rank {rank!r:.40} is not in the graph (ranks {', '.join(map(str, sorted(ranks)))})"
+        )
     graph.lanes.append(Lane(rank=rank, is_gpu=is_gpu, pid=pid, tid=tid, name=name))
     return len(graph.lanes) - 1
 
 
 def move(graph: Graph, nodes: np.ndarray, lane: int) -> None:
     """Run nodes on another lane (keeping their order keys)."""
-    graph.cols["lane"][np.asarray(nodes)] = lane
+    graph.cols["lane"][node_ids(nodes, graph)] = _lane_id(graph, lane)
 
 
 def median_launch_ns(graph: Graph, default: int = 5_000) -> int:
