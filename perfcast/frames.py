@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from perfcast.display import Displayed
-from perfcast.errors import OptionError, PerfcastError
+from perfcast.errors import NotApplicableError, OptionError, PerfcastError
 
 if TYPE_CHECKING:
     from perfcast.events import EventTable
@@ -267,10 +267,10 @@ class Tables(Displayed):
         """One table as plain columns (lists), the first one when `name` is None."""
         tables = self._tables()
         if not tables:
-            raise PerfcastError(f"{type(self).__name__} has no rows to tabulate")
+            raise NotApplicableError(f"{type(self).__name__} has no rows to tabulate")
         if name is None:
             return next(iter(tables.values()))
-        if name not in tables:
+        if not isinstance(name, str) or name not in tables:
             raise OptionError(
                 f"{type(self).__name__} has no table {name!r}", hint=f"one of {list(tables)}"
             )

@@ -477,3 +477,22 @@ def test_graph_primitives_refuse_ids_and_values_outside_the_graph() -> None:
     # What is right still works.
     first = P.fuse(g, sel[:2][g.cols["lane"][sel[:2]] == g.cols["lane"][sel[0]]], 1000, "fused")
     assert g.cols["dur"][first] == 1000
+
+
+def test_plan_and_tables_refuse_with_the_documented_errors(shared_traces: Path) -> None:
+    """plan's keep_profiler_cost took "no" as yes; a CPU-only trace's refusal, a table name
+    given as a list and an unknown replay engine were a bare PerfcastError, a TypeError and
+    the fast engine in silence."""
+    from perfcast.sim import simulate
+
+    example = Path(__file__).parents[1] / "perfcast" / "examples" / "ddp_a100_rank0.json.gz"
+    table = perfcast.load(example)
+    with pytest.raises(perfcast.OptionError, match="keep_profiler_cost must be True or False"):
+        perfcast.plan(table, gpus=8, keep_profiler_cost="no")  # type: ignore[arg-type]
+    cpu = perfcast.load(shared_traces / "hta_cpu_only_gloo_rank34.json.gz")
+    with pytest.raises(perfcast.NotApplicableError, match="no GPU work"):
+        perfcast.plan(cpu, gpus=8)
+    with pytest.raises(perfcast.OptionError, match="has no table"):
+        perfcast.summary(table).to_pandas(["steps"])  # type: ignore[arg-type]
+    with pytest.raises(perfcast.OptionError, match="engine must be"):
+        simulate(perfcast.dependency_graph(table), engine="bogus")

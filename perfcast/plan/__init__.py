@@ -19,10 +19,12 @@ import os
 from functools import partial
 from typing import Any
 
+import numpy as np
+
 from perfcast import _make_callable
 from perfcast.analysis.common import traced_device
 from perfcast.analysis.notes import refuse_counter_trace
-from perfcast.errors import OptionError, PerfcastError, whole_number
+from perfcast.errors import NotApplicableError, OptionError, PerfcastError, whole_number
 from perfcast.events import EventTable
 from perfcast.hardware.devices import DeviceSpec, lookup_device
 from perfcast.hardware.network import Cluster, calibrated_from, make_cluster
@@ -119,11 +121,11 @@ def _cluster_for(
         )
     spec, named, _ = traced_device(table) if table is not None else (None, None, None)
     if spec is None and named is None:
-        raise PerfcastError(
+        raise OptionError(
             "the trace does not name its GPU", hint="pass --gpu (e.g. h100, a100-80gb)"
         )
     if spec is None:
-        raise PerfcastError(
+        raise OptionError(
             f"GPU '{named}' is not in perfcast's device table",
             hint="pass --gpu with a known one (e.g. h100, a100-80gb, mi300x)",
         )
@@ -231,6 +233,10 @@ def plan_trace(
     )
     if rank is not None:
         whole_number("plan_trace: rank", rank, minimum=None)
+    if not isinstance(keep_profiler_cost, (bool, np.bool_)):  # "no" read as yes
+        raise OptionError(
+            f"plan_trace: keep_profiler_cost must be True or False, not {keep_profiler_cost!r}"
+        )
     if isinstance(table, (str, os.PathLike)):
         from perfcast.ingest import load
 
@@ -242,7 +248,7 @@ def plan_trace(
         )
     refuse_counter_trace(table, "plan")
     if gpu is None and not table.is_gpu().any():
-        raise PerfcastError(
+        raise NotApplicableError(
             "the trace has no GPU work (CPU-only): there is nothing to plan over GPUs"
         )
     cluster = _cluster_for(table, gpu, link, inter, gpus_per_node, nics_per_node)

@@ -44,7 +44,7 @@ import numpy as np
 
 from perfcast.analysis.common import traced_device
 from perfcast.analysis.comms import allreduced_per_step
-from perfcast.errors import PerfcastError
+from perfcast.errors import NotApplicableError, PerfcastError
 from perfcast.events import EventTable, Kind
 from perfcast.graph.model import Graph, NodeKind
 from perfcast.graph.phases import Phase, collective_kernel_mask, event_phases
@@ -384,11 +384,11 @@ def trace_workload(
     rank = facts.rank
     its = [it for it in table.iterations if it.rank == rank]
     if not facts.has_gpu:
-        raise PerfcastError(
+        raise NotApplicableError(
             "the trace has no GPU work (CPU-only): there is nothing to plan over GPUs"
         )
     if not its or not table.rank_info(rank).has_steps:
-        raise PerfcastError(
+        raise NotApplicableError(
             "the trace has no ProfilerStep ranges: plan needs at least one training step "
             "(record with torch.profiler's schedule and prof.step(), or `perfcast profile`)"
         )

@@ -159,6 +159,10 @@ def backlog_nodes(graph: Graph) -> np.ndarray:
 
 def simulate(graph: Graph, engine: str = "fast") -> Timeline:
     """Replay the graph. `engine="reference"` runs the pure-Python oracle."""
+    if engine not in ("fast", "reference"):
+        from perfcast.errors import OptionError
+
+        raise OptionError(f"engine must be 'fast' or 'reference', not {engine!r}")
     low = lower(graph)
     rep = replay_reference(low) if engine == "reference" else replay_fast(low)
     start = np.full(len(graph), -1, dtype=np.int64)
