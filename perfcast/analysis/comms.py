@@ -268,76 +268,7 @@ def collectives(table: EventTable, link: str | None = None) -> Collectives:
             "no collectives in the trace (NCCL/RCCL kernels or gloo ranges): nothing to measure"
         )
         return out
-    src = _args_source(table, rows)
-    names = table.names
-    # Per distinct kernel name: op, algorithm, protocol, dtype from the name.
-    by_name = {}
-    for i in np.unique(table.name[rows]).tolist():
-        nm = names[i]
-        host_kind = host_collective_kind(nm)
-        if host_kind is not None:  # gloo: no algorithm, protocol or dtype in the name
-            by_name[i] = (host_kind, "", "", "")
-            continue
-        a = _ALGO.search(nm)
-        p = _PROTO.search(nm)
-        d = _NAME_DTYPE.search(nm)
-        by_name[i] = (
-            collective_from_kernel_name(nm) or "collective",
-            a.group(1).upper() if a else "",
-            p.group(1).upper() if p else "",
-            d.group(1) if d else "",
-        )
-    has = src >= 0
-    s = np.maximum(src, 0)
-    coll_op = [
-        (collective_from_kernel_name(names[c]) if c >= 0 else None)
-        for c in np.where(has, table.coll_name[s], NONE).tolist()
-    ]
-    dtype_idx = np.where(has, table.coll_dtype[s], NONE)
-    n_in = np.where(has, table.coll_in[s], NONE)
-    n_out = np.where(has, table.coll_out[s], NONE)
-    group = np.where(has, table.coll_group[s], NONE)
-    # Without collective arguments, the enclosing ranges may still say (record_shapes); a
-    # gloo range carries its own tensors' shapes.
-    on_host = host[rows]
-    missing = np.flatnonzero(~has & ~on_host)
-    fb_op, fb_dtype, fb_n = enclosing_op_args(table, rows[missing])
-    fallback = {int(j): (o, d, k) for j, o, d, k in zip(missing, fb_op, fb_dtype, fb_n)}
-    extent = dict(zip(missing.tolist(), enclosing_extent(table, rows[missing]).tolist()))
-    own = np.flatnonzero(on_host)
-    fallback.update(
-        {int(j): (None, d, k) for j, d, k in zip(own.tolist(), *_own_shapes(table, rows[own]))}
-    )
-
-    keys: list[tuple] = []
-    unknown_group = False
-    for j, r in enumerate(rows.tolist()):
-        op, algo, proto, name_dt = by_name[int(table.name[r])]
-        op = coll_op[j] or op
-        dt = names[int(dtype_idx[j])] if dtype_idx[j] >= 0 else name_dt
-        if j in fallback:
-            f_op, f_dtype, f_n = fallback[j]
-            # The kernel name says SendRecv for an all-to-all: the range knows better.
-            op = f_op or op
-            dt = f_dtype or dt
-            if f_n:
-                n_in[j] = f_n
-        rank = int(table.rank[r])
-        gs = int(group[j]) if group[j] > 0 else (table.rank_info(rank).world_size or 0)
-        big, small = extent.get(j, 0), int(n_in[j])
-        if op in ("allgather", "reducescatter") and small > 0 and big > small:
-            # The enclosing c10d op's larger tensor is the gathered output (the scattered
-            # input); their ratio is the group, which the world size need not be.
-            n_in[j], n_out[j] = (small, big) if op == "allgather" else (big, small)
-            if group[j] <= 0 and big % small == 0:
-                gs = big // small
-        if on_host[j] and table.rank_info(rank).gloo_subgroups:
-            gs = 0  # a gloo range does not say which of the trace's groups ran it
-            unknown_group = True
-        if on_host[j] and op == "allgather":
-            n_out[j] = n_in[j] * gs if gs > 0 else 0  # the range holds one rank's input
-        size = _size_bytes(op, int(n_in[j]), int(n_out[j]), dtype_bytes(dt))
-        keys.append((rank, op, algo, proto, dt, size, gs, bool(on_host[j])))
+    keys, unknown_group = _row_keys(table, rows, host)
     uniq = sorted(set(keys))
     index = {k: i for i, k in enumerate(uniq)}
     key_idx = np.array([index[k] for k in keys], dtype=np.int64)
@@ -412,6 +343,95 @@ def collectives(table: EventTable, link: str | None = None) -> Collectives:
             "unknown"
         )
     return plain(out)
+
+
+def _row_keys(table: EventTable, rows: np.ndarray, host: np.ndarray) -> tuple[list[tuple], bool]:
+    """Per collective row: (rank, op, algorithm, protocol, dtype, size in bytes, group size,
+    over the host), and whether a gloo range's group was unknown."""
+    src = _args_source(table, rows)
+    names = table.names
+    # Per distinct kernel name: op, algorithm, protocol, dtype from the name.
+    by_name = {}
+    for i in np.unique(table.name[rows]).tolist():
+        nm = names[i]
+        host_kind = host_collective_kind(nm)
+        if host_kind is not None:  # gloo: no algorithm, protocol or dtype in the name
+            by_name[i] = (host_kind, "", "", "")
+            continue
+        a = _ALGO.search(nm)
+        p = _PROTO.search(nm)
+        d = _NAME_DTYPE.search(nm)
+        by_name[i] = (
+            collective_from_kernel_name(nm) or "collective",
+            a.group(1).upper() if a else "",
+            p.group(1).upper() if p else "",
+            d.group(1) if d else "",
+        )
+    has = src >= 0
+    s = np.maximum(src, 0)
+    coll_op = [
+        (collective_from_kernel_name(names[c]) if c >= 0 else None)
+        for c in np.where(has, table.coll_name[s], NONE).tolist()
+    ]
+    dtype_idx = np.where(has, table.coll_dtype[s], NONE)
+    n_in = np.where(has, table.coll_in[s], NONE)
+    n_out = np.where(has, table.coll_out[s], NONE)
+    group = np.where(has, table.coll_group[s], NONE)
+    # Without collective arguments, the enclosing ranges may still say (record_shapes); a
+    # gloo range carries its own tensors' shapes.
+    on_host = host[rows]
+    missing = np.flatnonzero(~has & ~on_host)
+    fb_op, fb_dtype, fb_n = enclosing_op_args(table, rows[missing])
+    fallback = {int(j): (o, d, k) for j, o, d, k in zip(missing, fb_op, fb_dtype, fb_n)}
+    extent = dict(zip(missing.tolist(), enclosing_extent(table, rows[missing]).tolist()))
+    own = np.flatnonzero(on_host)
+    fallback.update(
+        {int(j): (None, d, k) for j, d, k in zip(own.tolist(), *_own_shapes(table, rows[own]))}
+    )
+
+    keys: list[tuple] = []
+    unknown_group = False
+    for j, r in enumerate(rows.tolist()):
+        op, algo, proto, name_dt = by_name[int(table.name[r])]
+        op = coll_op[j] or op
+        dt = names[int(dtype_idx[j])] if dtype_idx[j] >= 0 else name_dt
+        if j in fallback:
+            f_op, f_dtype, f_n = fallback[j]
+            # The kernel name says SendRecv for an all-to-all: the range knows better.
+            op = f_op or op
+            dt = f_dtype or dt
+            if f_n:
+                n_in[j] = f_n
+        rank = int(table.rank[r])
+        gs = int(group[j]) if group[j] > 0 else (table.rank_info(rank).world_size or 0)
+        big, small = extent.get(j, 0), int(n_in[j])
+        if op in ("allgather", "reducescatter") and small > 0 and big > small:
+            # The enclosing c10d op's larger tensor is the gathered output (the scattered
+            # input); their ratio is the group, which the world size need not be.
+            n_in[j], n_out[j] = (small, big) if op == "allgather" else (big, small)
+            if group[j] <= 0 and big % small == 0:
+                gs = big // small
+        if on_host[j] and table.rank_info(rank).gloo_subgroups:
+            gs = 0  # a gloo range does not say which of the trace's groups ran it
+            unknown_group = True
+        if on_host[j] and op == "allgather":
+            n_out[j] = n_in[j] * gs if gs > 0 else 0  # the range holds one rank's input
+        size = _size_bytes(op, int(n_in[j]), int(n_out[j]), dtype_bytes(dt))
+        keys.append((rank, op, algo, proto, dt, size, gs, bool(on_host[j])))
+    return keys, unknown_group
+
+
+def bus_bytes(table: EventTable, rows: np.ndarray) -> np.ndarray:
+    """Per collective row, the bytes its bus bandwidth counts (size x the op's factor, the
+    nccl-tests convention): its time at a link's peak is bus_bytes / peak. 0 where the trace
+    does not say its size or group."""
+    keys, _ = _row_keys(table, rows, host_collective_mask(table))
+    out = np.zeros(len(keys), dtype=np.float64)
+    for j, (_, op, _, _, _, size, gs, _) in enumerate(keys):
+        factor = _factor(op, gs)
+        if size and factor:
+            out[j] = size * factor
+    return out
 
 
 def _own_shapes(table: EventTable, rows: np.ndarray) -> tuple[list[str | None], list[int]]:

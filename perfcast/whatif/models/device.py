@@ -22,7 +22,9 @@ bounds that kind of kernel. Here, from `perfcast.hardware` datasheet figures:
   links' bandwidths (`hardware.interconnects.known_intra_node_link`: NVLink,
   PCIe, Infinity Fabric), which assumes the collectives run within one node (a
   multi-node job's network would not change); unchanged where a device's link
-  is not known. Time a collective spends waiting for slower peers scales with it;
+  is not known. Only the share of a collective's time that a transfer of its size at the
+  traced link's peak bus bandwidth takes scales; latency and waiting for slower peers stay
+  (a collective of unknown size scales whole);
 - memcpy: device-to-device copies by the bandwidth ratio; host<->device and
   peer copies unchanged (same PCIe host link and topology assumed);
 - where the project measured both parts (`perfcast.hardware.measured`, e.g. H100 -> H200),
@@ -75,9 +77,9 @@ from perfcast.hardware.measured import achieved_gemm, achieved_gemm_or_stand_in,
 from perfcast.whatif import primitives as P
 from perfcast.whatif.kernels import (
     is_compute_kernel,
-    kernel_dtype,
     kernel_fixed_cost_ns,
     known_devices_text,
+    node_dtype,
     rank_devices,
     require_gpu,
     resolve_device,
@@ -107,6 +109,29 @@ _MEMCPY_DTOD = re.compile(r"DtoD|Device -> Device", re.IGNORECASE)
 
 # GPUs in one node, as the scale-out models' gpus_per_node defaults to.
 GPUS_PER_NODE = 8
+
+
+def _transfer_shares(
+    graph: Graph, gpu: np.ndarray, sources: dict[int, DeviceSpec], options: Options
+) -> dict[int, float]:
+    """Per communication node of known size: the share of its time a transfer at its rank's
+    intra-node link's peak bus bandwidth takes (at most 1)."""
+    from perfcast.analysis.comms import bus_bytes
+
+    c = graph.cols
+    table = graph.table
+    comm = gpu[(c["klass"][gpu] == KernelClass.COMMUNICATION) & (c["event"][gpu] >= 0)]
+    if table is None or comm.size == 0:
+        return {}
+    moved = bus_bytes(table, c["event"][comm].astype(np.int64))
+    out: dict[int, float] = {}
+    for n, b in zip(comm.tolist(), moved.tolist(), strict=True):
+        rank = int(c["rank"][n])
+        link = known_intra_node_link(sources[rank], options.source or graph.device_names.get(rank))
+        dur = int(c["dur"][n])
+        if b > 0 and link is not None and link.bw_gbs_per_direction > 0 and dur > 0:
+            out[n] = min(b / link.bw_gbs_per_direction / dur, 1.0)  # bytes / (bytes/ns) / ns
+    return out
 
 
 def _link_ratio(
@@ -247,6 +272,8 @@ def apply(graph: Graph, options: Options) -> Graph:
     measured_used: set[str] = set()
     achieved_used: set[str] = set()
     peaks_used: set[tuple[str, float, float]] = set()
+    comm_share = _transfer_shares(graph, gpu, sources, options)
+    comm_sized = 0
     for i, n in enumerate(gpu.tolist()):
         src = sources[int(c["rank"][n])]
         table = measured_ratio(src.name, target.name)
@@ -269,11 +296,16 @@ def apply(graph: Graph, options: Options) -> Graph:
             src_name = options.source or graph.device_names.get(int(c["rank"][n]))
             r = None if multi_node else _link_ratio(src, target, src_name, options.target)
             if r is not None:
-                ratio[i] = r
+                # Only the transfer's share at the link's peak moves with the link; latency
+                # and waiting for other ranks stay (an RCCL all-reduce at 0.6% of the link's
+                # peak is waiting, and a faster link does not shorten that).
+                share = comm_share.get(int(n))
+                ratio[i] = r if share is None else 1.0 - share + share * r
                 comm_scaled = True
+                comm_sized += share is not None
             counts["comm"] += 1
         elif is_compute_kernel(graph, n):
-            d = kernel_dtype(name, k, convs_in_tf32(src))
+            d = node_dtype(graph, int(n), convs_in_tf32(src))
             if table:
                 ratio[i] = 1 / table.compute
             else:
@@ -320,9 +352,20 @@ def apply(graph: Graph, options: Options) -> Graph:
             f"{known_intra_node_link(target, options.target).name}"  # type: ignore[union-attr]
             for r, s in sources.items()
         }
+        sized = (
+            "the share of each a transfer at the traced link's peak bus bandwidth takes "
+            "(its size from the trace), latency and waiting for other ranks kept"
+            if comm_sized == counts["comm"]
+            else f"{comm_sized:,} of {counts['comm']:,} by the share a transfer at the traced "
+            "link's peak bus bandwidth takes, latency and waiting for other ranks kept; the "
+            "rest, of unknown size, whole"
+            if comm_sized
+            else "whole (no collective's size is in the trace: waiting for other ranks "
+            "scales with them)"
+        )
         comm = (
             "communication kernels scaled by the intra-node links' bandwidth ratio "
-            f"({', '.join(sorted(links))}; collectives taken to run within one node)"
+            f"({', '.join(sorted(links))}; collectives taken to run within one node): {sized}"
         )
     how = (
         f"by ratios {'; '.join(sorted(measured_used))}"
