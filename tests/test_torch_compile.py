@@ -293,3 +293,23 @@ def test_checkpointing_does_not_make_compiled_ops_look_like_work() -> None:
         return float(re.search(r"([\d.,]+) ops doing work", text).group(1).replace(",", ""))
 
     assert working(["activation-checkpointing", "torch-compile"]) == working(["torch-compile"])
+
+
+def test_a_small_compiled_helper_does_not_refuse_compiling_an_eager_model(
+    shared_traces: Path,
+) -> None:
+    """vLLM compiles one masking helper (1 Triton kernel, 2 µs of 768 kernels): the model
+    runs eager, and torch-compile was refused as 'compiled already'. A compiled model's
+    trace still is."""
+    import perfcast
+
+    table = perfcast.load(shared_traces / "tracelens_b200_vllm_eager_rank0.json.gz")
+    r = perfcast.predict(table, "torch-compile")
+    assert r.speedup > 1.0
+    said = " ".join(a for row in r.applied for a in row.assumptions)
+    assert "runs compiled already in the trace (0.2% of what Inductor would generate)" in said
+    compiled = perfcast.load(shared_traces / "tracelens_mi300x_torch_compile_triton.json.gz")
+    with pytest.raises(
+        perfcast.NotApplicableError, match=r"compiled already .*100% of the GPU work"
+    ):
+        perfcast.predict(compiled, "torch-compile")

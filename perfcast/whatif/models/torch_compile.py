@@ -83,6 +83,9 @@ _ROW_REDUCTION = frozenset({KernelClass.NORM, KernelClass.SOFTMAX})
 # Kernels Inductor generated, or ops of a compiled region: the trace is compiled already.
 _COMPILED = re.compile(r"^triton_|CompiledFunction|Torch-Compiled Region|^CompiledFxGraph")
 _PHASES = {"forward": Phase.FORWARD, "backward": Phase.BACKWARD}
+# A trace whose steps run at least this share of the GPU work Inductor would generate
+# compiled already is a compiled model: refused. Below it, the compiled part is left as it is.
+_COMPILED_SHARE = 0.5
 
 
 @dataclass
@@ -208,17 +211,64 @@ def _autocast_calls(graph: Graph, host: np.ndarray, gpu: np.ndarray) -> np.ndarr
     return np.isin(c["name"][host], calls) | np.isin(host, launches[launches >= 0])
 
 
-def _refuse_compiled(graph: Graph) -> None:
+def _compiled_nodes(graph: Graph) -> np.ndarray:
+    """Nodes of work the trace ran compiled already: inside a compiled region (or a
+    CompiledFunction) of the trace, Inductor's kernels, and GPU work such nodes launched."""
     c = graph.cols
-    used = np.unique(np.concatenate([c["name"], c["op_name"]]))
-    used = used[used >= 0]
-    for i in used.tolist():
-        if _COMPILED.search(graph.names[i]):
-            name = graph.names[i]
-            name = name if len(name) <= 80 else "…" + name[-79:]  # the end names the op
-            raise NotApplicableError(
-                f"torch-compile: the trace is compiled already ({name!r} runs in it)"
-            )
+    hit = np.array([bool(_COMPILED.search(n)) for n in graph.names], dtype=bool)
+    out = ((c["name"] >= 0) & hit[np.maximum(c["name"], 0)]) | (
+        (c["op_name"] >= 0) & hit[np.maximum(c["op_name"], 0)]
+    )
+    table = graph.table
+    if table is not None and len(table):
+        # A row inside a compiled range: climb the parents one level at a time.
+        named = (
+            hit[table.name]
+            if len(table.names) == hit.size
+            else np.array([bool(_COMPILED.search(n)) for n in table.names], dtype=bool)[table.name]
+        )
+        inside = named.copy()
+        cur = table.parent.astype(np.int64)
+        while (live := cur >= 0).any():
+            inside[live] |= named[cur[live]]
+            cur = np.where(live, table.parent[np.maximum(cur, 0)], -1).astype(np.int64)
+        event = c["event"].astype(np.int64)
+        has = (event >= 0) & (event < len(table))
+        out[has] |= inside[event[has]]
+    launched = (c["kind"] == NodeKind.GPU) & (c["launch"] >= 0)
+    out[launched] |= out[c["launch"][launched]]
+    return out
+
+
+def _refuse_compiled(graph: Graph) -> np.ndarray:
+    """The compiled nodes; refused when they hold most of the steps' GPU time (a trace of a
+    compiled model). A small compiled helper in an eager model (vLLM compiles one masking
+    function) is left as it is, and the rest is compiled."""
+    c = graph.cols
+    compiled = _compiled_nodes(graph)
+    gpu = (c["kind"] == NodeKind.GPU) & graph.alive & (c["iteration"] >= 0)
+    # Against the work Inductor would generate: a compiled model's library GEMMs may sit
+    # outside any compiled range of the trace, its generated kernels never do.
+    eager = gpu & ~compiled & np.isin(c["klass"], list(_GENERATED))
+    done = float(c["dur"][gpu & compiled].sum())
+    total = done + float(c["dur"][eager].sum())
+    host = compiled & graph.alive & (c["kind"] != NodeKind.GPU)
+    if compiled[graph.alive].any() and (total <= 0 or done >= _COMPILED_SHARE * total):
+        i = int(np.flatnonzero(compiled & graph.alive)[0])
+        name = graph.name_of(i) if not host.any() else graph.name_of(int(np.flatnonzero(host)[0]))
+        name = name if len(name) <= 80 else "…" + name[-79:]  # the end names the op
+        raise NotApplicableError(
+            f"torch-compile: the trace is compiled already ({name!r} runs in it; "
+            f"{100 * done / total if total else 100:.0f}% of the GPU work Inductor would "
+            "generate runs compiled)"
+        )
+    if compiled.any():
+        graph.assumptions.append(
+            f"torch-compile: {done / 1e6:,.3f} ms per window of GPU work runs compiled already "
+            f"in the trace ({100 * done / total:.1f}% of what Inductor would generate): left "
+            "as it is"
+        )
+    return compiled
 
 
 def check_options(options: Options) -> None:
@@ -358,10 +408,10 @@ def _compile(graph: Graph, options: Options) -> Graph:
             "torch-compile: the trace has no GPU work (Inductor's CPU code generation is not "
             "modelled)"
         )
-    _refuse_compiled(graph)
+    compiled = _refuse_compiled(graph)
     host_kinds = np.isin(c["kind"], [NodeKind.CPU, NodeKind.LAUNCH, NodeKind.RUNTIME])
     region_host = compiled_region_host(
-        graph, np.flatnonzero(host_kinds & alive & (c["iteration"] >= 0)), phases
+        graph, np.flatnonzero(host_kinds & alive & (c["iteration"] >= 0) & ~compiled), phases
     )
     region_launch = region_host[c["kind"][region_host] == NodeKind.LAUNCH]
     region_gpu = np.flatnonzero(
