@@ -208,3 +208,16 @@ def test_zero_waits_make_no_cycle_when_optimizer_kernels_precede_the_backward(
     fast = perfcast.predict(table, "zero:gpus=8,stage=3").predicted_ms
     slow = perfcast.predict(table, "zero:gpus=8,stage=3,link=pcie3").predicted_ms
     assert slow > fast
+
+
+def test_collectives_queued_before_the_trace_are_not_the_steps_traffic(shared_traces) -> None:
+    """MI300X ResNet, rank 0 of 8: five NCCL kernels ran before the first step (launched
+    before the profiler started: no launch call, no arguments). plan called them 8.11 ms per
+    step of model-parallel traffic, and ddp refused them as collectives of unknown kind."""
+    import perfcast
+
+    path = shared_traces / "tracelens_mi300x_resnet_act_ckpt_rank0.json.gz"
+    table = perfcast.load(path)
+    plan = perfcast.plan(table, gpus=8)
+    assert not any("model-parallel" in n for n in plan.notes)
+    assert perfcast.predict(table, "ddp:gpus=16").predicted_ms > 0

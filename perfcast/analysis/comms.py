@@ -421,6 +421,13 @@ def _row_keys(table: EventTable, rows: np.ndarray, host: np.ndarray) -> tuple[li
     return keys, unknown_group
 
 
+def ops_and_sizes(table: EventTable, rows: np.ndarray) -> tuple[list[str], list[int]]:
+    """Per collective row: its collective ("allreduce", ..., "collective" when nothing says)
+    and its size in bytes (nccl-tests convention; 0 when the trace does not say)."""
+    keys, _ = _row_keys(table, rows, host_collective_mask(table))
+    return [k[1] for k in keys], [int(k[5] or 0) for k in keys]
+
+
 def bus_bytes(table: EventTable, rows: np.ndarray) -> np.ndarray:
     """Per collective row, the bytes its bus bandwidth counts (size x the op's factor, the
     nccl-tests convention): its time at a link's peak is bus_bytes / peak. 0 where the trace

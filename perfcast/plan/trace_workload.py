@@ -44,7 +44,7 @@ import numpy as np
 
 from perfcast.analysis.common import traced_device
 from perfcast.analysis.comms import allreduced_per_step
-from perfcast.errors import NotApplicableError, PerfcastError
+from perfcast.errors import NotApplicableError
 from perfcast.events import EventTable, Kind
 from perfcast.graph.model import Graph, NodeKind
 from perfcast.graph.phases import Phase, collective_kernel_mask, event_phases
@@ -662,20 +662,23 @@ def _checkpoint_bytes(facts: TraceFacts) -> tuple[float, float, str] | None:
 
 def _model_parallel_traffic(table: EventTable, rank: int, steps: int) -> str:
     """The rank's collectives other than all-reduce and broadcast (which data parallelism
-    and its start-up run), per step: "alltoall 850.0 MB in 4.20 ms, ..."; "" when none."""
-    from perfcast.analysis.comms import collectives
+    and its start-up run), per step: "alltoall 850.0 MB in 4.20 ms, ..."; "" when none.
+    Only those the steps launched: DDP's all-reduces queued before the trace began carry no
+    launch and no arguments, and read as unnamed traffic."""
+    from perfcast.analysis.comms import collective_kernel_mask, ops_and_sizes
 
-    try:
-        rows = collectives(table).by_op
-    except PerfcastError:
+    in_steps = (table.iteration >= 0) & (table.rank == rank)
+    rows = np.flatnonzero(collective_kernel_mask(table) & in_steps)
+    if rows.size == 0:
         return ""
+    ops, sizes = ops_and_sizes(table, rows)
     size: dict[str, float] = {}
     ms: dict[str, float] = {}
-    for r in rows:
-        if r.rank != rank or r.op in ("allreduce", "broadcast", "barrier"):
+    for op, nbytes, dur in zip(ops, sizes, table.dur[rows].tolist(), strict=True):
+        if op in ("allreduce", "broadcast", "barrier"):
             continue
-        size[r.op] = size.get(r.op, 0.0) + (r.size_bytes or 0) * r.count / max(steps, 1)
-        ms[r.op] = ms.get(r.op, 0.0) + r.total_ms / max(steps, 1)
+        size[op] = size.get(op, 0.0) + nbytes / max(steps, 1)
+        ms[op] = ms.get(op, 0.0) + dur / 1e6 / max(steps, 1)
     return ", ".join(
         f"{op} {size[op] / 1e6:,.1f} MB in {ms[op]:.2f} ms" if size[op] else f"{op} {ms[op]:.2f} ms"
         for op in sorted(size)

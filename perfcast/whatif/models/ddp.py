@@ -278,7 +278,9 @@ def drop_measured_allreduces(graph: Graph, model: str = "ddp") -> float:
     is_coll = np.zeros(gpu.size, dtype=bool)
     has = ev >= 0
     is_coll[has] = collective_kernel_mask(table)[ev[has]]
-    comm = gpu[is_coll]
+    # Only the steps' own: collectives queued before the trace began (no launch, no
+    # arguments) do not say what they run, and are not the step's traffic.
+    comm = gpu[is_coll & (c["iteration"][gpu] >= 0)]
     if comm.size == 0:
         return 0.0
     kinds: dict[int, str | None] = {}
