@@ -948,3 +948,23 @@ def test_the_shared_triton_sample_step_is_its_recorded_window(shared_traces) -> 
     table = perfcast.load(shared_traces / "hta_triton_example_a100.json.gz")
     (it,) = table.iterations
     assert (it.end_ns - it.start_ns) / 1e6 < 2.0  # was 13,336 ms
+
+
+def test_a_copy_takes_its_size_from_its_rocm_runtime_call(write_trace, shared_traces) -> None:
+    """ROCm 6.2 writes a copy's size on hipMemcpyWithStream ("size": "2560"), not on the
+    copy: 'memory' said both of the MI250 trace's copies had no size."""
+    from tests.tracegen import TraceBuilder
+
+    b = TraceBuilder()
+    b.step(1, 0.0, 100.0)
+    corr = b.launch("Memcpy HtoD (Host -> Device)", 10, 5, 20, 4, cat="gpu_memcpy",
+                    name="hipMemcpyWithStream")  # fmt: skip
+    call = next(e for e in b.events if e.get("args", {}).get("correlation") == corr)
+    call["args"]["size"] = "2560"
+    table = perfcast.load(write_trace(b.doc()))
+    copy = int(np.flatnonzero(table.kind == Kind.MEMCPY)[0])
+    assert table.nbytes[copy] == 2560
+    assert (table.nbytes[table.kind == Kind.RUNTIME] < 0).all()  # a GPU row's column
+    mi250 = perfcast.memory(shared_traces / "hta_mi250_minitoy_train.json.gz")
+    (row,) = mi250.copies
+    assert row.total_mb == pytest.approx(2 * 2560 / 1e6) and row.unsized == 0

@@ -512,6 +512,18 @@ def _holds_no_work(c: dict[str, np.ndarray], step: int, step_rows: np.ndarray) -
     return not inside.any()
 
 
+def _sizes_from_calls(c: dict[str, np.ndarray], launch: np.ndarray) -> None:
+    """A copy or memset without its size takes the one its runtime call carries (ROCm 6.2
+    writes it there); runtime calls keep none (nbytes is a GPU row's)."""
+    kind, nbytes = c["kind"], c["nbytes"]
+    calls = kind == Kind.RUNTIME
+    if not (calls & (nbytes >= 0)).any():
+        return
+    moved = np.flatnonzero(np.isin(kind, (Kind.MEMCPY, Kind.MEMSET)) & (nbytes < 0) & (launch >= 0))
+    nbytes[moved] = nbytes[launch[moved]]
+    nbytes[calls] = NONE
+
+
 def _derive(
     rc: RankColumns, names: Interner, info: RankInfo
 ) -> tuple[dict[str, np.ndarray], list[Iteration]]:
@@ -528,6 +540,7 @@ def _derive(
 
     parent = _parents(c["pid"], c["tid"], ts, dur, np.flatnonzero(is_cpu), n)
     launch = _launch_links(c, is_gpu, rc.flows)
+    _sizes_from_calls(c, launch)
     # GPU work cannot start before the call that launched it; where the clocks say so
     # (CPU/GPU clock skew, a corrupt time) the link is dropped rather than trusted.
     linked = np.flatnonzero(launch >= 0)

@@ -399,6 +399,12 @@ def _extract_chunk(
         a = args[i]
         if a is not None:
             nbytes[i] = _to_opt_int(a.nbytes)
+    # ROCm 6.2 writes a copy's size on its runtime call ("size": "2560"), not on the copy:
+    # kept there, and handed to the copy it launches (loader).
+    for i in np.flatnonzero(kinds == Kind.RUNTIME).tolist():
+        a = args[i]
+        if a is not None and a.size is not None and "Mem" in str(rows[i].name):
+            nbytes[i] = _to_opt_int(a.size)
     for i in np.flatnonzero(kinds == Kind.MEMORY).tolist():
         a = args[i]
         if a is not None:

@@ -32,6 +32,7 @@ ARG_FIELDS: tuple[tuple[str, str, bool], ...] = (
     ("grid", "grid", False),
     ("block", "block", False),
     ("nbytes", "bytes", False),
+    ("size", "size", False),
     ("wait_on_stream", "wait_on_stream", False),
     ("wait_on_corr", "wait_on_cuda_event_record_corr_id", False),
     ("mem_bytes", "Bytes", False),
