@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import re
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -17,7 +18,7 @@ from perfcast.frames import Tables
 from perfcast.graph.acyclic import break_cycles, cyclic_node_count
 from perfcast.graph.build import build_graph
 from perfcast.graph.lower import lower
-from perfcast.graph.model import Graph, Source
+from perfcast.graph.model import NONE, Graph, Source
 from perfcast.memory_model.model import MemoryEstimate
 from perfcast.real import Correction
 from perfcast.sim.timeline import Timeline, backlog_nodes, lead_not_kept_ns, simulate
@@ -99,10 +100,36 @@ def step_ms(tl: Timeline) -> tuple[float, float, list[tuple[int, str, float, flo
     return measured, simulated, rows
 
 
-def steady_state_applies(applied: list[AppliedModel], predicted: Timeline) -> bool:
-    """Whether a model applied lets steps overlap and the trace has steps after the first."""
+def steady_state_applies(
+    applied: list[AppliedModel], predicted: Timeline, base: Timeline | None = None
+) -> bool:
+    """Whether a model applied lets steps overlap, the trace has steps after the first, and
+    (given the baseline) the predicted steps do run into each other where the traced ones
+    did not: a removed sync that did not end a step changes no step's overlap, and the
+    steady-state ratio then only re-weighted the steps (a first step slower than the rest
+    made a change that sped every step up predict a slower one)."""
     steps = {name for _, name, _, _ in predicted.iteration_ns()}
-    return len(steps) >= 2 and any(_steps_overlap(a) for a in applied)
+    if len(steps) < 2 or not any(_steps_overlap(a) for a in applied):
+        return False
+    return base is None or _runs_into_next(predicted) > _runs_into_next(base)
+
+
+# How far a step's completion must pass the next step's host start to count as running
+# into it (below it, clock rounding and zero-length markers).
+_OVERLAP_NS = 1_000
+
+
+def _runs_into_next(tl: Timeline) -> int:
+    """How many steps complete after the next step's host side began (same rank)."""
+    by_rank: dict[int, list[Any]] = {}
+    for w in tl.step_windows():
+        if w.host_begin != NONE:
+            by_rank.setdefault(w.span.rank, []).append(w)
+    count = 0
+    for windows in by_rank.values():
+        windows.sort(key=lambda w: w.host_begin)
+        count += sum(a.done > b.host_begin + _OVERLAP_NS for a, b in itertools.pairwise(windows))
+    return count
 
 
 def steady_ratio(
@@ -115,7 +142,7 @@ def steady_ratio(
     Steps that no longer end in a sync run into each other; the trace's first step has
     nothing before it to overlap with, so it would count a pipeline fill that a running job
     pays once (said in the first such model's assumptions)."""
-    if not steady_state_applies(applied, predicted):
+    if not steady_state_applies(applied, predicted, base):
         return None
     note = (
         "steps overlap once they no longer end in a sync: the speedup is the steady "
