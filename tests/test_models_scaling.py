@@ -570,3 +570,23 @@ def test_one_worker_cannot_make_batches_faster_than_it_loads_them() -> None:
     assert two.predicted_ms >= 46.3  # 72.37 x 1.28 (two workers and the main thread on 2 cores) / 2
     four = perfcast.predict(table, "dataloader-overlap:workers=4")
     assert four.predicted_ms < two.predicted_ms < one.predicted_ms
+
+
+def test_gradient_accumulation_on_2021_traces_is_backward_and_not_batch_sized(
+    shared_traces: Path,
+) -> None:
+    """PyTorch 1.9's autograd thread: backward nodes are named by themselves, and
+    AccumulateGrad -> aten::add_ named no phase, so 161 kernels a step went to forward
+    (checkpointing recomputed them, amp halved them); batch-size's exclusion of
+    AccumulateGrad read only the innermost op (aten::add_) and scaled them with the batch."""
+    from perfcast.events import Kind
+    from perfcast.graph.phases import Phase, event_phases
+
+    table = perfcast.load(shared_traces / "resnet50_v100_nw0_2021.json.gz")
+    phase = event_phases(table)
+    kernels = (table.kind == Kind.KERNEL) & (table.iteration >= 0)
+    steps = len(table.iterations)
+    assert ((phase == Phase.FORWARD) & kernels).sum() == 280 * steps  # by hand from the JSON
+    r = perfcast.predict(table, "batch-size")
+    said = " ".join(a for row in r.applied for a in row.assumptions)
+    assert "657 forward/backward kernels x2" in said  # 818 with gradient accumulation

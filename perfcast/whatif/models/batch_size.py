@@ -70,6 +70,25 @@ _WHOLE_STEPS = (
 _PARAM_SIZED_OPS = ("AccumulateGrad",)
 
 
+def _param_sized(graph: Graph, gpu: np.ndarray) -> np.ndarray:
+    """Per GPU node: launched inside an op whose work is sized by the parameters, not the
+    batch (gradient accumulation: `torch::autograd::AccumulateGrad`, whose own kernels
+    are its aten::add_'s and copy_'s, so the op's ancestors are read, not its name)."""
+    from perfcast.analysis.common import nearest_ancestor
+
+    c = graph.cols
+    table = graph.table
+    named = np.array([any(k in n for k in _PARAM_SIZED_OPS) for n in graph.names], dtype=bool)
+    out = (c["op_name"][gpu] >= 0) & named[np.maximum(c["op_name"][gpu], 0)]
+    if table is None or gpu.size == 0:
+        return out
+    wanted = np.array([any(k in n for k in _PARAM_SIZED_OPS) for n in table.names], dtype=bool)
+    ops = c["op"][gpu].astype(np.int64)
+    has = (ops >= 0) & (ops < len(table))
+    out[has] |= nearest_ancestor(table, ops[has], wanted[table.name]) >= 0
+    return out
+
+
 @dataclass
 class Options:
     factor: float = 2.0
@@ -120,15 +139,7 @@ def _apply_gpu(graph: Graph, gpu: np.ndarray, factor: float) -> str:
     klass = c["klass"][gpu]
     names = graph.names
     in_step = np.isin(phase, _STEP_PHASES)
-    op_name = c["op_name"][gpu]
-    param_sized = (
-        np.array(
-            [o >= 0 and any(k in names[o] for k in _PARAM_SIZED_OPS) for o in op_name.tolist()],
-            dtype=bool,
-        )
-        if gpu.size
-        else np.zeros(0, dtype=bool)
-    )
+    param_sized = _param_sized(graph, gpu)
     kern = gpu[
         in_step
         & (gk == GpuKind.KERNEL)
