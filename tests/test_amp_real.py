@@ -115,3 +115,14 @@ def test_refused_under_autocast_without_input_types() -> None:
     graph = build_graph(table)
     with pytest.raises(NotApplicableError, match="already runs under autocast: 51 of the 51"):
         get_model("amp").apply(graph, build_options("amp", {}))
+
+
+def test_amp_casts_gradients_back_on_2021_traces(shared_traces) -> None:
+    """PyTorch 1.9 names an autograd node by itself ("CudnnConvolutionBackward"), where amp
+    looked only for "evaluate_function: ...": 0 gradient casts were added, in silence."""
+    import perfcast
+
+    table = perfcast.load(shared_traces / "resnet50_v100_nw0_2021.json.gz")
+    r = perfcast.predict(table, "amp:dtype=fp16")
+    said = " ".join(a for row in r.applied for a in row.assumptions)
+    assert "54 weight casts in forward and 54 gradient casts back to fp32" in said
