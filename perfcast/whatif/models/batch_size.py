@@ -8,10 +8,12 @@ GPU traces, kernel by kernel (Source.SCALED):
 - forward and backward kernels do work in proportion to the batch (their
   FLOPs and activation bytes grow with it), and a kernel that already fills the
   GPU takes time in proportion to its work: the variable part scales by
-  `factor`. Only a kernel too small to fill the GPU once stays as fast: its
-  time follows its waves (Habitat's wave scaling, Yu et al., USENIX ATC '21),
-  waves(b) = ceil(b / SMs) with b = prod(grid) thread blocks, and the variable
-  part scales by waves(ceil(b * factor)) / waves(b). One resident block per SM
+  `factor`, quantized to whole waves: a kernel's time follows its waves
+  (Habitat's wave scaling, Yu et al., USENIX ATC '21), waves(b) = ceil(b / SMs)
+  with b = prod(grid) thread blocks, and the variable part scales by
+  waves(ceil(b * factor)) / waves(b) for every kernel whose grid is recorded:
+  about `factor` for a kernel of many waves, less where its last wave was
+  partly empty, and 1 for one too small to fill the GPU once. One resident block per SM
   is the only occupancy assumed: the trace does not say how many of a kernel's
   blocks fit on an SM (registers and shared memory decide), and assuming the
   architectural maximum (up to 32) made large cuDNN kernels look a fraction of
@@ -209,7 +211,8 @@ def _apply_gpu(graph: Graph, gpu: np.ndarray, factor: float) -> str:
     per, per_what = P.rank_steps(graph, np.concatenate([kern, copies]).astype(np.int64))
     return (
         f"{per_what}: {P.per_count(kern.size, per)} forward/backward kernels x{factor:g} "
-        f"({P.per_count(n_waves, per)} smaller than one wave scaled by their waves{wave_rule}) "
+        f"(by their waves: ceil(blocks x {factor:g} / SMs) / ceil(blocks / SMs), "
+        f"{P.per_count(n_waves, per)} of them smaller than one wave{wave_rule}) "
         f"and {P.per_count(copies.size, per)} copies/memsets: GPU time "
         f"{before / per / 1e6:.2f} -> {after / per / 1e6:.2f} ms; fixed {fixed / 1000:.1f} µs "
         "per kernel kept; host dispatch and launches unchanged"
