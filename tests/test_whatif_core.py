@@ -642,3 +642,13 @@ def test_code_changes_compose_the_same_in_any_order() -> None:
     one = perfcast.predict(table, ["amp", "torch-compile", noop])
     other = perfcast.predict(table, ["torch-compile", "amp", noop])
     assert one.predicted_ms == other.predicted_ms
+
+
+def test_fuse_elementwise_and_torch_compile_are_not_applied_together() -> None:
+    """Both fuse the same elementwise chains: together they predicted torch-compile's gain
+    and a second pass reduction on the kernels it had fused."""
+    import perfcast
+
+    example = Path(__file__).parents[1] / "perfcast" / "examples" / "ddp_a100_rank0.json.gz"
+    with pytest.raises(perfcast.OptionError, match="fuses the elementwise kernels itself"):
+        perfcast.predict(example, ["fuse-elementwise", "torch-compile"])

@@ -305,6 +305,13 @@ def conflict(specs: list[Spec]) -> str | None:
             "ddp and zero cannot be applied together: both set how gradients are synchronized "
             "across the GPUs (zero takes gpus= itself); apply one"
         )
+    if "fuse-elementwise" in names and "torch-compile" in names:
+        # Inductor fuses the elementwise chains itself: the second fusion took its pass
+        # reduction again from kernels already fused (33.79 ms against 34.24 compiled alone).
+        return (
+            "fuse-elementwise and torch-compile cannot be applied together: torch.compile "
+            "fuses the elementwise kernels itself; apply one"
+        )
     if len(capturing) > 1:
         return (
             f"{' and '.join(capturing)} cannot be applied together: both capture the step in "
