@@ -306,8 +306,9 @@ def cmd_whatif(args: argparse.Namespace, ui: Any) -> int:
         ui.out.print(listing)
         ui.out.print(
             Text(
-                "auto: decided from the trace (a filter such as module= or op=: none); "
-                "NAME:key=value,... sets an option"
+                "auto: decided from the trace, or left out where the trace cannot say (a "
+                "filter such as module= or op=: none; dataloader-overlap's cores= and "
+                "worker_cores=: no CPU contention); NAME:key=value,... sets an option"
             )
         )
         return 0
