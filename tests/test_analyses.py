@@ -510,7 +510,7 @@ def test_analyses_with_nothing_to_report_say_why(shared_traces: Path) -> None:
     a = analyze(perfcast.load(shared_traces / "hta_cpu_only_gloo_rank34.json.gz"))
     for name in ("kernels", "idle", "launches", "queue", "ops"):
         assert getattr(a, name).notes == [
-            "nothing to report: the trace holds no GPU work (a CPU-only job)"
+            "nothing to report: the trace has no GPU work (CPU-only)"
         ], name
     assert not any("nothing to report" in n for n in a.collectives.notes)
 
@@ -716,5 +716,23 @@ def test_an_analysis_called_alone_says_why_it_is_empty(shared_traces: Path) -> N
     for fn in (perfcast.kernel_breakdown, perfcast.idle_time, perfcast.launch_queue):
         result = fn(table)
         text = str(result)
-        assert "no rows" in text and "no GPU work (a CPU-only job)" in text
-        assert "CPU-only job" in result._repr_html_()
+        assert "no rows" in text and "no GPU work (CPU-only)" in text
+        assert "(CPU-only)" in result._repr_html_()
+
+
+def test_a_gpu_run_cut_before_its_gpu_events_is_not_called_cpu_only(tmp_path: Path) -> None:
+    """Kineto writes GPU events after the CPU ops: a file cut at 3 MB of the H100 ResNet-50
+    kept none, and plan, whatif and analyze called the run 'CPU-only'."""
+    import gzip
+
+    src = Path(__file__).parents[1] / "benchmarks/accuracy/recorded/traces/h100/r50_base.json.gz"
+    cut = tmp_path / "cut.json"
+    cut.write_bytes(gzip.decompress(src.read_bytes())[:3_000_000])
+    table = perfcast.load(cut)
+    assert not table.is_gpu().any() and table.ranks[0].truncated
+    with pytest.raises(perfcast.NotApplicableError, match="no GPU work survived") as err:
+        perfcast.plan(table, gpus=8)
+    assert "CPU-only" not in str(err.value)
+    with pytest.raises(perfcast.NotApplicableError, match="no GPU work survived"):
+        perfcast.predict(table, "ddp:gpus=8")
+    assert any("no GPU work survived" in n for n in perfcast.analyze(table).kernels.notes)

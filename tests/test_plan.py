@@ -795,3 +795,21 @@ def test_plan_says_when_half_the_gpus_run_the_step_faster() -> None:
     assert any(n.startswith("on 512 GPUs the best plan") for n in many.notes), many.notes
     roomy = plan_model("gpt-1.7b", 16, global_batch=1024, top=1)
     assert not any("GPUs the best plan" in n for n in roomy.notes)
+
+
+def test_plan_says_what_the_input_notes_say(tmp_path: Path, shared_traces: Path) -> None:
+    """A folder short of a rank (one file empty): plan printed nothing of it, and every other
+    command prefixed the folder's note with 'rank 0:'."""
+    import shutil
+
+    import perfcast
+    from perfcast.analysis.notes import input_notes
+
+    folder = tmp_path / "ranks"
+    shutil.copytree(shared_traces / "dlrm_v100_8rank", folder)
+    (folder / "worker2.json.gz").write_bytes(b"")
+    table = perfcast.load(folder)
+    notes = input_notes(table)
+    assert notes[0].startswith("1 file of the folder") and not notes[0].startswith("rank 0:")
+    plan = perfcast.plan(table, gpus=8)
+    assert any("7 of the job's 8 ranks" in n for n in plan.notes)

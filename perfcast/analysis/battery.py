@@ -18,7 +18,7 @@ from perfcast.analysis.kernels import KernelBreakdown, kernel_breakdown
 from perfcast.analysis.launch_queue import LaunchQueue, launch_queue
 from perfcast.analysis.launches import LaunchStats, launch_stats
 from perfcast.analysis.memory import Memory, memory
-from perfcast.analysis.notes import input_notes
+from perfcast.analysis.notes import input_notes, no_gpu_work
 from perfcast.analysis.op_kernels import OpKernelResult, op_kernels
 from perfcast.analysis.roofline import Roofline, roofline
 from perfcast.analysis.scopes import Scopes, scopes
@@ -140,7 +140,7 @@ def said_when_empty(table: EventTable, result: _R) -> _R:
     says so (a CPU-only trace printed nothing at all)."""
     if not result.notes and _all_empty(result):
         result.notes.append(
-            "nothing to report: the trace holds no GPU work (a CPU-only job)"
+            f"nothing to report: {no_gpu_work(table)}"
             if not table.is_gpu().any()
             else "nothing to report for this trace"
         )

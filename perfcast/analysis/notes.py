@@ -25,13 +25,32 @@ def rank_notes(info: RankInfo) -> list[str]:
     return notes
 
 
+def no_gpu_work(table: EventTable | None) -> str:
+    """Why a trace holds no GPU work, in words: a CPU-only job, or a GPU run whose file lost
+    its GPU side to a cut or damage (Kineto writes GPU events after the CPU ops, so a cut
+    file often keeps none; calling that CPU-only sent users looking for the wrong fault)."""
+    damaged = [i for i in table.ranks if i.truncated] if table is not None else []
+    if not damaged:
+        return "the trace has no GPU work (CPU-only)"
+    gpu = next((i.device_name for i in damaged if i.device_name), None)
+    run = f"this {gpu} run's" if gpu else "this"
+    return (
+        f"no GPU work survived in {run} damaged or cut-off file (Kineto writes the GPU events "
+        "after the CPU ops; a complete trace of the run has them)"
+    )
+
+
 def input_notes(table: EventTable) -> list[str]:
-    """Notes for all ranks, each prefixed with its rank when there are several."""
+    """Notes for all ranks, each prefixed with its rank when there are several; notes about
+    the whole folder (kept on its first rank) first and unprefixed: "rank 0: 1 file of the
+    folder is empty" named the wrong culprit."""
     many = len(table.ranks) > 1
-    return [
+    folder = [note for info in table.ranks for note in info.folder_notes]
+    return folder + [
         f"rank {info.rank}: {note}" if many else note
         for info in table.ranks
         for note in rank_notes(info)
+        if note not in info.folder_notes
     ]
 
 

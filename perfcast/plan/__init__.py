@@ -23,7 +23,7 @@ import numpy as np
 
 from perfcast import _make_callable
 from perfcast.analysis.common import traced_device
-from perfcast.analysis.notes import refuse_counter_trace
+from perfcast.analysis.notes import input_notes, no_gpu_work, refuse_counter_trace
 from perfcast.errors import NotApplicableError, OptionError, PerfcastError, whole_number
 from perfcast.events import EventTable
 from perfcast.hardware.devices import DeviceSpec, lookup_device
@@ -248,9 +248,7 @@ def plan_trace(
         )
     refuse_counter_trace(table, "plan")
     if gpu is None and not table.is_gpu().any():
-        raise NotApplicableError(
-            "the trace has no GPU work (CPU-only): there is nothing to plan over GPUs"
-        )
+        raise NotApplicableError(f"{no_gpu_work(table)}: there is nothing to plan over GPUs")
     cluster = _cluster_for(table, gpu, link, inter, gpus_per_node, nics_per_node)
     cluster, cal, unused = calibrate_cluster(table, cluster)
     from perfcast.analysis.real_step import real_world
@@ -314,6 +312,9 @@ def plan_trace(
         search, w, cluster, gpus, gb, capacity_gib=memory_gb, fixed_s=w.fixed_s, ckpt=(0, 2)
     )
     result = searched(top=top, amp=amp_choices, baseline=base)
+    # What the input's own notes say (a truncated file, ranks missing from the folder) is
+    # said here too: a plan from a damaged trace is no better than the trace.
+    result.notes[:0] = input_notes(table)
     if amp is not None and result.best and result.best[0].plan["amp"]:
         # The best plan without AMP (only its best row is read: no second half-GPUs search).
         plain = searched(top=1, amp=(0,), half_gpus_note=False).best

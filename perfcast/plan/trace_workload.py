@@ -44,6 +44,7 @@ import numpy as np
 
 from perfcast.analysis.common import traced_device
 from perfcast.analysis.comms import allreduced_per_step
+from perfcast.analysis.notes import no_gpu_work
 from perfcast.errors import NotApplicableError
 from perfcast.events import EventTable, Kind
 from perfcast.graph.model import Graph, NodeKind
@@ -384,9 +385,7 @@ def trace_workload(
     rank = facts.rank
     its = [it for it in table.iterations if it.rank == rank]
     if not facts.has_gpu:
-        raise NotApplicableError(
-            "the trace has no GPU work (CPU-only): there is nothing to plan over GPUs"
-        )
+        raise NotApplicableError(f"{no_gpu_work(table)}: there is nothing to plan over GPUs")
     if not its or not table.rank_info(rank).has_steps:
         raise NotApplicableError(
             "the trace has no ProfilerStep ranges: plan needs at least one training step "

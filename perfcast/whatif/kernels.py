@@ -13,6 +13,7 @@ import re
 
 import numpy as np
 
+from perfcast.analysis.notes import no_gpu_work
 from perfcast.errors import NotApplicableError, OptionValueError
 from perfcast.graph.model import GpuKind, Graph, NodeKind, Source
 from perfcast.graph.phases import Phase
@@ -95,7 +96,7 @@ def gpu_nodes(graph: Graph) -> np.ndarray:
 def require_gpu(graph: Graph, model: str) -> np.ndarray:
     gpu = gpu_nodes(graph)
     if gpu.size == 0:
-        raise NotApplicableError(f"{model}: the trace has no GPU work (CPU-only trace)")
+        raise NotApplicableError(f"{model}: {no_gpu_work(graph.table)}")
     return gpu
 
 

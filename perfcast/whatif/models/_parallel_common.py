@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from perfcast.analysis.notes import no_gpu_work
 from perfcast.errors import NotApplicableError, OptionValueError
 from perfcast.graph.model import NONE, EdgeType, GpuKind, Graph, NodeKind, Source
 from perfcast.graph.phases import Phase
@@ -161,7 +162,7 @@ def comm_model(
 
 def require_gpu_steps(graph: Graph, model: str) -> None:
     if P.select(graph, kind="gpu").size == 0:
-        raise NotApplicableError(f"{model}: the trace has no GPU work (CPU-only)")
+        raise NotApplicableError(f"{model}: {no_gpu_work(graph.table)}")
     if not graph.iterations:
         raise NotApplicableError(f"{model}: the trace has no steps (ProfilerStep ranges)")
 

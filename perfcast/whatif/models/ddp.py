@@ -58,6 +58,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from perfcast.analysis.comms import allreduced_per_step
+from perfcast.analysis.notes import no_gpu_work
 from perfcast.arrays import split_by
 from perfcast.errors import NotApplicableError, OptionValueError
 from perfcast.events import EventTable, Kind
@@ -126,8 +127,7 @@ def apply(graph: Graph, options: Options) -> Graph:
     c = graph.cols
     if P.select(graph, kind="gpu").size == 0:
         raise NotApplicableError(
-            "ddp: the trace has no GPU work (CPU-only); data parallel over GPUs "
-            "cannot be modelled from it"
+            f"ddp: {no_gpu_work(graph.table)}; data parallel over GPUs cannot be modelled from it"
         )
     table = graph.table
     if table is None:
