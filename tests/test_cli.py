@@ -1028,3 +1028,20 @@ def test_checkpointing_of_named_modules_may_repeat(capsys):
     one = ["--apply", "activation-checkpointing:module='conv2d|batch_norm'"]
     assert main(["whatif", str(EXAMPLE), *one, "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["predicted_ms"] == pytest.approx(both)
+
+
+def test_summary_of_many_ranks_says_every_ranks_notes(
+    capsys, tmp_path: Path, shared_traces: Path
+) -> None:
+    """Past four ranks the summary details only the slowest and the fastest: a cut rank 5
+    of the 8-rank DLRM showed '-' in its row and its truncation note nowhere."""
+    import gzip
+    import shutil
+
+    folder = tmp_path / "ranks"
+    shutil.copytree(shared_traces / "dlrm_v100_8rank", folder)
+    raw = gzip.decompress((folder / "worker5.json.gz").read_bytes())
+    (folder / "worker5.json.gz").write_bytes(gzip.compress(raw[: len(raw) // 2]))
+    assert main(["summary", str(folder)]) == 0
+    out = capsys.readouterr().out
+    assert "rank 5: truncated trace" in " ".join(out.split())

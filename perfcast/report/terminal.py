@@ -113,6 +113,10 @@ def _render_stragglers(summary: Summary, console: Console, marked: bool = True) 
         )
 
 
+# Notes of ranks not shown in detail, at most (the rest: --json).
+_MANY_NOTES = 20
+
+
 def render_summary(summary: Summary, console: Console, top: int = 5) -> None:
     for note in summary.notes:
         console.print(Text(f"note: {note}", style="yellow"))
@@ -121,6 +125,17 @@ def render_summary(summary: Summary, console: Console, top: int = 5) -> None:
         _render_rank_overview(summary, console)
         by_time = sorted(ranks, key=lambda rs: _mean([it.measured_ms for it in rs.iterations]))
         ranks = [by_time[-1], by_time[0]]  # slowest and fastest in detail; --json has all
+        # The other ranks' notes (a cut file, a rank without steps) would go unsaid.
+        others = [(rs.rank, n) for rs in summary.ranks if rs not in ranks for n in rs.notes]
+        for rank, note in others[:_MANY_NOTES]:
+            console.print(Text(f"note: rank {rank}: {note}", style="yellow"))
+        if len(others) > _MANY_NOTES:
+            console.print(
+                Text(
+                    f"note: {len(others) - _MANY_NOTES:,} more notes of other ranks (--json)",
+                    style="yellow",
+                )
+            )
         console.print(Text("details of the slowest and the fastest rank:", style="bold"))
     else:
         _render_stragglers(summary, console, marked=False)
