@@ -361,3 +361,18 @@ def test_hand_made_saved_positions_out_of_range_fall_back() -> None:
                        saved_at=[0, 7])  # fmt: skip
     ck = apply_changes(inp, ["activation-checkpointing:regions=2"])
     assert ck.saved_bytes == [4, 4] and ck.recompute_bytes == [4, 4]
+
+
+def test_an_inference_step_keeps_no_activations_for_a_backward(shared_traces) -> None:
+    """SGLang's Qwen3-8B prefill on MI300X: every forward output was counted as a saved
+    activation (145 of them, 26.5 GiB) though no backward reads them."""
+    import perfcast
+    from perfcast.memory_model import trace_facts
+
+    table = perfcast.load(shared_traces / "tracelens_mi300x_sglang_qwen3_8b.json.gz")
+    facts = trace_facts(table)
+    assert not facts.has_backward and not facts.saved
+    assert any("no backward pass (inference)" in n for n in facts.notes)
+    r = perfcast.predict(table, "tensor-parallel")
+    assert r.memory is None
+    assert any("an inference step (no backward)" in n for n in r.notes)

@@ -510,13 +510,17 @@ def _memory(table: EventTable, specs: list[Spec]) -> tuple[Any, Any, str | None]
         facts = trace_facts(table)
         if not facts.params and not facts.saved and facts.measured_peak_bytes is None:
             # No op shapes and no [memory] events: the estimate would count only workspaces
-            # and call nearly any plan a fit.
-            return (
-                None,
-                None,
-                "the trace records no op shapes and no [memory] events (profile with "
-                "record_shapes=True or profile_memory=True for an estimate)",
+            # and call nearly any plan a fit. An inference step has shapes but nothing they
+            # name: no AccumulateGrad names its weights, no backward keeps activations.
+            why = (
+                "an inference step (no backward): no AccumulateGrad names its weights and no "
+                "activations are kept, so the estimate would count only workspaces (profile "
+                "with profile_memory=True for the measured peak)"
+                if not facts.has_backward and table.shapes.max(initial=-1) >= 0
+                else "the trace records no op shapes and no [memory] events (profile with "
+                "record_shapes=True or profile_memory=True for an estimate)"
             )
+            return None, None, why
         after, before = predict_peak_memory(facts, specs), predict_peak_memory(facts, [])
         if not facts.params and not facts.saved and specs:
             after.source += "; no op shapes, so the change's effect on it is not modelled"
