@@ -221,3 +221,12 @@ def test_collectives_queued_before_the_trace_are_not_the_steps_traffic(shared_tr
     plan = perfcast.plan(table, gpus=8)
     assert not any("model-parallel" in n for n in plan.notes)
     assert perfcast.predict(table, "ddp:gpus=16").predicted_ms > 0
+
+
+def test_zero_on_an_inference_step_says_so(shared_traces) -> None:
+    """It said 'no parameter shapes (record_shapes=False)' of a trace recorded with shapes."""
+    import perfcast
+
+    table = perfcast.load(shared_traces / "tracelens_mi300x_sglang_qwen3_8b.json.gz")
+    with pytest.raises(perfcast.NotApplicableError, match="inference step"):
+        perfcast.predict(table, "zero")

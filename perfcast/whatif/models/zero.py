@@ -223,6 +223,12 @@ def _param_count(graph: Graph, o: Options) -> tuple[float, str | None]:
     counted = allreduced_per_step(graph.table) if graph.table is not None else {}
     measured = {r: elements for r, (_, elements) in counted.items()}
     if not measured:
+        if facts is not None and not facts.has_backward:
+            raise NotApplicableError(
+                "zero: the trace is an inference step (no backward pass): there are no "
+                "gradients or optimizer state to shard",
+                hint="plan a training step from a trace of one",
+            )
         raise NotApplicableError(
             "zero: the trace has no parameter shapes (record_shapes=False) and no sized "
             "all-reduces to count its gradients by",
