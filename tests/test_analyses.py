@@ -736,3 +736,18 @@ def test_a_gpu_run_cut_before_its_gpu_events_is_not_called_cpu_only(tmp_path: Pa
     with pytest.raises(perfcast.NotApplicableError, match="no GPU work survived"):
         perfcast.predict(table, "ddp:gpus=8")
     assert any("no GPU work survived" in n for n in perfcast.analyze(table).kernels.notes)
+
+
+def test_rocm_blit_kernels_are_copies(tmp_path: Path) -> None:
+    """ROCm runs device copies and fills as kernels (__amd_rocclr_copyBuffer): summary and
+    the kernel breakdown counted them as compute."""
+    b = TraceBuilder()
+    b.step(1, 0, 100)
+    b.launch("__amd_rocclr_copyBuffer", 10, 5, 20, 30, name="hipMemcpyAsync")
+    b.launch("Cijk_Ailk_Bljk_SB_MT64x64x16", 40, 5, 60, 20, name="hipLaunchKernel")
+    table = perfcast.load(b.write(tmp_path / "t.json"))
+    step = perfcast.summary(table, correct=False).ranks[0].iterations[0]
+    assert step.gpu.memcpy_exposed_ms == pytest.approx(0.030)
+    assert step.gpu.compute_ms == pytest.approx(0.020)
+    kinds = {row.kind: row.total_ms for row in kernel_breakdown(table).by_kind}
+    assert kinds["memory"] == pytest.approx(0.030)

@@ -21,13 +21,26 @@ MEMORY = "memory"
 KINDS = (COMPUTATION, COMMUNICATION, MEMORY)
 
 
+# ROCm runs hipMemcpy / hipMemset within a device as blit kernels of its own
+# (__amd_rocclr_copyBuffer, __amd_rocclr_fillBufferAligned): copies, not compute.
+ROCM_BLIT_PREFIX = "__amd_rocclr_"
+
+
+def copy_rows(table: EventTable) -> np.ndarray:
+    """Mask of the GPU rows that copy or set memory: copies, memsets and ROCm's blit kernels."""
+    blit = np.array([n.startswith(ROCM_BLIT_PREFIX) for n in table.names], dtype=bool)
+    gpu = table.is_gpu()
+    return gpu & ((table.kind != Kind.KERNEL) | blit[table.name])
+
+
 def gpu_kind_codes(table: EventTable) -> np.ndarray:
-    """Per row: 0 computation, 1 communication, 2 memory (copies and memsets), -1 not GPU."""
+    """Per row: 0 computation, 1 communication, 2 memory (copies, memsets and ROCm's blit
+    kernels), -1 not GPU."""
     out = np.full(len(table), -1, dtype=np.int8)
     gpu = table.is_gpu()
     out[gpu] = 0
     out[collective_kernel_mask(table)] = 1
-    out[gpu & (table.kind != Kind.KERNEL)] = 2
+    out[copy_rows(table)] = 2
     return out
 
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, ClassVar
 import numpy as np
 
 from perfcast.analysis import intervals as iv
-from perfcast.analysis.common import nearest_ancestor
+from perfcast.analysis.common import copy_rows, nearest_ancestor
 from perfcast.analysis.notes import rank_notes
 from perfcast.events import GPU_KINDS, NONE, EventTable, Kind
 from perfcast.frames import Columns, Tables, dicts_to_columns, field_kinds
@@ -237,6 +237,7 @@ def _summarize(table: EventTable, top: int) -> Summary:
         & ~table.annotation_mask()
         & ~table.step_marker_names()[table.name]
     )
+    copies = copy_rows(table)
     for info in table.ranks:
         rank = info.rank
         notes = [n for n in rank_notes(info) if n not in info.folder_notes]
@@ -246,7 +247,7 @@ def _summarize(table: EventTable, top: int) -> Summary:
         g_start = table.ts[g]
         g_end = g_start + table.dur[g]
         g_coll = coll[g]
-        g_copy = kind[g] != Kind.KERNEL
+        g_copy = copies[g]
         cpu_rows = on_rank[is_cpu[on_rank]]
         its = []
         for it_idx, it in enumerate(table.iterations):
