@@ -454,3 +454,13 @@ def test_blocking_copies_count_the_copy_calls_time(shared_traces: Path) -> None:
     advice = perfcast.advise(shared_traces / "resnet50_v100_nw4_2021.json.gz")
     sync = next(s for s in advice.suggestions if s.name == "remove-host-sync")
     assert "block the CPU for 9.45 ms" in sync.explanation, sync.explanation
+
+
+def test_idle_time_held_by_a_blocking_call_names_it(shared_traces: Path) -> None:
+    """SGLang's prefill on MI300X: the host sat 493 ms in hipMemcpyWithStream while the GPU
+    waited for an event from before the trace; the finding said neither the GPU nor a traced
+    op was busy (Python between ops, I/O, ...)."""
+    advice = perfcast.advise(shared_traces / "tracelens_mi300x_sglang_qwen3_8b.json.gz")
+    found = " ".join(advice.findings)
+    assert "blocked 493.2 ms" in found and "hipMemcpyWithStream" in found
+    assert "neither the GPU nor a traced op" not in found

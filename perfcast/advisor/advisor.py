@@ -707,6 +707,16 @@ def _idle_findings(graph: Graph, facts: dict[str, float]) -> list[str]:
             "profiler did not record), so the replay cannot tell what delayed them; a trace "
             "with CPU and CUDA activities of every thread says"
         ]
+    blocked = _longest_blocking_call(graph)
+    if blocked is not None:
+        name, ms, share = blocked
+        return [
+            f"{head}: the host was blocked {ms:,.1f} ms ({share:.0f}% of the traced steps) in "
+            f"{name}, a call that waits for the GPU, while the GPU ran nothing of this trace: "
+            "it was waiting for work or an event the trace does not show (queued before the "
+            "trace began, or on a stream or process the profiler did not record); profile "
+            "after a few more warm-up steps, or every process that feeds this GPU"
+        ]
     table = graph.table
     has_frames = table is not None and bool((table.kind == Kind.PYTHON_FUNCTION).any())
     where = (
@@ -718,6 +728,32 @@ def _idle_findings(graph: Graph, facts: dict[str, float]) -> list[str]:
         f"{head}: neither the GPU nor a traced op was busy (Python between ops, I/O, waiting "
         f"for input or requests); {where}"
     ]
+
+
+# A call that waits for the GPU (a sync, a blocking copy) holding this share of the steps'
+# traced time explains their idle time by itself.
+BLOCKED_SHARE = 0.25
+
+
+def _longest_blocking_call(graph: Graph) -> tuple[str, float, float] | None:
+    """The longest host call inside the steps that waits for the GPU (a synchronize, a
+    blocking copy), as traced: (name, ms, % of the steps' time), when it holds at least
+    BLOCKED_SHARE of them. SGLang's prefill sat 493 ms of 987 in hipMemcpyWithStream, and
+    the finding said neither the GPU nor a traced op was busy."""
+    c = graph.cols
+    in_steps = graph.alive & (c["iteration"] >= 0)
+    calls = np.flatnonzero(in_steps & (c["kind"] == NodeKind.SYNC))
+    if calls.size == 0:
+        return None
+    table = graph.table
+    if table is None:
+        return None
+    steps_ns = sum(it.end_ns - it.start_ns for it in table.iterations) or 1
+    longest = int(calls[np.argmax(c["dur_measured"][calls])])
+    held = float(c["dur_measured"][longest])
+    if held < BLOCKED_SHARE * steps_ns:
+        return None
+    return graph.name_of(longest), held / 1e6, 100.0 * held / steps_ns
 
 
 def _waiting_findings(table: EventTable, facts: dict[str, float]) -> list[str]:
