@@ -751,3 +751,32 @@ def test_rocm_blit_kernels_are_copies(tmp_path: Path) -> None:
     assert step.gpu.compute_ms == pytest.approx(0.020)
     kinds = {row.kind: row.total_ms for row in kernel_breakdown(table).by_kind}
     assert kinds["memory"] == pytest.approx(0.030)
+
+
+def test_a_downsampled_step_function_keeps_each_peak_where_it_was() -> None:
+    """Counters cut to a few samples (the Perfetto export's launch queues, the report's
+    series) stamped each bin's peak at the bin's first change, up to a bin early: a peak
+    reached at t=7345 showed from 7300 on. Now it shows when it was reached, the level each
+    bin ends on follows it, and the last sample is the series' last."""
+    from perfcast.analysis.common import downsample_steps
+
+    t = np.arange(10_000, dtype=np.int64)
+    y = np.zeros(t.size, dtype=np.int64)
+    y[7345] = 50
+    y[-1] = 3
+    ts, ys = downsample_steps(t, y, 100)
+    assert ts.size <= 100 and np.all(np.diff(ts) > 0)
+    assert ts[np.argmax(ys)] == 7345 and ys.max() == 50
+    assert ys[np.searchsorted(ts, 7346)] == 0  # back down after the peak, within its bin
+    assert (ts[-1], ys[-1]) == (9_999, 3) and (ts[0], ys[0]) == (0, 0)
+
+
+def test_a_step_function_has_one_value_per_time() -> None:
+    """Several changes at one time (a launch and a completion in the same ns) were samples
+    with one timestamp and different values, which a viewer draws as it likes: the value
+    that holds from that time on is kept, the others lasted no time."""
+    from perfcast.analysis.common import downsample_steps
+
+    t = np.array([0, 5, 5, 5, 9])
+    ts, ys = downsample_steps(t, np.array([1, 2, 3, 1, 0]), 100)
+    assert ts.tolist() == [0, 5, 9] and ys.tolist() == [1, 1, 0]

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from perfcast.arrays import sorted_unique
 from perfcast.events import NONE, EventTable, Kind, RankInfo
 from perfcast.graph.phases import collective_kernel_mask
 from perfcast.hardware.devices import DeviceSpec, lookup_device, lookup_device_properties
@@ -208,11 +209,24 @@ def rank_span_ns(table: EventTable, rank: int) -> tuple[int, int]:
 
 
 def downsample_steps(t: np.ndarray, y: np.ndarray, points: int) -> tuple[np.ndarray, np.ndarray]:
-    """A step function (value y[i] from t[i] on) cut to at most `points` samples, keeping the
-    maximum of each bin so peaks survive."""
+    """A step function (value y[i] from t[i] on; of several values at one time, the last
+    holds) as at most `points` samples at distinct times: the first, and per bin its peak
+    where the peak was reached and the value the bin ends on, so peaks survive at their
+    times and the level after each bin is right."""
+    t, y = np.asarray(t), np.asarray(y)
+    if t.size:
+        # Values at a repeated time last no time: a viewer gets one value per time.
+        held = np.r_[t[1:] != t[:-1], True]
+        t, y = t[held], y[held]
     if t.size <= points:
         return t, y
-    edges = np.linspace(t[0], t[-1], points + 1)
-    b = np.clip(np.searchsorted(edges, t, side="right") - 1, 0, points - 1)
+    bins = max((points - 1) // 2, 1)
+    edges = np.linspace(t[0], t[-1], bins + 1)
+    b = np.clip(np.searchsorted(edges, t, side="right") - 1, 0, bins - 1)
     starts = np.flatnonzero(np.r_[True, b[1:] != b[:-1]])
-    return t[starts], np.maximum.reduceat(y, starts)
+    lengths = np.diff(np.r_[starts, t.size])
+    peak = np.maximum.reduceat(y, starts)
+    at = np.where(y == np.repeat(peak, lengths), np.arange(t.size), t.size)
+    first_peak = np.minimum.reduceat(at, starts)
+    keep = sorted_unique(np.r_[0, first_peak, starts + lengths - 1])
+    return t[keep], y[keep]
