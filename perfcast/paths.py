@@ -95,7 +95,8 @@ def write_output(
     never whole in memory) to the user's output `path`, never leaving half a file behind.
 
     A regular file (new or replaced) is written to a temporary file beside it and renamed
-    over it, with the permissions a new file would get. A symbolic link is followed: its
+    over it, with the permissions of the file it replaces (a private 0600 file stays
+    private) or those a new file would get. A symbolic link is followed: its
     target is written that way and the link stays. Anything else that exists (a FIFO read by
     another program, /dev/stdout, /dev/null) is written through, as a shell redirection
     would: renaming over it would replace a device node with a file.
@@ -119,7 +120,8 @@ def write_output(
         with os.fdopen(fd, "wb") as fh:
             for chunk in chunks:
                 fh.write(chunk)
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes it private; an output is not
+        # mkstemp makes it private; a new output is not, a replaced one keeps its mode.
+        os.chmod(tmp, stat.S_IMODE(mode) if mode is not None else 0o666 & ~_umask())
         os.replace(tmp, target)
     except BaseException:
         with contextlib.suppress(OSError):

@@ -1045,3 +1045,21 @@ def test_summary_of_many_ranks_says_every_ranks_notes(
     assert main(["summary", str(folder)]) == 0
     out = capsys.readouterr().out
     assert "rank 5: truncated trace" in " ".join(out.split())
+
+
+def test_a_replaced_output_keeps_its_permissions(tmp_path: Path) -> None:
+    """An export over an existing 0600 file left it 0644 (the new file's mode): a private
+    file stays private; a new one gets the umask's mode."""
+    import os
+    import stat
+
+    out = tmp_path / "private.json"
+    out.write_text("old")
+    out.chmod(0o600)
+    assert main(["replay", str(EXAMPLE), "--export-trace", str(out), "-q"]) == 0
+    assert stat.S_IMODE(out.stat().st_mode) == 0o600 and out.read_text().startswith("{")
+    new = tmp_path / "new.json"
+    assert main(["replay", str(EXAMPLE), "--export-trace", str(new), "-q"]) == 0
+    mask = os.umask(0)
+    os.umask(mask)
+    assert stat.S_IMODE(new.stat().st_mode) == 0o666 & ~mask
