@@ -1047,6 +1047,29 @@ def test_summary_of_many_ranks_says_every_ranks_notes(
     assert "rank 5: truncated trace" in " ".join(out.split())
 
 
+def test_an_unwritable_export_is_refused_before_the_replay(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An export into a folder the OS refuses was found unwritable only after the whole
+    replay (calibrate checked first, replay and whatif did not): it is refused before the
+    trace is read now (the trace named here does not exist)."""
+    import os
+
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o500)
+    if os.access(ro, os.W_OK):  # root writes anywhere: use a virtual file system instead
+        ro = Path("/proc")
+    missing = str(tmp_path / "missing.json")
+    for argv in (
+        ["replay", missing, "--export-trace", f"{ro}/t.json"],
+        ["whatif", missing, "--apply", "amp", "--export-trace", f"{ro}/t.json"],
+    ):
+        assert main([*argv, "-q"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0 and "cannot write the output" in err and "missing" not in err
+
+
 def test_a_replaced_output_keeps_its_permissions(tmp_path: Path) -> None:
     """An export over an existing 0600 file left it 0644 (the new file's mode): a private
     file stays private; a new one gets the umask's mode."""

@@ -120,7 +120,8 @@ def register(sub: Any, add_common: Callable[[Any], None], table: dict[str, Any])
 
 
 def _check_output(path: str | None, inputs: str) -> None:
-    """Refuse to overwrite the user's input."""
+    """Refuse, before any work, an output that would overwrite the user's input, land in
+    an input folder, or cannot be written."""
     import os
 
     if path is None:
@@ -138,6 +139,7 @@ def _check_output(path: str | None, inputs: str) -> None:
         raise PerfcastError(f"cannot write the output: {parent} is a file, not a folder", path=path)
     if not os.path.isdir(parent):
         raise PerfcastError("output folder does not exist", path=path)
+    _refuse_unwritable(path)
 
 
 def refuse_inside_input(folder: str, inputs: str, path: str) -> None:
@@ -164,10 +166,25 @@ MAX_CALIBRATION_WORKERS = 256
 
 def _refuse_unwritable(path: str) -> None:
     """An output whose folder cannot be made or written to, refused before the work that
-    would fill it."""
+    would fill it. A file is written beside its target (a link's) and renamed over it; a
+    FIFO or device that exists is written through, so it is the one to ask."""
     import os
+    import stat
 
-    why = unwritable_folder(os.path.dirname(os.path.abspath(path)))
+    target = os.path.realpath(path)
+    try:
+        through = not stat.S_ISREG(os.stat(target).st_mode)
+    except OSError:
+        through = False
+    if through:
+        if not os.access(target, os.W_OK):
+            raise PerfcastError(
+                "cannot write the output (permission denied)",
+                path=path,
+                hint="choose a file you can write to",
+            )
+        return
+    why = unwritable_folder(os.path.dirname(target))
     if why:
         raise PerfcastError(
             f"cannot write the output ({why})", path=path, hint="choose a folder you can write to"
