@@ -56,6 +56,26 @@ def unwritable_folder(folder: str | os.PathLike[str]) -> str | None:
     return None
 
 
+def standard_stream(path: str | os.PathLike[str]) -> str | None:
+    """'standard output' or 'standard error' when `path` is this process's own (/dev/stdout,
+    /proc/self/fd/1, the file stdout is redirected to), else None. /dev/null is never:
+    what goes there is dropped, mixed or not."""
+    if os.path.realpath(path) == os.devnull:
+        return None
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):
+        return None
+    for fd, name in ((1, "standard output"), (2, "standard error")):
+        try:
+            own = os.fstat(fd)
+        except OSError:
+            continue
+        if (st.st_dev, st.st_ino) == (own.st_dev, own.st_ino):
+            return name
+    return None
+
+
 def user_cache_dir() -> Path:
     """perfcast's folder in the user's cache: $XDG_CACHE_HOME/perfcast, else ~/.cache/perfcast.
     Not created here."""

@@ -1047,6 +1047,63 @@ def test_summary_of_many_ranks_says_every_ranks_notes(
     assert "rank 5: truncated trace" in " ".join(out.split())
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["replay", "MISSING", "--export-trace", "-"],
+        ["whatif", "MISSING", "--apply", "amp", "--export-trace", "-"],
+        ["tree", "MISSING", "--speedscope", "-"],
+        ["report", "MISSING", "-o", "-"],
+    ],
+)
+def test_a_dash_output_is_refused_not_written_as_a_file(
+    argv: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch
+) -> None:
+    """`--export-trace -` wrote a file named '-' after the whole replay; standard output
+    carries the report, so '-' is refused at once (the trace is not even read)."""
+    monkeypatch.chdir(tmp_path)
+    args = [a.replace("MISSING", str(tmp_path / "missing.json")) for a in argv]
+    assert main([*args, "-q"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "'-' (standard output)" in err and "missing" not in err
+    assert not (tmp_path / "-").exists()
+
+
+def test_standard_output_as_the_export_is_refused_before_the_work(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--export-trace /dev/stdout` failed after the replay when piped (the temporary file
+    went beside /proc/self/fd/1's 'pipe:[...]') and, redirected to a file, replaced that
+    file under the --json output, which was lost. Any path that is this process's standard
+    output or error is refused before the trace is read."""
+    import os
+    import subprocess
+    import sys
+
+    missing = str(tmp_path / "missing.json")
+    for path in ("/dev/stdout", "/dev/stderr"):
+        assert main(["replay", missing, "--export-trace", path, "-q"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0 and "standard" in err and "missing" not in err, err
+    # In a real shell: piped, and redirected to a file the export would have replaced.
+    root = str(Path(__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": root}
+    cmd = [sys.executable, "-m", "perfcast", "replay", str(EXAMPLE), "--json"]
+    piped = subprocess.run(
+        [*cmd, "--export-trace", "/dev/stdout"], capture_output=True, env=env, timeout=120
+    )
+    assert piped.returncode == 2 and b"standard output" in piped.stderr
+    assert piped.stdout == b"" and len(piped.stderr.strip().splitlines()) == 1
+    out = tmp_path / "out.txt"
+    with out.open("wb") as fh:
+        redirected = subprocess.run(
+            [*cmd, "--export-trace", str(out)], stdout=fh, stderr=subprocess.PIPE, env=env
+        )
+    assert redirected.returncode == 2 and out.read_bytes() == b""
+    # /dev/null takes anything.
+    assert main(["replay", str(EXAMPLE), "--export-trace", os.devnull, "-q"]) == 0
+
+
 def test_an_unwritable_export_is_refused_before_the_replay(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 from rich.text import Text
 
 from perfcast.errors import OptionError, PerfcastError
-from perfcast.paths import not_a_file, unwritable_folder
+from perfcast.paths import not_a_file, standard_stream, unwritable_folder
 
 
 def add_correction_option(p: Any) -> None:
@@ -121,13 +121,26 @@ def register(sub: Any, add_common: Callable[[Any], None], table: dict[str, Any])
 
 def _check_output(path: str | None, inputs: str) -> None:
     """Refuse, before any work, an output that would overwrite the user's input, land in
-    an input folder, or cannot be written."""
+    an input folder, mix with the report on standard output, or cannot be written."""
     import os
 
     if path is None:
         return
     if not path.strip():
         raise OptionError("the output path is empty", hint="give a file name")
+    if path == "-":
+        # Standard output carries the report (text or --json): a file named '-' was made.
+        raise OptionError(
+            "'-' (standard output) is not an output file here: the report goes there",
+            hint="give a file name (./- for a file named '-')",
+        )
+    stream = standard_stream(path)
+    if stream:
+        raise OptionError(
+            f"{path} is this command's {stream}, where its report and notes go: the two "
+            "would be mixed",
+            hint="give a file name",
+        )
     if os.path.exists(inputs) and os.path.exists(path) and os.path.samefile(path, inputs):
         raise PerfcastError(
             "refusing to overwrite the input trace", path=path, hint="choose another output file"
