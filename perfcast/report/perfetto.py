@@ -16,7 +16,8 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from perfcast.arrays import split_by
+from perfcast.arrays import sorted_unique, split_by
+from perfcast.events import Kind
 from perfcast.graph.model import NONE as NONE_NODE
 from perfcast.graph.model import EdgeType, NodeKind, Source
 from perfcast.paths import write_output
@@ -37,6 +38,8 @@ _SOURCE_LABEL = {
     int(Source.SCALED): "scaled",
     int(Source.MODELLED): "modelled",
 }
+_OP_KINDS = (Kind.CPU_OP, Kind.USER_ANNOTATION)
+_NO_TIME = np.iinfo(np.int64).max
 
 
 # Flow arrows attach to the slice open at their timestamp; one placed exactly on a slice's
@@ -44,65 +47,220 @@ _SOURCE_LABEL = {
 _INSIDE_US = 0.001
 
 
-def _clock_shift_ns(g: Any) -> np.ndarray:
-    """Per node, ns to add so that every rank is on one clock: the ranks' replays start at 0
+def _clock_shift(g: Any) -> dict[int, int]:
+    """Per rank, ns to add so that every rank is on one clock: the ranks' replays start at 0
     each, and the offsets that aligned their collectives put them on a common one."""
-    c = g.cols
     shift = g.rank_clock_ns
-    if not shift or len(g) == 0:
-        return np.zeros(len(g), dtype=np.int64)
+    if not shift:
+        return {}
     base = min(shift.values())
-    per_rank = np.zeros(max(int(c["rank"].max()), max(shift)) + 1, dtype=np.int64)
-    for r, x in shift.items():
-        per_rank[r] = x - base
-    return per_rank[c["rank"]]
+    return {int(r): int(x - base) for r, x in shift.items()}
 
 
-def _op_spans(
-    g: Any, pieces: np.ndarray, start: np.ndarray, end: np.ndarray
+def _per_node(g: Any, per_rank: dict[int, int]) -> np.ndarray:
+    c = g.cols
+    if not per_rank or len(g) == 0:
+        return np.zeros(len(g), dtype=np.int64)
+    table = np.zeros(max(int(c["rank"].max()), max(per_rank)) + 1, dtype=np.int64)
+    for r, x in per_rank.items():
+        table[r] = x
+    return table[c["rank"]]
+
+
+def _as_traced(tl: Timeline) -> bool:
+    """Whether the timeline is the trace replayed as it ran: every node where it was
+    measured (the replay of an unchanged graph reproduces the trace)."""
+    g = tl.graph
+    c = g.cols
+    if g.table is None or (g.removed is not None and bool(g.removed.any())):
+        return False
+    start = c["start_measured"]
+    same_start = np.array_equal(tl.start, start)
+    return bool(same_start and np.array_equal(tl.end, start + c["dur_measured"]))
+
+
+def _climb(parent: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """`rows` and all their ancestors, each once, ascending."""
+    seen = np.zeros(parent.size, dtype=bool)
+    frontier = sorted_unique(np.asarray(rows, dtype=np.int64))
+    while frontier.size:
+        seen[frontier] = True
+        up = parent[frontier].astype(np.int64)
+        up = up[up >= 0]
+        frontier = sorted_unique(up[~seen[up]])
+    return np.flatnonzero(seen)
+
+
+def _depth(parent: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """How many ancestors each row has."""
+    depth = np.zeros(rows.size, dtype=np.int64)
+    cur = parent[rows].astype(np.int64)
+    while (more := cur >= 0).any():
+        depth += more
+        cur[more] = parent[cur[more]]
+    return depth
+
+
+def _rank_origins(g: Any) -> np.ndarray:
+    """Per lane, its rank's clock origin (ns on the trace's clock)."""
+    return np.array([g.rank_origin_ns.get(int(ln.rank), 0) for ln in g.lanes], dtype=np.int64)
+
+
+def _traced_op_spans(g: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Every op on a thread of the graph, and the frames and ranges around ops, with the
+    extents the trace gives them: (rows, lane, start, end) on the rank's replay clock."""
+    table = g.table
+    ops = np.flatnonzero(table.kind_mask(_OP_KINDS))
+    lane = g.cpu_lanes_of(table.rank[ops], table.pid[ops], table.tid[ops])
+    rows = _climb(table.parent, ops[lane >= 0])
+    lane = g.cpu_lanes_of(table.rank[rows], table.pid[rows], table.tid[rows])
+    rows, lane = rows[lane >= 0], lane[lane >= 0]
+    lo = table.ts[rows].astype(np.int64) - _rank_origins(g)[lane]
+    return rows, lane, lo, lo + table.dur[rows].astype(np.int64)
+
+
+def _warp(tl: Timeline, lanes: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """Traced times (ns from the rank's origin) on CPU lanes, carried onto the timeline: a
+    time inside a node lands as far into the node's replayed run (in proportion); -1 on a
+    lane with no node left."""
+    g = tl.graph
+    c = g.cols
+    out = np.full(t.size, -1, dtype=np.int64)
+    alive = np.flatnonzero(g.alive)
+    alive = alive[np.isin(c["lane"][alive], lanes)]
+    on_lane = {ln: alive[pos] for ln, pos in split_by(c["lane"][alive], c["order"][alive])}
+    for ln, pos in split_by(lanes):
+        nodes = on_lane.get(ln)
+        if nodes is None:
+            continue
+        order = c["order"][nodes]
+        k = np.searchsorted(order, t[pos], side="right") - 1
+        at = nodes[np.maximum(k, 0)]
+        measured = np.maximum(c["dur_measured"][at], 1).astype(np.float64)
+        frac = np.clip((t[pos] - order[np.maximum(k, 0)]) / measured, 0.0, 1.0)
+        frac[k < 0] = 0.0
+        s, e = tl.start[at], tl.end[at]
+        out[pos] = s + np.rint(frac * (e - s)).astype(np.int64)
+    return out
+
+
+def _simulated_op_spans(
+    tl: Timeline, pieces: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """One slice per op instead of its self-time pieces: (op rows, lane, start, end, pieces
-    left to draw one by one). An op spans its own pieces and every descendant op's (host
-    nodes: CPU pieces, runtime calls), so ops nest as they ran and a step is one slice. An
-    op whose pieces a what-if put on more than one lane is drawn as its pieces."""
+    """One slice per op from its self-time pieces: (op rows, lane, start, end, pieces left
+    to draw one by one). An op spans its own pieces and every descendant op's (host nodes:
+    CPU pieces, runtime calls), so ops nest as they ran and a step is one slice; one with no
+    time of its own (a wrapper its child fills) spans its children. An op with no node at all
+    in the graph (one that took no time) sits where its traced time lands on the replay; one
+    whose nodes a what-if removed is left out. An op whose pieces a what-if put on more than
+    one lane is drawn as its pieces."""
+    g = tl.graph
     c = g.cols
     table = g.table
-    op = c["op"][pieces]
-    if table is None or pieces.size == 0:
-        return (np.zeros(0, np.int64),) * 4 + (pieces,)  # type: ignore[return-value]
+    start, end = tl.start, tl.end
     n = len(table)
+    parent = table.parent
+    op = c["op"][pieces].astype(np.int64)
     lane = c["lane"][pieces].astype(np.int64)
-    lane_lo = np.full(n, np.iinfo(np.int64).max)
+    lane_lo = np.full(n, _NO_TIME, dtype=np.int64)
     lane_hi = np.full(n, -1, dtype=np.int64)
     np.minimum.at(lane_lo, op, lane)
     np.maximum.at(lane_hi, op, lane)
-    split = lane_lo != lane_hi
+    # An op with no piece of its own (lane_hi -1) is not split: it takes its children's.
+    split = (lane_hi >= 0) & (lane_lo != lane_hi)
     one_lane = ~split[op]
-    lo = np.full(n, np.inf)
-    hi = np.full(n, -np.inf)
+    lo = np.full(n, _NO_TIME, dtype=np.int64)
+    hi = np.full(n, -_NO_TIME, dtype=np.int64)
     np.minimum.at(lo, op[one_lane], start[pieces][one_lane])
     np.maximum.at(hi, op[one_lane], end[pieces][one_lane])
-    lane_of = np.where(split, -1, np.where(lane_hi >= 0, lane_hi, -1))
+    lane_of = np.where(split, -1, lane_hi)
     # Bounds climb the op tree one level per pass (a parent may have no piece of its own);
     # a row updated in a pass passes its bounds on in the next.
-    parent = table.parent
-    frontier = np.unique(op[one_lane])
-    for _ in range(256):
-        if frontier.size == 0:
-            break
-        up = parent[frontier]
+    frontier = sorted_unique(op[one_lane])
+    while frontier.size:
+        up = parent[frontier].astype(np.int64)
         ok = up >= 0
         child, up = frontier[ok], up[ok]
-        same = (lane_of[up] < 0) | (lane_of[up] == lane_of[child])
-        same &= ~split[up]
+        same = ((lane_of[up] < 0) | (lane_of[up] == lane_of[child])) & ~split[up]
         child, up = child[same], up[same]
         lane_of[up] = lane_of[child]
         before_lo, before_hi = lo[up].copy(), hi[up].copy()
         np.minimum.at(lo, up, lo[child])
         np.maximum.at(hi, up, hi[child])
-        frontier = np.unique(up[(lo[up] < before_lo) | (hi[up] > before_hi)])
-    rows = np.flatnonzero(np.isfinite(lo) & (lane_of >= 0))
+        frontier = sorted_unique(up[(lo[up] < before_lo) | (hi[up] > before_hi)])
+    drawn = (lo <= hi) & (lane_of >= 0)
+    _place_timeless_ops(tl, lo, hi, lane_of, drawn)
+    _widen_frames(tl, lo, hi, lane_of, drawn)
+    rows = np.flatnonzero(drawn)
     return rows, lane_of[rows], lo[rows], hi[rows], pieces[~one_lane]
+
+
+def _place_timeless_ops(
+    tl: Timeline, lo: np.ndarray, hi: np.ndarray, lane_of: np.ndarray, drawn: np.ndarray
+) -> None:
+    """Ops with no node in the graph (zero-length ones; the frames around nothing else)
+    placed, in place, where their traced times land on the replay, inside the nearest
+    enclosing op that has nodes. Under an op a what-if removed they stay out."""
+    g = tl.graph
+    c = g.cols
+    table = g.table
+    parent = table.parent
+    host = (c["kind"] != NodeKind.GPU) & (c["op"] >= 0)
+    had = np.zeros(len(table), dtype=bool)
+    had[_climb(parent, c["op"][host])] = True
+    ops = np.flatnonzero(table.kind_mask(_OP_KINDS) & ~had)
+    if ops.size == 0:
+        return
+    rows = _climb(parent, ops)
+    rows = rows[~had[rows]]
+    anchor = parent[rows].astype(np.int64)
+    while (up := (anchor >= 0) & ~had[np.maximum(anchor, 0)]).any():
+        anchor[up] = parent[anchor[up]]
+    lane = g.cpu_lanes_of(table.rank[rows], table.pid[rows], table.tid[rows])
+    keep = (lane >= 0) & ((anchor < 0) | drawn[np.maximum(anchor, 0)])
+    rows, anchor, lane = rows[keep], anchor[keep], lane[keep]
+    origin = _rank_origins(g)[lane]
+    t0 = table.ts[rows].astype(np.int64) - origin
+    a = _warp(tl, lane, t0)
+    b = np.maximum(_warp(tl, lane, t0 + table.dur[rows].astype(np.int64)), a)
+    ok = a >= 0
+    inside = ok & (anchor >= 0)
+    inside[inside] = lane_of[anchor[inside]] == lane[inside]
+    up = anchor[inside]
+    a[inside] = np.clip(a[inside], lo[up], hi[up])
+    b[inside] = np.clip(b[inside], lo[up], hi[up])
+    lo[rows[ok]], hi[rows[ok]], lane_of[rows[ok]] = a[ok], b[ok], lane[ok]
+    drawn[rows[ok]] = True
+
+
+def _widen_frames(
+    tl: Timeline, lo: np.ndarray, hi: np.ndarray, lane_of: np.ndarray, drawn: np.ndarray
+) -> None:
+    """Python frames (and ranges that are not ops) span their traced times carried onto the
+    replay, not only their ops': their own CPU time is their enclosing op's, so their
+    pieces say nothing of where they begin and end. Kept inside that op's slice."""
+    g = tl.graph
+    table = g.table
+    rows = np.flatnonzero(drawn & ~table.kind_mask(_OP_KINDS))
+    if rows.size == 0:
+        return
+    is_op = drawn & table.kind_mask(_OP_KINDS)
+    parent = table.parent
+    anchor = parent[rows].astype(np.int64)
+    while (up := (anchor >= 0) & ~is_op[np.maximum(anchor, 0)]).any():
+        anchor[up] = parent[anchor[up]]
+    lane = lane_of[rows]
+    t0 = table.ts[rows].astype(np.int64) - _rank_origins(g)[lane]
+    a = _warp(tl, lane, t0)
+    b = _warp(tl, lane, t0 + table.dur[rows].astype(np.int64))
+    a = np.where(a >= 0, np.minimum(a, lo[rows]), lo[rows])
+    b = np.where(b >= 0, np.maximum(b, hi[rows]), hi[rows])
+    inside = anchor >= 0
+    inside[inside] = lane_of[anchor[inside]] == lane[inside]
+    up = anchor[inside]
+    a[inside] = np.clip(a[inside], lo[up], hi[up])
+    b[inside] = np.clip(b[inside], lo[up], hi[up])
+    lo[rows], hi[rows] = a, b
 
 
 def _gpu_overlap_tracks(
@@ -225,15 +383,32 @@ def timeline_events(
         )
     names = g.names
     kind = c["kind"]
-    shift = _clock_shift_ns(g)
+    shift_of = _clock_shift(g)
+    shift = _per_node(g, shift_of)
     start_ns, end_ns = tl.start + shift, tl.end + shift
     # µs as Python floats for the encoder; durations from integer ns (no float noise).
     start = (start_ns / 1000.0).tolist()
     end = (end_ns / 1000.0).tolist()
     dur = ((end_ns - start_ns) / 1000.0).tolist()
     host = drawn[(kind[drawn] != NodeKind.GPU) & (c["op"][drawn] >= 0)]
-    op_rows, op_lane, op_lo, op_hi, loose = _op_spans(g, host, start_ns, end_ns)
     table = g.table
+    if table is None:
+        op_rows = op_lane = op_lo = op_hi = np.zeros(0, dtype=np.int64)
+        loose = host
+    elif _as_traced(tl):
+        # The trace itself: every op, frame and range keeps its traced extent.
+        op_rows, op_lane, op_lo, op_hi = _traced_op_spans(g)
+        loose = host[:0]
+    else:
+        op_rows, op_lane, op_lo, op_hi, loose = _simulated_op_spans(tl, host)
+    lane_rank = np.array([ln.rank for ln in g.lanes], dtype=np.int64)
+    lane_shift = np.array([shift_of.get(int(r), 0) for r in lane_rank], dtype=np.int64)
+    op_lo, op_hi = op_lo + lane_shift[op_lane], op_hi + lane_shift[op_lane]
+    # Parents before their children where they share both ends.
+    if op_rows.size:
+        depth = _depth(table.parent, op_rows)  # type: ignore[union-attr]
+        o = np.lexsort((depth, op_lo - op_hi, op_lo, op_lane))
+        op_rows, op_lane, op_lo, op_hi = op_rows[o], op_lane[o], op_lo[o], op_hi[o]
     for row, lane, lo, hi in zip(
         op_rows.tolist(), op_lane.tolist(), op_lo.tolist(), op_hi.tolist(), strict=True
     ):
@@ -251,8 +426,6 @@ def timeline_events(
         )
     # CPU self-time pieces are inside their op's slice; runtime calls and GPU work are drawn.
     drawn = np.union1d(drawn[kind[drawn] != NodeKind.CPU], loose)
-    if table is None:
-        drawn = np.union1d(drawn, host)
     # A matched collective is one slice, from its arrival to its transfer's end.
     into = _collective_arrivals(g)
     marked = np.flatnonzero(into >= 0)

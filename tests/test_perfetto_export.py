@@ -1,0 +1,116 @@
+"""The Perfetto export (`replay --export-trace`) as Perfetto's JSON importer reads it: one
+slice per op, traced extents where the trace is replayed as it ran."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import perfcast
+from perfcast.analysis.real_step import real_world
+from perfcast.report import perfetto
+from perfcast.sim.timeline import Timeline, simulate
+from tests.perfetto_import import import_trace, to_ns
+from tests.tracegen import TraceBuilder
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "perfcast" / "examples" / "ddp_a100_rank0.json.gz"
+OPS = ("ProfilerStep#1", "model.py(10): forward", "aten::linear", "aten::matmul", "aten::mm")
+
+
+def _wrapped_ops_trace(path: Path) -> Path:
+    """Two steps of: a Python frame wider than its op, aten::linear holding aten::matmul,
+    which aten::mm fills exactly (matmul has no CPU time of its own), and a zero-length
+    aten::empty."""
+    b = TraceBuilder()
+    for step in range(2):
+        t0 = step * 1000
+        b.step(step + 1, t0, 900)
+        b.op("model.py(10): forward", t0 + 5, 400, cat="python_function")
+        b.op("aten::linear", t0 + 10, 300)
+        b.op("aten::matmul", t0 + 20, 180)
+        b.op("aten::mm", t0 + 20, 180)
+        b.launch("volta_sgemm_128x64_nn", t0 + 30, 5, t0 + 40, 200, stream=7)
+        b.op("aten::empty", t0 + 250, 0)
+    return b.write(path)
+
+
+def _worlds(path: Path) -> list[tuple[str, Timeline]]:
+    table = perfcast.load(path)
+    tl = simulate(perfcast.dependency_graph(table, correct=False))
+    return [("traced", tl), ("real", real_world(tl.graph, correct=True, traced=tl).real)]
+
+
+def _events(tl: Timeline, flows: bool = True) -> list[dict[str, Any]]:
+    return list(perfetto.timeline_events(tl, "t", pid_base=1000, flows=flows))
+
+
+def test_every_op_has_a_slice_nested_as_it_ran(tmp_path: Path) -> None:
+    """An op with no CPU time of its own was left out: a zero-length one, and a wrapper its
+    child fills (aten::mm appeared right under aten::linear, its aten::matmul missing;
+    hta_a100_rank0_of16 lost 6,063 of its 25,545 ops). Every op is a slice now, in both
+    worlds, each inside its parent as Perfetto nests them."""
+    for world, tl in _worlds(_wrapped_ops_trace(tmp_path / "t.json")):
+        events = _events(tl, flows=False)
+        imported = import_trace(events)
+        assert not imported.errors, (world, imported.examples)
+        ops = [i for i, e in enumerate(events) if e["ph"] == "X" and e["cat"] == "cpu_op"]
+        names = [events[i]["name"] for i in ops]
+        assert set(names) == {*OPS, "ProfilerStep#2", "aten::empty"}, world
+        assert all(names.count(n) == 2 for n in (*OPS[1:], "aten::empty")), (world, names)
+        for i in ops:
+            e = events[i]
+            up = imported.parent[i]
+            want = {
+                "aten::mm": "aten::matmul",
+                "aten::matmul": "aten::linear",
+                "aten::empty": "aten::linear",
+                "aten::linear": "model.py(10): forward",
+            }.get(e["name"])
+            if want:
+                assert events[up]["name"] == want, (world, e["name"], events[up]["name"])
+        # The wrapper spans the child that fills it.
+        spans = {
+            events[i]["name"]: (events[i]["ts"], events[i]["dur"])
+            for i in ops
+            if events[i]["ts"] < 900
+        }
+        assert spans["aten::matmul"] == spans["aten::mm"]
+        if world == "traced":
+            # As traced: the trace's own extents (the frame is wider than its op).
+            assert spans["model.py(10): forward"] == (5.0, 400.0)
+            assert spans["aten::empty"] == (250.0, 0.0)
+        else:
+            frame, linear = spans["model.py(10): forward"], spans["aten::linear"]
+            assert frame[0] < linear[0] and frame[0] + frame[1] > linear[0] + linear[1]
+
+
+def test_a_real_trace_keeps_every_op(shared_traces: Path) -> None:
+    """hta_a100_rank0_of16: 25,545 ops, 6,063 of them were missing from each world."""
+    trace = shared_traces / "hta_a100_rank0_of16.json.gz"
+    for world, tl in _worlds(trace):
+        table = tl.graph.table
+        events = _events(tl, flows=False)
+        drawn = [e["args"]["op"] for e in events if e["ph"] == "X" and e["cat"] == "cpu_op"]
+        ops = np.flatnonzero(np.isin(table.kind, [0, 1]))  # CPU_OP, USER_ANNOTATION
+        assert len(drawn) == len(set(drawn)) and set(ops.tolist()) <= set(drawn), world
+        imported = import_trace(events)
+        assert not imported.errors, (world, imported.errors)
+
+
+def test_frames_keep_their_traced_extents(shared_traces: Path) -> None:
+    """The replay as traced drew Python frames over their ops' pieces: vLLM's execute_model
+    was 79,599.9 µs where the trace says 87,216.9. Every op, frame and range of the traced
+    world has its traced start and duration now."""
+    trace = shared_traces / "tracelens_b200_vllm_eager_rank0.json.gz"
+    tl = _worlds(trace)[0][1]
+    table = tl.graph.table
+    origin = tl.graph.rank_origin_ns[0]
+    slices = [e for e in _events(tl, flows=False) if e["ph"] == "X" and e["cat"] == "cpu_op"]
+    rows = np.array([e["args"]["op"] for e in slices])
+    assert np.array_equal([to_ns(e["ts"]) for e in slices], table.ts[rows] - origin)
+    assert np.array_equal([to_ns(e["dur"]) for e in slices], table.dur[rows])
+    model = [e for e in slices if e["name"].endswith(": execute_model")]
+    assert model and model[0]["dur"] == pytest.approx(87216.931)
