@@ -1,5 +1,6 @@
 """The Perfetto export (`replay --export-trace`) as Perfetto's JSON importer reads it: one
-slice per op, traced extents where the trace is replayed as it ran."""
+slice per op, traced extents where the trace is replayed as it ran, launch-queue counters as
+the replay has them."""
 
 from __future__ import annotations
 
@@ -114,3 +115,30 @@ def test_frames_keep_their_traced_extents(shared_traces: Path) -> None:
     assert np.array_equal([to_ns(e["dur"]) for e in slices], table.dur[rows])
     model = [e for e in slices if e["name"].endswith(": execute_model")]
     assert model and model[0]["dur"] == pytest.approx(87216.931)
+
+
+def test_a_collectives_queue_slot_is_held_until_it_finishes(shared_traces: Path) -> None:
+    """A matched collective is replayed as a zero-length arrival and its transfer; the
+    launch-queue counter let the collective's slot go at the arrival, so a stream waiting
+    on the other ranks showed an empty queue. It is held until the transfer ends now."""
+    for _, tl in _worlds(shared_traces / "dlrm_v100_8rank"):
+        events = _events(tl)
+        names = {
+            (e["pid"], e["tid"]): e["args"]["name"]
+            for e in events
+            if e["ph"] == "M" and e["name"] == "thread_name"
+        }
+        counters: dict[tuple[int, str], list[tuple[float, int]]] = {}
+        for e in events:
+            if e["ph"] == "C":
+                counters.setdefault((e["pid"], e["name"]), []).append(
+                    (e["ts"], e["args"]["pending"])
+                )
+        waited = [e for e in events if e["ph"] == "X" and "transfer (µs)" in e["args"]]
+        assert len(waited) > 20
+        for e in waited:
+            track = counters[(e["pid"], f"launch queue · {names[(e['pid'], e['tid'])]}")]
+            times = [t for t, _ in track]
+            just_before_end = e["ts"] + e["dur"] - 0.001
+            level = track[int(np.searchsorted(times, just_before_end, side="right")) - 1][1]
+            assert level >= 1, e

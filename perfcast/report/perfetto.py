@@ -476,7 +476,7 @@ def timeline_events(
                 "args": args,
             }
         )
-    yield from _queue_counters(tl, pid_of, start_ns, end_ns)
+    yield from _queue_counters(tl, pid_of, start_ns, end_ns, into)
     if flows:
 
         def inside(node: int, at_end: bool) -> float:
@@ -553,32 +553,35 @@ def timeline_events(
 
 
 def _queue_counters(
-    tl: Timeline, pid_of: dict[int, int], start_ns: np.ndarray, end_ns: np.ndarray
+    tl: Timeline,
+    pid_of: dict[int, int],
+    start_ns: np.ndarray,
+    end_ns: np.ndarray,
+    into: np.ndarray,
 ) -> list[dict[str, Any]]:
     """A counter track per GPU stream: GPU operations launched and not yet finished, as the
     timeline has them (HTA's queue length: +1 when the launch call starts, -1 when the
     operation ends), cut to at most QUEUE_COUNTER_POINTS samples (fewer when many streams share
-    QUEUE_COUNTER_BUDGET) keeping each bin's peak."""
+    QUEUE_COUNTER_BUDGET) keeping each bin's peak. A matched collective's launch is its
+    arrival's; it finishes when its transfer does (`into`)."""
     from perfcast.analysis.common import downsample_steps
 
     g = tl.graph
     c = g.cols
     gpu = np.flatnonzero((c["kind"] == NodeKind.GPU) & g.alive & (c["launch"] >= 0))
     gpu = gpu[g.alive[c["launch"][gpu]]]
+    finish = np.where(into[gpu] >= 0, end_ns[np.maximum(into[gpu], 0)], end_ns[gpu])
     out: list[dict[str, Any]] = []
     per_lane = split_by(c["lane"][gpu])
     # Many ranks: the tracks share a budget, so the counters never outweigh the timeline.
     points = max(50, min(QUEUE_COUNTER_POINTS, QUEUE_COUNTER_BUDGET // max(len(per_lane), 1)))
     for lane, pos in per_lane:
         on = gpu[pos]
-        t = np.r_[start_ns[c["launch"][on]], end_ns[on]]
+        t = np.r_[start_ns[c["launch"][on]], finish[pos]]
         d = np.r_[np.ones(on.size, np.int64), -np.ones(on.size, np.int64)]
         order = np.lexsort((d, t))  # at equal times the slot frees first
         t, q = t[order], np.cumsum(d[order])
-        last_t, last_q = t[-1], q[-1]
         t, q = downsample_steps(t, q, points)
-        if t[-1] != last_t or q[-1] != last_q:  # a bin's peak hides where the queue ends
-            t, q = np.r_[t, last_t], np.r_[q, last_q]
         ln = g.lanes[lane]
         name = f"launch queue · {ln.name}"
         pid = pid_of[ln.rank]
