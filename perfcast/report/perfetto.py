@@ -1,9 +1,19 @@
 """Replayed timelines as a Chrome/Perfetto trace: one process per timeline and rank.
 
-Baseline and prediction go side by side as separate processes; launch ->
-kernel dependencies are drawn as flow arrows, and each GPU stream gets a counter track of its
-launch queue (operations launched and not yet finished), so a prediction shows where the
-queue fills or drains.
+Baseline and prediction go side by side as separate processes; launch -> kernel and the
+dependencies the replay resolved are drawn as flow arrows, each GPU stream gets a counter
+track of its launch queue (operations launched and not yet finished), so a prediction shows
+where the queue fills or drains.
+
+Perfetto's JSON importer binds an arrow's end to the slice on top of its track's stack when
+it reads the end, and pops a finished slice only when the next one begins, so an end placed
+by time alone can land on a child that has already finished. Each arrow is therefore given
+at the start of both its slices (Perfetto reads the slices that start at a time before the
+arrows there), or, where a slice's first child starts with it and would be on top, carried
+on the two slices themselves (flow v2: "bind_id" with "flow_out"/"flow_in"; one per slice).
+Perfetto draws an arrow from the end of the slice it reads first to the start of the other,
+whatever the direction given: an arrow that would point back in time is left out, and the
+document's otherData counts what was left out and why.
 """
 
 from __future__ import annotations
@@ -11,6 +21,7 @@ from __future__ import annotations
 import itertools
 import zlib
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
@@ -40,11 +51,8 @@ _SOURCE_LABEL = {
 }
 _OP_KINDS = (Kind.CPU_OP, Kind.USER_ANNOTATION)
 _NO_TIME = np.iinfo(np.int64).max
-
-
-# Flow arrows attach to the slice open at their timestamp; one placed exactly on a slice's
-# edge can attach to its neighbour, so each end sits this far (µs) inside its slice.
-_INSIDE_US = 0.001
+# Flow v2 ids start here: Perfetto numbers v1 arrows (s/f events) from 0 in the same space.
+V2_FLOW_ID_BASE = 1 << 32
 
 
 def _clock_shift(g: Any) -> dict[int, int]:
@@ -334,16 +342,114 @@ def _collective_arrivals(g: Any) -> np.ndarray:
     return into
 
 
+@dataclass
+class _Slices:
+    """Every slice ("X" event) of a timeline, in the order they are written: ops, then nodes.
+    Times in ns on the export's clock."""
+
+    pid: np.ndarray
+    tid: np.ndarray
+    start: np.ndarray
+    end: np.ndarray
+
+
+@dataclass
+class _Arrows:
+    """Flow arrows: given as s/f events (`v1`: first slice, second slice, category) or
+    carried on the slices (`bind`: the v2 id per slice, -1 for none; `out`: whether it
+    starts there); `left_out`: how many arrows were left out, and why."""
+
+    v1: list[tuple[int, int, str]] = field(default_factory=list)
+    bind: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    out: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
+    left_out: dict[str, int] = field(default_factory=dict)
+
+    def count(self, why: str, n: int = 1) -> None:
+        self.left_out[why] = self.left_out.get(why, 0) + n
+
+
+def _read_order(s: _Slices, by_track: bool = False) -> np.ndarray:
+    """The slices in the order Perfetto reads them: by time, then the longest first, then as
+    written (its sorter's key for complete events); `by_track`: each track's in turn."""
+    keys: tuple[np.ndarray, ...] = (np.arange(s.start.size), s.start - s.end, s.start)
+    return np.lexsort((*keys, s.tid, s.pid) if by_track else keys)
+
+
+def _bind_arrows(
+    s: _Slices,
+    pos: np.ndarray,
+    a: np.ndarray,
+    b: np.ndarray,
+    cats: list[str],
+    cat: np.ndarray,
+    ids: Iterator[int],
+) -> _Arrows:
+    """How each arrow from slice a[i] to slice b[i] is given so that Perfetto binds it to
+    those two slices (see the module's notes); `pos`: each slice's place in Perfetto's read
+    order. Perfetto draws an arrow from the end of the slice it reads first to the start of
+    the other: one whose source is read after its destination would point back in time and
+    is left out, unless the two slices have an arrow the other way (a collective's arrival
+    -> barrier and barrier -> transfer), which is drawn once."""
+    n = s.start.size
+    arrows = _Arrows(bind=np.full(n, -1, dtype=np.int64), out=np.zeros(n, dtype=bool))
+    if a.size == 0:
+        return arrows
+    order = _read_order(s, by_track=True)
+    # A v1 arrow given at a slice's start binds to it when no later-read slice of its track
+    # starts at that time too (a child that starts with it would be on top).
+    nxt = np.full(n, _NO_TIME, dtype=np.int64)
+    track = (s.pid[order][1:] == s.pid[order][:-1]) & (s.tid[order][1:] == s.tid[order][:-1])
+    nxt[order[:-1][track]] = s.start[order[1:][track]]
+    alone = nxt > s.start
+    backwards = pos[a] > pos[b]
+    # Perfetto needs an arrow's first slice read before its second.
+    first = np.where(pos[a] <= pos[b], a, b)
+    second = np.where(pos[a] <= pos[b], b, a)
+    # One arrow per two slices and category, a forward one where there is one.
+    by = np.lexsort((backwards, cat, second, first))
+    first, second, cat, backwards = first[by], second[by], cat[by], backwards[by]
+    head = np.r_[True, (first[1:] != first[:-1]) | (second[1:] != second[:-1])]
+    head[1:] |= cat[1:] != cat[:-1]
+    first, second, cat, backwards = first[head], second[head], cat[head], backwards[head]
+    for k, m in zip(*np.unique(cat[backwards], return_counts=True), strict=True):
+        arrows.count(f"{cats[int(k)]} (would point back in time)", int(m))
+    keep = np.flatnonzero(~backwards)
+    keep = keep[np.argsort(pos[first[keep]], kind="stable")]
+    first, second, cat = first[keep], second[keep], cat[keep]
+    v1 = alone[first] & alone[second]
+    arrows.v1 = list(
+        zip(
+            first[v1].tolist(),
+            second[v1].tolist(),
+            [cats[i] for i in cat[v1].tolist()],
+            strict=True,
+        )
+    )
+    bind, out = arrows.bind, arrows.out
+    for f, t, k in zip(first[~v1].tolist(), second[~v1].tolist(), cat[~v1].tolist(), strict=True):
+        # One v2 id per slice: an arrow in needs a free slice; an arrow out shares its
+        # slice's id with the other arrows out of it.
+        if bind[t] < 0 and (bind[f] < 0 or out[f]):
+            if bind[f] < 0:
+                bind[f], out[f] = V2_FLOW_ID_BASE + next(ids), True
+            bind[t] = bind[f]
+        else:
+            arrows.count(f"{cats[k]} (a slice with an arrow already, that no time binds)")
+    return arrows
+
+
 def timeline_events(
     tl: Timeline,
     label: str,
     pid_base: int,
     flows: bool = True,
     flow_ids: Iterator[int] | None = None,
+    notes: dict[str, Any] | None = None,
 ) -> Iterator[dict[str, Any]]:
     """The timeline's slices, launch-queue counters and flow arrows, its ranks as processes
-    numbered from `pid_base`; flow ids drawn from `flow_ids` (unique across timelines).
-    Yielded one by one: a thousand ranks make tens of millions of them."""
+    numbered from `pid_base`; flow ids drawn from `flow_ids` (unique across timelines). What
+    the export leaves out goes into `notes` when given. Yielded one by one: a thousand ranks
+    make tens of millions of them."""
     ids = itertools.count(1) if flow_ids is None else flow_ids
     g = tl.graph
     c = g.cols
@@ -352,46 +458,36 @@ def timeline_events(
     drawn = alive[(c["kind"][alive] != NodeKind.CPU) | (c["op"][alive] >= 0)]
     ranks = sorted({ln.rank for ln in g.lanes})
     pid_of = {r: pid_base + i for i, r in enumerate(ranks)}
+    shift_of = _clock_shift(g)
     for r in ranks:
-        yield (
-            {
-                "ph": "M",
-                "name": "process_name",
-                "pid": pid_of[r],
-                "tid": 0,
-                "args": {"name": f"{label} · rank {r}"},
-            }
-        )
-        yield (
-            {
-                "ph": "M",
-                "name": "process_sort_index",
-                "pid": pid_of[r],
-                "tid": 0,
-                "args": {"sort_index": pid_of[r]},
-            }
-        )
+        yield {
+            "ph": "M",
+            "name": "process_name",
+            "pid": pid_of[r],
+            "tid": 0,
+            "args": {"name": f"{label} · rank {r}"},
+        }
+        yield {
+            "ph": "M",
+            "name": "process_sort_index",
+            "pid": pid_of[r],
+            "tid": 0,
+            "args": {"sort_index": pid_of[r]},
+        }
     for i, ln in enumerate(g.lanes):
-        yield (
-            {
-                "ph": "M",
-                "name": "thread_name",
-                "pid": pid_of[ln.rank],
-                "tid": i,
-                "args": {"name": ln.name},
-            }
-        )
+        yield {
+            "ph": "M",
+            "name": "thread_name",
+            "pid": pid_of[ln.rank],
+            "tid": i,
+            "args": {"name": ln.name},
+        }
     names = g.names
     kind = c["kind"]
-    shift_of = _clock_shift(g)
     shift = _per_node(g, shift_of)
     start_ns, end_ns = tl.start + shift, tl.end + shift
-    # µs as Python floats for the encoder; durations from integer ns (no float noise).
-    start = (start_ns / 1000.0).tolist()
-    end = (end_ns / 1000.0).tolist()
-    dur = ((end_ns - start_ns) / 1000.0).tolist()
-    host = drawn[(kind[drawn] != NodeKind.GPU) & (c["op"][drawn] >= 0)]
     table = g.table
+    host = drawn[(kind[drawn] != NodeKind.GPU) & (c["op"][drawn] >= 0)]
     if table is None:
         op_rows = op_lane = op_lo = op_hi = np.zeros(0, dtype=np.int64)
         loose = host
@@ -409,21 +505,6 @@ def timeline_events(
         depth = _depth(table.parent, op_rows)  # type: ignore[union-attr]
         o = np.lexsort((depth, op_lo - op_hi, op_lo, op_lane))
         op_rows, op_lane, op_lo, op_hi = op_rows[o], op_lane[o], op_lo[o], op_hi[o]
-    for row, lane, lo, hi in zip(
-        op_rows.tolist(), op_lane.tolist(), op_lo.tolist(), op_hi.tolist(), strict=True
-    ):
-        yield (
-            {
-                "ph": "X",
-                "cat": "cpu_op",
-                "name": table.names[int(table.name[row])],  # type: ignore[union-attr]
-                "pid": pid_of[g.lanes[lane].rank],
-                "tid": lane,
-                "ts": lo / 1000.0,
-                "dur": (hi - lo) / 1000.0,
-                "args": {"op": row},
-            }
-        )
     # CPU self-time pieces are inside their op's slice; runtime calls and GPU work are drawn.
     drawn = np.union1d(drawn[kind[drawn] != NodeKind.CPU], loose)
     # A matched collective is one slice, from its arrival to its transfer's end.
@@ -433,123 +514,188 @@ def timeline_events(
     np.minimum.at(first_ns, into[marked], start_ns[marked])
     drawn = drawn[into[drawn] < 0]
     tid_of = _gpu_overlap_tracks(g, drawn[kind[drawn] == NodeKind.GPU], first_ns, end_ns)
-    # Arrows to an arrival or a barrier point into the slice it is drawn in.
-    tid_of[marked] = tid_of[into[marked]]
-    for extra in np.unique(tid_of[tid_of >= len(g.lanes)]).tolist():
+    extra_tids = np.unique(tid_of[drawn][tid_of[drawn] >= len(g.lanes)]).tolist()
+    for extra in extra_tids:
         k, lane = divmod(extra, len(g.lanes))
         ln = g.lanes[lane]
-        yield (
+        yield {
+            "ph": "M",
+            "name": "thread_name",
+            "pid": pid_of[ln.rank],
+            "tid": extra,
+            "args": {"name": f"{ln.name} (work overlapping its predecessor, {k})"},
+        }
+    node_lo = first_ns[drawn]
+    pid_by_rank = np.zeros(max(ranks, default=0) + 1, dtype=np.int64)
+    pid_by_rank[ranks] = [pid_of[r] for r in ranks]
+    slices = _Slices(
+        pid=pid_by_rank[np.concatenate([lane_rank[op_lane], c["rank"][drawn]])],
+        tid=np.concatenate([op_lane, tid_of[drawn]]).astype(np.int64),
+        start=np.concatenate([op_lo, node_lo]).astype(np.int64),
+        end=np.concatenate([op_hi, end_ns[drawn]]).astype(np.int64),
+    )
+    arrows = _Arrows(
+        bind=np.full(slices.start.size, -1, dtype=np.int64),
+        out=np.zeros(slices.start.size, dtype=bool),
+    )
+    if flows:
+        arrows = _arrows(tl, slices, op_rows, drawn, into, ids)
+        if notes is not None and arrows.left_out:
+            notes.setdefault("arrows left out", {})[label] = arrows.left_out
+    bind = arrows.bind.tolist()
+    out = arrows.out.tolist()
+    lo_us = (slices.start / 1000.0).tolist()
+    dur_us = ((slices.end - slices.start) / 1000.0).tolist()
+    pids, tids = slices.pid.tolist(), slices.tid.tolist()
+    i = 0
+
+    def with_flow(event: dict[str, Any], at: int) -> dict[str, Any]:
+        if bind[at] >= 0:
+            event["bind_id"] = bind[at]
+            event["flow_out" if out[at] else "flow_in"] = True
+        return event
+
+    for row in op_rows.tolist():
+        yield with_flow(
             {
-                "ph": "M",
-                "name": "thread_name",
-                "pid": pid_of[ln.rank],
-                "tid": extra,
-                "args": {"name": f"{ln.name} (work overlapping its predecessor, {k})"},
-            }
+                "ph": "X",
+                "cat": "cpu_op",
+                "name": table.names[int(table.name[row])],  # type: ignore[union-attr]
+                "pid": pids[i],
+                "tid": tids[i],
+                "ts": lo_us[i],
+                "dur": dur_us[i],
+                "args": {"op": row},
+            },
+            i,
         )
+        i += 1
     waited = first_ns < start_ns
     for node in drawn.tolist():
-        lane = int(c["lane"][node])
         nm_idx = int(c["name"][node])
         name = names[nm_idx] if nm_idx >= 0 else "cpu"
         k = NodeKind(int(kind[node]))
-        args: dict[str, Any] = {
+        node_args: dict[str, Any] = {
             "duration source": _SOURCE_LABEL.get(int(c["source"][node]), "?"),
             "node": int(node),
         }
-        ts, length = start[node], dur[node]
         if waited[node]:
-            wait_ns = int(start_ns[node] - first_ns[node])
-            ts = float(first_ns[node]) / 1000.0
-            length = float(end_ns[node] - first_ns[node]) / 1000.0
-            args["waiting for the other ranks (µs)"] = wait_ns / 1000.0
-            args["transfer (µs)"] = dur[node]
-        yield (
+            node_args["waiting for the other ranks (µs)"] = (
+                int(start_ns[node] - first_ns[node]) / 1000.0
+            )
+            node_args["transfer (µs)"] = int(end_ns[node] - start_ns[node]) / 1000.0
+        yield with_flow(
             {
                 "ph": "X",
                 "cat": k.name.lower(),
                 "name": name,
-                "pid": pid_of[g.lanes[lane].rank],
-                "tid": int(tid_of[node]),
-                "ts": ts,
-                "dur": length,
-                "args": args,
-            }
+                "pid": pids[i],
+                "tid": tids[i],
+                "ts": lo_us[i],
+                "dur": dur_us[i],
+                "args": node_args,
+            },
+            i,
         )
+        i += 1
     yield from _queue_counters(tl, pid_of, start_ns, end_ns, into)
-    if flows:
+    for first, second, cat in arrows.v1:
+        fid = next(ids)
+        yield {
+            "ph": "s",
+            "id": fid,
+            "cat": cat,
+            "name": cat,
+            "pid": pids[first],
+            "tid": tids[first],
+            "ts": lo_us[first],
+        }
+        yield {
+            "ph": "f",
+            "bp": "e",
+            "id": fid,
+            "cat": cat,
+            "name": cat,
+            "pid": pids[second],
+            "tid": tids[second],
+            "ts": lo_us[second],
+        }
 
-        def inside(node: int, at_end: bool) -> float:
-            """A point just inside the node's slice, near its start or its end."""
-            step = min(_INSIDE_US, dur[node] / 2)
-            return end[node] - step if at_end else start[node] + step
 
-        gpu = alive[(kind[alive] == NodeKind.GPU) & (c["launch"][alive] >= 0)]
-        live = g.alive
-        for node in gpu.tolist():
-            lnode = int(c["launch"][node])
-            if not live[lnode]:
-                continue
-            fid = next(ids)
-            yield (
-                {
-                    "ph": "s",
-                    "id": fid,
-                    "cat": "launch",
-                    "name": "launch",
-                    "pid": pid_of[int(c["rank"][lnode])],
-                    "tid": int(tid_of[lnode]),
-                    "ts": inside(lnode, at_end=False),
-                }
-            )
-            yield (
-                {
-                    "ph": "f",
-                    "bp": "e",
-                    "id": fid,
-                    "cat": "launch",
-                    "name": "launch",
-                    "pid": pid_of[int(c["rank"][node])],
-                    "tid": int(tid_of[node]),
-                    "ts": inside(node, at_end=False),
-                }
-            )
-        # Stored dependencies: cross-stream waits, thread hand-offs, collectives. An edge
-        # that bounds its destination's end points at that end.
-        for src, dst, etype, at_end in zip(
-            g.edge_src.tolist(),
-            g.edge_dst.tolist(),
-            g.edge_type.tolist(),
-            g.edge_at_end.tolist(),
-            strict=True,
-        ):
-            if not (live[src] and live[dst]):
-                continue
-            fid = next(ids)
-            cat = _EDGE_LABEL.get(int(etype), "dependency")
-            yield (
-                {
-                    "ph": "s",
-                    "id": fid,
-                    "cat": cat,
-                    "name": cat,
-                    "pid": pid_of[int(c["rank"][src])],
-                    "tid": int(tid_of[src]),
-                    "ts": inside(src, at_end=True),
-                }
-            )
-            yield (
-                {
-                    "ph": "f",
-                    "bp": "e",
-                    "id": fid,
-                    "cat": cat,
-                    "name": cat,
-                    "pid": pid_of[int(c["rank"][dst])],
-                    "tid": int(tid_of[dst]),
-                    "ts": inside(dst, at_end=bool(at_end)),
-                }
-            )
+def _arrows(
+    tl: Timeline,
+    slices: _Slices,
+    op_rows: np.ndarray,
+    drawn: np.ndarray,
+    into: np.ndarray,
+    ids: Iterator[int],
+) -> _Arrows:
+    """The launch arrows and the stored dependencies' (cross-stream waits, thread hand-offs,
+    collectives), each between the slices its two nodes are drawn in: their own, the
+    collective an arrival or barrier is drawn inside, or the op a CPU piece belongs to. One
+    whose node is not drawn (idle time outside any op) is left out."""
+    g = tl.graph
+    c = g.cols
+    live = g.alive
+    slice_of = np.full(len(g), -1, dtype=np.int64)
+    slice_of[drawn] = op_rows.size + np.arange(drawn.size)
+    marked = np.flatnonzero(into >= 0)
+    slice_of[marked] = slice_of[into[marked]]
+    table = g.table
+    if table is not None and op_rows.size:
+        by_row = np.full(len(table), -1, dtype=np.int64)
+        by_row[op_rows] = np.arange(op_rows.size)
+        piece = live & (c["kind"] == NodeKind.CPU) & (c["op"] >= 0) & (slice_of < 0)
+        slice_of[piece] = by_row[c["op"][piece]]
+    gpu = np.flatnonzero(live & (c["kind"] == NodeKind.GPU) & (c["launch"] >= 0))
+    gpu = gpu[live[c["launch"][gpu]]]
+    edges = live[g.edge_src] & live[g.edge_dst]
+    src = np.concatenate([c["launch"][gpu], g.edge_src[edges]]).astype(np.int64)
+    dst = np.concatenate([gpu, g.edge_dst[edges]]).astype(np.int64)
+    cats = ["launch", *dict.fromkeys(_EDGE_LABEL.values())]
+    code = {name: i for i, name in enumerate(cats)}
+    cat = np.concatenate(
+        [
+            np.zeros(gpu.size, dtype=np.int64),
+            np.array(
+                [code[_EDGE_LABEL.get(int(t), "dependency")] for t in g.edge_type[edges]],
+                dtype=np.int64,
+            ),
+        ]
+    )
+    a, b = slice_of[src], slice_of[dst]
+    # An arrow to the end of a destination that began before its source (a thread waiting
+    # for another) goes to what the destination's lane ran next, when the wait was over.
+    at_end = np.r_[np.zeros(gpu.size, dtype=bool), g.edge_at_end[edges]]
+    pos = np.empty(slices.start.size, dtype=np.int64)
+    pos[_read_order(slices)] = np.arange(slices.start.size)
+    late = np.flatnonzero(at_end & (a >= 0) & (b >= 0))
+    late = late[pos[a[late]] > pos[b[late]]]
+    if late.size:
+        after = slice_of[_next_on_lane(g, dst[late])]
+        b[late] = np.where(after >= 0, after, b[late])
+    ok = (a >= 0) & (b >= 0) & (a != b)
+    arrows = _bind_arrows(slices, pos, a[ok], b[ok], cats, cat[ok], ids)
+    undrawn = (a < 0) | (b < 0)
+    for k, n in zip(*np.unique(cat[undrawn], return_counts=True), strict=True):
+        arrows.count(f"{cats[int(k)]} (an end in idle time, not drawn)", int(n))
+    return arrows
+
+
+def _next_on_lane(g: Any, nodes: np.ndarray) -> np.ndarray:
+    """The live node after each of `nodes` on its lane, NONE after the last."""
+    c = g.cols
+    alive = np.flatnonzero(g.alive)
+    order = alive[np.lexsort((c["order"][alive], c["lane"][alive]))]
+    pos = np.full(len(g), -1, dtype=np.int64)
+    pos[order] = np.arange(order.size)
+    at = pos[nodes] + 1
+    ok = (pos[nodes] >= 0) & (at < order.size)
+    out = np.full(nodes.size, NONE_NODE, dtype=np.int64)
+    nxt = order[np.minimum(at[ok], order.size - 1)]
+    same = c["lane"][nxt] == c["lane"][nodes[ok]]
+    out[np.flatnonzero(ok)[same]] = nxt[same]
+    return out
 
 
 def _queue_counters(
@@ -594,24 +740,29 @@ def _queue_counters(
 
 def export_timelines(timelines: list[tuple[str, Timeline]], path: str) -> None:
     """Write labelled timelines side by side to `path` (.json or .json.gz), encoded and
-    written a batch of events at a time (a thousand ranks' export held 7 GB as one list)."""
+    written a batch of events at a time (a thousand ranks' export held 7 GB as one list).
+    The document's otherData says which arrows were left out, and why."""
     flow_ids = itertools.count(1)
     # Process ids: a block per timeline, wide enough for any number of ranks.
     ranks = max((len({ln.rank for ln in tl.graph.lanes}) for _, tl in timelines), default=1)
     width = max(10 ** len(str(ranks)), 1000)
     encoder = msgspec.json.Encoder()
+    notes: dict[str, Any] = {}
 
     def document() -> Iterator[bytes]:
         yield b'{"traceEvents":['
         first = True
         for i, (label, tl) in enumerate(timelines):
-            events = timeline_events(tl, label, pid_base=width * (i + 1), flow_ids=flow_ids)
+            events = timeline_events(
+                tl, label, pid_base=width * (i + 1), flow_ids=flow_ids, notes=notes
+            )
             while batch := list(itertools.islice(events, EXPORT_BATCH)):
                 # A JSON array's items, without its brackets: [a,b] -> a,b
                 items = encoder.encode(batch)[1:-1]
                 yield items if first else b"," + items
                 first = False
-        yield b'],"displayTimeUnit":"ms","otherData":{"generator":"perfcast"}}'
+        other = encoder.encode({"generator": "perfcast", **notes})
+        yield b'],"displayTimeUnit":"ms","otherData":' + other + b"}"
 
     chunks = document()
     write_output(path, _gzipped(chunks) if path.endswith(".gz") else chunks)
