@@ -55,7 +55,7 @@ def test_replay_json_and_export(capsys, tmp_path):
         if e.get("name") == "process_name" and e["args"]["name"].startswith("simulated, as")
     )
     slices = [e for e in trace["traceEvents"] if e["ph"] == "X" and e["pid"] == traced_pid]
-    steps = [e for e in slices if e["name"].startswith("ProfilerStep#")]
+    steps = [e for e in slices if e["cat"] == "cpu_op" and e["name"].startswith("ProfilerStep#")]
     assert [e["name"] for e in steps] == ["ProfilerStep#4", "ProfilerStep#5", "ProfilerStep#6"]
     for e, it in zip(steps, doc["ranks"][0]["iterations"], strict=True):
         assert 0.9 * it["simulated_ms"] < e["dur"] / 1e3 <= it["simulated_ms"] + 1e-6
@@ -660,12 +660,14 @@ def test_option_errors_are_one_line(capsys, argv):
 def test_a_many_rank_export_puts_every_rank_on_one_clock(tmp_path, shared_traces) -> None:
     """Each rank's replay starts at 0; the export shifts them by the offsets that aligned
     their collectives, so one all-reduce ends at about the same time on every rank (its
-    arrows were up to 7.5 ms apart, half of them backwards)."""
+    arrows were up to 7.5 ms apart, half of them backwards). The shifts are stated in the
+    document's otherData and each rank's process args."""
     from tests.perfetto_import import import_trace
 
     out = tmp_path / "dlrm.json"
     assert main(["replay", str(shared_traces / "dlrm_v100_8rank"), "--export-trace", str(out)]) == 0
-    events = json.loads(out.read_text())["traceEvents"]
+    doc = json.loads(out.read_text())
+    events = doc["traceEvents"]
     gaps = []
     for a, b, _ in import_trace(events).flows:
         if events[a]["pid"] != events[b]["pid"]:  # across ranks: a collective's
@@ -673,6 +675,14 @@ def test_a_many_rank_export_puts_every_rank_on_one_clock(tmp_path, shared_traces
             gaps.append(abs(ends[0] - ends[1]))
     gaps.sort()
     assert len(gaps) > 50 and gaps[len(gaps) // 2] < 100  # µs: a wait, not a clock offset
+    shifts = doc["otherData"]["clock shift (µs)"]["simulated, as traced"]
+    assert len(shifts) == 8 and min(shifts.values()) == 0 and max(shifts.values()) > 1000
+    named = {
+        e["args"]["name"]: e["args"]["clock shift (µs)"]
+        for e in events
+        if e.get("name") == "process_name"
+    }
+    assert named["simulated, as traced · rank 2"] == shifts["rank 2"]
 
 
 def test_a_many_rank_export_draws_each_collective_once_with_its_wait(

@@ -1,10 +1,11 @@
 """The Perfetto export (`replay --export-trace`) as Perfetto's JSON importer reads it: one
 slice per op, traced extents where the trace is replayed as it ran, arrows on the slices they
-join, launch-queue counters as the replay has them."""
+join, launch-queue counters and step slices as the replay has them."""
 
 from __future__ import annotations
 
 import itertools
+import json
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ import pytest
 
 import perfcast
 from perfcast.analysis.real_step import real_world
+from perfcast.cli.main import main
 from perfcast.graph.model import NodeKind
 from perfcast.report import perfetto
 from perfcast.sim.timeline import Timeline, simulate
@@ -248,3 +250,45 @@ def test_a_collectives_queue_slot_is_held_until_it_finishes(shared_traces: Path)
             just_before_end = e["ts"] + e["dur"] - 0.001
             level = track[int(np.searchsorted(times, just_before_end, side="right")) - 1][1]
             assert level >= 1, e
+
+
+def test_each_rank_has_its_steps_as_the_replay_times_them(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """No slice showed the step time the replay reports: each rank has a track of its steps
+    now, each slice the step's window (from the previous step's completion to its own), as
+    long as `replay --json` says, as traced and without the profiler."""
+    out = tmp_path / "r.json"
+    assert main(["replay", str(EXAMPLE), "--json", "--export-trace", str(out)]) == 0
+    its = json.loads(capsys.readouterr().out)["ranks"][0]["iterations"]
+    events = json.loads(out.read_text())["traceEvents"]
+    procs = {e["pid"]: e["args"]["name"] for e in events if e.get("name") == "process_name"}
+    tracks = {
+        (e["pid"], e["tid"]): e["args"]["name"] for e in events if e.get("name") == "thread_name"
+    }
+    steps: dict[str, list[dict[str, Any]]] = {}
+    for e in events:
+        if e["ph"] == "X" and e["cat"] == "step":
+            assert tracks[(e["pid"], e["tid"])] == perfetto.STEPS_TRACK
+            steps.setdefault(procs[e["pid"]], []).append(e)
+    traced = steps["simulated, as traced · rank 0"]
+    real = steps["simulated, without the profiler · rank 0"]
+    assert [e["name"] for e in traced] == [it["name"] for it in its] == [e["name"] for e in real]
+    for it, a, b in zip(its, traced, real, strict=True):
+        assert a["dur"] / 1e3 == pytest.approx(it["simulated_ms"], abs=1e-6)
+        assert b["dur"] / 1e3 == pytest.approx(it["real_ms"], abs=1e-6)
+    # Back to back: each begins where the one before completed.
+    assert all(y["ts"] == pytest.approx(x["ts"] + x["dur"]) for x, y in itertools.pairwise(traced))
+    # A prediction's steps are the predicted ones.
+    assert (
+        main(["whatif", str(EXAMPLE), "--apply", "amp", "--json", "--export-trace", str(out)]) == 0
+    )
+    its = json.loads(capsys.readouterr().out)["iterations"]
+    events = json.loads(out.read_text())["traceEvents"]
+    procs = {e["pid"]: e["args"]["name"] for e in events if e.get("name") == "process_name"}
+    predicted = [
+        e["dur"] / 1e3
+        for e in events
+        if e["ph"] == "X" and e["cat"] == "step" and procs[e["pid"]].startswith("predicted")
+    ]
+    assert predicted == pytest.approx([it["predicted_ms"] for it in its], abs=1e-6)

@@ -3,7 +3,7 @@
 Baseline and prediction go side by side as separate processes; launch -> kernel and the
 dependencies the replay resolved are drawn as flow arrows, each GPU stream gets a counter
 track of its launch queue (operations launched and not yet finished), so a prediction shows
-where the queue fills or drains.
+where the queue fills or drains, and each rank a track of its steps as the replay times them.
 
 Perfetto's JSON importer binds an arrow's end to the slice on top of its track's stack when
 it reads the end, and pops a finished slice only when the next one begins, so an end placed
@@ -53,6 +53,7 @@ _OP_KINDS = (Kind.CPU_OP, Kind.USER_ANNOTATION)
 _NO_TIME = np.iinfo(np.int64).max
 # Flow v2 ids start here: Perfetto numbers v1 arrows (s/f events) from 0 in the same space.
 V2_FLOW_ID_BASE = 1 << 32
+STEPS_TRACK = "steps (as the replay times them)"
 
 
 def _clock_shift(g: Any) -> dict[int, int]:
@@ -344,8 +345,8 @@ def _collective_arrivals(g: Any) -> np.ndarray:
 
 @dataclass
 class _Slices:
-    """Every slice ("X" event) of a timeline, in the order they are written: ops, then nodes.
-    Times in ns on the export's clock."""
+    """Every slice ("X" event) of a timeline, in the order they are written: ops, then nodes,
+    then steps. Times in ns on the export's clock."""
 
     pid: np.ndarray
     tid: np.ndarray
@@ -446,10 +447,10 @@ def timeline_events(
     flow_ids: Iterator[int] | None = None,
     notes: dict[str, Any] | None = None,
 ) -> Iterator[dict[str, Any]]:
-    """The timeline's slices, launch-queue counters and flow arrows, its ranks as processes
-    numbered from `pid_base`; flow ids drawn from `flow_ids` (unique across timelines). What
-    the export leaves out goes into `notes` when given. Yielded one by one: a thousand ranks
-    make tens of millions of them."""
+    """The timeline's slices, launch-queue counters, steps and flow arrows, its ranks as
+    processes numbered from `pid_base`; flow ids drawn from `flow_ids` (unique across
+    timelines). What the export leaves out or shifts goes into `notes` when given. Yielded
+    one by one: a thousand ranks make tens of millions of them."""
     ids = itertools.count(1) if flow_ids is None else flow_ids
     g = tl.graph
     c = g.cols
@@ -460,13 +461,10 @@ def timeline_events(
     pid_of = {r: pid_base + i for i, r in enumerate(ranks)}
     shift_of = _clock_shift(g)
     for r in ranks:
-        yield {
-            "ph": "M",
-            "name": "process_name",
-            "pid": pid_of[r],
-            "tid": 0,
-            "args": {"name": f"{label} · rank {r}"},
-        }
+        args: dict[str, Any] = {"name": f"{label} · rank {r}"}
+        if shift_of:
+            args["clock shift (µs)"] = shift_of.get(r, 0) / 1000.0
+        yield {"ph": "M", "name": "process_name", "pid": pid_of[r], "tid": 0, "args": args}
         yield {
             "ph": "M",
             "name": "process_sort_index",
@@ -525,14 +523,39 @@ def timeline_events(
             "tid": extra,
             "args": {"name": f"{ln.name} (work overlapping its predecessor, {k})"},
         }
+    # Each rank's steps on a track of their own, above its threads.
+    windows = tl.step_windows()
+    steps_tid = max([len(g.lanes), *[t + 1 for t in extra_tids]])
+    step_ranks = sorted({w.span.rank for w in windows if w.span.rank in pid_of})
+    for r in step_ranks:
+        yield {
+            "ph": "M",
+            "name": "thread_name",
+            "pid": pid_of[r],
+            "tid": steps_tid,
+            "args": {"name": STEPS_TRACK},
+        }
+        yield {
+            "ph": "M",
+            "name": "thread_sort_index",
+            "pid": pid_of[r],
+            "tid": steps_tid,
+            "args": {"sort_index": -1},
+        }
+    windows = [w for w in windows if w.span.rank in pid_of]
+    step_rank = np.array([w.span.rank for w in windows], dtype=np.int64)
+    step_lo = np.array([w.begin + shift_of.get(w.span.rank, 0) for w in windows], np.int64)
+    step_hi = np.array([w.done + shift_of.get(w.span.rank, 0) for w in windows], np.int64)
     node_lo = first_ns[drawn]
     pid_by_rank = np.zeros(max(ranks, default=0) + 1, dtype=np.int64)
     pid_by_rank[ranks] = [pid_of[r] for r in ranks]
     slices = _Slices(
-        pid=pid_by_rank[np.concatenate([lane_rank[op_lane], c["rank"][drawn]])],
-        tid=np.concatenate([op_lane, tid_of[drawn]]).astype(np.int64),
-        start=np.concatenate([op_lo, node_lo]).astype(np.int64),
-        end=np.concatenate([op_hi, end_ns[drawn]]).astype(np.int64),
+        pid=pid_by_rank[np.concatenate([lane_rank[op_lane], c["rank"][drawn], step_rank])],
+        tid=np.concatenate([op_lane, tid_of[drawn], np.full(len(windows), steps_tid)]).astype(
+            np.int64
+        ),
+        start=np.concatenate([op_lo, node_lo, step_lo]).astype(np.int64),
+        end=np.concatenate([op_hi, end_ns[drawn], step_hi]).astype(np.int64),
     )
     arrows = _Arrows(
         bind=np.full(slices.start.size, -1, dtype=np.int64),
@@ -594,6 +617,24 @@ def timeline_events(
                 "ts": lo_us[i],
                 "dur": dur_us[i],
                 "args": node_args,
+            },
+            i,
+        )
+        i += 1
+    for w in windows:
+        yield with_flow(
+            {
+                "ph": "X",
+                "cat": "step",
+                "name": w.span.name,
+                "pid": pids[i],
+                "tid": tids[i],
+                "ts": lo_us[i],
+                "dur": dur_us[i],
+                "args": {
+                    "step (ms)": (w.done - w.begin) / 1e6,
+                    "traced step (ms)": w.span.measured_ns / 1e6,
+                },
             },
             i,
         )
@@ -741,13 +782,25 @@ def _queue_counters(
 def export_timelines(timelines: list[tuple[str, Timeline]], path: str) -> None:
     """Write labelled timelines side by side to `path` (.json or .json.gz), encoded and
     written a batch of events at a time (a thousand ranks' export held 7 GB as one list).
-    The document's otherData says which arrows were left out, and why."""
+    The document's otherData says how each rank's clock was shifted and which arrows were
+    left out."""
     flow_ids = itertools.count(1)
     # Process ids: a block per timeline, wide enough for any number of ranks.
     ranks = max((len({ln.rank for ln in tl.graph.lanes}) for _, tl in timelines), default=1)
     width = max(10 ** len(str(ranks)), 1000)
     encoder = msgspec.json.Encoder()
     notes: dict[str, Any] = {}
+    shifts = {label: _clock_shift(tl.graph) for label, tl in timelines}
+    if any(shifts.values()):
+        notes["clock shift (µs)"] = {
+            label: {f"rank {r}": x / 1000.0 for r, x in sorted(per_rank.items())}
+            for label, per_rank in shifts.items()
+            if per_rank
+        }
+        notes["clocks"] = (
+            "each rank's replay starts at 0 on its own clock; the shift puts the ranks on "
+            "one clock, the offsets that made their matched collectives end together"
+        )
 
     def document() -> Iterator[bytes]:
         yield b'{"traceEvents":['
