@@ -121,11 +121,11 @@ def _cluster_for(
         )
     spec, named, _ = traced_device(table) if table is not None else (None, None, None)
     if spec is None and named is None:
-        raise OptionError(
+        raise NotApplicableError(
             "the trace does not name its GPU", hint="pass --gpu (e.g. h100, a100-80gb)"
         )
     if spec is None:
-        raise OptionError(
+        raise NotApplicableError(
             f"GPU '{named}' is not in perfcast's device table",
             hint="pass --gpu with a known one (e.g. h100, a100-80gb, mi300x)",
         )
