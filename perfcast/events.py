@@ -87,6 +87,9 @@ class RankInfo:
     base_ns: int = 0  # add to a timestamp to get baseTimeNanoseconds-aligned time
     schema_version: object = None
     has_steps: bool = True
+    # ProfilerStep ranges written without a duration: left out of the steps (their end is
+    # unknown), by name.
+    untimed_steps: list[str] = field(default_factory=list)
     # Salvage information for truncated files: events lost is an estimate.
     truncated: bool = False
     tail_lost: bool = False  # the file stops inside the event list (a cut): later events lost

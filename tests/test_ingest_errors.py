@@ -249,8 +249,12 @@ def test_bad_events_inside_a_good_file_are_skipped(write_trace):
     dropped, no_time, negative = table.ranks[0].warnings
     assert dropped.startswith("dropped 1 events whose fields have the wrong type")
     assert "event #2 at byte " in dropped and "'name' is a number, expected a string" in dropped
-    assert no_time.startswith("1 events without a readable time were skipped (the first: 'ts'")
-    assert negative == "1 events with a negative 'dur' were read as 0 long"
+    assert no_time.startswith(
+        "1 events without a readable time were skipped (the first: event #1, 'ts' is missing"
+    )
+    assert negative == (
+        "1 events with a negative 'dur' were read as 0 long (the first: event #6, 'k')"
+    )
 
 
 def test_trace_without_events(write_trace):

@@ -21,7 +21,7 @@ def rank_notes(info: RankInfo) -> list[str]:
     if info.truncated:
         notes.append(f"truncated trace: {info.salvage_note}")
     if not info.has_steps:
-        notes.append("no ProfilerStep#N in this trace: the whole trace is one window")
+        notes.append(_no_steps(info))
     return notes
 
 
@@ -38,6 +38,16 @@ def no_gpu_work(table: EventTable | None) -> str:
         f"no GPU work survived in {run} damaged or cut-off file (Kineto writes the GPU events "
         "after the CPU ops; a complete trace of the run has them)"
     )
+
+
+def _no_steps(info: RankInfo) -> str:
+    """Why a rank is one window, not steps."""
+    if info.untimed_steps:
+        return (
+            "no ProfilerStep#N with a duration in this trace (those written lack 'dur'): "
+            "the whole trace is one window"
+        )
+    return "no ProfilerStep#N in this trace: the whole trace is one window"
 
 
 def input_notes(table: EventTable) -> list[str]:

@@ -223,7 +223,7 @@ def _load_one(path: str, names: Interner, rank_hint: int | None) -> tuple[RankIn
     # Streamed a few MB at a time (memory stays near the size of the columns); cut-off and
     # damaged files are salvaged on the way (see reader).
     rd = reader.TraceReader(path)
-    cols = extract_rank(rd.chunks(), names)
+    cols = extract_rank(rd.chunks(), names, rd.event_index)
     _drop_repeated_events(cols)
     decoded = rd.result()
     raw = decoded.header
@@ -277,12 +277,19 @@ def _load_one(path: str, names: Interner, rank_hint: int | None) -> tuple[RankIn
         )
     if cols.negative_dur:
         info.warnings.append(
-            f"{cols.negative_dur:,} events with a negative 'dur' were read as 0 long"
+            f"{cols.negative_dur:,} events with a negative 'dur' were read as 0 long (the "
+            f"first: {cols.first_negative})"
         )
     if cols.untimed_gpu:
         info.warnings.append(
             f"{cols.untimed_gpu:,} GPU kernels, copies or memsets have no 'dur': read as taking "
             "no GPU time"
+        )
+    if cols.untimed_cpu:
+        info.warnings.append(
+            f"{cols.untimed_cpu:,} CPU "
+            f"{'op or range has' if cols.untimed_cpu == 1 else 'ops or ranges have'} no 'dur' "
+            f"(the first: {cols.first_untimed}): read as taking no time"
         )
     if info.n_events == 0 and not decoded.truncated:
         info.warnings.append("the trace holds no complete events")
@@ -502,6 +509,49 @@ _WORK_KINDS = np.array(
 )
 
 
+def _untimed_steps(
+    c: dict[str, np.ndarray],
+    names: Interner,
+    info: RankInfo,
+    step_rows: np.ndarray,
+    no_dur: np.ndarray,
+) -> tuple[np.ndarray, list[int]]:
+    """Step markers written without a duration: their end is unknown (read as 0 long, such
+    a step took 0 ms and the next one took in its time), so they are no steps. Returns the
+    step rows with a duration, and the starts of the steps left out (a step recorded both
+    ways, as a range and an op, keeps the one with a duration)."""
+    timed = step_rows[~no_dur[step_rows]]
+    timed_names = set(c["name"][timed].tolist())
+    left: dict[int, int] = {}  # name -> start of its first marker
+    for r in step_rows[no_dur[step_rows]].tolist():
+        if int(c["name"][r]) not in timed_names:
+            left.setdefault(int(c["name"][r]), int(c["ts"][r]))
+    if left:
+        shown = [names.names[n] for n in sorted(left, key=left.__getitem__)]
+        info.untimed_steps = shown
+        n = len(shown)
+        info.warnings.append(
+            f"{', '.join(shown[:3])}{', ...' if n > 3 else ''} ha{'ve' if n > 1 else 's'} no "
+            f"'dur' (the end of the range was not written): {'they are' if n > 1 else 'it is'} "
+            "left out of the steps, and the work in "
+            f"{'them' if n > 1 else 'it'} belongs to no step"
+        )
+    return timed, sorted(left.values())
+
+
+def _launched_work_end(c: dict[str, np.ndarray], launch: np.ndarray, t: int) -> int:
+    """When the GPU work launched before time `t` ends (0 if there is none)."""
+    rows = np.flatnonzero(launch >= 0)
+    rows = rows[c["ts"][launch[rows]] < t]
+    return int((c["ts"][rows] + c["dur"][rows]).max()) if rows.size else 0
+
+
+def _gap_between(gaps: list[int], a: int, b: int) -> bool:
+    """Whether a step left out (its start in sorted `gaps`) started between a and b."""
+    j = bisect.bisect_right(gaps, a)
+    return j < len(gaps) and gaps[j] < b
+
+
 def _holds_no_work(c: dict[str, np.ndarray], step: int, step_rows: np.ndarray) -> bool:
     """Whether no work starts inside the step's range but the step ranges themselves: the
     last ProfilerStep of a window the profiler stopped as the step began."""
@@ -536,6 +586,10 @@ def _derive(
     is_cpu = np.isin(kind, _CPU_KINDS)
     is_gpu = np.isin(kind, _GPU_KINDS)
     step_rows = _step_rows(c, names)
+    gaps: list[int] = []  # starts of the steps left out for want of a duration
+    no_dur = c.pop("no_dur", None)  # not a column of the table
+    if no_dur is not None and no_dur[step_rows].any():
+        step_rows, gaps = _untimed_steps(c, names, info, step_rows, no_dur)
     _clip_ranges_open_at_stop(c, names, info, is_cpu, step_rows)
 
     parent = _parents(c["pid"], c["tid"], ts, dur, np.flatnonzero(is_cpu), n)
@@ -582,6 +636,7 @@ def _derive(
     for i in step_rows.tolist():
         by_name.setdefault(names.names[c["name"][i]], i)
     iterations: list[Iteration] = []
+    after_gap: list[bool] = []
     if by_name:
         ordered = sorted(by_name.items(), key=lambda kv: int(ts[kv[1]]))
         if len(ordered) > 1 and _holds_no_work(c, ordered[-1][1], step_rows):
@@ -605,6 +660,12 @@ def _derive(
                 "training loop, not a training step; profile more steps for a whole one"
             )
         window_end = rc.window_end_ns
+        # A step after one left out starts its window at its own start, not at the end of
+        # the step before the gap (it would take in the unknown step's time).
+        after_gap = [False] + [
+            _gap_between(gaps, int(ts[a]), int(ts[b]))
+            for (_, a), (_, b) in itertools.pairwise(ordered)
+        ]
         for nm, i in ordered:
             s, e = int(ts[i]), int(ts[i] + dur[i])
             if window_end is not None and s < window_end and e > window_end + _STOP_HELD_NS:
@@ -659,13 +720,18 @@ def _derive(
             first = iterations[0]
             first.window_start_ns = max(first.start_ns, int((ts + dur)[backlog].max()))
         early = 0
-        for prev, it in itertools.pairwise(iterations):
+        for k, (prev, it) in enumerate(itertools.pairwise(iterations), 1):
             # Steps complete in order: one whose work all ended before the previous step's
             # (GPU times that contradict their launches: a damaged trace) took no time.
             if it.end_ns < prev.end_ns:
                 it.end_ns = prev.end_ns
                 early += 1
             it.window_start_ns = prev.end_ns
+            if k < len(after_gap) and after_gap[k]:
+                # After a step left out: from when the work launched before this step is
+                # done (the unknown step's end, as near as the trace tells it).
+                before = _launched_work_end(c, launch, it.start_ns)
+                it.window_start_ns = min(max(prev.end_ns, it.start_ns, before), it.end_ns)
         if early:
             info.warnings.append(
                 f"{early} step(s) completed before the step before them (GPU times out of "

@@ -8,7 +8,7 @@ work, and only events of the kinds that carry a field are visited for it.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Any
@@ -21,6 +21,7 @@ from perfcast.events import (
     MEM_DEVICE_CPU,
     NCCL_RANGE_PREFIX,
     NONE,
+    STEP_PREFIX,
     Kind,
 )
 from perfcast.ingest.schema import (
@@ -82,7 +83,12 @@ class RankColumns:
     long_shapes: int = 0  # shape strings over MAX_SHAPE_CHARS, ignored
     first_dropped: str | None = None  # the first unreadable time, e.g. "'dur' is nan"
     negative_dur: int = 0  # durations below 0, read as 0
+    first_negative: str | None = None  # the first of them, e.g. "event #12, 'aten::add'"
     untimed_gpu: int = 0  # kernels, copies and memsets without a duration (read as 0)
+    # Ops and ranges without a duration (read as 0), step markers aside (the loader leaves
+    # those out of the steps, with a note of their own).
+    untimed_cpu: int = 0
+    first_untimed: str | None = None
     window_end_ns: int | None = None  # Kineto's "Record Window End" marker, when written
 
 
@@ -253,17 +259,28 @@ def classify(ev: Any, kind_cache: dict[tuple[Any, Any, Any], int]) -> int:
 Events = list[Any]
 
 
-def extract_rank(chunks: Iterable[Events], names: Interner) -> RankColumns:
+# Where an event is in the file: (slice number, index in the slice) -> its index in the
+# trace's event list, for notes that name the first of a kind ("event #12").
+EventIndex = Callable[[int, int], int]
+
+
+def extract_rank(
+    chunks: Iterable[Events], names: Interner, where: EventIndex | None = None
+) -> RankColumns:
     """Columns of one rank from its events, given as one or more lists (decoded slices).
 
     Each slice is turned into columns and dropped before the next is decoded, so the
-    decoded objects of a big trace never all exist at once.
+    decoded objects of a big trace never all exist at once. Besides the named columns,
+    `cols["no_dur"]` marks the rows written without a duration (read as 0 long).
     """
     strings: dict[str, int] = {}
     kind_cache: dict[tuple[Any, Any, Any], int] = {}
-    parts = [_extract_chunk(events, names, strings, kind_cache) for events in chunks]
+    parts = [
+        _extract_chunk(events, names, strings, kind_cache, _located(where, k))
+        for k, events in enumerate(chunks)
+    ]
     if not parts:
-        parts = [_extract_chunk([], names, strings, kind_cache)]
+        parts = [_extract_chunk([], names, strings, kind_cache, None)]
     if len(parts) == 1:
         return parts[0]
     cols = {k: np.concatenate([p.cols[k] for p in parts]) for k in parts[0].cols}
@@ -279,11 +296,18 @@ def extract_rank(chunks: Iterable[Events], names: Interner) -> RankColumns:
         long_shapes=long_shapes,
         first_dropped=next((p.first_dropped for p in parts if p.first_dropped), None),
         negative_dur=sum(p.negative_dur for p in parts),
+        first_negative=next((p.first_negative for p in parts if p.first_negative), None),
         untimed_gpu=sum(p.untimed_gpu for p in parts),
+        untimed_cpu=sum(p.untimed_cpu for p in parts),
+        first_untimed=next((p.first_untimed for p in parts if p.first_untimed), None),
         window_end_ns=max(
             (p.window_end_ns for p in parts if p.window_end_ns is not None), default=None
         ),
     )
+
+
+def _located(where: EventIndex | None, chunk: int) -> Callable[[int], int] | None:
+    return None if where is None else lambda i: where(chunk, i)
 
 
 def _shape_warning(n: int) -> list[str]:
@@ -297,6 +321,7 @@ def _extract_chunk(
     names: Interner,
     strings: dict[str, int],
     kind_cache: dict[tuple[Any, Any, Any], int],
+    where: Callable[[int], int] | None,
 ) -> RankColumns:
     kinds_all = [classify(ev, kind_cache) for ev in events]
     window_end_ns = None
@@ -310,8 +335,23 @@ def _extract_chunk(
     kinds = np.fromiter((k for k in kinds_all if k >= 0), dtype=np.int8, count=len(rows))
     n = len(rows)
 
+    def event_no(row: int) -> str:
+        """Where row `row` is in the file, for a note: "event #12" (its index in the event
+        list), or "" where unknown. Only for the first of a kind: a pass over the slice."""
+        if where is None:
+            return ""
+        return f"event #{where(int(np.flatnonzero(np.array(kinds_all) >= 0)[row])):,}"
+
     ts = _times_ns([ev.ts for ev in rows])
-    dur = _times_ns([d if (d := ev.dur) else 0 for ev in rows])
+    durs = [ev.dur for ev in rows]
+    no_dur = np.zeros(n, dtype=bool)
+    if None in durs:  # one C-level scan; the mask only where some duration is missing
+        # An instant ([memory]) has no duration; an op, a range or GPU work should.
+        no_dur = np.fromiter((d is None for d in durs), dtype=bool, count=n)
+        no_dur &= kinds != Kind.MEMORY
+        durs = [0 if d is None else d for d in durs]
+    dur = _times_ns(durs)
+    del durs
     # Rows whose time we cannot read are dropped and counted, the first named for the note.
     bad_ts = ts == _BAD_TIME
     bad = bad_ts | (dur == _BAD_TIME)
@@ -320,19 +360,41 @@ def _extract_chunk(
     if n_dropped:
         i = int(np.argmax(bad))
         field_name = "ts" if bad_ts[i] else "dur"
-        first_dropped = f"'{field_name}' is {getattr(rows[i], field_name)!r:.40}"
+        value = getattr(rows[i], field_name)
+        shown = "missing (or null)" if value is None else f"{value!r:.40}"
+        first_dropped = ", ".join(filter(None, (event_no(i), f"'{field_name}' is {shown}")))
     dur[bad] = 0
     ts[bad] = 0
-    negative_dur = int((dur < 0).sum())
+    negative = dur < 0
+    negative_dur = int(negative.sum())
+    first_negative = None
+    if negative_dur:
+        i = int(np.argmax(negative))
+        first_negative = ", ".join(filter(None, (event_no(i), f"'{_name_of(rows[i])}'")))
     dur = np.maximum(dur, 0)
-    # GPU work without a duration reads as 0 µs of GPU time: said, not assumed silently.
-    untimed_gpu = sum(rows[i].dur is None for i in np.flatnonzero(np.isin(kinds, GPU_KINDS)))
+    # Work without a duration reads as taking no time: said, not assumed silently. GPU work
+    # is counted apart (its time is the step's GPU time); step markers are the loader's.
+    no_dur &= ~bad
+    gpu_rows = np.isin(kinds, GPU_KINDS)
+    untimed_gpu = int((no_dur & gpu_rows).sum())
 
     name = np.fromiter(
         (names(nm if isinstance(nm := ev.name, str) else str(nm)) for ev in rows),
         dtype=np.int32,
         count=n,
     )
+    untimed_cpu = 0
+    first_untimed = None
+    untimed = np.flatnonzero(no_dur & ~gpu_rows)
+    if untimed.size:
+        called = np.unique(name[untimed])
+        steps = [k for k in called.tolist() if names.names[k].startswith(STEP_PREFIX)]
+        untimed = untimed[~np.isin(name[untimed], steps)]
+        untimed_cpu = int(untimed.size)
+        if untimed_cpu:
+            i = int(untimed[0])
+            first_untimed = ", ".join(filter(None, (event_no(i), f"'{_name_of(rows[i])}'")))
+
     pid = np.fromiter(
         (p if type(p := ev.pid) is int else _to_int_id(p, strings) for ev in rows),
         dtype=np.int64,
@@ -509,6 +571,7 @@ def _extract_chunk(
         "coll_dtype": coll_dtype,
         "coll_ranks": coll_ranks,
     }
+    cols["no_dur"] = no_dur
     if n_dropped:
         keep = ~bad
         cols = {k: v[keep] for k, v in cols.items()}
@@ -524,9 +587,18 @@ def _extract_chunk(
         long_shapes=long_shapes,
         first_dropped=first_dropped,
         negative_dur=negative_dur,
+        first_negative=first_negative,
         untimed_gpu=untimed_gpu,
+        untimed_cpu=untimed_cpu,
+        first_untimed=first_untimed,
         window_end_ns=window_end_ns,
     )
+
+
+def _name_of(ev: Any) -> str:
+    """An event's name for a note (short: a name can be megabytes)."""
+    name = ev.name if isinstance(ev.name, str) else str(ev.name)
+    return printable(name[:80] + ("..." if len(name) > 80 else ""))
 
 
 def _compact(value: Any) -> str | None:

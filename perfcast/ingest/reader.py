@@ -365,6 +365,7 @@ class _Got:
     events: EventList
     seen: int
     drops: list[tuple[str, int, int | None]]
+    kept_at: list[int] | None = None  # each event's element index, where some were dropped
 
 
 def _why_invalid(piece: bytes | bytearray, exc: msgspec.ValidationError) -> str:
@@ -418,6 +419,9 @@ class TraceReader:
         self._cut_header = False
         self._header_problem: str | None = None
         self._seen = 0  # list elements looked at
+        # Per slice handed on: its first element's index and, where elements were dropped
+        # from it, each event's own (see `event_index`).
+        self._slices: list[tuple[int, list[int] | None]] = []
         self._kept = 0  # events handed on
         self._spent = 0  # bytes decoded in the search for damage
         self._window = _RECOVER_WINDOW
@@ -779,7 +783,15 @@ class TraceReader:
             # Where to find the event: an offset in the JSON (of a gzip file: once inflated).
             offset = None if at is None else self._base + start + at
             self._drops.add(key, why, self._seen + index, offset, self._json_unit())
+        if got.events:  # handed on as one slice (`chunks`): where its events are
+            self._slices.append((self._seen, got.kept_at))
         self._seen += got.seen
+
+    def event_index(self, chunk: int, i: int) -> int:
+        """The index in the file's event list of event `i` of the `chunk`-th slice that
+        `chunks()` yielded (a damaged stretch skipped counts as one element)."""
+        start, kept_at = self._slices[chunk]
+        return start + (kept_at[i] if kept_at is not None else i)
 
     def _damage(self, exc: msgspec.DecodeError, start: int, end: int) -> _Damage:
         """_Damage for a DecodeError on "[" + _buf[start:end] + "]" (positions from start)."""
@@ -805,18 +817,20 @@ class TraceReader:
     def _validated(self, events: EventList, data: bytes | bytearray) -> _Got:
         """Lenient events with wrong-typed fields dropped."""
         kept = []
+        kept_at = []
         drops: list[tuple[str, int, int | None]] = []
         offsets: np.ndarray | None = None
         for i, ev in enumerate(events):
             why = check_event(ev)
             if why is None:
                 kept.append(ev)
+                kept_at.append(i)
                 continue
             if offsets is None:
                 offsets = self._element_offsets(data)
             at = _skip_space(data, int(offsets[i])) - 1 if i < offsets.size else None
             drops.append((why, i, at))
-        return _Got(kept, len(events), drops)
+        return _Got(kept, len(events), drops, kept_at if drops else None)
 
     @staticmethod
     def _element_offsets(data: bytes | bytearray) -> np.ndarray:
@@ -834,6 +848,7 @@ class TraceReader:
             raise _Damage("closed", int(closes[0]) - 1, "the list ends inside the stretch")
         cuts = pos[((codes == 44) | (codes == 93)) & (before == 1)].tolist()
         kept: EventList = []
+        kept_at: list[int] = []
         drops: list[tuple[str, int, int | None]] = []
         begin = 1
         for k, stop in enumerate(cuts):
@@ -856,9 +871,10 @@ class TraceReader:
             why = check_event(ev)
             if why is None:
                 kept.append(ev)
+                kept_at.append(k)
             else:
                 drops.append((why, k, at))
-        return _Got(kept, len(cuts), drops)
+        return _Got(kept, len(cuts), drops, kept_at)
 
     # -- damage -----------------------------------------------------------------------------
 

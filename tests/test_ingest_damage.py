@@ -1,0 +1,130 @@
+"""Damaged traces: what is salvaged, and that the notes say what happened, where, and why."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import perfcast
+from tests.tracegen import TraceBuilder
+
+
+def _steps_doc(n: int = 3) -> dict[str, Any]:
+    """n steps of 1 ms, each an op launching a kernel that outlasts the step's CPU range."""
+    b = TraceBuilder()
+    for step in range(n):
+        t0 = step * 1000
+        b.step(step + 1, t0, 1000)
+        b.op("aten::linear", t0 + 10, 300)
+        b.launch("volta_sgemm_128x64_nn", t0 + 20, 5, t0 + 900, 400, stream=7)
+    return b.doc()
+
+
+def _without(doc: dict[str, Any], key: str, name: str) -> dict[str, Any]:
+    doc = copy.deepcopy(doc)
+    for e in doc["traceEvents"]:
+        if e.get("name") == name:
+            del e[key]
+    return doc
+
+
+def _notes(table: perfcast.EventTable) -> str:
+    return " | ".join(table.ranks[0].warnings)
+
+
+def test_a_step_without_dur_is_left_out_not_a_0_ms_step(write_trace) -> None:
+    """A ProfilerStep range without 'dur' read as 0 long: a 0 ms step, and the next step
+    took in its time (merged), with a note blaming GPU times out of order."""
+    whole = perfcast.load(write_trace(_steps_doc()))
+    table = perfcast.load(write_trace(_without(_steps_doc(), "dur", "ProfilerStep#2")))
+    assert [it.name for it in table.iterations] == ["ProfilerStep#1", "ProfilerStep#3"]
+    notes = _notes(table)
+    assert "ProfilerStep#2 has no 'dur'" in notes and "left out of the steps" in notes
+    assert "out of order" not in notes
+    # The step after the gap is timed from when the work before it was done, as it was.
+    assert table.iterations[1].dur_ns == whole.iterations[2].dur_ns
+    assert table.iterations[0].dur_ns == whole.iterations[0].dur_ns
+
+
+def test_the_last_step_without_dur_is_named_not_said_to_hold_no_work(write_trace) -> None:
+    table = perfcast.load(write_trace(_without(_steps_doc(), "dur", "ProfilerStep#3")))
+    assert [it.name for it in table.iterations] == ["ProfilerStep#1", "ProfilerStep#2"]
+    notes = _notes(table)
+    assert "ProfilerStep#3 has no 'dur'" in notes and "holds no work" not in notes
+
+
+def test_a_trace_whose_only_step_has_no_dur_says_so(write_trace) -> None:
+    doc = _without(_steps_doc(1), "dur", "ProfilerStep#1")
+    table = perfcast.load(write_trace(doc))
+    assert not table.ranks[0].has_steps and table.ranks[0].untimed_steps == ["ProfilerStep#1"]
+    notes = perfcast.summary(table, correct=False).ranks[0].notes
+    assert any("ProfilerStep#1 has no 'dur'" in n for n in notes)
+    assert any("no ProfilerStep#N with a duration" in n for n in notes)
+    assert not any("no ProfilerStep#N in this trace" in n for n in notes)
+    assert table.iterations[0].dur_ns > 0
+
+
+def test_a_step_recorded_twice_keeps_the_range_with_a_duration(write_trace) -> None:
+    """2021-era traces record ProfilerStep#N as an op too: one without 'dur' is no loss."""
+    doc = _steps_doc(2)
+    events = doc["traceEvents"]
+    for e in list(events):
+        if e.get("name", "").startswith("ProfilerStep#"):
+            twin = dict(e, cat="cpu_op")
+            del twin["dur"]
+            events.append(twin)
+    table = perfcast.load(write_trace(doc))
+    assert [it.name for it in table.iterations] == ["ProfilerStep#1", "ProfilerStep#2"]
+    assert "has no 'dur'" not in _notes(table)
+
+
+def test_ops_without_dur_are_counted_and_the_first_located(write_trace) -> None:
+    """A missing CPU 'dur' became 0 without a word (only GPU work was counted)."""
+    doc = _without(_steps_doc(), "dur", "aten::linear")
+    index = next(i for i, e in enumerate(doc["traceEvents"]) if e["name"] == "aten::linear")
+    notes = _notes(perfcast.load(write_trace(doc)))
+    says = f"3 CPU ops or ranges have no 'dur' (the first: event #{index}, 'aten::linear')"
+    assert says in notes
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "says"),
+    [
+        (
+            "ts",
+            None,
+            "events without a readable time were skipped (the first: event #{i}, "
+            "'ts' is missing (or null)",
+        ),
+        (
+            "dur",
+            -5,
+            "events with a negative 'dur' were read as 0 long (the first: event #{i}, "
+            "'aten::linear')",
+        ),
+    ],
+)
+def test_notes_on_bad_times_give_the_first_events_index(
+    write_trace, key: str, value: Any, says: str
+) -> None:
+    doc = _steps_doc()
+    events = doc["traceEvents"]
+    # Wrong-typed elements before it shift the decoded slice against the file's list.
+    events.insert(0, {"ph": "X", "name": 5, "ts": 1, "dur": 1})
+    events.insert(1, "not an event")
+    i = next(k for k, e in enumerate(events) if isinstance(e, dict) and e["name"] == "aten::linear")
+    events[i][key] = value
+    assert says.format(i=i) in _notes(perfcast.load(write_trace(doc)))
+
+
+def test_the_event_index_counts_every_element_of_a_big_trace(tmp_path: Path) -> None:
+    """Slices after the first (a few MB each) count on from where the last one ended."""
+    b = TraceBuilder()
+    for k in range(60_000):
+        b.op("aten::add", k * 10, 5, note="x" * 60)
+    b.events[45_678]["dur"] = -1
+    table = perfcast.load(b.write(tmp_path / "big.json"))
+    assert "(the first: event #45,678, 'aten::add')" in _notes(table)
