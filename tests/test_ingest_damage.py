@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -128,3 +130,51 @@ def test_the_event_index_counts_every_element_of_a_big_trace(tmp_path: Path) -> 
     b.events[45_678]["dur"] = -1
     table = perfcast.load(b.write(tmp_path / "big.json"))
     assert "(the first: event #45,678, 'aten::add')" in _notes(table)
+
+
+# ---------------------------------------------------------------------------------------------
+# A "]" inside damage is not the end of the event list.
+
+
+def _ops_trace(n: int) -> bytes:
+    events = [
+        {"ph": "X", "cat": "cpu_op", "name": f"op{i}", "pid": 1, "tid": 1, "ts": i, "dur": 1}
+        for i in range(n)
+    ]
+    return json.dumps({"schemaVersion": 1, "traceEvents": events}).encode()
+
+
+def test_a_bracket_in_damage_mid_list_does_not_end_it(tmp_path: Path) -> None:
+    """Damage holding a "]" was read as the end of the event list: every event after it was
+    taken for the header and lost, and the note said "every event kept"."""
+    data = _ops_trace(2_000)
+    at = data.index(b'{"ph"', len(data) // 2)
+    path = tmp_path / "t.json"
+    path.write_bytes(data[:at] + b"], " + data[at:])
+    table = perfcast.load(path)
+    info = table.ranks[0]
+    assert len(table) == 1_998  # the damage and the two events it joins are one stretch
+    assert "skipped 1 damaged stretch" in info.salvage_note
+    assert not any("every event kept" in w for w in info.warnings)
+
+
+def test_a_corrupt_gzip_stream_says_what_it_lost(shared_traces: Path, tmp_path: Path) -> None:
+    """64 bytes of a gzip stream damaged halfway: zlib inflates garbage to the end (its
+    checksum fails there), and a "]" in the garbage ended the event list: half the events
+    were gone, the note said "lost about 753 of 1,159,569 bytes (0.1%)" and another "after
+    the whole event list (every event kept)"."""
+    data = bytearray((shared_traces / "resnet50_v100_nw0_2021.json.gz").read_bytes())
+    mid = len(data) // 2
+    for i in range(mid, mid + 64):
+        data[i] ^= 0xFF
+    path = tmp_path / "corrupt.json.gz"
+    path.write_bytes(bytes(data))
+    info = perfcast.load(path).ranks[0]
+    note = info.salvage_note
+    assert "the gzip stream is corrupt" in note
+    assert _share(note) == pytest.approx(50, abs=3), note
+    assert not any("every event kept" in w for w in info.warnings)
+
+
+def _share(note: str) -> float:
+    return float(re.search(r"\(([\d.]+)%\)$", note).group(1))

@@ -74,6 +74,10 @@ _MAX_HEADER_TRIES = 2_000
 # After the event list's "]": more header keys, the object's end, or the end of the data.
 _HEADER_START = re.compile(rb"\s*(?:,|\}|$)")
 _NONSPACE = re.compile(rb"\S")
+# An event's phase ("ph": "X"), which no trace header holds; looked for this far after a "]"
+# that may end the event list.
+_EVENT_PHASE = re.compile(rb'"ph"\s*:\s*"[A-Za-z]"')
+_HEADER_PEEK = 1 << 20
 _ERROR_AT = re.compile(r"\(byte (\d+)\)")
 
 # What a file that is not JSON may be instead, for the message (after gzip is inflated).
@@ -559,7 +563,7 @@ class TraceReader:
                         self._cut_at = self._base
                     return
                 continue
-            if self._buf[0] == ord("]"):
+            if self._buf[0] == ord("]") and not self._events_follow(0):
                 self._close_at(0)
                 return
             if self._eof:
@@ -655,7 +659,11 @@ class TraceReader:
                 else "its header fields after the list were read up to byte "
                 f"{self._file_offset(self._base + read_to):,}; those after it are lost"
             )
-            self._header_problem = f"{cut} after the whole event list (every event kept): {lost}"
+            # Every event is kept only where reading met no damage before the list's end: a
+            # corrupt gzip stream may hide more (its checksum fails only at the end).
+            whole = not self._losses and not (self._src.problem and not self._src.cut)
+            where = "whole event list (every event kept)" if whole else "event list"
+            self._header_problem = f"{cut} after the {where}: {lost}"
             self._cut_header = True
         self._header = header
 
@@ -676,7 +684,10 @@ class TraceReader:
         """Is the "]" at _buf[at] the end of the event list? If a header follows; or, where
         the decoder saw the list end there (`closed_list`), if the file ends within a
         header's length after it and what follows starts like one: a cut or damaged
-        header must not cost the last event (the header's problem is said on its own)."""
+        header must not cost the last event (the header's problem is said on its own).
+        Never where events follow it (see `_events_follow`)."""
+        if self._events_follow(at):
+            return False
         while not self._eof and len(self._buf) - at < MAX_HEADER_BYTES:
             self._fill(len(self._buf) + _BLOCK)
         if self._try_header(bytes(self._buf[at + 1 :])) is not None:
@@ -687,6 +698,13 @@ class TraceReader:
             and self._prefix is not None
             and _HEADER_START.match(self._buf, at + 1) is not None
         )
+
+    def _events_follow(self, at: int) -> bool:
+        """Whether events follow the "]" at _buf[at] closely: then it is a "]" inside
+        damage (a corrupt gzip stream inflates garbage, holding brackets, on to its end),
+        not the end of the list; a header holds no event phase ("ph")."""
+        self._fill(at + 1 + _HEADER_PEEK)
+        return _EVENT_PHASE.search(self._buf, at + 1, at + 1 + _HEADER_PEEK) is not None
 
     def _try_header(self, suffix: bytes) -> RawTrace | None:
         if self._prefix is None:  # a bare event list: nothing may follow it
