@@ -55,7 +55,25 @@ class TraceFormatError(PerfcastError):
 
 class NotATraceError(TraceFormatError):
     """The file holds no trace at all (empty, not JSON, JSON without events, a timeline
-    perfcast exported): in a folder of ranks it is left out, and said to be."""
+    perfcast exported): in a folder of ranks it is left out, and said to be. `output`: it is
+    JSON of another kind (a saved result, an export), likely written into the folder."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        path: str | None = None,
+        hint: str | None = None,
+        output: bool = False,
+    ) -> None:
+        super().__init__(message, path=path, hint=hint)
+        self.output = output
+
+
+class UnreadableTraceError(TraceFormatError):
+    """Nothing of the file can be read: no permission, cut or damaged before its first
+    event. In a folder of ranks it is left out (the other ranks are read), and said to be;
+    given alone, it is an error."""
 
 
 class NotApplicableError(PerfcastError):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import gzip
 import json
 import re
 from pathlib import Path
@@ -11,6 +12,8 @@ from typing import Any
 import pytest
 
 import perfcast
+from perfcast.errors import PerfcastError
+from perfcast.ingest import reader
 from tests.tracegen import TraceBuilder
 
 
@@ -178,3 +181,111 @@ def test_a_corrupt_gzip_stream_says_what_it_lost(shared_traces: Path, tmp_path: 
 
 def _share(note: str) -> float:
     return float(re.search(r"\(([\d.]+)%\)$", note).group(1))
+
+
+# ---------------------------------------------------------------------------------------------
+# A rank file nothing of which can be read is left out of its folder; alone, it is an error.
+
+
+def _rank_folder(tmp_path: Path, n: int = 3) -> Path:
+    folder = tmp_path / "run"
+    folder.mkdir()
+    for r in range(n):
+        doc = dict(_steps_doc(2), distributedInfo={"rank": r, "world_size": n})
+        (folder / f"worker{r}.json.gz").write_bytes(gzip.compress(json.dumps(doc).encode()))
+    return folder
+
+
+@pytest.mark.parametrize(
+    ("damage", "says"),
+    [
+        (lambda d: d[:10], "no data could be decompressed: the gzip stream ends early"),
+        (
+            lambda d: gzip.compress(gzip.decompress(d)[:40]),
+            "is not valid JSON and nothing could be salvaged",
+        ),
+    ],
+    ids=["gzip-header-only", "cut-in-the-header"],
+)
+def test_a_rank_cut_before_its_first_event_is_left_out(tmp_path: Path, damage, says) -> None:
+    folder = _rank_folder(tmp_path)
+    bad = folder / "worker1.json.gz"
+    bad.write_bytes(damage(bad.read_bytes()))
+    with pytest.raises(PerfcastError, match=says) as alone:
+        perfcast.load(bad)
+    assert str(bad) in str(alone.value)
+    table = perfcast.load(folder)
+    assert [r.rank for r in table.ranks] == [0, 2]
+    notes = " ".join(table.ranks[0].folder_notes)
+    assert "1 rank file could not be read and was left out: worker1.json.gz: " + says in notes
+    assert "holds 2 of the job's 3 ranks" in notes
+    assert "keep outputs out" not in notes
+
+
+def test_an_unreadable_rank_is_left_out(tmp_path: Path, monkeypatch) -> None:
+    """No read permission stopped the folder; alone, the error gave no hint. Simulated: the
+    tests run as root, who may read anything."""
+    folder = _rank_folder(tmp_path)
+    bad = folder / "worker2.json.gz"
+    real_open = open
+
+    def fake_open(path: Any, *args: Any, **kw: Any) -> Any:
+        if str(path) == str(bad):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_open(path, *args, **kw)
+
+    monkeypatch.setattr(reader, "open", fake_open, raising=False)
+    with pytest.raises(PerfcastError, match=r"permission denied\) \(`ls -l` shows who"):
+        perfcast.load(bad)
+    table = perfcast.load(folder)
+    assert [r.rank for r in table.ranks] == [0, 1]
+    assert "worker2.json.gz: cannot be read (permission denied)" in table.ranks[0].folder_notes[0]
+
+
+def test_an_unreadable_rank_keeps_its_place_in_the_numbering(tmp_path: Path) -> None:
+    """Files that name no rank are numbered by their place: an unreadable rank file is a
+    rank, a file that is no trace is not."""
+    folder = tmp_path / "run"
+    folder.mkdir()
+    for name in ("a", "b", "c"):
+        (folder / f"{name}.json").write_text(json.dumps(_steps_doc(1)))
+    (folder / "b.json").write_text('{"schemaVersion": 1, "traceEv')
+    (folder / "0_result.json").write_text(json.dumps({"notes": []}))
+    table = perfcast.load(folder)
+    assert [(r.rank, Path(r.path).name) for r in table.ranks] == [(0, "a.json"), (2, "c.json")]
+
+
+def test_no_advice_to_keep_outputs_out_for_empty_or_zeroed_ranks(tmp_path: Path) -> None:
+    folder = _rank_folder(tmp_path)
+    (folder / "worker1.json.gz").write_bytes(b"")
+    (folder / "worker2.json.gz").unlink()
+    (folder / "worker2.json").write_bytes(b"\0" * 1000)
+    notes = " ".join(perfcast.load(folder).ranks[0].folder_notes)
+    assert "worker1.json.gz is empty" in notes and "worker2.json" in notes
+    assert "keep outputs out" not in notes
+    (folder / "advise.json").write_text(json.dumps({"notes": ["x"], "ranked": []}))
+    notes = " ".join(perfcast.load(folder).ranks[0].folder_notes)
+    assert "advise.json is a result saved with --json" in notes and "keep outputs out" in notes
+
+
+def test_a_folder_of_no_trace_says_so_naming_the_folder(tmp_path: Path) -> None:
+    """It named its config.json as if that were the trace given."""
+    folder = tmp_path / "junk"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"lr": 0.1}))
+    (folder / "README.txt").write_text("x")
+    with pytest.raises(PerfcastError) as info:
+        perfcast.load(folder)
+    assert str(info.value).startswith(
+        f"{folder}: folder holds no readable trace: config.json is JSON but has no "
+        "'traceEvents' list"
+    )
+
+
+def test_a_symbolic_link_loop_is_named_as_one(tmp_path: Path) -> None:
+    """It said "check its permissions"."""
+    (tmp_path / "a.json").symlink_to("b.json")
+    (tmp_path / "b.json").symlink_to("a.json")
+    with pytest.raises(PerfcastError, match="symbolic link that leads back to itself") as info:
+        perfcast.load(tmp_path / "a.json")
+    assert "permissions" not in str(info.value)

@@ -140,16 +140,22 @@ def test_folder_without_traces(tmp_path: Path):
     assert_format_error(folder, "no trace files")
 
 
-def test_folder_with_one_bad_file_names_that_file(tmp_path: Path, write_trace):
+def test_folder_with_one_rank_cut_before_its_first_event_reads_the_others(
+    tmp_path: Path, write_trace
+):
+    """It stopped the whole folder (an empty rank file was left out, and said to be)."""
     write_trace({"traceEvents": [EVENT], "distributedInfo": {"rank": 0}}, "run/a.json")
     bad = write_trace(
         {"traceEvents": [EVENT, "x"] * 3, "distributedInfo": {"rank": 1}}, "run/b.json"
     )
     bad.write_bytes(bad.read_bytes()[:5])  # cut before its first event: nothing to salvage
-    err = assert_format_error(bad)
-    with pytest.raises(TraceFormatError) as info:
-        perfcast.load(tmp_path / "run")
-    assert str(info.value) == str(err)
+    err = assert_format_error(bad)  # alone, an error naming it
+    table = perfcast.load(tmp_path / "run")
+    assert [r.rank for r in table.ranks] == [0]
+    why = str(err).removeprefix(f"{bad}: ")
+    assert f"1 rank file could not be read and was left out: b.json: {why}" in " ".join(
+        table.ranks[0].folder_notes
+    )
 
 
 def test_files_that_hold_no_trace_are_left_out_of_a_folder(tmp_path: Path, write_trace):
@@ -173,10 +179,10 @@ def test_files_that_hold_no_trace_are_left_out_of_a_folder(tmp_path: Path, write
     # Given on its own, each is still an error naming it.
     assert_format_error(export, "timeline perfcast wrote")
     assert_format_error(tmp_path / "run" / "advise.json", "is empty")
-    # A folder of nothing but such files says why, naming the first.
+    # A folder of nothing but such files says so, and why, naming the first.
     (tmp_path / "run" / "a.json").unlink()
-    with pytest.raises(TraceFormatError, match=r"advise\.json: is empty"):
-        perfcast.load(tmp_path / "run")
+    err = assert_format_error(tmp_path / "run", r"folder holds no readable trace: advise\.json")
+    assert "advise.json is empty; rank-5.json is a timeline" in str(err)
 
 
 def test_ranks_numbered_by_place_count_only_the_traces(tmp_path: Path, write_trace):

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from perfcast.errors import NotATraceError, OptionError, TraceFormatError
+from perfcast.errors import NotATraceError, OptionError, TraceFormatError, UnreadableTraceError
 from perfcast.events import NONE, STEP_PREFIX, EventTable, Iteration, Kind, RankInfo
 from perfcast.ingest import reader
 from perfcast.ingest.normalize import Interner, RankColumns, extract_rank, printable
@@ -50,9 +50,7 @@ def load(path: str | os.PathLike[str], progress: ProgressFn | None = None) -> Ev
         raise TraceFormatError("no such file or folder", path=path) from None
     except OSError as exc:  # os.path.exists says False here too, which reads as "no file"
         raise TraceFormatError(
-            f"cannot be read ({exc.strerror or exc})",
-            path=path,
-            hint="check its permissions and those of the folders above it",
+            f"cannot be read ({exc.strerror or exc})", path=path, hint=reader.os_error_hint(exc)
         ) from None
     special = not_a_file(path, folders=True)
     if special:
@@ -96,9 +94,11 @@ def load(path: str | os.PathLike[str], progress: ProgressFn | None = None) -> Ev
             not_traces.append(loaded)
             continue
         info, cols, derived, iterations, local_names = loaded
-        if info.rank_by_order and not_traces:
-            # Numbered by its place in the folder: among the files that are traces.
-            info.rank = i - len(not_traces)
+        others = sum(not e.unreadable for e in not_traces)
+        if info.rank_by_order and others:
+            # Numbered by its place in the folder: among the files that are traces (a rank
+            # file that cannot be read still holds its place).
+            info.rank = i - others
             for it in iterations:
                 it.rank = info.rank
         if info.rank in seen:
@@ -112,17 +112,16 @@ def load(path: str | os.PathLike[str], progress: ProgressFn | None = None) -> Ev
         parts.append((info, cols, derived, iterations))
     if progress:
         progress("", len(files), len(files))
-    if not parts:  # nothing in the folder is a trace: the first file says why
-        raise NotATraceError(not_traces[0].why, path=not_traces[0].path)
-    if not_traces:
-        shown = "; ".join(f"{os.path.basename(e.path)} {e.why}" for e in not_traces[:3])
-        n = len(not_traces)
-        _folder_note(
-            parts[0][0],
-            f"{n} file{'s' if n > 1 else ''} of the folder {'are' if n > 1 else 'is'} no "
-            f"profiler trace and {'were' if n > 1 else 'was'} not read: {shown}"
-            f"{'; ...' if n > 3 else ''} (keep outputs out of the trace folder)",
+    if not parts:  # nothing in the folder is a trace: the first files say why
+        raise TraceFormatError(
+            f"folder holds no readable trace: {_listed(not_traces)}",
+            path=path,
+            hint=None
+            if all(e.unreadable for e in not_traces)
+            else "expected *.json or *.json.gz files written by torch.profiler",
         )
+    _note_left_out(parts[0][0], [e for e in not_traces if not e.unreadable])
+    _note_left_out(parts[0][0], [e for e in not_traces if e.unreadable])
     if len(files) > 1 or in_folder:
         _note_folder_doubts(path, [p[0] for p in parts])
     return _concat(parts, names)
@@ -130,10 +129,45 @@ def load(path: str | os.PathLike[str], progress: ProgressFn | None = None) -> Ev
 
 @dataclass(frozen=True)
 class _NotATrace:
-    """A file of a folder that holds no trace, and why (what its NotATraceError said)."""
+    """A file of a folder that holds no trace, and why (what its NotATraceError said);
+    `unreadable`: a rank's trace none of which can be read (UnreadableTraceError), `output`:
+    JSON of another kind, likely written into the folder by a command."""
 
     path: str
     why: str
+    unreadable: bool = False
+    output: bool = False
+
+
+def _listed(files: list[_NotATrace]) -> str:
+    """The first three files left out, each with why."""
+    shown = "; ".join(
+        f"{os.path.basename(e.path)}{':' if e.unreadable else ''} {e.why}" for e in files[:3]
+    )
+    return shown + ("; ..." if len(files) > 3 else "")
+
+
+def _note_left_out(first: RankInfo, files: list[_NotATrace]) -> None:
+    """The folder note for files left out of the ranks: not traces, or unreadable ones."""
+    if not files:
+        return
+    n = len(files)
+    many = n > 1
+    if files[0].unreadable:
+        text = (
+            f"{n} rank file{'s' if many else ''} could not be read and "
+            f"{'were' if many else 'was'} left out: {_listed(files)}; the other ranks are "
+            "read without "
+            f"{'them' if many else 'it'}"
+        )
+    else:
+        text = (
+            f"{n} file{'s' if many else ''} of the folder {'are' if many else 'is'} no "
+            f"profiler trace and {'were' if many else 'was'} not read: {_listed(files)}"
+        )
+        if any(e.output for e in files):
+            text += " (keep outputs out of the trace folder)"
+    _folder_note(first, text)
 
 
 def _folder_note(first: RankInfo, note: str) -> None:
@@ -196,14 +230,19 @@ def _load_and_derive(
     names = Interner()
     try:
         info, cols = _load_one(path, names, rank_hint=rank_hint)
-    except NotATraceError as exc:
+    except (NotATraceError, UnreadableTraceError) as exc:
         if not in_folder:
             raise
-        return _NotATrace(path, str(exc).removeprefix(f"{path}: "))
+        why = str(exc).removeprefix(f"{path}: ")
+        if isinstance(exc, UnreadableTraceError):  # what to do about it is worth saying
+            return _NotATrace(path, why, unreadable=True)
+        # A file that is no trace: its hint says what a trace is, which the folder's says.
+        why = why.removesuffix(f" ({exc.hint})") if exc.hint else why
+        return _NotATrace(path, why, output=exc.output)
     if in_folder and info.n_events == 0:
         # A JSON list of something else (a saved `whatif --list --json`) reads as a trace
         # in Chrome's array form with no events: not one more rank.
-        return _NotATrace(path, "holds no trace events")
+        return _NotATrace(path, "holds no trace events", output=True)
     derived, iterations = _derive(cols, names, info)
     return info, cols, derived, iterations, names.names
 
@@ -232,6 +271,7 @@ def _load_one(path: str, names: Interner, rank_hint: int | None) -> tuple[RankIn
             "is a timeline perfcast wrote (--export-trace), not a profiler trace",
             path=path,
             hint="pass the trace torch.profiler wrote; open this one in Perfetto",
+            output=True,
         )
     info = RankInfo(rank=0, path=path)
     dist = raw.distributedInfo if isinstance(raw.distributedInfo, dict) else {}

@@ -22,6 +22,7 @@ boundaries) may decode at most DECODE_BUDGET times the data before giving up on 
 from __future__ import annotations
 
 import bisect
+import errno
 import os
 import re
 import zlib
@@ -32,7 +33,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from perfcast.errors import NotATraceError, TraceFormatError
+from perfcast.errors import NotATraceError, TraceFormatError, UnreadableTraceError
 from perfcast.ingest.checks import DropLog, check_event, json_type
 from perfcast.ingest.schema import (
     INEXACT_US,
@@ -116,6 +117,21 @@ _header_decoder = msgspec.json.Decoder(RawTrace)
 # Bytes: plain or gzip, cut or corrupt.
 
 
+def os_error_hint(exc: OSError) -> str | None:
+    """What to do about a file the system will not open, by why."""
+    if exc.errno == errno.ELOOP:
+        return (
+            "it is a symbolic link that leads back to itself: point it at the trace "
+            "(`ls -l` shows where it points)"
+        )
+    if exc.errno in (errno.EACCES, errno.EPERM):
+        return (
+            "`ls -l` shows who may read it and its folders; ask their owner, or copy the "
+            "trace where you can read it"
+        )
+    return None
+
+
 class _Source:
     """Inflated blocks of a file. A cut or corrupt gzip stream ends the blocks early and is
     described in `problem`; `file_offset` maps an inflated offset to one in the file."""
@@ -141,12 +157,13 @@ class _Source:
             return fh
         except IsADirectoryError:
             raise TraceFormatError("is a folder, expected a trace file", path=self.path) from None
-        except PermissionError:
-            raise TraceFormatError("cannot be read (permission denied)", path=self.path) from None
         except FileNotFoundError:
-            raise TraceFormatError("no such file", path=self.path) from None
+            raise UnreadableTraceError("no such file", path=self.path) from None
         except OSError as exc:
-            raise TraceFormatError(f"cannot be read ({exc.strerror})", path=self.path) from None
+            why = "permission denied" if isinstance(exc, PermissionError) else exc.strerror
+            raise UnreadableTraceError(
+                f"cannot be read ({why or exc})", path=self.path, hint=os_error_hint(exc)
+            ) from None
 
     def blocks(self) -> Iterator[bytes]:
         fh = self.open()
@@ -1183,7 +1200,7 @@ class TraceReader:
     def _empty(self) -> TraceFormatError:
         problem = self._src.problem
         if problem and self._src.produced == 0:
-            return TraceFormatError(
+            return UnreadableTraceError(
                 f"no data could be decompressed: {problem}",
                 path=self.path,
                 hint=(
@@ -1201,12 +1218,12 @@ class TraceReader:
 
     def _nothing(self, why: str) -> TraceFormatError:
         if self._non_json_numbers:
-            return TraceFormatError(
+            return UnreadableTraceError(
                 "is not valid JSON: its events hold NaN or Infinity, which JSON does not allow",
                 path=self.path,
                 hint="the program that wrote the trace should write null (or a number) there",
             )
-        return TraceFormatError(
+        return UnreadableTraceError(
             f"is not valid JSON and nothing could be salvaged ({why})",
             path=self.path,
             hint="the file may be cut off before its first event, or not a trace",
@@ -1236,11 +1253,13 @@ class TraceReader:
                 path=self.path,
                 hint=f"`perfcast show {self.path}` renders it again; the commands that "
                 "read traces want the file torch.profiler wrote",
+                output=True,
             )
         return NotATraceError(
             "is JSON but has no 'traceEvents' list",
             path=self.path,
             hint="expected a Kineto/Chrome trace written by torch.profiler",
+            output=True,
         )
 
 
