@@ -94,6 +94,10 @@ class RankInfo:
     truncated: bool = False
     tail_lost: bool = False  # the file stops inside the event list (a cut): later events lost
     salvage_note: str | None = None
+    # What the salvaged loss came from: "cut", "corrupt" (gzip), "invalid" (NaN or Infinity)
+    # or "damaged"; and with tail_lost, where and why reading stopped ("the file is cut off").
+    damage: str | None = None
+    tail_stop: str | None = None
     n_events: int = 0
     warnings: list[str] = field(default_factory=list)
     # From the `perfcast` object perfcast's capture writes into the trace: steps timed without
@@ -255,7 +259,7 @@ class EventTable:
         # The generated repr printed every column (100k+ characters): say what it holds.
         steps = len(self.iterations)
         cut = sum(r.truncated for r in self.ranks)
-        salvaged = f", salvaged from {cut} truncated file(s)" if cut else ""
+        salvaged = f", salvaged from {cut} cut or damaged file(s)" if cut else ""
         return (
             f"EventTable({len(self):,} events, {len(self.ranks)} rank(s) "
             f"{self.rank_ids()[:8]}{'...' if len(self.ranks) > 8 else ''}, {steps} steps, "
@@ -327,14 +331,18 @@ class EventTable:
             skipped = [
                 w
                 for r in self.ranks
-                for w in [*r.warnings, r.salvage_note or ""]
+                for w in [r.salvage_note or "", *r.warnings]
                 if "were skipped" in w or w.startswith("dropped ") or "NaN or Infinity" in w
             ]
             raise TraceFormatError(
                 "the trace holds no complete events: nothing to analyse"
                 + (f" ({skipped[0]})" if skipped else ""),
                 path=self.source(),
-                hint="profile at least one step: torch.profiler with prof.step(), or "
+                # Events there, none usable: recording more steps would not help.
+                hint="the events are there, but none can be used as written: the program "
+                "that wrote the trace must write them as torch.profiler does"
+                if skipped
+                else "profile at least one step: torch.profiler with prof.step(), or "
                 "`perfcast profile`",
             )
         return self

@@ -289,3 +289,122 @@ def test_a_symbolic_link_loop_is_named_as_one(tmp_path: Path) -> None:
     with pytest.raises(PerfcastError, match="symbolic link that leads back to itself") as info:
         perfcast.load(tmp_path / "a.json")
     assert "permissions" not in str(info.value)
+
+
+# ---------------------------------------------------------------------------------------------
+# The words for a loss match the damage: a cut, a corrupt gzip stream, invalid values.
+
+
+def _example_json() -> bytes:
+    example = Path(perfcast.__file__).parent / "examples" / "ddp_a100_rank0.json.gz"
+    return gzip.decompress(example.read_bytes())
+
+
+def _all_notes(table: perfcast.EventTable) -> list[str]:
+    from perfcast.analysis.notes import input_notes
+
+    return input_notes(table)
+
+
+def test_a_cut_before_the_first_step_does_not_say_the_trace_has_none(tmp_path: Path) -> None:
+    """It said "no ProfilerStep#N in this trace", as if the job had recorded no steps."""
+    doc = _steps_doc()
+    steps = [e for e in doc["traceEvents"] if e["name"].startswith("ProfilerStep#")]
+    doc["traceEvents"] = [e for e in doc["traceEvents"] if e not in steps] + steps
+    data = json.dumps(doc).encode()
+    path = tmp_path / "cut.json"
+    path.write_bytes(data[: data.index(b'"ProfilerStep#1"') - 20])
+    notes = _all_notes(perfcast.load(path))
+    assert "no ProfilerStep#N in what survived the cut" in " ".join(notes)
+    assert not any("no ProfilerStep#N in this trace" in n for n in notes)
+    # A whole trace without steps still says it has none.
+    doc["traceEvents"] = [e for e in doc["traceEvents"] if e not in steps]
+    path.write_text(json.dumps(doc))
+    assert "no ProfilerStep#N in this trace" in " ".join(_all_notes(perfcast.load(path)))
+
+
+def _stored_gzip_damaged_at(data: bytes, share: float) -> bytes:
+    """`data` gzipped in stored (level 0) blocks, the first block header past `share` of
+    the file damaged: zlib stops right there, as at damage it cannot inflate past."""
+    gz = gzip.compress(data, compresslevel=0, mtime=0)
+    header = 10
+    while header < len(gz) * share:
+        header += 5 + (gz[header + 1] | gz[header + 2] << 8)
+    broken = bytearray(gz)
+    broken[header + 3] ^= 0xFF
+    return bytes(broken)
+
+
+def test_a_corrupt_gzip_stream_is_not_called_a_cut(tmp_path: Path) -> None:
+    """A full-length file with a corrupt gzip stream said "the file is cut off while
+    ProfilerStep#6's events were being written", "the cut lost GPU-side events", "truncated
+    trace", and to let the job finish the trace."""
+    path = tmp_path / "corrupt.json.gz"
+    path.write_bytes(_stored_gzip_damaged_at(_example_json(), 0.6))
+    table = perfcast.load(path)
+    info = table.ranks[0]
+    assert info.truncated and info.tail_lost and info.damage == "corrupt"
+    notes = " | ".join(_all_notes(table))
+    assert "the gzip stream is corrupt (from about byte " in notes
+    assert (
+        "while ProfilerStep#" in notes and "may be missing events written after that point" in notes
+    )
+    assert "damaged trace: the gzip stream is corrupt" in notes
+    assert "copy the file again" in notes
+    for wrong in ("cut off", "the cut", "truncated trace", "let the job finish"):
+        assert wrong not in notes, wrong
+
+
+def test_events_skipped_for_nan_are_said_to_be_and_the_advice_fits(tmp_path: Path) -> None:
+    """Every runtime call's duration NaN: the notes advised recording fewer steps or letting
+    the job finish the trace, and called it a truncated trace."""
+    text = json.dumps(_steps_doc())
+    text = re.sub(r'("cat": "cuda_runtime", [^}]*"dur": )5', r"\1NaN", text)
+    path = tmp_path / "nan.json"
+    path.write_text(text)
+    table = perfcast.load(path)
+    assert table.ranks[0].damage == "invalid"
+    notes = " | ".join(_all_notes(table))
+    assert "invalid values in the trace: skipped 3 events holding NaN or Infinity" in notes
+    assert "and no runtime call survived the skipping of events holding NaN" in notes
+    assert "should write null or a number" in notes
+    for wrong in ("truncated trace", "let the job finish", "Kineto writes them after"):
+        assert wrong not in notes, wrong
+
+
+@pytest.mark.parametrize("literal", ["NaN", "Infinity", "-Infinity", "NaN2.5"])
+def test_a_few_nan_durations_are_named(tmp_path: Path, literal: str) -> None:
+    """Three durations NaN said only "skipped 3 damaged stretches" (when written "NaN2.5")."""
+    text = json.dumps(_steps_doc())
+    text = re.sub(r'("name": "aten::linear", [^}]*"dur": )300', rf"\g<1>{literal}", text)
+    path = tmp_path / "nan.json"
+    path.write_text(text)
+    note = perfcast.load(path).ranks[0].salvage_note
+    assert note.startswith("skipped 3 events holding NaN or Infinity, which JSON does not allow")
+    assert "damaged stretch" not in note
+
+
+def test_damage_mid_file_is_not_called_truncated(tmp_path: Path) -> None:
+    data = _ops_trace(1_000)
+    at = data.index(b'{"ph"', len(data) // 2)
+    path = tmp_path / "t.json"
+    path.write_bytes(data[:at] + b"@@@@###garbage, " + data[at:])
+    table = perfcast.load(path)
+    notes = " | ".join(_all_notes(table))
+    assert "damaged trace: skipped 1 damaged stretch" in notes
+    assert "truncated" not in notes and "cut" not in notes
+
+
+def test_a_trace_whose_every_time_is_missing_is_not_told_to_profile_a_step(
+    tmp_path: Path,
+) -> None:
+    doc = _steps_doc()
+    for e in doc["traceEvents"]:
+        e.pop("ts", None)
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(PerfcastError) as info:
+        perfcast.load(path).require_events()
+    said = str(info.value)
+    assert "events without a readable time were skipped (the first: event #0, 'ts'" in said
+    assert "profile at least one step" not in said and "none can be used as written" in said

@@ -19,7 +19,9 @@ ONE_TIME_NOTE_SHARE = 0.10
 def rank_notes(info: RankInfo) -> list[str]:
     notes = list(info.warnings)
     if info.truncated:
-        notes.append(f"truncated trace: {info.salvage_note}")
+        notes.append(
+            f"{_DAMAGE_PREFIX.get(info.damage or '', 'damaged trace')}: {info.salvage_note}"
+        )
     if not info.has_steps:
         notes.append(_no_steps(info))
     return notes
@@ -40,12 +42,31 @@ def no_gpu_work(table: EventTable | None) -> str:
     )
 
 
+# How a salvage note is introduced, by what the loss came from (RankInfo.damage): only a file
+# that ends early is "truncated".
+_DAMAGE_PREFIX = {
+    "cut": "truncated trace",
+    "corrupt": "damaged trace",
+    "invalid": "invalid values in the trace",
+    "damaged": "damaged trace",
+}
+
+
 def _no_steps(info: RankInfo) -> str:
     """Why a rank is one window, not steps."""
     if info.untimed_steps:
         return (
             "no ProfilerStep#N with a duration in this trace (those written lack 'dur'): "
             "the whole trace is one window"
+        )
+    if info.truncated:
+        # Whether the lost part held steps is unknown: not "the trace has none".
+        lost = {"cut": "the cut", "invalid": "the skipped events (NaN or Infinity)"}.get(
+            info.damage or "", "the damage"
+        )
+        return (
+            f"no ProfilerStep#N in what survived {lost}: what was read is analysed as one "
+            "window, not as training steps"
         )
     return "no ProfilerStep#N in this trace: the whole trace is one window"
 

@@ -306,6 +306,8 @@ def _load_one(path: str, names: Interner, rank_hint: int | None) -> tuple[RankIn
     info.last_step_open = raw.perfcast_last_step_open is True
     info.truncated = decoded.truncated
     info.tail_lost = decoded.tail_lost
+    info.damage = decoded.damage
+    info.tail_stop = decoded.stop
     info.salvage_note = decoded.note
     info.warnings.extend(decoded.warnings)
     info.warnings.extend(cols.warnings)
@@ -786,6 +788,27 @@ def _derive(
     )
 
 
+# By Decoded.damage: what lost events, and what to do for a whole trace.
+_LOSS_WORDS = {
+    "cut": (
+        "the cut",
+        "record fewer active steps, or let the job finish the trace, so the file is written whole",
+    ),
+    "corrupt": (
+        "the corrupt gzip data",
+        "copy the file again from where torch.profiler wrote it (`gunzip -t` checks a copy)",
+    ),
+    "invalid": (
+        "the skipping of events holding NaN or Infinity",
+        "the program that wrote the trace should write null or a number there",
+    ),
+    "damaged": (
+        "the damage",
+        "copy the file again from where torch.profiler wrote it, or record the trace again",
+    ),
+}
+
+
 # In complete traces, the share of ops that launched something (among ops whose name launched
 # somewhere in the file) is the same in every step: to 0.1% on 35 of the 36 traces checked;
 # the first step of the other read 0.63 against 0.85. A cut file's steps that differ by more
@@ -811,12 +834,11 @@ def _note_gpu_side_lost_at_the_cut(
     every step.
     """
     kind = c["kind"]
-    loss = "the cut" if info.tail_lost else "the damage"  # a cut end, or damage inside
+    noun, fix = _LOSS_WORDS.get(info.damage or "damaged", _LOSS_WORDS["damaged"])
+    # A lost end took what Kineto writes last; damage inside took what it happened to hit.
+    why = " (Kineto writes them after all CPU ops)" if info.tail_lost else ""
     runtime_parent = parent[(kind == Kind.RUNTIME) & (parent >= 0)]
-    action = (
-        "GPU time, idle time and predictions from this file are unreliable: record fewer "
-        "active steps, or let the job finish the trace, so the file is written whole"
-    )
+    action = f"GPU time, idle time and predictions from this file are unreliable: {fix}"
     if runtime_parent.size == 0:
         if info.device_name is not None:  # a GPU run cut before its GPU side was written
             gpu_left = int(np.isin(kind, _GPU_KINDS).sum())
@@ -826,8 +848,8 @@ def _note_gpu_side_lost_at_the_cut(
                 else "no runtime call or GPU event"
             )
             info.warnings.append(
-                f"{what} survived {loss} (Kineto writes them after all CPU ops): the GPU "
-                f"side of the steps is {'mostly ' if gpu_left else ''}lost; {action}"
+                f"{what} survived {noun}{why}: the GPU side of the steps is "
+                f"{'mostly ' if gpu_left else ''}lost; {action}"
             )
         return
     if len(iterations) < 2:
@@ -849,10 +871,10 @@ def _note_gpu_side_lost_at_the_cut(
         f"{iterations[k].name} {s:.0%}"
         for k, s in zip(np.flatnonzero(has_ops).tolist(), share.tolist(), strict=True)
     )
+    why = " (Kineto writes runtime calls and kernels after all CPU ops)" if info.tail_lost else ""
     info.warnings.append(
-        f"{loss} lost GPU-side events of some steps (Kineto writes runtime calls and kernels "
-        "after all CPU ops): the share of ops with a launch recorded, equal in every step of "
-        f"a complete trace, is {shares}; {action}"
+        f"{noun} lost GPU-side events of some steps{why}: the share of ops with a launch "
+        f"recorded, equal in every step of a complete trace, is {shares}; {action}"
     )
 
 
@@ -873,10 +895,12 @@ def _note_step_at_the_cut(
     later = len(iterations) - 1 - k
     name = iterations[k].name
     after = f" and the {later:,} step{'s' * (later != 1)} after it" if later else ""
+    stop = info.tail_stop or "the file is cut off"
+    point = "the cut" if stop == "the file is cut off" else "that point"
     info.warnings.append(
-        f"the file is cut off while {name}'s events were being written (the last event it "
-        f"holds belongs to {name}): {name}{after} may be missing events written after the "
-        "cut, so their GPU time and predictions from them may read low"
+        f"{stop} while {name}'s events were being written (the last event read belongs to "
+        f"{name}): {name}{after} may be missing events written after {point}, so their GPU "
+        "time and predictions from them may read low"
     )
 
 

@@ -67,7 +67,8 @@ _BLOCK = 1 << 22
 _GZ_IN = 1 << 14  # small: inflated offsets map back to file offsets closely
 _EVENT_GAP = re.compile(rb"\}\s*,\s*\{")
 # Values JavaScript writes and JSON does not allow: a stretch holding one is not damage.
-_NON_JSON_NUMBER = re.compile(rb":\s*-?(?:NaN|Infinity)\s*[,}\]]")
+# (Also a number spelled from one, "NaN2.6": a writer's bug as well, said the same way.)
+_NON_JSON_NUMBER = re.compile(rb":\s*-?(?:NaN|Infinity)[\w.+-]*\s*[,}\]]")
 _EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*')
 _LEAD = re.compile(rb"[\s,]*")
 # How many cut points a damaged header is tried at (each a small decode).
@@ -412,6 +413,10 @@ class Decoded:
     tail_lost: bool = False  # the data stops inside the event list: later events are missing
     note: str | None = None  # salvage: what was lost, truthfully, one line
     warnings: list[str] = field(default_factory=list)
+    # What the loss came from: "cut" (the file ends early), "corrupt" (a gzip stream), "invalid"
+    # (only events holding NaN or Infinity were skipped) or "damaged" (anything else).
+    damage: str | None = None
+    stop: str | None = None  # with tail_lost: where and why reading stopped, for notes
 
 
 class TraceReader:
@@ -448,6 +453,7 @@ class TraceReader:
         self._window = _RECOVER_WINDOW
         self._bad_run = 0  # damaged bytes lately, less what decoded between (see _good)
         self._non_json_numbers = 0  # damaged stretches holding NaN or Infinity
+        self._non_json_losses = 0  # ... of them, those skipped (not the one at a cut)
         self._gave_up = False  # the end of the data was too damaged to search
 
     # -- buffer ---------------------------------------------------------------------------
@@ -510,7 +516,34 @@ class TraceReader:
             tail_lost=tail_lost,
             note=note,
             warnings=warnings,
+            damage=self._damage_kind() if note is not None else None,
+            stop=self._stop() if tail_lost else None,
         )
+
+    def _damage_kind(self) -> str:
+        """What the salvage note's loss came from (see Decoded.damage)."""
+        src = self._src
+        if src.problem:
+            return "cut" if src.cut else "corrupt"
+        if self._cut_at is not None and not self._gave_up:
+            return "cut"
+        if self._losses and not self._gave_up and self._non_json_losses == len(self._losses):
+            return "invalid"
+        return "damaged"
+
+    def _stop(self) -> str:
+        """Where and why the event list stops short, for notes on what that lost."""
+        src = self._src
+        if src.problem and not src.cut:
+            # Garbage inflates from the damage on; zlib may notice only at the end.
+            at = self._file_offset(self._losses[0][0]) if self._losses else src.problem_at or 0
+            return f"the gzip stream is corrupt (from about byte {at:,} of the file)"
+        if self._gave_up and self._cut_at is not None:
+            return (
+                "the data is too damaged to read (from byte "
+                f"{self._file_offset(self._cut_at):,} of the file)"
+            )
+        return "the file is cut off"
 
     def _open(self) -> None:
         """Read up to the event list's "[": the list itself, or the header's traceEvents."""
@@ -1061,14 +1094,15 @@ class TraceReader:
         if not final and limit == end and k <= _MAX_MERGE + 1 and pos > 0:
             return None  # near the end of what is read so far: more data may complete it
         nxt = starts[1] if k > 1 else after
+        non_json = _NON_JSON_NUMBER.search(self._buf, pos, nxt) is not None
         if k == 1 and limit == end and final and not closing:
             self._cut_at = self._base + pos  # the data ends inside this event
         else:
             self._losses.append((self._base + pos, self._base + nxt, "damaged"))
             self._seen += 1
             self._bad_run += nxt - pos
-        if _NON_JSON_NUMBER.search(self._buf, pos, nxt):
-            self._non_json_numbers += 1
+            self._non_json_losses += non_json
+        self._non_json_numbers += non_json
         return None, nxt, None
 
     def _good(self, n: int) -> None:
@@ -1148,13 +1182,21 @@ class TraceReader:
             parts.append(src.problem)
         elif self._cut_at is not None and not self._gave_up:
             parts.append("the file ends inside the event list (cut off)")
-        if spans:
+        nan_only = bool(spans) and self._non_json_losses == len(self._losses)
+        if nan_only:
+            many = len(spans) > 1
+            parts.append(
+                f"skipped {len(spans):,} event{'s' * many} holding NaN or Infinity, which "
+                f"JSON does not allow (first at byte {spans[0][0]:,}; the program that wrote "
+                f"{'them' if many else 'it'} should write null or a number)"
+            )
+        elif spans:
             kinds = " or ".join(sorted({w for _, _, w in self._losses}))
             parts.append(
                 f"skipped {len(spans):,} {kinds} stretch{'es' if len(spans) > 1 else ''} of "
                 f"the event list (first at byte {spans[0][0]:,})"
             )
-        if self._non_json_numbers:
+        if self._non_json_numbers and not nan_only:
             parts.append(
                 f"{self._non_json_numbers:,} of the unreadable events "
                 f"{'holds' if self._non_json_numbers == 1 else 'hold'} NaN or Infinity, "
