@@ -408,3 +408,34 @@ def test_a_trace_whose_every_time_is_missing_is_not_told_to_profile_a_step(
     said = str(info.value)
     assert "events without a readable time were skipped (the first: event #0, 'ts'" in said
     assert "profile at least one step" not in said and "none can be used as written" in said
+
+
+# ---------------------------------------------------------------------------------------------
+# What a file that is no JSON is.
+
+
+@pytest.mark.parametrize("name", ["zeros.json", "zeros.json.gz"])
+def test_a_file_of_zero_bytes_is_named_as_one(tmp_path: Path, name: str) -> None:
+    """It read "looks like UTF-16 or UTF-32 text"."""
+    path = tmp_path / name
+    path.write_bytes(b"\0" * 5_000_000)  # past one block
+    with pytest.raises(PerfcastError) as info:
+        perfcast.load(path)
+    assert "holds nothing but 5,000,000 zero bytes" in str(info.value)
+    assert "UTF" not in str(info.value)
+
+
+def test_utf16_without_a_byte_order_mark_is_named(tmp_path: Path) -> None:
+    """It read "nothing could be salvaged (object keys must be strings (byte 1))"."""
+    path = tmp_path / "t.json"
+    path.write_bytes(json.dumps(_steps_doc()).encode("utf-16-le"))
+    with pytest.raises(PerfcastError, match="UTF-16 text without a byte-order mark: save it"):
+        perfcast.load(path)
+
+
+def test_a_gz_file_that_is_not_gzip_says_so(tmp_path: Path) -> None:
+    """Random bytes named .json.gz read "does not start with '{' or '['"."""
+    path = tmp_path / "t.json.gz"
+    path.write_bytes(bytes(range(7, 256)) * 20)
+    with pytest.raises(PerfcastError, match=r"is not gzip data, though its name ends in \.gz"):
+        perfcast.load(path)

@@ -815,7 +815,14 @@ def test_folder_entries_that_are_no_file_are_noted(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "encoding, says", [("utf-16", "UTF-16 text"), ("utf-32", "UTF-32 text"), ("utf-16-be", "NUL")]
+    "encoding, says",
+    [
+        ("utf-16", "UTF-16 text"),
+        ("utf-32", "UTF-32 text"),
+        ("utf-16-be", "UTF-16 text without a byte-order mark"),
+        ("utf-16-le", "UTF-16 text without a byte-order mark"),
+        ("utf-32-le", "UTF-32 text without a byte-order mark"),
+    ],
 )
 def test_other_text_encodings_are_named(tmp_path, encoding, says):
     path = tmp_path / "t.json"

@@ -99,7 +99,6 @@ _OTHER_FORMATS = (
     (b"\x00\x00\xfe\xff", "UTF-32 text: save it as UTF-8"),
     (b"\xff\xfe", "UTF-16 text: save it as UTF-8"),
     (b"\xfe\xff", "UTF-16 text: save it as UTF-8"),
-    (b"\x00", "UTF-16 or UTF-32 text (it holds NUL bytes): save it as UTF-8"),
 )
 
 _fast_list = msgspec.json.Decoder(list[FastEvent])  # type: ignore[valid-type]
@@ -560,6 +559,12 @@ class TraceReader:
                 raise self._empty()
             self._consume(len(self._buf))
         first = self._buf[:1]
+        if first in (b"{", b"[", b"\x00") and 0 in self._buf[:4]:
+            # JSON holds no NUL byte: text in UTF-16 or UTF-32 (no byte-order mark, else it
+            # is named below), or no text at all.
+            error = self._nul_bytes()
+            if error is not None:
+                raise error
         if first == b"[":
             self._consume(1)
             return
@@ -568,6 +573,14 @@ class TraceReader:
                 raise self._empty()
             kind = next((k for magic, k in _OTHER_FORMATS if self._buf.startswith(magic)), None)
             what = f"it looks like {kind}" if kind else "it does not start with '{' or '['"
+            if kind is None and self.path.endswith(".gz") and not self._src.gz:
+                raise NotATraceError(
+                    "is not gzip data, though its name ends in .gz, nor JSON (it starts with "
+                    "neither gzip's bytes 1f 8b nor '{' or '[')",
+                    path=self.path,
+                    hint="a damaged copy, or another kind of file: copy the trace again from "
+                    "where torch.profiler wrote it",
+                )
             raise NotATraceError(
                 f"is not JSON ({what})",
                 path=self.path,
@@ -602,6 +615,37 @@ class TraceReader:
             )
         self._prefix = bytes(self._buf[: m.end() + 1])
         self._consume(m.end() + 1)
+
+    def _nul_bytes(self) -> TraceFormatError | None:
+        """Why data with NUL bytes among its first four is no JSON: nothing but zero bytes,
+        or text in UTF-16 or UTF-32 without a byte-order mark; None for a byte-order mark
+        (named with the other formats)."""
+        if self._buf.startswith(b"\x00\x00\xfe\xff"):
+            return None
+        if not self._buf[:16].strip(b"\x00"):  # a run of zeros, no text
+            zeros = 0
+            while True:  # count them, a block at a time
+                run = len(self._buf) - len(self._buf.lstrip(b"\x00"))
+                zeros += run
+                if run < len(self._buf) or self._eof:
+                    break
+                self._consume(run)
+                self._fill(_BLOCK)
+            where = "holds nothing but" if not self._buf[run:] else "starts with"
+            return UnreadableTraceError(
+                f"{where} {zeros:,} zero bytes, as a file does whose data never reached the "
+                "disk (the job or its machine stopped while it was being written)",
+                path=self.path,
+                hint="record the trace again, or copy it again from where it was written",
+            )
+        sample = bytes(self._buf[:256])
+        width = "32" if sample.count(0) >= 0.6 * len(sample) else "16"
+        return NotATraceError(
+            f"is not JSON (it looks like UTF-{width} text without a byte-order mark: save it "
+            "as UTF-8)",
+            path=self.path,
+            hint="expected a Kineto/Chrome trace JSON (or .json.gz) written by torch.profiler",
+        )
 
     def _events(self) -> Iterator[EventList]:
         while not self._closed:
