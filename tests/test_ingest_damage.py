@@ -439,3 +439,34 @@ def test_a_gz_file_that_is_not_gzip_says_so(tmp_path: Path) -> None:
     path.write_bytes(bytes(range(7, 256)) * 20)
     with pytest.raises(PerfcastError, match=r"is not gzip data, though its name ends in \.gz"):
         perfcast.load(path)
+
+
+def test_invalid_utf8_is_located(tmp_path: Path) -> None:
+    data = json.dumps(_steps_doc()).encode()
+    at = data.index(b"aten::linear", len(data) // 2)
+    broken = data[:at] + b"\xff\xfe" + data[at:]
+    for name, content, unit in (
+        ("t.json", broken, ""),
+        ("t.json.gz", gzip.compress(broken), " of the inflated JSON"),
+    ):
+        path = tmp_path / name
+        path.write_bytes(content)
+        warnings = perfcast.load(path).ranks[0].warnings
+        says = f"invalid UTF-8 in strings was replaced by U+FFFD (first at byte {at:,}{unit})"
+        assert says in warnings
+
+
+def test_gpu_work_without_its_launching_call_is_counted(write_trace) -> None:
+    """Kernels whose runtime calls are missing were placed by their GPU times without a
+    word (38 of 60 in a trace with its cuda_runtime events removed)."""
+    doc = _steps_doc()
+    events = doc["traceEvents"]
+    gone = [e for e in events if e.get("cat") == "cuda_runtime"][1:]
+    doc["traceEvents"] = [e for e in events if e not in gone and e.get("ph") not in "sf"]
+    notes = _notes(perfcast.load(write_trace(doc)))
+    assert (
+        "2 of the 3 GPU kernels, copies and memsets in the steps have no launching call in "
+        "the trace (the first: 'volta_sgemm_128x64_nn'"
+    ) in notes
+    # A whole trace says nothing.
+    assert "launching call" not in _notes(perfcast.load(write_trace(_steps_doc())))

@@ -779,12 +779,39 @@ def _derive(
                 f"{early} step(s) completed before the step before them (GPU times out of "
                 "order with their launches?): counted as 0 ms"
             )
+    _note_unlaunched(c, names, launch, iteration, info)
     if info.truncated:
         _note_gpu_side_lost_at_the_cut(c, parent, iteration, iterations, info)
     if info.tail_lost:
         _note_step_at_the_cut(c, iteration, iterations, info)
     return {"parent": parent, "launch": launch, "fwd_bwd": fwd_bwd, "iteration": iteration}, (
         iterations
+    )
+
+
+def _note_unlaunched(
+    c: dict[str, np.ndarray],
+    names: Interner,
+    launch: np.ndarray,
+    iteration: np.ndarray,
+    info: RankInfo,
+) -> None:
+    """Say so when GPU work inside the steps has no launching call, in a trace that records
+    launches: it is placed by its GPU times alone, with no host side (whole traces link all
+    of theirs; work from before or after the steps may go unlinked, and is not counted)."""
+    kind = c["kind"]
+    work = np.isin(kind, _GPU_KINDS) & (iteration >= 0)
+    orphans = np.flatnonzero(work & (launch < 0))
+    if orphans.size == 0 or not np.isin(kind, (Kind.RUNTIME, Kind.DRIVER)).any():
+        return
+    where = "in the steps" if info.has_steps else "in the trace"
+    first = names.names[int(c["name"][orphans[0]])]
+    info.warnings.append(
+        f"{orphans.size:,} of the {int(work.sum()):,} GPU kernels, copies and memsets {where} "
+        f"ha{'s' if orphans.size == 1 else 've'} no launching call in the trace (the first: "
+        f"'{first[:80]}'; no runtime call "
+        "carries its correlation id, no flow leads to it): each is placed by its GPU time "
+        "alone, without the host work that launched it"
     )
 
 

@@ -441,6 +441,7 @@ class TraceReader:
         self._fast: msgspec.json.Decoder[Any] = _fast_list
         self._nested_at: int | None = None  # the first one (inflated offset)
         self._utf8_fixed = False
+        self._utf8_at: int | None = None  # the first invalid byte in an event (inflated offset)
         self._cut_header = False
         self._header_problem: str | None = None
         self._seen = 0  # list elements looked at
@@ -499,7 +500,12 @@ class TraceReader:
                 f"as null (first at byte {self._nested_at or 0:,}{self._json_unit()})"
             )
         if self._utf8_fixed:
-            warnings.append("invalid UTF-8 in strings was replaced by U+FFFD")
+            where = (
+                f" (first at byte {self._utf8_at:,}{self._json_unit()})"
+                if self._utf8_at is not None
+                else " (in the header)"
+            )
+            warnings.append(f"invalid UTF-8 in strings was replaced by U+FFFD{where}")
         if self._src.trailing:
             warnings.append(self._src.trailing)
         if self._src.cut and self._events_whole() and not self._cut_header:
@@ -862,6 +868,11 @@ class TraceReader:
                 raise self._repaired(start, end, new) from None
             except UnicodeDecodeError:
                 self._utf8_fixed = True
+                if self._utf8_at is None:  # msgspec's position is inside the string
+                    try:
+                        bytes(data).decode("utf-8")
+                    except UnicodeDecodeError as exc:
+                        self._utf8_at = self._base + start + exc.start - 1
                 raise self._repaired(start, end, fix_utf8(data)) from None
             if decoder is _fast_list and self._needs_precision(events):
                 self._fast = _precise_list
@@ -1045,10 +1056,12 @@ class TraceReader:
         try:
             with memoryview(self._buf) as view:
                 str(view[:end], "utf-8")
-        except UnicodeDecodeError:
+        except UnicodeDecodeError as exc:
             fixed = fix_utf8(self._buf[:end])
             self._buf[:end] = fixed
             self._utf8_fixed = True
+            if self._utf8_at is None:
+                self._utf8_at = self._base + exc.start
             return len(fixed)
         return end
 
