@@ -14,6 +14,7 @@ import pytest
 import perfcast
 from perfcast.errors import PerfcastError
 from perfcast.ingest import reader
+from tests.conftest import write_json
 from tests.tracegen import TraceBuilder
 
 
@@ -439,6 +440,31 @@ def test_a_gz_file_that_is_not_gzip_says_so(tmp_path: Path) -> None:
     path.write_bytes(bytes(range(7, 256)) * 20)
     with pytest.raises(PerfcastError, match=r"is not gzip data, though its name ends in \.gz"):
         perfcast.load(path)
+
+
+@pytest.mark.parametrize("form", ["object", "list", "object-gz"])
+def test_junk_after_a_whole_document_loses_nothing_before_it(tmp_path: Path, form: str) -> None:
+    """Junk after the closing "}" lost the header's last fields ("read up to byte ...; those
+    after it are lost"), though the document before it was whole."""
+    doc = dict(_steps_doc(), baseTimeNanoseconds=1_700_000_000_000_000_000)
+    doc["distributedInfo"] = {"rank": 3, "world_size": 4}  # the header's last field
+    whole = json.dumps(doc["traceEvents"] if form == "list" else doc).encode()
+    data = whole + b"\nGARBAGE{{"
+    path = tmp_path / ("t.json.gz" if form.endswith("gz") else "t.json")
+    path.write_bytes(gzip.compress(data) if form.endswith("gz") else data)
+    table = perfcast.load(path)
+    info = table.ranks[0]
+    assert len(table) == len(perfcast.load(write_json(tmp_path / "w.json", doc)))
+    if form != "list":
+        assert info.rank == 3 and info.world_size == 4
+    unit = " of the inflated JSON" if form.endswith("gz") else ""
+    assert (
+        f"the 10 bytes after the end of the JSON document (from byte {len(whole):,}{unit}) are "
+        "not part of the trace and were ignored; nothing before them was lost"
+    ) in info.warnings
+    assert not info.truncated and "lost" not in " ".join(info.warnings).replace(
+        "nothing before them was lost", ""
+    )
 
 
 def test_invalid_utf8_is_located(tmp_path: Path) -> None:

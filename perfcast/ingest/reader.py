@@ -742,6 +742,8 @@ class TraceReader:
         self._consume(at + 1)
         while not self._eof:
             if len(self._buf) > MAX_HEADER_BYTES:
+                if self._header_before_junk(bytes(self._buf), more=True):
+                    return
                 self._header_problem = (
                     f"the {len(self._buf):,}+ bytes after the event list are not a trace "
                     "header and were ignored"
@@ -750,6 +752,8 @@ class TraceReader:
                 return
             self._fill(len(self._buf) + _BLOCK)
         header = self._try_header(bytes(self._buf))
+        if header is None and self._header_before_junk(bytes(self._buf)):
+            return
         if header is None:
             cut = self._src.problem or "the file is cut off or damaged"
             header, read_to = self._partial_header(bytes(self._buf))
@@ -766,6 +770,31 @@ class TraceReader:
             self._header_problem = f"{cut} after the {where}: {lost}"
             self._cut_header = True
         self._header = header
+
+    def _header_before_junk(self, suffix: bytes, more: bool = False) -> bool:
+        """Whether `suffix` (what follows the list's "]") is a whole header followed by
+        something else (junk written after the document): then the header is read, and the
+        rest said to be ignored; nothing of the trace is lost. `more`: the data goes on."""
+        end = 0  # a bare event list ends the document with its "]"
+        if self._prefix is not None:
+            pos, codes, depth = scan(suffix)
+            closers = pos[(codes == ord("}")) & (depth == 0)]  # the document's own "}"
+            if closers.size == 0:
+                return False
+            end = int(closers[0]) + 1
+        if not suffix[end:].strip() and not more:
+            return False
+        header = self._try_header(suffix[:end])
+        if header is None:
+            return False
+        self._header = header
+        rest = f"{len(suffix) - end:,}{'+' if more else ''}"
+        self._header_problem = (
+            f"the {rest} bytes after the end of the JSON document (from byte "
+            f"{self._base + end:,}{self._json_unit()}) are not part of the "
+            "trace and were ignored; nothing before them was lost"
+        )
+        return True
 
     def _partial_header(self, suffix: bytes) -> tuple[RawTrace | None, int]:
         """The header fields of a cut or damaged `suffix` that precede the damage: the
@@ -784,20 +813,18 @@ class TraceReader:
         """Is the "]" at _buf[at] the end of the event list? If a header follows; or, where
         the decoder saw the list end there (`closed_list`), if the file ends within a
         header's length after it and what follows starts like one: a cut or damaged
-        header must not cost the last event (the header's problem is said on its own).
-        Never where events follow it (see `_events_follow`)."""
+        header must not cost the last event (the header's problem is said on its own); the
+        "]" of a bare list (no header) where the file ends within that length (junk after
+        it). Never where events follow it (see `_events_follow`)."""
         if self._events_follow(at):
             return False
         while not self._eof and len(self._buf) - at < MAX_HEADER_BYTES:
             self._fill(len(self._buf) + _BLOCK)
         if self._try_header(bytes(self._buf[at + 1 :])) is not None:
             return True
-        return (
-            closed_list
-            and self._eof
-            and self._prefix is not None
-            and _HEADER_START.match(self._buf, at + 1) is not None
-        )
+        if self._prefix is None:  # a bare list: what follows its "]" is no trace's
+            return closed_list and self._eof
+        return closed_list and self._eof and _HEADER_START.match(self._buf, at + 1) is not None
 
     def _events_follow(self, at: int) -> bool:
         """Whether events follow the "]" at _buf[at] closely: then it is a "]" inside
