@@ -259,7 +259,9 @@ class EventTable:
         # The generated repr printed every column (100k+ characters): say what it holds.
         steps = len(self.iterations)
         cut = sum(r.truncated for r in self.ranks)
-        salvaged = f", salvaged from {cut} cut or damaged file(s)" if cut else ""
+        cuts = all(r.damage == "cut" for r in self.ranks if r.truncated)
+        how = "truncated" if cuts else "damaged"
+        salvaged = f", salvaged from {cut} {how} file(s)" if cut else ""
         return (
             f"EventTable({len(self):,} events, {len(self.ranks)} rank(s) "
             f"{self.rank_ids()[:8]}{'...' if len(self.ranks) > 8 else ''}, {steps} steps, "
