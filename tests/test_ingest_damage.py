@@ -71,6 +71,13 @@ def test_a_trace_whose_only_step_has_no_dur_says_so(write_trace) -> None:
     assert any("no ProfilerStep#N with a duration" in n for n in notes)
     assert not any("no ProfilerStep#N in this trace" in n for n in notes)
     assert table.iterations[0].dur_ns > 0
+    # plan refuses it for what it is (it printed "infG samples/s" and divide-by-zero warnings).
+    with pytest.raises(
+        PerfcastError,
+        match=r"no ProfilerStep range with a duration \("
+        r"ProfilerStep#1 lacks 'dur'\)",
+    ):
+        perfcast.plan(table, gpus=8, gpu="h100")
 
 
 def test_a_step_recorded_twice_keeps_the_range_with_a_duration(write_trace) -> None:

@@ -387,8 +387,15 @@ def trace_workload(
     if not facts.has_gpu:
         raise NotApplicableError(f"{no_gpu_work(table)}: there is nothing to plan over GPUs")
     if not its or not table.rank_info(rank).has_steps:
+        untimed = table.rank_info(rank).untimed_steps  # ranges written without their end
+        which = (
+            f"no ProfilerStep range with a duration ({', '.join(untimed[:3])} "
+            f"lack{'s' if len(untimed) == 1 else ''} 'dur')"
+            if untimed
+            else "no ProfilerStep ranges"
+        )
         raise NotApplicableError(
-            "the trace has no ProfilerStep ranges: plan needs at least one training step "
+            f"the trace has {which}: plan needs at least one training step "
             "(record with torch.profiler's schedule and prof.step(), or `perfcast profile`)"
         )
     b0 = batch or facts.batch
