@@ -300,8 +300,13 @@ _BARE_AUTOGRAD_NODE = re.compile(r"^[A-Z][A-Za-z0-9_]*Backward\d*$")
 def _autograd_node_names(table: EventTable) -> np.ndarray:
     """A mask over name ids: autograd's node ranges (`evaluate_function: ...`, or a 2021-era
     trace's bare node name; 2021's V100 ResNet-50 got no gradient casts without them)."""
+    ranged = np.fromiter(
+        (n.startswith(_AUTOGRAD_NODE) for n in table.names), dtype=np.bool_, count=len(table.names)
+    )
+    if ranged.any():  # later traces also record the node's own op inside its range
+        return ranged
     return np.fromiter(
-        (n.startswith(_AUTOGRAD_NODE) or bool(_BARE_AUTOGRAD_NODE.match(n)) for n in table.names),
+        (bool(_BARE_AUTOGRAD_NODE.match(n)) for n in table.names),
         dtype=np.bool_,
         count=len(table.names),
     )
