@@ -467,3 +467,22 @@ def test_idle_time_held_by_a_blocking_call_names_it(shared_traces: Path) -> None
     found = " ".join(advice.findings)
     assert "blocked 493.2 ms" in found and "hipMemcpyWithStream" in found
     assert "neither the GPU nor a traced op" not in found
+
+
+def test_a_blocking_call_is_weighed_against_its_own_ranks_steps(
+    tmp_path: Path, shared_traces: Path
+) -> None:
+    """In a folder of two copies of SGLang's trace the 493 ms call was weighed against both
+    ranks' steps (25%) and the finding fell back to 'neither the GPU nor a traced op'."""
+    folder = tmp_path / "ranks"
+    folder.mkdir()
+    for rank in (0, 1):
+        raw = json.loads(
+            gzip.decompress(
+                (shared_traces / "tracelens_mi300x_sglang_qwen3_8b.json.gz").read_bytes()
+            )
+        )
+        raw["distributedInfo"] = {"rank": rank, "world_size": 2, "backend": "nccl"}
+        (folder / f"rank{rank}.json").write_text(json.dumps(raw))
+    found = " ".join(perfcast.advise(folder).findings)
+    assert "blocked 493.2 ms (50% of the traced steps)" in found

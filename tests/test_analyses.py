@@ -780,3 +780,17 @@ def test_a_step_function_has_one_value_per_time() -> None:
     t = np.array([0, 5, 5, 5, 9])
     ts, ys = downsample_steps(t, np.array([1, 2, 3, 1, 0]), 100)
     assert ts.tolist() == [0, 5, 9] and ys.tolist() == [1, 1, 0]
+
+
+def test_a_cut_cpu_only_trace_stays_cpu_only(tmp_path: Path, shared_traces: Path) -> None:
+    """No device named and no runtime call: a cut file is no evidence of a lost GPU side."""
+    import gzip
+
+    from perfcast.analysis.notes import no_gpu_work
+
+    raw = gzip.decompress((shared_traces / "hta_cpu_only_gloo_rank34.json.gz").read_bytes())
+    cut = tmp_path / "cut.json"
+    cut.write_bytes(raw[:22_000])
+    table = perfcast.load(cut)
+    assert table.ranks[0].truncated
+    assert no_gpu_work(table) == "the trace has no GPU work (CPU-only)"

@@ -590,3 +590,23 @@ def test_gradient_accumulation_on_2021_traces_is_backward_and_not_batch_sized(
     r = perfcast.predict(table, "batch-size")
     said = " ".join(a for row in r.applied for a in row.assumptions)
     assert "657 forward/backward kernels x2" in said  # 818 with gradient accumulation
+
+
+def test_the_autograd_thread_rule_needs_the_training_loops_steps(tmp_path: Path) -> None:
+    """Without ProfilerStep markers the loop's thread cannot be told from autograd's: a main
+    thread with a record_function('backward') range had all its forward work called
+    backward (checkpointing was refused, amp added no casts)."""
+    from perfcast.events import Kind
+    from perfcast.graph.phases import Phase, event_phases
+    from tests.tracegen import TraceBuilder
+
+    b = TraceBuilder()
+    b.op("aten::linear", 0, 100)
+    b.op("backward", 200, 300, cat="user_annotation")
+    b.op("aten::mm", 210, 50)
+    b.op("AddmmBackward", 220, 50, tid=200)
+    b.op("aten::add_", 230, 10, tid=200)
+    table = perfcast.load(b.write(tmp_path / "t.json"))
+    phase = event_phases(table)
+    linear = [r for r in range(len(table)) if table.name_of(r) == "aten::linear"]
+    assert table.kind[linear[0]] == Kind.CPU_OP and phase[linear[0]] == Phase.FORWARD

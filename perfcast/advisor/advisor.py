@@ -748,11 +748,22 @@ def _longest_blocking_call(graph: Graph) -> tuple[str, float, float] | None:
     table = graph.table
     if table is None:
         return None
-    steps_ns = sum(it.end_ns - it.start_ns for it in table.iterations) or 1
     longest = int(calls[np.argmax(c["dur_measured"][calls])])
     held = float(c["dur_measured"][longest])
+    rank = int(c["rank"][longest])
+    # Against its own rank's steps (a folder's other ranks have steps of their own).
+    steps_ns = sum(it.end_ns - it.start_ns for it in table.iterations if it.rank == rank) or 1
     if held < BLOCKED_SHARE * steps_ns:
         return None
+    # The GPU must have been idle meanwhile, as traced: a sync that waits for busy GPU work
+    # is no mystery (and no idle time).
+    row = int(c["event"][longest])
+    if row >= 0:
+        lo, hi = int(table.ts[row]), int(table.ts[row] + table.dur[row])
+        gpu = np.flatnonzero(table.is_gpu() & (table.rank == rank))
+        busy = np.clip(table.ts[gpu] + table.dur[gpu], lo, hi) - np.clip(table.ts[gpu], lo, hi)
+        if float(busy.sum()) > 0.1 * (hi - lo):
+            return None
     return graph.name_of(longest), held / 1e6, 100.0 * held / steps_ns
 
 

@@ -32,9 +32,12 @@ def no_gpu_work(table: EventTable | None) -> str:
     its GPU side to a cut or damage (Kineto writes GPU events after the CPU ops, so a cut
     file often keeps none; calling that CPU-only sent users looking for the wrong fault)."""
     damaged = [i for i in table.ranks if i.truncated] if table is not None else []
-    if not damaged:
-        return "the trace has no GPU work (CPU-only)"
     gpu = next((i.device_name for i in damaged if i.device_name), None)
+    launches = table is not None and bool((table.kind == Kind.RUNTIME).any())
+    if not damaged or not (gpu or launches):
+        # A damaged file with no sign of a GPU (no device named, no runtime call) is no
+        # evidence of a lost GPU side: a cut CPU-only trace stays CPU-only.
+        return "the trace has no GPU work (CPU-only)"
     run = f"this {gpu} run's" if gpu else "this"
     return (
         f"no GPU work survived in {run} damaged or cut-off file (Kineto writes the GPU events "

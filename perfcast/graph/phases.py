@@ -145,6 +145,9 @@ def _event_phases(table: EventTable) -> np.ndarray:
     return phase
 
 
+_EVALUATE_FUNCTION = "autograd::engine::evaluate_function"
+
+
 def _backward_threads(table: EventTable, own: np.ndarray, phase: np.ndarray) -> None:
     """CPU work that names no phase on autograd's own thread is backward. PyTorch 1.8-1.10
     names a backward node by itself ("CudnnConvolutionBackward"), and its gradient
@@ -153,8 +156,8 @@ def _backward_threads(table: EventTable, own: np.ndarray, phase: np.ndarray) -> 
     autograd's when some of its ops name backward and none names forward, the optimizer or
     data loading (DDP's collectives may run there too), and it is not the training loop's."""
     cpu = np.flatnonzero(np.isin(table.kind, [Kind.CPU_OP, Kind.USER_ANNOTATION, Kind.RUNTIME]))
-    if cpu.size == 0:
-        return
+    if cpu.size == 0 or any(n.startswith(_EVALUATE_FUNCTION) for n in table.names):
+        return  # later traces put every backward op inside autograd's own named range
     threads, inv = np.unique(
         np.stack([table.rank[cpu], table.pid[cpu], table.tid[cpu]], axis=1),
         axis=0,
@@ -170,9 +173,12 @@ def _backward_threads(table: EventTable, own: np.ndarray, phase: np.ndarray) -> 
     # itself, and on a CPU job backward too: never autograd's own.
     marker = table.step_marker_names()[table.name[cpu]]
     loop = np.bincount(inv, weights=marker, minlength=count) > 0
+    # Without step markers the loop's thread cannot be told: nothing is moved.
+    ranks_with_loop = set(threads[loop, 0].tolist())
     rank_of = np.unique(threads[:, 0], return_inverse=True)[1].reshape(-1)
     alone = np.bincount(rank_of)[rank_of] == 1
-    autograd = backward & ~mixed & ~loop & ~alone
+    has_loop = np.array([r in ranks_with_loop for r in threads[:, 0].tolist()], dtype=bool)
+    autograd = backward & ~mixed & ~loop & ~alone & has_loop
     if not autograd.any():
         return
     rows = cpu[autograd[inv] & (phase[cpu] == Phase.NONE) & (table.iteration[cpu] != NONE)]

@@ -249,8 +249,14 @@ def _refuse_compiled(graph: Graph) -> np.ndarray:
     gpu = (c["kind"] == NodeKind.GPU) & graph.alive & (c["iteration"] >= 0)
     # Against the work Inductor would generate: a compiled model's library GEMMs may sit
     # outside any compiled range of the trace, its generated kernels never do.
-    eager = gpu & ~compiled & np.isin(c["klass"], list(_GENERATED))
-    done = float(c["dur"][gpu & compiled].sum())
+    triton = np.array([n.startswith(("triton_", "triton__")) for n in graph.names], dtype=bool)
+    generated = np.isin(c["klass"], list(_GENERATED)) | (
+        (c["name"] >= 0) & triton[np.maximum(c["name"], 0)]
+    )
+    eager = gpu & ~compiled & generated
+    # Like with like: compiled kernels of the kinds Inductor generates (a compiled region's
+    # library GEMMs are no evidence either way).
+    done = float(c["dur"][gpu & compiled & generated].sum())
     total = done + float(c["dur"][eager].sum())
     host = compiled & graph.alive & (c["kind"] != NodeKind.GPU)
     if compiled[graph.alive].any() and (total <= 0 or done >= _COMPILED_SHARE * total):
@@ -264,7 +270,7 @@ def _refuse_compiled(graph: Graph) -> np.ndarray:
         )
     if compiled.any():
         graph.assumptions.append(
-            f"torch-compile: {done / 1e6:,.3f} ms per window of GPU work runs compiled already "
+            f"torch-compile: {done / 1e6:,.3f} ms of the steps' GPU work runs compiled already "
             f"in the trace ({100 * done / total:.1f}% of what Inductor would generate): left "
             "as it is"
         )
