@@ -210,9 +210,9 @@ def rank_span_ns(table: EventTable, rank: int) -> tuple[int, int]:
 
 def downsample_steps(t: np.ndarray, y: np.ndarray, points: int) -> tuple[np.ndarray, np.ndarray]:
     """A step function (value y[i] from t[i] on; of several values at one time, the last
-    holds) as at most `points` samples at distinct times: the first, and per bin its peak
-    where the peak was reached and the value the bin ends on, so peaks survive at their
-    times and the level after each bin is right."""
+    holds) as at most max(`points`, 3) samples at distinct times: the first, and per bin its
+    peak where the peak was reached and the value the bin ends on, so peaks survive at their
+    times and the level after each bin is right (one bin still needs those three)."""
     t, y = np.asarray(t), np.asarray(y)
     if t.size:
         # Values at a repeated time last no time: a viewer gets one value per time.

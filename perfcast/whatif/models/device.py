@@ -273,7 +273,7 @@ def apply(graph: Graph, options: Options) -> Graph:
     achieved_used: set[str] = set()
     peaks_used: set[tuple[str, float, float]] = set()
     comm_share = _transfer_shares(graph, gpu, sources, options)
-    comm_sized = 0
+    comm_sized = comm_linked = 0  # collectives sized, and scaled at all (a known link)
     for i, n in enumerate(gpu.tolist()):
         src = sources[int(c["rank"][n])]
         table = measured_ratio(src.name, target.name)
@@ -303,6 +303,7 @@ def apply(graph: Graph, options: Options) -> Graph:
                 ratio[i] = r if share is None else 1.0 - share + share * r
                 comm_scaled = True
                 comm_sized += share is not None
+                comm_linked += 1
             counts["comm"] += 1
         elif is_compute_kernel(graph, n):
             d = node_dtype(graph, int(n), convs_in_tf32(src))
@@ -352,11 +353,13 @@ def apply(graph: Graph, options: Options) -> Graph:
             f"{known_intra_node_link(target, options.target).name}"  # type: ignore[union-attr]
             for r, s in sources.items()
         }
+        per_comm, _ = P.rank_steps(graph, gpu)
         sized = (
             "the share of each a transfer at the traced link's peak bus bandwidth takes "
             "(its size from the trace), latency and waiting for other ranks kept"
-            if comm_sized == counts["comm"]
-            else f"{comm_sized:,} of {counts['comm']:,} by the share a transfer at the traced "
+            if comm_sized == comm_linked
+            else f"{P.per_count(comm_sized, per_comm)} of {P.per_count(comm_linked, per_comm)} "
+            "by the share a transfer at the traced "
             "link's peak bus bandwidth takes, latency and waiting for other ranks kept; the "
             "rest, of unknown size, whole"
             if comm_sized
