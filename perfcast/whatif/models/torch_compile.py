@@ -221,20 +221,13 @@ def _compiled_nodes(graph: Graph) -> np.ndarray:
     )
     table = graph.table
     if table is not None and len(table):
-        # A row inside a compiled range: climb the parents one level at a time.
-        named = (
-            hit[table.name]
-            if len(table.names) == hit.size
-            else np.array([bool(_COMPILED.search(n)) for n in table.names], dtype=bool)[table.name]
-        )
-        inside = named.copy()
-        cur = table.parent.astype(np.int64)
-        while (live := cur >= 0).any():
-            inside[live] |= named[cur[live]]
-            cur = np.where(live, table.parent[np.maximum(cur, 0)], -1).astype(np.int64)
+        # A row inside a compiled range (itself or any enclosing row named so).
+        from perfcast.analysis.common import nearest_ancestor
+
+        named = np.array([bool(_COMPILED.search(n)) for n in table.names], dtype=bool)
         event = c["event"].astype(np.int64)
         has = (event >= 0) & (event < len(table))
-        out[has] |= inside[event[has]]
+        out[has] |= nearest_ancestor(table, event[has], named[table.name]) >= 0
     launched = (c["kind"] == NodeKind.GPU) & (c["launch"] >= 0)
     out[launched] |= out[c["launch"][launched]]
     return out
