@@ -21,6 +21,7 @@ try:
     from tests.browser import Element, Page, find_chromium, load_page, parse_dom, read_png
 except ImportError:  # tests/ not a package: its folder is on sys.path
     from browser import Element, Page, find_chromium, load_page, parse_dom, read_png  # type: ignore[no-redef]
+import perfcast
 from perfcast.cli.main import main as cli_main
 from perfcast.report import html as report_html
 
@@ -425,3 +426,20 @@ def test_report_page_shows_caveats_step_estimates_and_labels(
     summary = root.by_id("summary-body")
     assert summary is not None and "without profiler ms" in summary.text_content()
     assert "icicle graph" in out.read_text(encoding="utf-8")  # the canvas's accessible name
+
+
+def test_timeline_cap_keeps_each_kind_of_bar_in_a_lane(tmp_path: Path) -> None:
+    """The measured panel kept a stream's kernels and dropped its short copies (its quota per
+    lane went to the longer kernels) while the simulated panel, with fewer lanes, drew them:
+    the two showed different GPU work. Each lane keeps a share of each kind of bar."""
+    out = tmp_path / "r.html"
+    example = Path(perfcast.__file__).parent / "examples" / "ddp_a100_rank0.json.gz"
+    data = data_of(make_report(example, out))
+    tl = data["timeline"]
+    copy = report_html._CAT["copy"]
+    for group in ("measured", "simulated"):
+        g = tl[group]
+        assert g["total"] > g["shown"]
+        gpu_lanes = {i for i, name in enumerate(g["lanes"]) if name.startswith("GPU")}
+        shown_copies = sum(1 for ln, c in zip(g["lane"], g["cat"]) if ln in gpu_lanes and c == copy)
+        assert shown_copies > 0, group

@@ -276,7 +276,10 @@ def _group(
     """One group of lanes: bars sorted by start, capped to MAX_TIMELINE_BARS (see _capped)."""
     dur = end_ns - start_ns
     total = int(dur.size)
-    keep = _capped(lane, dur, MAX_TIMELINE_BARS)
+    # Quotas per lane and kind of bar: a stream's 1.7 µs copies beside its kernels kept a
+    # share only in the group with fewer lanes, so the simulated panel drew copies that the
+    # measured one had dropped.
+    keep = _capped(lane * (int(cat.max(initial=0)) + 1) + cat, dur, MAX_TIMELINE_BARS)
     keep = keep[np.argsort(start_ns[keep], kind="stable")]
     used = np.unique(lane[keep]) if keep.size else np.zeros(0, dtype=np.int64)
     # Keep every lane that has work, even if none of its bars survived the cap.
@@ -295,9 +298,10 @@ def _group(
 
 
 def _capped(lane: np.ndarray, dur: np.ndarray, cap: int) -> np.ndarray:
-    """At most `cap` bars: each lane keeps its longest bars up to an equal quota (the largest
-    that fits), and the slots left go to the longest bars of all. Capping by length alone
-    left a runtime lane of hundreds of short launches with 2-6 bars beside whole kernels."""
+    """At most `cap` bars: each lane (here: a lane and kind of bar) keeps its longest bars up
+    to an equal quota (the largest that fits), and the slots left go to the longest bars of
+    all. Capping by length alone left a runtime lane of hundreds of short launches with 2-6
+    bars beside whole kernels."""
     n = int(dur.size)
     if n <= cap:
         return np.arange(n)

@@ -502,8 +502,9 @@
         return g[0] + ": showing " + g[1].shown.toLocaleString("en-US") + " of " +
           g[1].total.toLocaleString("en-US") + " bars";
       }).join("; ") + " (at most " + T.max_bars.toLocaleString("en-US") +
-        " per group, so the page stays fast: every lane keeps its longest bars up to an equal " +
-        "share, the rest go to the longest overall). Use Perfetto for every event."));
+        " per group, so the page stays fast: every lane keeps its longest bars of each kind " +
+        "(kernels, copies, ...) up to an equal share, the rest go to the longest overall). " +
+        "Use Perfetto for every event."));
     }
     var traces = [];
     var seen = {};
