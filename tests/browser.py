@@ -36,7 +36,12 @@ PROBE = (
     "var p=document.createElement('pre');p.id='" + PROBE_ID + "';p.hidden=true;"
     "p.textContent=JSON.stringify({pwned:typeof window.__pwned,"
     "height:document.documentElement.scrollHeight,"
-    "rendered:document.body.getAttribute('data-perfcast-rendered')});"
+    "rendered:document.body.getAttribute('data-perfcast-rendered'),"
+    # Scrolling tables wider than their box: their first header cells name them.
+    "overflow:Array.prototype.slice.call(document.querySelectorAll('.scroll'))"
+    ".filter(function(e){return e.scrollWidth>e.clientWidth+1;})"
+    ".map(function(e){return Array.prototype.slice.call(e.querySelectorAll('th'),0,3)"
+    ".map(function(t){return t.textContent;}).join('|');})});"
     "document.body.appendChild(p);},0);});</script>"
 )
 

@@ -443,3 +443,16 @@ def test_timeline_cap_keeps_each_kind_of_bar_in_a_lane(tmp_path: Path) -> None:
         gpu_lanes = {i for i, name in enumerate(g["lanes"]) if name.startswith("GPU")}
         shown_copies = sum(1 for ln, c in zip(g["lane"], g["cat"]) if ln in gpu_lanes and c == copy)
         assert shown_copies > 0, group
+
+
+@browser_test
+def test_suggestions_table_fits_a_wide_window(tmp_path: Path) -> None:
+    """The error range on one line pushed the suggestions table past a 1400-px window: the
+    code change sat behind a horizontal scrollbar."""
+    if find_chromium() is None:
+        pytest.skip("headless Chromium not installed")
+    out = tmp_path / "r.html"
+    make_report(Path(perfcast.__file__).parent / "examples" / "ddp_a100_rank0.json.gz", out)
+    page = load_page(out, window=(1400, 3000))
+    browser_checks(page)
+    assert not [t for t in page.probe["overflow"] if "optimization" in t], page.probe["overflow"]

@@ -740,7 +740,7 @@
       ], S.map(function (s, i) {
         return [
           String(i + 1), s.name, ms(s.predicted_ms),
-          s.speedup === null ? "-" : ms(s.speedup, 2) + "×", bandText(s), ms(s.gain_ms),
+          s.speedup === null ? "-" : ms(s.speedup, 2) + "×", bandCell(s), ms(s.gain_ms),
           pct(100 * s.measured_share, 0), whyAndWhere(s), s.code || "-"
         ];
       }), function (i) { return i === 0 && S[0].gain_ms > 0 ? "best" : null; });
@@ -784,8 +784,23 @@
     if (s.speedup_low === null || s.speedup_low === undefined) {
       return "-";
     }
-    return ms(s.speedup_low, 2) + "–" + ms(s.speedup_high, 2) + "× (" +
-      (s.band_pairs ? s.band_pairs + " pairs" : "no pairs of this model") + ")";
+    return ms(s.speedup_low, 2) + "–" + ms(s.speedup_high, 2) + "× (" + bandPairs(s) + ")";
+  }
+
+  function bandPairs(s) {
+    return s.band_pairs ? s.band_pairs + " pairs" : "no pairs of this model";
+  }
+
+  // In the table, the range and under it how many pairs it rests on: on one line the column
+  // pushed the suggestions table past the page's width, the code change behind a scrollbar.
+  function bandCell(s) {
+    if (s.speedup_low === null || s.speedup_low === undefined) {
+      return "-";
+    }
+    var cell = el("span", null, ms(s.speedup_low, 2) + "–" + ms(s.speedup_high, 2) + "×");
+    add(cell, el("br"));
+    add(cell, el("span", { "class": "pairs" }, "(" + bandPairs(s) + ")"));
+    return cell;
   }
 
   // The reason for a suggestion, then where its gain comes from (module · line · op).
