@@ -456,3 +456,17 @@ def test_suggestions_table_fits_a_wide_window(tmp_path: Path) -> None:
     page = load_page(out, window=(1400, 3000))
     browser_checks(page)
     assert not [t for t in page.probe["overflow"] if "optimization" in t], page.probe["overflow"]
+
+
+def test_every_critical_path_category_has_its_own_colour() -> None:
+    """'launch' and 'other ranks' had no colour: both fell back to the same grey, side by side
+    in one stacked bar of a multi-rank critical path."""
+    from perfcast.analysis.critical_path import CATEGORIES
+
+    js = (Path(report_html.__file__).parent / "assets" / "report.js").read_text()
+    block = js[js.index("var COLORS = {") : js.index("};", js.index("var COLORS = {"))]
+    colours = dict(re.findall(r'"([^"]+)": "(#[0-9a-f]{6})"', block))
+    missing = [c for c in CATEGORIES if c not in colours]
+    assert not missing, missing
+    used = [colours[c] for c in CATEGORIES]
+    assert len(set(used)) == len(used), dict(zip(CATEGORIES, used))

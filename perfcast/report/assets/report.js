@@ -27,6 +27,8 @@
     "latency": "#f2dc5c",
     "unexplained": "#e377c2",
     "cpu": "#8fb3d9",
+    "launch": "#f2b45c",  // runtime calls, as in the timeline
+    "other ranks": "#5b6770",
     "measured": "#4f81bd",
     "simulated": "#f79646"
   };
