@@ -446,7 +446,7 @@ def test_timeline_cap_keeps_each_kind_of_bar_in_a_lane(tmp_path: Path) -> None:
 
 
 @browser_test
-def test_suggestions_table_fits_a_wide_window(tmp_path: Path) -> None:
+def test_example_report_tables_fit_and_keep_one_font_per_column(tmp_path: Path) -> None:
     """The error range on one line pushed the suggestions table past a 1400-px window: the
     code change sat behind a horizontal scrollbar."""
     if find_chromium() is None:
@@ -454,8 +454,22 @@ def test_suggestions_table_fits_a_wide_window(tmp_path: Path) -> None:
     out = tmp_path / "r.html"
     make_report(Path(perfcast.__file__).parent / "examples" / "ddp_a100_rank0.json.gz", out)
     page = load_page(out, window=(1400, 3000))
-    browser_checks(page)
+    root = browser_checks(page)
     assert not [t for t in page.probe["overflow"] if "optimization" in t], page.probe["overflow"]
+    # One font per column of the analyses' tables: per cell, "computation + communication"
+    # (27 characters) came out monospace among plain "memory" and "computation".
+    checked = 0
+    for table in root.find_all("table"):
+        heads = [th.text_content() for th in table.find_all("th")]
+        if "kinds" not in heads:
+            continue
+        col = heads.index("kinds")
+        cells = [tr.find_all("td")[col] for tr in table.find_all("tr") if tr.find_all("td")]
+        texts = [td.text_content() for td in cells]
+        assert any(len(t) > 24 for t in texts) and any(len(t) <= 24 for t in texts), texts
+        assert len({frozenset(td.classes) for td in cells}) == 1, texts
+        checked += 1
+    assert checked
 
 
 def test_every_critical_path_category_has_its_own_colour() -> None:

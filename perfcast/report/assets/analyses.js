@@ -83,13 +83,21 @@
       shown = rows.slice(0, ROWS);
     }
     var limit = shown.length;
+    // A column of long text (kernel, op and file names) in the narrow monospace style, with
+    // the whole of a very long one as the tooltip; a column of short words ("computation",
+    // "GPU 0") as plain text. Decided per column: per cell, "computation + communication"
+    // came out in another font than the "communication + memory" under it.
+    var nameCol = {};
+    cols.forEach(function (c) {
+      nameCol[c] = shown.some(function (r) {
+        return typeof r[c] === "string" && r[c].length > 24;
+      });
+    });
     shown.forEach(function (r) {
       var row = tb.appendChild(el("tr"));
       cols.forEach(function (c) {
         var v = r[c];
-        // Long text (kernel, op and file names) in the narrow monospace style, with the
-        // whole of it as the tooltip; short words ("computation", "GPU 0") as plain text.
-        var long = typeof v === "string" && v.length > 24;
+        var long = typeof v === "string" && nameCol[c];
         var td = row.appendChild(el("td", typeof v === "number" ? "num" : long ? "name" : null,
           cell(v)));
         if (long && v.length > 120) {
