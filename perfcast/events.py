@@ -11,9 +11,14 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
+
+if TYPE_CHECKING:  # the optional DataFrame libraries, for the hand-offs' return types
+    import pandas
+    import polars
+    import pyarrow
 
 NONE = -1  # missing value in the integer id columns
 MEM_DEVICE_CPU = -2  # mem_device of a [memory] event on the CPU's allocator
@@ -268,7 +273,7 @@ class EventTable:
             f"{len(self.names):,} names{salvaged})"
         )
 
-    def to_pandas(self) -> Any:
+    def to_pandas(self) -> pandas.DataFrame:
         """One row per event as a pandas DataFrame (`pip install 'perfcast[dataframe]'`).
 
         Numeric columns are the table's own arrays; `kind` and the name columns are
@@ -280,7 +285,7 @@ class EventTable:
 
         return events_to_pandas(self)
 
-    def to_arrow(self) -> Any:
+    def to_arrow(self) -> pyarrow.Table:
         """One row per event as a pyarrow Table (names dictionary-encoded, no copy of codes).
 
         >>> perfcast.load("trace.json.gz").to_arrow().schema                     # doctest: +SKIP
@@ -289,7 +294,7 @@ class EventTable:
 
         return events_to_arrow(self)
 
-    def to_polars(self) -> Any:
+    def to_polars(self) -> polars.DataFrame:
         """One row per event as a polars DataFrame (through Arrow).
 
         >>> perfcast.load("trace.json.gz").to_polars().filter(kind="kernel")     # doctest: +SKIP

@@ -27,6 +27,10 @@ from perfcast.display import Displayed
 from perfcast.errors import NotApplicableError, OptionError, PerfcastError
 
 if TYPE_CHECKING:
+    import pandas
+    import polars
+    import pyarrow
+
     from perfcast.events import EventTable
 
 Columns = dict[str, Any]  # column name -> NumPy array or list
@@ -276,15 +280,15 @@ class Tables(Displayed):
             )
         return tables[name]
 
-    def to_pandas(self, name: str | None = None) -> Any:
+    def to_pandas(self, name: str | None = None) -> pandas.DataFrame:
         """One table as a pandas DataFrame (`pip install 'perfcast[dataframe]'`)."""
         return columns_to_pandas(self.table(name))
 
-    def to_polars(self, name: str | None = None) -> Any:
+    def to_polars(self, name: str | None = None) -> polars.DataFrame:
         """One table as a polars DataFrame."""
         return columns_to_polars(self.table(name))
 
-    def to_arrow(self, name: str | None = None) -> Any:
+    def to_arrow(self, name: str | None = None) -> pyarrow.Table:
         """One table as a pyarrow Table."""
         return columns_to_arrow(self.table(name))
 

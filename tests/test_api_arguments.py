@@ -496,3 +496,21 @@ def test_plan_and_tables_refuse_with_the_documented_errors(shared_traces: Path) 
         perfcast.summary(table).to_pandas(["steps"])  # type: ignore[arg-type]
     with pytest.raises(perfcast.OptionError, match="engine must be"):
         simulate(perfcast.dependency_graph(table), engine="bogus")
+
+
+def test_dataframe_hand_offs_declare_their_types() -> None:
+    """to_pandas / to_polars / to_arrow were typed Any: a notebook's type checker and
+    completion knew nothing of the frame they return (polars ships its types)."""
+    from perfcast.events import EventTable
+    from perfcast.frames import Tables
+
+    for owner in (EventTable, Tables):
+        hints = {
+            m: getattr(owner, m).__annotations__["return"]
+            for m in ("to_pandas", "to_polars", "to_arrow")
+        }
+        assert hints == {
+            "to_pandas": "pandas.DataFrame",
+            "to_polars": "polars.DataFrame",
+            "to_arrow": "pyarrow.Table",
+        }, (owner, hints)
