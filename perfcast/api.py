@@ -143,8 +143,9 @@ def dependency_graph(trace: TraceLike, correct: bool = True) -> Graph:
 def predict(trace: TraceLike, apply: list[str] | str, correct: bool = True) -> WhatIfResult:
     """Predicted step time after the optimizations in `apply`, composed. Code changes apply
     in one fixed order whatever the list's (batch size, fused optimizer, amp, checkpointing,
-    sync removal, DataLoader overlap, fusion, torch.compile, then CUDA graphs), as the changed
-    program would run them; `result.applied` lists the order used. `perfcast.whatif` is the
+    sync removal, fusion, torch.compile, then CUDA graphs; DataLoader overlap after every
+    other change), as the changed program would run them; `result.applied` lists the order
+    used. `perfcast.whatif` is the
     same function, by the command line's name.
 
     Each item is `NAME[:key=value,...]`, e.g. "fused-optimizer:kind=foreach". The prediction

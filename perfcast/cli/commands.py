@@ -52,7 +52,7 @@ def register(sub: Any, add_common: Callable[[Any], None], table: dict[str, Any])
         metavar="NAME[:key=value,...]",
         help="optimization to apply (repeat to compose: code changes apply in one order, "
         "capture last, whatever their order here; faster-op, device and scale-out keep "
-        "their places); "
+        "their places; dataloader-overlap after all of them); "
         "`perfcast whatif --list` shows them",
     )
     p.add_argument("--list", action="store_true", help="list the available optimizations")
