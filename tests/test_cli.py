@@ -910,14 +910,13 @@ def test_whatif_tree_piped_is_as_wide_as_tree(monkeypatch, capsys) -> None:
 
 def test_tree_keeps_deep_names_readable(shared_traces, monkeypatch, capsys) -> None:
     """30 levels of frames on the SGLang trace pushed the leaves off a 150-column line
-    ('aten::ma…', 'hi…'); past half the room the guides now drop whole levels, counted."""
+    ('aten::ma…', 'hi…'); past half the room each level of the guides takes one column."""
     monkeypatch.setenv("COLUMNS", "150")
     path = shared_traces / "tracelens_mi300x_sglang_qwen3_8b.json.gz"
     assert main(["tree", str(path)]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert all(len(line) <= 150 for line in lines)
-    assert any(line.rstrip().endswith("└─ aten::mm") for line in lines)
-    assert any(re.search(r"\+(8|16|24) +", line) for line in lines)
+    assert any(line.rstrip().endswith("└ aten::mm") for line in lines)
 
 
 def test_multi_rank_summary_shows_each_rank_without_the_profiler(

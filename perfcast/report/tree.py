@@ -80,39 +80,46 @@ def _render_rows(
     console.print(Text(f"{head}  call path", style="bold"), no_wrap=True, overflow="crop")
     width = max(console.width, 80)
     cells_w = sum(c.width for c in columns) + len(columns) - 1
-    # Deep paths (30 levels of frames on an SGLang trace) would push names off the line: past
-    # half the room, the guides keep their last levels behind a count of the ones left out.
-    max_guide = max(30, (width - cells_w - 2) // 2)
+    # Deep paths (30 levels of frames on an SGLang trace) would push names off the line:
+    # the levels past half the room take one column each instead of three. Every level
+    # keeps its own column on every row, so the guides stay in line and each name starts
+    # right of its parent's (dropping levels from the left drew deep rows left of their
+    # parents).
+    full = max(30, (width - cells_w - 2) // 2) // 3
 
-    def fit(guide: str) -> str:
-        if len(guide) <= max_guide:
-            return guide
-        # Levels left out in blocks of 8, so that the guides of neighbouring rows stay in
-        # line (a window sliding one level per row made them zig-zag).
-        over = -(-(len(guide) - (max_guide - 5)) // 3)
-        dropped = -(-over // 8) * 8
-        return f"+{dropped:<3} " + guide[3 * dropped :]
+    def guide(more: Sequence[bool], last: bool) -> str:
+        """The guide before a name at depth len(more) + 1: `more[i]` when the ancestor at
+        level i has siblings below it (its vertical line continues)."""
+        d = len(more)
+        out = [
+            ("│  " if m else "   ") if i < full else ("│" if m else " ") for i, m in enumerate(more)
+        ]
+        if d < full:
+            out.append("└─ " if last else "├─ ")
+        else:
+            out.append("└ " if last else "├ ")
+        return "".join(out)
 
-    def emit(i: int, prefix: str, last: bool, top: bool) -> None:
+    def emit(i: int, more: tuple[bool, ...], last: bool, top: bool) -> None:
         r = rows[i]
         cells = " ".join(f"{c.fmt(c.value(r)):>{c.width}}" for c in columns)
-        guide = fit("" if top else prefix + ("└─ " if last else "├─ "))
-        room = width - len(cells) - 2 - len(guide)
-        line = Text(f"{cells}  {guide}")
+        g = "" if top else guide(more, last)
+        room = width - len(cells) - 2 - len(g)
+        line = Text(f"{cells}  {g}")
         line.append(shorten(r.name, room), style=_KIND_STYLE.get(r.kind, ""))
         console.print(line, no_wrap=True, overflow="crop")
-        child_prefix = "" if top else prefix + ("   " if last else "│  ")
+        below = () if top else (*more, not last)
         mine = kids.get(i, [])
         for k, ci in enumerate(mine):
-            emit(ci, child_prefix, k == len(mine) - 1 and not r.hidden, False)
+            emit(ci, below, k == len(mine) - 1 and not r.hidden, False)
         if r.hidden:
             blank = " ".join(" " * c.width for c in columns)
             note = f"… {r.hidden:,} more {more_what} ({more_value(r.hidden_value)})"
-            text = Text(f"{blank}  {fit(child_prefix + '└─ ')}")
+            text = Text(f"{blank}  {guide(below, True)}")
             text.append(note, style="dim")
             console.print(text, no_wrap=True, overflow="crop")
 
-    emit(0, "", True, True)
+    emit(0, (), True, True)
 
 
 def _tree_columns(result: TreeResult) -> list[Column]:

@@ -1,0 +1,88 @@
+"""Review of the calling-context tree (`perfcast tree`): faults found and fixed."""
+
+from __future__ import annotations
+
+import io
+
+from rich.console import Console
+
+from perfcast.analysis.context_views import TreeRow
+from perfcast.report.tree import Column, _ms, _render_rows
+
+
+def _chain_with_siblings(depth: int) -> list[TreeRow]:
+    """A path `depth` levels deep whose every node also has a leaf sibling, depth first as
+    tree_rows orders them: n0 > n1 > ... with s<d> beside n<d>."""
+    rows: list[TreeRow] = []
+
+    def add(name: str, parent: int, d: int) -> int:
+        rows.append(
+            TreeRow(
+                id=len(rows),
+                parent=parent,
+                depth=d,
+                name=name,
+                kind="frame",
+                incl={"gpu_ns": 1e6},
+                excl={"gpu_ns": 0.0},
+            )
+        )
+        return len(rows) - 1
+
+    def grow(parent: int, d: int) -> None:
+        if d > depth:
+            return
+        me = add(f"n{d}", parent, d)
+        grow(me, d + 1)
+        add(f"s{d}", parent, d)
+
+    grow(add("all", -1, 0), 1)
+    return rows
+
+
+def _name_columns(depth: int, width: int) -> tuple[list[TreeRow], list[str]]:
+    rows = _chain_with_siblings(depth)
+    out = io.StringIO()
+    console = Console(file=out, width=width, color_system=None, legacy_windows=False)
+    cols = [Column("GPU ms", lambda r: r.incl["gpu_ns"], _ms)]
+    _render_rows(rows, cols, console, lambda v: f"{v:g}", "below 1%")
+    return rows, out.getvalue().splitlines()[1:]  # after the header
+
+
+def test_deep_rows_start_right_of_their_parent() -> None:
+    """Past half the line the guides dropped 8 levels at a time: the row where the cut
+    began was drawn 19 columns left of its parent (`+8 │ ... └─ cuLaunchKernel` under
+    `aten::addmm` on the H100 BERT trace at 200 columns, `nn.Module:
+    MergedColumnParallelLinear ×36` left of its Qwen2MLP frame on the SGLang trace)."""
+    for width in (100, 150, 200):
+        rows, lines = _name_columns(45, width)
+        assert len(lines) == len(rows)
+        start = []
+        for r, line in zip(rows, lines, strict=True):
+            col = line.find(r.name)
+            assert col > 0, (width, r.name, line)
+            start.append(col)
+        for i, r in enumerate(rows):
+            if r.parent >= 0:
+                assert start[i] > start[r.parent], (width, r.name, lines[i], lines[r.parent])
+            if r.name.startswith("s"):  # a node's sibling starts where the node does
+                twin = next(j for j, q in enumerate(rows) if q.name == "n" + r.name[1:])
+                assert start[i] == start[twin], (width, lines[i], lines[twin])
+        assert all(len(line) <= width for line in lines)
+
+
+def test_deep_guides_stay_in_line() -> None:
+    """Each level keeps one column on every row: a vertical guide continues straight down
+    from the connector of the node it belongs to."""
+    rows, lines = _name_columns(45, 150)
+    for i, r in enumerate(rows):
+        if not r.name.startswith("n") or r.name == "n45":
+            continue
+        col = lines[i].find(r.name) - 1
+        while lines[i][col] == " " or lines[i][col] == "─":
+            col -= 1
+        assert lines[i][col] == "├"  # n<d> has its sibling s<d> below it
+        twin = next(j for j, q in enumerate(rows) if q.name == "s" + r.name[1:])
+        for j in range(i + 1, twin):
+            assert lines[j][col] == "│", (lines[i], lines[j])
+        assert lines[twin][col] == "└"
