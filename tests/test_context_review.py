@@ -86,3 +86,24 @@ def test_deep_guides_stay_in_line() -> None:
         for j in range(i + 1, twin):
             assert lines[j][col] == "│", (lines[i], lines[j])
         assert lines[twin][col] == "└"
+
+
+def _kernel(ts: float, corr: int) -> dict[str, object]:
+    return {
+        "ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": ts, "dur": 10.0,
+        "args": {"correlation": corr, "stream": 7, "device": 0},
+    }  # fmt: skip
+
+
+def test_gpu_only_trace_is_not_launched_before_the_trace(write_trace) -> None:
+    """A trace of GPU activity alone (activities=[CUDA]) records no launch at all: its
+    kernels' launches are missing, not earlier than the trace (the advisor reads it so);
+    the tree put all of them under 'launched before the trace began'."""
+    from perfcast.analysis.context import EARLY_LAUNCH_LABEL, NO_LAUNCH_LABEL, context_tree
+    from perfcast.ingest.loader import load
+
+    path = write_trace({"traceEvents": [_kernel(0.0, 5), _kernel(20.0, 6)]})
+    tree = context_tree(load(path))
+    names = [tree.index.name(n) for n in range(len(tree.index))]
+    assert NO_LAUNCH_LABEL in names and EARLY_LAUNCH_LABEL not in names
+    assert tree.coverage.no_launch_ns == 20_000 and tree.coverage.early_ns == 0

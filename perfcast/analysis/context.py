@@ -38,7 +38,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from perfcast.analysis.common import first_launch_correlation
+from perfcast.analysis.common import NO_LAUNCH, first_launch_correlation
 from perfcast.analysis.convolution import CONVOLUTION_OPS, conv_cost, parse_concrete
 from perfcast.analysis.roofline import FUSED_ATTENTION, attention_flops
 from perfcast.arrays import combine_codes
@@ -743,9 +743,11 @@ def build_index(table: EventTable) -> ContextIndex:
         stack_frames = int(frames[0].size)
     if no_launch.size:
         g = rows[no_launch]
-        first = first_launch_correlation(table)
+        first = first_launch_correlation(table)[table.rank[g]]
         corr = table.correlation[g]
-        early = (corr >= 0) & (corr < first[table.rank[g]])
+        # A rank that recorded no launch at all lost its CPU side (as the advisor reads it):
+        # its work was not launched before the trace, its launches are just not in it.
+        early = (corr >= 0) & (first != NO_LAUNCH) & (corr < first)
         why = early.astype(np.int64)  # 0: not in the trace, 1: before the trace
         labs = np.array([intern(NO_LAUNCH_LABEL), intern(EARLY_LAUNCH_LABEL)], dtype=np.int64)
         key = table.rank[g].astype(np.int64) * 2 + why
