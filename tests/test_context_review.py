@@ -107,3 +107,35 @@ def test_gpu_only_trace_is_not_launched_before_the_trace(write_trace) -> None:
     names = [tree.index.name(n) for n in range(len(tree.index))]
     assert NO_LAUNCH_LABEL in names and EARLY_LAUNCH_LABEL not in names
     assert tree.coverage.no_launch_ns == 20_000 and tree.coverage.early_ns == 0
+
+
+def test_narrow_terminal_keeps_the_names(write_trace, monkeypatch, capsys) -> None:
+    """On an 80-column terminal the seven columns of a GPU trace left 17 characters for
+    the call path: from the sixth level on the rows showed no name at all. The last
+    columns are now left out (and said) so that the path keeps 40."""
+    from perfcast.cli.main import main
+
+    depth = 12
+    frames = [
+        {"ph": "X", "cat": "python_function", "name": f"model.py({i}): f{i}", "pid": 1,
+         "tid": 1, "ts": float(i), "dur": 1000.0 - 2 * i}
+        for i in range(depth)
+    ]  # fmt: skip
+    op = {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 100.0,
+          "dur": 50.0, "args": {"Input Dims": [[64, 64], [64, 64]],
+                                "Input type": ["float", "float"]}}  # fmt: skip
+    launch = {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1,
+              "tid": 1, "ts": 110.0, "dur": 5.0, "args": {"correlation": 9}}  # fmt: skip
+    path = write_trace({"traceEvents": [*frames, op, launch, _kernel(120.0, 9)]})
+    monkeypatch.setenv("COLUMNS", "80")
+    assert main(["tree", str(path), "--min-pct", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "columns left out to fit 80 characters" in out
+    lines = out.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.rstrip().endswith("call path"))
+    rows = lines[head + 1 :]
+    assert len(rows) == depth + 4  # root, the frames, op, launch, kernel
+    assert all(len(line) <= 80 for line in lines)
+    for line in rows:  # every row ends in a name (or its start), never in guides alone
+        assert line.rstrip()[-1] not in " │├└─", line
+    assert "cudaLaunch" in rows[-2]

@@ -85,7 +85,7 @@ def _render_rows(
     # keeps its own column on every row, so the guides stay in line and each name starts
     # right of its parent's (dropping levels from the left drew deep rows left of their
     # parents).
-    full = max(30, (width - cells_w - 2) // 2) // 3
+    full = max(4, (width - cells_w - 2) // 2 // 3)
 
     def guide(more: Sequence[bool], last: bool) -> str:
         """The guide before a name at depth len(more) + 1: `more[i]` when the ancestor at
@@ -120,6 +120,21 @@ def _render_rows(
             console.print(text, no_wrap=True, overflow="crop")
 
     emit(0, (), True, True)
+
+
+# Room the guides and names keep at least: on an 80-column terminal the seven columns of
+# a GPU trace left 17 characters, and from the sixth level on the rows showed no name.
+MIN_PATH_ROOM = 40
+CORE_COLUMNS = 3  # the metric, its share and its own time are never left out
+
+
+def _fit_columns(cols: list[Column], width: int) -> tuple[list[Column], list[str]]:
+    """The columns that leave the call paths MIN_PATH_ROOM characters, the last ones
+    (FLOP, kernels, launches, the other time) left out first, and the headers left out."""
+    dropped: list[str] = []
+    while len(cols) > CORE_COLUMNS and sum(c.width + 1 for c in cols) + 1 + MIN_PATH_ROOM > width:
+        dropped.insert(0, cols.pop().header)
+    return cols, dropped
 
 
 def _tree_columns(result: TreeResult) -> list[Column]:
@@ -220,9 +235,18 @@ def render_tree(result: TreeResult, console: Console) -> None:
                 style="dim",
             )
         )
+    columns, dropped = _fit_columns(_tree_columns(result), max(console.width, 80))
+    if dropped:
+        console.print(
+            Text(
+                f"columns left out to fit {console.width} characters: {', '.join(dropped)} "
+                "(a wider terminal or --json shows them)",
+                style="dim",
+            )
+        )
     _render_rows(
         result.rows,
-        _tree_columns(result),
+        columns,
         console,
         _ms_text,
         f"below {result.min_pct:g}%"
