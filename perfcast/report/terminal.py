@@ -320,7 +320,12 @@ def _render_notes(console: Console, notes: list[str]) -> None:
 def render_replay(result: ReplayResult, console: Console) -> None:
     _render_notes(console, result.notes)
     t = Table(title="replay: traced vs simulated step time", title_justify="left")
-    cols = ["rank", "step", "traced ms", "simulated ms", "error", "without\nprofiler ms"]
+    # --keep-profiler-cost: each step's real_ms is its traced time, not one without the
+    # profiler; no column says otherwise (summary and the report show none either).
+    kept = result.correction is not None and result.correction.source == "off"
+    cols = ["rank", "step", "traced ms", "simulated ms", "error"]
+    if not kept:
+        cols.append("without\nprofiler ms")
     measured = any(it.measured_real_ms is not None for rr in result.ranks for it in rr.iterations)
     if measured:
         cols.append("measured w/o\nprofiler ms")
@@ -339,8 +344,9 @@ def render_replay(result: ReplayResult, console: Console) -> None:
                 _ms(it.measured_ms),
                 _ms(it.simulated_ms),
                 Text(f"{it.error_pct:+.2f}%", style=style or ""),
-                _ms(it.real_ms),
             ]
+            if not kept:
+                row.append(_ms(it.real_ms))
             if measured:
                 row.append(_ms(it.measured_real_ms))
             rows.append(row)
