@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import perfcast
 from perfcast.cli.main import main
+from tests.tracegen import TraceBuilder
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "perfcast" / "examples" / "ddp_a100_rank0.json.gz"
 
@@ -25,3 +27,28 @@ def test_replay_keeping_the_profiler_cost_shows_no_step_without_the_profiler(cap
     assert main(["summary", str(EXAMPLE), "-q", "--json"]) == 0
     real = json.loads(capsys.readouterr().out)["ranks"][0]["iterations"][0]["real_ms"]
     assert "profiler" in text and f"{real:.2f}" in text
+
+
+def _rank_file(path: Path, rank: int, kernels: list[str]) -> None:
+    b = TraceBuilder()
+    b.step(1, 0, 100)
+    for i, name in enumerate(kernels):
+        b.launch(name, 10 + 10 * i, 5, 20 + 10 * i, 4)
+    doc = b.doc()
+    doc["distributedInfo"] = {"rank": rank, "world_size": 2, "backend": "nccl"}
+    path.write_text(json.dumps(doc))
+
+
+def test_a_ranks_top_lists_are_the_same_in_its_folder_and_alone(tmp_path):
+    """Kernels of equal time were listed in the order their names were first read: in a
+    folder, another rank's file could read one first, and the rank's top list differed."""
+    folder = tmp_path / "ranks"
+    folder.mkdir()
+    _rank_file(folder / "rank0.json", 0, ["alpha_kernel"])
+    _rank_file(folder / "rank1.json", 1, ["zeta_kernel", "alpha_kernel"])
+    both = perfcast.summary(perfcast.load(str(folder)), top=1, correct=False)
+    alone = perfcast.summary(perfcast.load(str(folder / "rank1.json")), top=1, correct=False)
+    assert [rs.rank for rs in both.ranks] == [0, 1] and alone.ranks[0].rank == 1
+    for name in ("top_kernels", "top_ops", "top_scopes"):
+        assert getattr(both.ranks[1], name) == getattr(alone.ranks[0], name), name
+    assert both.ranks[1].top_kernels[0].name == "alpha_kernel"

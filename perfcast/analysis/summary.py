@@ -402,7 +402,7 @@ def _top_by_name(table: EventTable, rows: np.ndarray, top: int) -> list[NamedTim
     totals = np.bincount(inv, weights=durs)
     counts = np.bincount(inv)
     grand = float(totals.sum()) or 1.0
-    order = np.argsort(-totals)[:top]
+    order = _largest(table, uniq, totals, top)
     return [
         NamedTime(
             name=table.names[int(uniq[i])],
@@ -433,5 +433,11 @@ def _top_by_scope(
             float(totals[i]) / NS_PER_MS,
             100.0 * float(totals[i]) / grand,
         )
-        for i in np.argsort(-totals)[:top]
+        for i in _largest(table, uniq, totals, top)
     ]
+
+
+def _largest(table: EventTable, ids: np.ndarray, totals: np.ndarray, top: int) -> list[int]:
+    """The `top` largest totals, equal ones by name: not by the names' ids, which depend on
+    the other ranks' files read with them (a rank's list differed in its folder and alone)."""
+    return sorted(range(len(ids)), key=lambda i: (-totals[i], table.names[int(ids[i])]))[:top]
