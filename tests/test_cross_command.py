@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import perfcast
@@ -52,3 +53,19 @@ def test_a_ranks_top_lists_are_the_same_in_its_folder_and_alone(tmp_path):
     for name in ("top_kernels", "top_ops", "top_scopes"):
         assert getattr(both.ranks[1], name) == getattr(alone.ranks[0], name), name
     assert both.ranks[1].top_kernels[0].name == "alpha_kernel"
+
+
+def test_tree_names_kernels_as_the_other_tables_do(capsys):
+    """Every table drops CUDA's "void " before a kernel's name (--json keeps it); `tree`,
+    `tree --bottom-up` and `whatif --tree` printed it, so one kernel read two ways."""
+    assert main(["summary", str(EXAMPLE), "-q", "--keep-profiler-cost"]) == 0
+    assert "cudnn::ops::nchwToNhwcKernel<" in capsys.readouterr().out
+    for argv in (
+        ["tree", str(EXAMPLE), "--bottom-up", "--min-pct", "0.5"],
+        ["whatif", str(EXAMPLE), "--apply", "cuda-graphs", "--tree", "--min-pct", "0.5"],
+    ):
+        assert main([*argv, "-q"]) == 0
+        out = capsys.readouterr().out
+        # a name starts after a tree guide or a bottom-up call count
+        assert re.search(r"(─ |×  )cudnn::", out), argv
+        assert not re.search(r"(─ |×  )void ", out), argv

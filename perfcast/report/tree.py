@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 from rich.text import Text
 
-from perfcast.report import shorten
+from perfcast.report import display_name, shorten
 
 if TYPE_CHECKING:
     from perfcast.analysis.context import ContextTree
@@ -106,7 +106,7 @@ def _render_rows(
         g = "" if top else guide(more, last)
         room = width - len(cells) - 2 - len(g)
         line = Text(f"{cells}  {g}")
-        line.append(shorten(r.name, room), style=_KIND_STYLE.get(r.kind, ""))
+        line.append(shorten(display_name(r.name), room), style=_KIND_STYLE.get(r.kind, ""))
         console.print(line, no_wrap=True, overflow="crop")
         below = () if top else (*more, not last)
         mine = kids.get(i, [])
@@ -268,7 +268,9 @@ def render_hot_spots(spots: Sequence[HotSpot], metric: str, console: Console) ->
     width = max(console.width, 80)
     for s in spots:
         line = Text(f"{s.value / 1e6:10,.2f} ms  {s.kind:<6} {s.calls:>8,}×  ")
-        line.append(shorten(s.name, width - len(line)), style=_KIND_STYLE.get(s.kind, ""))
+        line.append(
+            shorten(display_name(s.name), width - len(line)), style=_KIND_STYLE.get(s.kind, "")
+        )
         console.print(line, no_wrap=True, overflow="crop")
         for p in s.paths:
             text = Text(f"{p.value / 1e6:10,.2f} ms    ◂ ", style="dim")
