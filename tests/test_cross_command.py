@@ -7,6 +7,8 @@ import json
 import re
 from pathlib import Path
 
+import pytest
+
 import perfcast
 from perfcast.cli.main import main
 from tests.tracegen import TraceBuilder
@@ -69,3 +71,14 @@ def test_tree_names_kernels_as_the_other_tables_do(capsys):
         # a name starts after a tree guide or a bottom-up call count
         assert re.search(r"(─ |×  )cudnn::", out), argv
         assert not re.search(r"(─ |×  )void ", out), argv
+
+
+def test_summary_steps_table_has_the_gpu_busy_time_its_json_has(capsys):
+    """--json gave each step's GPU busy time; `to_pandas("steps")` left it out."""
+    assert main(["summary", str(EXAMPLE), "-q", "--json", "--keep-profiler-cost"]) == 0
+    its = json.loads(capsys.readouterr().out)["ranks"][0]["iterations"]
+    steps = perfcast.summary(perfcast.load(str(EXAMPLE)), correct=False).to_pandas("steps")
+    assert list(steps["gpu_busy_ms"]) == [it["gpu"]["busy_ms"] for it in its]
+    assert list(steps["gpu_idle_ms"] + steps["gpu_busy_ms"]) == [
+        pytest.approx(it["traced_ms"]) for it in its
+    ]

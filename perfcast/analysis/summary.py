@@ -115,6 +115,7 @@ _STEP_COLUMNS: tuple[tuple[str, Callable[[IterationSummary], object]], ...] = (
     ("comm_exposed_ms", _gpu("communication_exposed_ms")),
     ("copies_exposed_ms", _gpu("memcpy_exposed_ms")),
     ("gpu_idle_ms", _gpu("idle_ms")),
+    ("gpu_busy_ms", _gpu("busy_ms")),  # what --json has: the step less its idle time
     ("comm_ms", _gpu("communication_ms")),
     ("comm_overlap_pct", _gpu("communication_overlap_pct")),
     ("cpu_dataloader_ms", _cpu("dataloader_ms")),
