@@ -55,6 +55,11 @@ def test_a_ranks_top_lists_are_the_same_in_its_folder_and_alone(tmp_path):
     for name in ("top_kernels", "top_ops", "top_scopes"):
         assert getattr(both.ranks[1], name) == getattr(alone.ranks[0], name), name
     assert both.ranks[1].top_kernels[0].name == "alpha_kernel"
+    # analyze's launch statistics pick each rank's top kernels the same way
+    rows = perfcast.launch_stats(perfcast.load(str(folder)), top=1).by_kernel
+    alone_rows = perfcast.launch_stats(perfcast.load(str(folder / "rank1.json")), top=1).by_kernel
+    assert [r for r in rows if r.rank == 1] == alone_rows
+    assert alone_rows[0].name == "alpha_kernel"
 
 
 def test_tree_names_kernels_as_the_other_tables_do(capsys):

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, ClassVar
 import numpy as np
 
 from perfcast.analysis import intervals as iv
-from perfcast.analysis.common import copy_rows, nearest_ancestor
+from perfcast.analysis.common import copy_rows, largest_first, nearest_ancestor
 from perfcast.analysis.notes import rank_notes
 from perfcast.events import GPU_KINDS, NONE, EventTable, Kind
 from perfcast.frames import Columns, Tables, dicts_to_columns, field_kinds
@@ -403,7 +403,7 @@ def _top_by_name(table: EventTable, rows: np.ndarray, top: int) -> list[NamedTim
     totals = np.bincount(inv, weights=durs)
     counts = np.bincount(inv)
     grand = float(totals.sum()) or 1.0
-    order = _largest(table, uniq, totals, top)
+    order = largest_first(table.names, uniq, totals, top)
     return [
         NamedTime(
             name=table.names[int(uniq[i])],
@@ -434,11 +434,5 @@ def _top_by_scope(
             float(totals[i]) / NS_PER_MS,
             100.0 * float(totals[i]) / grand,
         )
-        for i in _largest(table, uniq, totals, top)
+        for i in largest_first(table.names, uniq, totals, top)
     ]
-
-
-def _largest(table: EventTable, ids: np.ndarray, totals: np.ndarray, top: int) -> list[int]:
-    """The `top` largest totals, equal ones by name: not by the names' ids, which depend on
-    the other ranks' files read with them (a rank's list differed in its folder and alone)."""
-    return sorted(range(len(ids)), key=lambda i: (-totals[i], table.names[int(ids[i])]))[:top]
