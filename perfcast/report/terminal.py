@@ -207,16 +207,7 @@ def render_summary(summary: Summary, console: Console, top: int = 5) -> None:
         console.print(Text(title, style="bold"))
         console.print(_figures_table(cols, rows))
         console.print(Text(_GPU_SPLIT, style="dim"))
-        measured = sorted({it.measured_real_ms for it in rs.iterations if it.measured_real_ms})
-        if measured:
-            lo, hi = measured[0], measured[-1]
-            figures = f"{lo:,.2f}" if lo == hi else f"{lo:,.2f} to {hi:,.2f}"
-            console.print(
-                Text(
-                    f"measured without the profiler: {figures} ms per step (steps timed "
-                    "beside the trace, when the profiler was off)"
-                )
-            )
+        _render_measured(console, [it.measured_real_ms for it in rs.iterations])
         if real and correction is not None and not several:
             console.print(Text(correction.assumption()))
         console.print(
@@ -312,6 +303,21 @@ def _render_top(
     console.print(t)
 
 
+def _render_measured(console: Console, values: list[float | None]) -> None:
+    """The unprofiled steps' time a trace carries (one median per rank), as one line."""
+    measured = sorted({v for v in values if v})
+    if not measured:
+        return
+    lo, hi = measured[0], measured[-1]
+    figures = f"{lo:,.2f}" if lo == hi else f"{lo:,.2f} to {hi:,.2f}"
+    console.print(
+        Text(
+            f"measured without the profiler: {figures} ms per step (the median of the steps "
+            "timed beside the trace, when the profiler was off)"
+        )
+    )
+
+
 def _render_notes(console: Console, notes: list[str]) -> None:
     for note in notes:
         console.print(Text(f"note: {note}", style="yellow"))
@@ -326,9 +332,6 @@ def render_replay(result: ReplayResult, console: Console) -> None:
     cols = ["rank", "step", "traced ms", "simulated ms", "error"]
     if not kept:
         cols.append("without\nprofiler ms")
-    measured = any(it.measured_real_ms is not None for rr in result.ranks for it in rr.iterations)
-    if measured:
-        cols.append("measured w/o\nprofiler ms")
     for col in cols:
         t.add_column(col, justify="left" if col == "step" else "right")
     rows: list[list[str | Text]] = []
@@ -347,12 +350,13 @@ def render_replay(result: ReplayResult, console: Console) -> None:
             ]
             if not kept:
                 row.append(_ms(it.real_ms))
-            if measured:
-                row.append(_ms(it.measured_real_ms))
             rows.append(row)
     for row in _elided(rows, len(cols), missed[:10], label=1):
         t.add_row(*row)
     console.print(t)
+    # One figure per trace (the median of the unprofiled steps timed beside it), said once:
+    # as a column it repeated on every step and read as that step's own measurement.
+    _render_measured(console, [it.measured_real_ms for rr in result.ranks for it in rr.iterations])
     if result.correction is not None:
         console.print(Text(result.correction.assumption()))
     console.print(
