@@ -1158,3 +1158,12 @@ def test_a_replaced_output_keeps_its_permissions(tmp_path: Path) -> None:
     mask = os.umask(0)
     os.umask(mask)
     assert stat.S_IMODE(new.stat().st_mode) == 0o666 & ~mask
+
+
+def test_summary_top_lists_say_what_their_percent_is_of(capsys):
+    """Summary's top kernels count % of kernel time, its scopes % of all GPU time and
+    analyze's top kernels % of their kind: the kernels' and ops' titles did not say."""
+    assert main(["summary", str(H200_TRACE), "-q"]) == 0
+    out = capsys.readouterr().out
+    assert "top kernels (launched in the steps; %: of their kernel time)" in out
+    assert "top CPU ops (outermost calls only; %: of their CPU time)" in out

@@ -224,10 +224,13 @@ def render_summary(summary: Summary, console: Console, top: int = 5) -> None:
         # Launched inside the steps: `analyze` and `tree` count the whole trace, which on a
         # trace with work before its first step gives other totals.
         within = "launched in the steps" if rs.has_steps else "the whole trace"
-        _render_top(console, f"top kernels ({within})", rs.top_kernels[:top])
+        # Each list's % has its own whole (the scopes' is all GPU time): the titles say which.
+        _render_top(
+            console, f"top kernels ({within}; %: of their kernel time)", rs.top_kernels[:top]
+        )
         _render_top(
             console,
-            "top CPU ops (outermost calls only)",
+            "top CPU ops (outermost calls only; %: of their CPU time)",
             rs.top_ops[:top],
         )
         _render_top(
