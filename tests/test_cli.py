@@ -1167,3 +1167,32 @@ def test_summary_top_lists_say_what_their_percent_is_of(capsys):
     out = capsys.readouterr().out
     assert "top kernels (launched in the steps; %: of their kernel time)" in out
     assert "top CPU ops (outermost calls only; %: of their CPU time)" in out
+
+
+def test_advise_headline_groups_thousands_as_the_tables_do(tmp_path, capsys):
+    """advise printed 'step 43424.58 ms' where replay's table printed 43,425.36."""
+    trace = tmp_path / "long.json"
+    events = [
+        {
+            "ph": "X",
+            "cat": "cpu_op",
+            "name": "aten::mm",
+            "pid": 1,
+            "tid": 1,
+            "ts": 0.0,
+            "dur": 1_500_000.0,
+        },
+        {
+            "ph": "X",
+            "cat": "user_annotation",
+            "name": "ProfilerStep#1",
+            "pid": 1,
+            "tid": 1,
+            "ts": 0.0,
+            "dur": 1_600_000.0,
+        },
+    ]
+    trace.write_text(json.dumps({"traceEvents": events}))
+    assert main(["advise", str(trace), "-q"]) == 0
+    out = capsys.readouterr().out
+    assert "step 1,600.00 ms" in out, out

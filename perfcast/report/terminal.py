@@ -374,7 +374,7 @@ def render_replay(result: ReplayResult, console: Console) -> None:
         parts = ", ".join(f"{k} {v:.2f}" for k, v in cp.by_category_ms.items() if v > 0.0005)
         console.print(
             Text(
-                f"critical path of rank {cp.rank} {cp.iteration} ({cp.total_ms:.2f} ms, "
+                f"critical path of rank {cp.rank} {cp.iteration} ({cp.total_ms:,.2f} ms, "
                 f"{cp.bottleneck}): {parts}"
             )
         )
@@ -466,11 +466,11 @@ def render_advice(advice: Advice, console: Console) -> None:
     _render_notes(console, advice.notes)
     if advice.correction.source == "off":
         # --keep-profiler-cost: every figure is the profiled run's.
-        step = f"step {advice.traced_ms:.2f} ms as traced, the profiler's cost kept in"
+        step = f"step {advice.traced_ms:,.2f} ms as traced, the profiler's cost kept in"
     else:
         step = (
-            f"step {advice.baseline_ms:.2f} ms without the profiler "
-            f"({advice.correction.source}; traced {advice.traced_ms:.2f} ms)"
+            f"step {advice.baseline_ms:,.2f} ms without the profiler "
+            f"({advice.correction.source}; traced {advice.traced_ms:,.2f} ms)"
         )
     n_ranks = int(advice.facts.get("ranks", 1))
     if n_ranks > 1:
@@ -528,7 +528,7 @@ def render_advice(advice: Advice, console: Console) -> None:
         p = advice.plan
         console.print(
             Text(
-                f"best plan, together: {' + '.join(p.specs)} -> {p.predicted_ms:.2f} ms "
+                f"best plan, together: {' + '.join(p.specs)} -> {p.predicted_ms:,.2f} ms "
                 f"({p.speedup:.2f}×)",
                 style="bold",
             )
