@@ -41,7 +41,9 @@ from perfcast.ingest.schema import (
     PreciseEvent,
     RawEvent,
     RawTrace,
+    Stamp,
     exact_float,
+    rounded_by_float,
 )
 
 EventList = list[Any]  # RawEvent or FastEvent structs (same attribute names)
@@ -110,6 +112,9 @@ _precise_list = msgspec.json.Decoder(
 _PRECISION_SAMPLE = 64
 _lenient_list = msgspec.json.Decoder(list[RawEvent])  # type: ignore[valid-type]
 _lenient_one = msgspec.json.Decoder(RawEvent)
+# The lenient structs read "ts" as a float; these give back the literals a float64 rounds.
+_stamps_list = msgspec.json.Decoder(list[Stamp], float_hook=exact_float)  # type: ignore[valid-type]
+_stamp_one = msgspec.json.Decoder(Stamp, float_hook=exact_float)
 _header_decoder = msgspec.json.Decoder(RawTrace)
 
 
@@ -906,7 +911,14 @@ class TraceReader:
                 events = _precise_list.decode(data)
             if decoder is not _lenient_list:
                 return _Got(events, len(events), [])
-            return self._validated(events, data)
+            got = self._validated(events, data)
+            # A field of another type (ROCm's "stream": "0x0") sends the whole slice here:
+            # its epoch timestamps must stay as exact as the typed decoders keep them.
+            if any(rounded_by_float(ev.ts) for ev in got.events):
+                for ev, stamp in zip(events, _stamps_list.decode(data), strict=True):
+                    if type(ev.ts) is float:
+                        ev.ts = stamp.ts
+            return got
         return self._one_by_one(data)
 
     @staticmethod
@@ -1020,6 +1032,8 @@ class TraceReader:
                 continue
             why = check_event(ev)
             if why is None:
+                if rounded_by_float(ev.ts):
+                    ev.ts = _stamp_one.decode(piece).ts
                 kept.append(ev)
                 kept_at.append(k)
             else:

@@ -113,6 +113,18 @@ def exact_float(text: str) -> float | str:
     return text if abs(value) >= INEXACT_US and "." in text else value
 
 
+def rounded_by_float(ts: Any) -> bool:
+    """Whether a decoded timestamp is a float64 that rounded its literal (see exact_float)."""
+    return type(ts) is float and abs(ts) >= INEXACT_US and ts != int(ts)
+
+
+class Stamp(msgspec.Struct, gc=False):
+    """Only an event's timestamp: decoded with exact_float, it restores the exact literals of
+    events the lenient structs read as rounded floats (every other field is skipped)."""
+
+    ts: Any = None
+
+
 class RawTrace(msgspec.Struct, gc=False):
     """The header: what surrounds the event list, decoded on its own. The events are read
     slice by slice (reader.TraceReader); a second "traceEvents" key is skipped, not decoded."""

@@ -1,0 +1,66 @@
+"""Metamorphic tests of ingest: a trace rewritten in a way that does not change what happened
+(another clock origin, a field of another type elsewhere, ...) reads the same."""
+
+from __future__ import annotations
+
+import json
+import re
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import perfcast
+from tests.tracegen import TraceBuilder
+
+EPOCH_US = Decimal(1_700_000_000_000_000)  # a Unix-epoch clock in µs, as recent Kineto writes
+
+
+def _shifted(doc: dict[str, Any], shift_us: Decimal) -> dict[str, Any]:
+    """The trace on a clock `shift_us` later: each number a literal "@<decimal>" placeholder,
+    so that the file holds the exact decimals (json.dumps would round them through a float)."""
+    events = []
+    for e in doc["traceEvents"]:
+        e = dict(e)
+        if "ts" in e:
+            e["ts"] = f"@{Decimal(str(e['ts'])) + shift_us}"
+        events.append(e)
+    return {**doc, "traceEvents": events}
+
+
+def _write(doc: dict[str, Any], path: Path) -> Path:
+    """JSON with the "@<decimal>" placeholders written as bare numbers."""
+    path.write_text(re.sub(r'"@(-?[0-9.]+)"', r"\1", json.dumps(doc)))
+    return path
+
+
+def _small_trace() -> TraceBuilder:
+    """One step: an op launching two kernels, with nanosecond decimals in every time (at
+    epoch µs, float64's nearest value to each is off by up to 125 ns, and not whole)."""
+    b = TraceBuilder()
+    b.step(1, 10.337, 100.5)
+    b.op("aten::add", 20.401, 30.002)
+    b.launch("k1", 21.703, 4.004, 40.305, 7.007)
+    b.launch("k2", 30.609, 4.004, 50.711, 9.013)
+    return b
+
+
+def test_epoch_times_stay_exact_when_a_field_of_another_type_is_in_the_slice(
+    tmp_path: Path,
+) -> None:
+    # ROCm writes "stream": "0x0" on runtime calls: the typed decoder refuses the slice and the
+    # lenient one reads it. Its timestamps were rounded to float64 (up to 128 ns off at
+    # epoch µs) while the same trace without that field read them to the nanosecond.
+    b = _small_trace()
+    plain = _write(_shifted(b.doc(), EPOCH_US), tmp_path / "plain.json")
+    for e in b.events:
+        if e.get("cat") == "cuda_runtime":
+            e["args"]["stream"] = "0x0"
+    odd = _write(_shifted(b.doc(), EPOCH_US), tmp_path / "odd.json")
+    base = perfcast.load(_write(b.doc(), tmp_path / "base.json"))
+    want = np.asarray(base.ts, dtype=np.int64) + int(EPOCH_US) * 1000
+    for path in (plain, odd):
+        table = perfcast.load(path)
+        assert np.array_equal(np.asarray(table.ts, dtype=np.int64), want), path.name
+        assert np.array_equal(table.dur, base.dur)
