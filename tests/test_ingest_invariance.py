@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 
 import perfcast
 from tests.tracegen import TraceBuilder
@@ -64,3 +65,24 @@ def test_epoch_times_stay_exact_when_a_field_of_another_type_is_in_the_slice(
         table = perfcast.load(path)
         assert np.array_equal(np.asarray(table.ts, dtype=np.int64), want), path.name
         assert np.array_equal(table.dur, base.dur)
+
+
+def test_copy_bandwidth_timeline_does_not_depend_on_the_clock_origin(tmp_path: Path) -> None:
+    # The bins were float64 epoch nanoseconds (multiples of 256 ns): on a trace whose copies
+    # span a few µs every bin collapsed onto a few values and the GB/s read 0.
+    from perfcast.analysis.memory import memory
+
+    b = TraceBuilder()
+    b.step(1, 0, 100)
+    for i in range(4):
+        b.launch(
+            "Memcpy HtoD (Pinned -> Device)", 10 + 10 * i, 2, 50 + i, 1, cat="gpu_memcpy",
+            name="cudaMemcpyAsync", bytes=1_000_000,
+        )  # fmt: skip
+    near = memory(perfcast.load(_write(b.doc(), tmp_path / "near.json"))).bandwidth
+    far = memory(perfcast.load(_write(_shifted(b.doc(), EPOCH_US), tmp_path / "far.json")))
+    assert len(far.bandwidth) == len(near) > 1
+    for a, c in zip(near, far.bandwidth, strict=True):
+        assert c.t_ms == pytest.approx(a.t_ms, rel=1e-9, abs=1e-9)
+        assert c.gbs == pytest.approx(a.gbs, rel=1e-9)
+    assert sum(p.gbs for p in near) > 0

@@ -440,8 +440,11 @@ def _copies(
         )
     on_gpu = np.isin(k, [i for i, kind in enumerate(kinds) if kind in _ON_GPU])
     _note_beyond_dram(out, rank, on_gpu, bw, device)
-    lo, hi = int(ts.min()), int((ts + dur).max())
-    edges = np.linspace(lo, hi, BANDWIDTH_BINS + 1)
+    # Times from the first copy: epoch ns (~1.7e18) in float64 are multiples of 256, which
+    # moved the bins and the copies' starts and ends within them.
+    lo = int(ts.min())
+    ts = ts - lo
+    edges = np.linspace(0, int((ts + dur).max()), BANDWIDTH_BINS + 1)
     for ki, kind in enumerate(kinds):
         m = k == ki
         if not m.any():
@@ -472,6 +475,6 @@ def _copies(
         width = np.diff(edges)
         gbs = np.diff(at_edges) / np.where(width > 0, width, 1)
         out.bandwidth.extend(
-            BandwidthPoint(rank, kind, (float(e) - origin) / NS_PER_MS, float(v))
+            BandwidthPoint(rank, kind, (lo - origin + e) / NS_PER_MS, float(v))
             for e, v in zip(edges[:-1].tolist(), gbs.tolist())
         )
