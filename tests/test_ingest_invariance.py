@@ -86,3 +86,18 @@ def test_copy_bandwidth_timeline_does_not_depend_on_the_clock_origin(tmp_path: P
         assert c.t_ms == pytest.approx(a.t_ms, rel=1e-9, abs=1e-9)
         assert c.gbs == pytest.approx(a.gbs, rel=1e-9)
     assert sum(p.gbs for p in near) > 0
+
+
+def test_downsampled_series_does_not_depend_on_the_clock_origin() -> None:
+    # A step series (launch queue, memory) downsampled for a chart: on an epoch clock the
+    # bin edges were float64 multiples of 256 ns, and other samples were kept.
+    from perfcast.analysis.common import downsample_steps
+
+    rng = np.random.default_rng(3)
+    t = np.cumsum(rng.integers(1, 400, size=2_000)).astype(np.int64)
+    y = rng.integers(0, 50, size=t.size)
+    near_t, near_y = downsample_steps(t, y, 64)
+    shift = int(EPOCH_US) * 1000 + 77
+    far_t, far_y = downsample_steps(t + shift, y, 64)
+    assert np.array_equal(far_t - shift, near_t)
+    assert np.array_equal(far_y, near_y)

@@ -221,8 +221,11 @@ def downsample_steps(t: np.ndarray, y: np.ndarray, points: int) -> tuple[np.ndar
     if t.size <= points:
         return t, y
     bins = max((points - 1) // 2, 1)
-    edges = np.linspace(t[0], t[-1], bins + 1)
-    b = np.clip(np.searchsorted(edges, t, side="right") - 1, 0, bins - 1)
+    # Bins over times from the first: epoch ns in float64 are multiples of 256, which moved
+    # samples across bin edges (another clock origin picked other samples).
+    since = t - t[0]
+    edges = np.linspace(0, since[-1], bins + 1)
+    b = np.clip(np.searchsorted(edges, since, side="right") - 1, 0, bins - 1)
     starts = np.flatnonzero(np.r_[True, b[1:] != b[:-1]])
     lengths = np.diff(np.r_[starts, t.size])
     peak = np.maximum.reduceat(y, starts)
