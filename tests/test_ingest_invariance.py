@@ -101,3 +101,30 @@ def test_downsampled_series_does_not_depend_on_the_clock_origin() -> None:
     far_t, far_y = downsample_steps(t + shift, y, 64)
     assert np.array_equal(far_t - shift, near_t)
     assert np.array_equal(far_y, near_y)
+
+
+def _two_tied_ops() -> TraceBuilder:
+    """Two ops, each launching one kernel of the same length once: a tie in every ranking."""
+    b = TraceBuilder()
+    b.step(1, 0, 200)
+    b.op("aten::mul", 10, 20)
+    b.launch("mul_kernel", 12, 4, 40, 5)
+    b.op("aten::add", 50, 20)
+    b.launch("add_kernel", 52, 4, 80, 5)
+    return b
+
+
+def test_rankings_with_ties_do_not_depend_on_the_order_of_the_events(tmp_path: Path) -> None:
+    # Names were numbered in the order the file first held them, and rankings broke ties by
+    # that number: the same trace with its events in another order listed other ops first.
+    b = _two_tied_ops()
+    forward = perfcast.load(_write(b.doc(), tmp_path / "forward.json"))
+    b.events.reverse()
+    backward = perfcast.load(_write(b.doc(), tmp_path / "backward.json"))
+    assert forward.names == backward.names == sorted(forward.names)
+
+    def seen(table: Any) -> tuple[list[str], list[str]]:
+        r = perfcast.op_kernels(table)
+        return [s.op for s in r.sequences], [o.op for o in r.by_op]
+
+    assert seen(forward) == seen(backward) == (["aten::add", "aten::mul"],) * 2

@@ -124,6 +124,7 @@ def load(path: str | os.PathLike[str], progress: ProgressFn | None = None) -> Ev
     _note_left_out(parts[0][0], [e for e in not_traces if e.unreadable])
     if len(files) > 1 or in_folder:
         _note_folder_doubts(path, [p[0] for p in parts])
+    _sort_names(parts, names)
     return _concat(parts, names)
 
 
@@ -256,6 +257,27 @@ def _reintern(cols: RankColumns, local: list[str], names: Interner) -> None:
         col = cols.cols[key]
         has = col >= 0
         col[has] = mapping[col[has]]
+
+
+def _sort_names(
+    parts: list[tuple[RankInfo, RankColumns, dict[str, np.ndarray], list[Iteration]]],
+    names: Interner,
+) -> None:
+    """Number the names in sorted order, not in the order the files first hold them: rankings
+    that break ties by a name's number (most frequent ops, top kernels) then do not change
+    when a trace's events are written in another order or its rank files are renamed."""
+    order = sorted(range(len(names.names)), key=names.names.__getitem__)
+    if order == list(range(len(order))):
+        return
+    renumber = np.empty(len(order), dtype=np.int32)
+    renumber[order] = np.arange(len(order), dtype=np.int32)
+    for _, cols, _, _ in parts:
+        for key in _NAME_COLUMNS:
+            col = cols.cols[key]
+            has = col >= 0
+            col[has] = renumber[col[has]]
+    names.names = [names.names[i] for i in order]
+    names.index = {s: int(renumber[i]) for s, i in names.index.items()}
 
 
 def _load_one(path: str, names: Interner, rank_hint: int | None) -> tuple[RankInfo, RankColumns]:
