@@ -128,3 +128,19 @@ def test_rankings_with_ties_do_not_depend_on_the_order_of_the_events(tmp_path: P
         return [s.op for s in r.sequences], [o.op for o in r.by_op]
 
     assert seen(forward) == seen(backward) == (["aten::add", "aten::mul"],) * 2
+
+
+def test_counter_values_do_not_depend_on_the_order_of_keys_in_args(tmp_path: Path) -> None:
+    # CUPTI range-profiler events carry one arg per metric; the values table listed them in
+    # the file's key order, which JSON gives no meaning.
+    values = {"dram__bytes.sum": 64, "smsp__inst_executed.sum": 10, "sm__cycles.sum": 7}
+    tables = []
+    for name, args in (("a.json", values), ("b.json", dict(reversed(values.items())))):
+        b = TraceBuilder()
+        b.op("aten::mm", 0, 50)
+        b.runtime("cudaLaunchKernel", 10, 5)
+        ev = {"ph": "X", "cat": "cuda_profiler_range", "name": "gemm", "pid": 0, "tid": 0}
+        b.events.append({**ev, "ts": 1_000, "dur": 500, "args": args})
+        tables.append(perfcast.gpu_counters(perfcast.load(_write(b.doc(), tmp_path / name))))
+    a, c = ([(v.metric, v.value) for v in t.values] for t in tables)
+    assert a == c == sorted(a)

@@ -129,7 +129,7 @@ def read_counter_ranges(path: str) -> tuple[list[CounterRange], str | None]:
         except (msgspec.DecodeError, RecursionError, ValueError):
             raw = None
         if isinstance(raw, dict):
-            for key, value in raw.items():
+            for key, value in sorted(raw.items()):  # by name: the file's order means nothing
                 number = isinstance(value, (int, float)) and not isinstance(value, bool)
                 if number and math.isfinite(value):
                     values[str(key)] = float(value)
