@@ -144,3 +144,19 @@ def test_counter_values_do_not_depend_on_the_order_of_keys_in_args(tmp_path: Pat
         tables.append(perfcast.gpu_counters(perfcast.load(_write(b.doc(), tmp_path / name))))
     a, c = ([(v.metric, v.value) for v in t.values] for t in tables)
     assert a == c == sorted(a)
+
+
+def test_epoch_times_stay_exact_when_every_float_rounds_to_a_whole_microsecond(
+    tmp_path: Path,
+) -> None:
+    # At 1.7e15 µs a double's spacing is 0.25 µs: .001 to .125 read as .0. The precise decoder
+    # was chosen only where a sampled time still showed a fraction, so a small trace whose
+    # times all had such decimals lost them (up to 125 ns each).
+    b = TraceBuilder()
+    b.step(1, 10.125, 100.5)
+    b.op("aten::add", 20.001, 30.002)
+    b.launch("k1", 21.003, 4.004, 40.005, 7.007)
+    base = perfcast.load(_write(b.doc(), tmp_path / "base.json"))
+    table = perfcast.load(_write(_shifted(b.doc(), EPOCH_US), tmp_path / "far.json"))
+    want = np.asarray(base.ts, dtype=np.int64) + int(EPOCH_US) * 1000
+    assert np.array_equal(np.asarray(table.ts, dtype=np.int64), want)

@@ -36,7 +36,6 @@ import numpy as np
 from perfcast.errors import NotATraceError, TraceFormatError, UnreadableTraceError
 from perfcast.ingest.checks import DropLog, check_event, json_type
 from perfcast.ingest.schema import (
-    INEXACT_US,
     FastEvent,
     PreciseEvent,
     RawEvent,
@@ -924,14 +923,11 @@ class TraceReader:
     @staticmethod
     def _needs_precision(events: EventList) -> bool:
         """Whether timestamps carry decimals a float64 rounds: large (epoch microseconds)
-        and not whole. Rounded already, a value with 3 decimals still shows a fraction (the
-        nearest double to .xyz is a multiple of 0.125 µs, whole only for .000 or so)."""
+        floats. Rounded already, one may look whole (.001 reads as .0 at 1.7e15 µs): a tiny
+        trace whose few times all had such decimals was read up to 125 ns off."""
         # Spread over the slice: a trace may open with metadata events at time 0.
-        for ev in events[:: max(1, len(events) // _PRECISION_SAMPLE)]:
-            ts = ev.ts
-            if type(ts) is float and abs(ts) >= INEXACT_US and ts != int(ts):
-                return True
-        return False
+        sample = events[:: max(1, len(events) // _PRECISION_SAMPLE)]
+        return any(rounded_by_float(ev.ts) for ev in sample)
 
     def _repaired(self, start: int, end: int, data: bytes | bytearray) -> _Repaired:
         body = data[1:-1]

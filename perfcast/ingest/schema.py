@@ -110,12 +110,17 @@ def exact_float(text: str) -> float | str:
     """msgspec's float hook for PreciseEvent: the literal itself where float64 would round it
     (a large value with decimals), else the float."""
     value = float(text)
-    return text if abs(value) >= INEXACT_US and "." in text else value
+    # A plain decimal literal only: one with an exponent is no Kineto time (and its float
+    # says what it is in a message).
+    plain = "." in text and "e" not in text and "E" not in text
+    return text if plain and abs(value) >= INEXACT_US else value
 
 
 def rounded_by_float(ts: Any) -> bool:
-    """Whether a decoded timestamp is a float64 that rounded its literal (see exact_float)."""
-    return type(ts) is float and abs(ts) >= INEXACT_US and ts != int(ts)
+    """Whether a decoded timestamp is a float64 that may have rounded its literal (see
+    exact_float): a large one. Whole or not: at epoch µs (spacing 0.25 µs) any decimals
+    within 0.125 of a whole µs read as whole, and Kineto writes whole µs as integers."""
+    return type(ts) is float and abs(ts) >= INEXACT_US
 
 
 class Stamp(msgspec.Struct, gc=False):
