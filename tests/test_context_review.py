@@ -62,9 +62,11 @@ def test_deep_rows_start_right_of_their_parent() -> None:
             col = line.find(r.name)
             assert col > 0, (width, r.name, line)
             start.append(col)
+        deepest = max(start)  # where the guide stops growing, so that names keep room
         for i, r in enumerate(rows):
             if r.parent >= 0:
-                assert start[i] > start[r.parent], (width, r.name, lines[i], lines[r.parent])
+                right = start[i] > start[r.parent] or start[i] == start[r.parent] == deepest
+                assert right, (width, r.name, lines[i], lines[r.parent])
             if r.name.startswith("s"):  # a node's sibling starts where the node does
                 twin = next(j for j, q in enumerate(rows) if q.name == "n" + r.name[1:])
                 assert start[i] == start[twin], (width, lines[i], lines[twin])
@@ -139,3 +141,27 @@ def test_narrow_terminal_keeps_the_names(write_trace, monkeypatch, capsys) -> No
     for line in rows:  # every row ends in a name (or its start), never in guides alone
         assert line.rstrip()[-1] not in " │├└─", line
     assert "cudaLaunch" in rows[-2]
+
+
+def test_deep_rows_keep_their_names_beside_wide_columns() -> None:
+    """With a GPU trace's seven columns at 100 characters, 30 levels of one-column guides
+    filled the line: 20 of the SGLang trace's 122 rows showed no name (its 17.49 ms kernel
+    among them). The guide stops growing where a name would keep fewer than NAME_ROOM."""
+    from perfcast.report.tree import NAME_ROOM
+
+    rows = _chain_with_siblings(45)
+    out = io.StringIO()
+    console = Console(file=out, width=100, color_system=None, legacy_windows=False)
+    cols = [Column(f"c{i}", lambda r: r.incl["gpu_ns"], _ms) for i in range(7)]
+    _render_rows(rows, cols, console, lambda v: f"{v:g}", "below 1%")
+    lines = out.getvalue().splitlines()[1:]
+    assert len(lines) == len(rows)
+    start = [line.find(r.name) for r, line in zip(rows, lines, strict=True)]
+    assert min(start) > 0, [ln for ln, c in zip(lines, start) if c <= 0][:3]
+    for i, r in enumerate(rows):
+        assert len(lines[i]) <= 100
+        assert len(lines[i]) - start[i] >= min(len(r.name), NAME_ROOM - 1) or lines[i].endswith(
+            r.name
+        )
+        if r.parent >= 0:
+            assert start[i] >= start[r.parent], (lines[i], lines[r.parent])

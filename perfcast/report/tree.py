@@ -86,6 +86,10 @@ def _render_rows(
     # right of its parent's (dropping levels from the left drew deep rows left of their
     # parents).
     full = max(4, (width - cells_w - 2) // 2 // 3)
+    # Deeper still, the guide stops growing where a name would keep fewer than NAME_ROOM
+    # characters: rows past that depth start where their parent does (never left of it),
+    # and keep their names (at 100 columns, 30 levels of one column each left none).
+    most = max(2, width - cells_w - 2 - NAME_ROOM)
 
     def guide(more: Sequence[bool], last: bool) -> str:
         """The guide before a name at depth len(more) + 1: `more[i]` when the ancestor at
@@ -94,11 +98,12 @@ def _render_rows(
         out = [
             ("│  " if m else "   ") if i < full else ("│" if m else " ") for i, m in enumerate(more)
         ]
-        if d < full:
-            out.append("└─ " if last else "├─ ")
-        else:
-            out.append("└ " if last else "├ ")
-        return "".join(out)
+        tip = ("└─ " if last else "├─ ") if d < full else ("└ " if last else "├ ")
+        text = "".join(out)
+        if len(text) + len(tip) > most:
+            tip = "└ " if last else "├ "
+            text = text[: most - len(tip)]
+        return text + tip
 
     def emit(i: int, more: tuple[bool, ...], last: bool, top: bool) -> None:
         r = rows[i]
@@ -122,6 +127,8 @@ def _render_rows(
     emit(0, (), True, True)
 
 
+# Characters a name keeps at least beside its guide, however deep its row.
+NAME_ROOM = 20
 # Room the guides and names keep at least: on an 80-column terminal the seven columns of
 # a GPU trace left 17 characters, and from the sixth level on the rows showed no name.
 MIN_PATH_ROOM = 40
@@ -235,11 +242,12 @@ def render_tree(result: TreeResult, console: Console) -> None:
                 style="dim",
             )
         )
-    columns, dropped = _fit_columns(_tree_columns(result), max(console.width, 80))
+    width = max(console.width, 80)  # the rows are laid out for 80 at least (_render_rows)
+    columns, dropped = _fit_columns(_tree_columns(result), width)
     if dropped:
         console.print(
             Text(
-                f"columns left out to fit {console.width} characters: {', '.join(dropped)} "
+                f"columns left out to fit {width} characters: {', '.join(dropped)} "
                 "(a wider terminal or --json shows them)",
                 style="dim",
             )
