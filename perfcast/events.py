@@ -11,14 +11,11 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 import numpy as np
 
-if TYPE_CHECKING:  # the optional DataFrame libraries, for the hand-offs' return types
-    import pandas
-    import polars
-    import pyarrow
+from perfcast.frames import ArrowTable, PandasFrame, PolarsFrame
 
 NONE = -1  # missing value in the integer id columns
 MEM_DEVICE_CPU = -2  # mem_device of a [memory] event on the CPU's allocator
@@ -273,7 +270,7 @@ class EventTable:
             f"{len(self.names):,} names{salvaged})"
         )
 
-    def to_pandas(self) -> pandas.DataFrame:
+    def to_pandas(self) -> PandasFrame:
         """One row per event as a pandas DataFrame (`pip install 'perfcast[dataframe]'`).
 
         Numeric columns are the table's own arrays; `kind` and the name columns are
@@ -285,7 +282,7 @@ class EventTable:
 
         return events_to_pandas(self)
 
-    def to_arrow(self) -> pyarrow.Table:
+    def to_arrow(self) -> ArrowTable:
         """One row per event as a pyarrow Table (names dictionary-encoded, no copy of codes).
 
         >>> perfcast.load("trace.json.gz").to_arrow().schema                     # doctest: +SKIP
@@ -294,7 +291,7 @@ class EventTable:
 
         return events_to_arrow(self)
 
-    def to_polars(self) -> polars.DataFrame:
+    def to_polars(self) -> PolarsFrame:
         """One row per event as a polars DataFrame (through Arrow).
 
         >>> perfcast.load("trace.json.gz").to_polars().filter(kind="kernel")     # doctest: +SKIP

@@ -27,11 +27,15 @@ from perfcast.display import Displayed
 from perfcast.errors import NotApplicableError, OptionError, PerfcastError
 
 if TYPE_CHECKING:
-    import pandas
-    import polars
-    import pyarrow
+    from pandas import DataFrame as PandasFrame
+    from polars import DataFrame as PolarsFrame
+    from pyarrow import Table as ArrowTable
 
     from perfcast.events import EventTable
+else:
+    # The hand-offs' return types: the optional libraries' own types for type checkers, Any
+    # at runtime, so that typing.get_type_hints resolves them without pandas installed.
+    PandasFrame = PolarsFrame = ArrowTable = Any
 
 Columns = dict[str, Any]  # column name -> NumPy array or list
 
@@ -280,15 +284,15 @@ class Tables(Displayed):
             )
         return tables[name]
 
-    def to_pandas(self, name: str | None = None) -> pandas.DataFrame:
+    def to_pandas(self, name: str | None = None) -> PandasFrame:
         """One table as a pandas DataFrame (`pip install 'perfcast[dataframe]'`)."""
         return columns_to_pandas(self.table(name))
 
-    def to_polars(self, name: str | None = None) -> polars.DataFrame:
+    def to_polars(self, name: str | None = None) -> PolarsFrame:
         """One table as a polars DataFrame."""
         return columns_to_polars(self.table(name))
 
-    def to_arrow(self, name: str | None = None) -> pyarrow.Table:
+    def to_arrow(self, name: str | None = None) -> ArrowTable:
         """One table as a pyarrow Table."""
         return columns_to_arrow(self.table(name))
 
