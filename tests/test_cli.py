@@ -1196,3 +1196,9 @@ def test_advise_headline_groups_thousands_as_the_tables_do(tmp_path, capsys):
     assert main(["advise", str(trace), "-q"]) == 0
     out = capsys.readouterr().out
     assert "step 1,600.00 ms" in out, out
+    assert main(["whatif", str(trace), "--apply", "faster-op:factor=2", "-q"]) == 0
+    out = capsys.readouterr().out
+    assert "1,600.00 ms" in out and "1600.00" not in out, out
+    assert main(["replay", str(trace), "-q"]) == 0
+    out = capsys.readouterr().out
+    assert "1,600.00" in out and "1600.00" not in out, out

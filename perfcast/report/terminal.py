@@ -241,7 +241,7 @@ def render_summary(summary: Summary, console: Console, top: int = 5) -> None:
             count_head="GPU ops",
         )
         if rs.gpu_ms_by_phase:
-            parts = ", ".join(f"{k} {v:.2f}" for k, v in rs.gpu_ms_by_phase.items())
+            parts = ", ".join(f"{k} {v:,.2f}" for k, v in rs.gpu_ms_by_phase.items())
             console.print(Text(f"GPU ms by phase (all steps): {parts}"))
         console.print()
 
@@ -371,7 +371,7 @@ def render_replay(result: ReplayResult, console: Console) -> None:
         if n:
             console.print(f"  {kind.replace('_', ' ')}: {n:,}", highlight=False)
     for cp in result.critical_paths[:4]:
-        parts = ", ".join(f"{k} {v:.2f}" for k, v in cp.by_category_ms.items() if v > 0.0005)
+        parts = ", ".join(f"{k} {v:,.2f}" for k, v in cp.by_category_ms.items() if v > 0.0005)
         console.print(
             Text(
                 f"critical path of rank {cp.rank} {cp.iteration} ({cp.total_ms:,.2f} ms, "
@@ -379,7 +379,7 @@ def render_replay(result: ReplayResult, console: Console) -> None:
             )
         )
         for cat, name, ms in cp.top_items[:3]:
-            console.print(Text(f"    {ms:9.2f} ms  {cat:18s} {_short(name, 60)}"))
+            console.print(Text(f"    {ms:9,.2f} ms  {cat:18s} {_short(name, 60)}"))
 
 
 # Every step time of a multi-rank prediction is the step's slowest rank (replay shows each).
@@ -396,11 +396,11 @@ def render_whatif(result: WhatIfResult, console: Console) -> None:
     if n_ranks > 1:
         console.print(Text(f"  {_SLOWEST_RANK.format(n=n_ranks)}"))
     console.print(
-        f"  traced step                 {result.traced_ms:10.2f} ms\n"
+        f"  traced step                 {result.traced_ms:10,.2f} ms\n"
         + _real_line(result.baseline_ms, result.measured_real_ms, result.correction)
-        + f"  predicted step              {result.predicted_ms:10.2f} ms   speedup "
+        + f"  predicted step              {result.predicted_ms:10,.2f} ms   speedup "
         f"{result.speedup:.2f}×\n"
-        f"  predicted, profiled         {result.predicted_traced_ms:10.2f} ms   speedup "
+        f"  predicted, profiled         {result.predicted_traced_ms:10,.2f} ms   speedup "
         f"{result.speedup_traced:.2f}×\n"
         + (
             f"  throughput per sample       {result.per_sample_speedup:10.2f}×\n"
@@ -448,7 +448,7 @@ def _real_line(real_ms: float, measured_real_ms: float | None, correction: Corre
     if correction.source == "off":
         return "  (profiler's cost left in: every figure is for the profiled run)\n"
     line = (
-        f"  step without the profiler   {real_ms:10.2f} ms   ({correction.source}"
+        f"  step without the profiler   {real_ms:10,.2f} ms   ({correction.source}"
         # A fit is said to be exact unless it fell short (then its gap is the uncertainty).
         + (
             f", ±{correction.uncertainty_pct:.0f}%"
@@ -458,7 +458,7 @@ def _real_line(real_ms: float, measured_real_ms: float | None, correction: Corre
         + ")\n"
     )
     if measured_real_ms is not None:
-        line += f"  measured without profiler   {measured_real_ms:10.2f} ms\n"
+        line += f"  measured without profiler   {measured_real_ms:10,.2f} ms\n"
     return line
 
 
