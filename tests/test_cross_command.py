@@ -74,8 +74,8 @@ def test_tree_names_kernels_as_the_other_tables_do(capsys):
         assert main([*argv, "-q"]) == 0
         out = capsys.readouterr().out
         # a name starts after a tree guide or a bottom-up call count
-        assert re.search(r"(─ |×  )cudnn::", out), argv
-        assert not re.search(r"(─ |×  )void ", out), argv
+        assert re.search(r"([─├└] |×  )cudnn::", out), argv
+        assert not re.search(r"([─├└] |×  )void ", out), argv
 
 
 def test_summary_steps_table_has_the_gpu_busy_time_its_json_has(capsys):
