@@ -443,6 +443,16 @@ def test_timeline_cap_keeps_each_kind_of_bar_in_a_lane(tmp_path: Path) -> None:
         gpu_lanes = {i for i, name in enumerate(g["lanes"]) if name.startswith("GPU")}
         shown_copies = sum(1 for ln, c in zip(g["lane"], g["cat"]) if ln in gpu_lanes and c == copy)
         assert shown_copies > 0, group
+    # The two panels draw the same GPU work: the replay reproduces it, so the same bars.
+    drawn = {}
+    for group in ("measured", "simulated"):
+        g = tl[group]
+        drawn[group] = sorted(
+            (g["lanes"][ln], c, round(d, 3))
+            for ln, c, d in zip(g["lane"], g["cat"], g["dur"])
+            if g["lanes"][ln].startswith("GPU")
+        )
+    assert drawn["measured"] == drawn["simulated"]
 
 
 @browser_test
