@@ -486,3 +486,19 @@ def test_a_blocking_call_is_weighed_against_its_own_ranks_steps(
         (folder / f"rank{rank}.json").write_text(json.dumps(raw))
     found = " ".join(perfcast.advise(folder).findings)
     assert "blocked 493.2 ms (50% of the traced steps)" in found
+
+
+def test_plan_lists_its_changes_in_the_order_whatif_applies_them() -> None:
+    """The advisor kept its own ordering (PLAN_ORDER, the rest after it) while whatif now
+    applies dataloader-overlap after everything: the plan shown and the plan predicted
+    could disagree. Both use registry.in_plan_order."""
+    from types import SimpleNamespace
+
+    from perfcast.advisor.advisor import _in_plan_order
+    from perfcast.whatif.registry import in_plan_order, parse_spec
+
+    names = ["dataloader-overlap:workers=4", "faster-op:factor=2", "cuda-graphs", "amp"]
+    shown = [s.name for s in _in_plan_order([SimpleNamespace(name=n) for n in names])]  # type: ignore[misc]
+    applied = [str(s) for s in in_plan_order([parse_spec(n) for n in names])]
+    assert shown == applied
+    assert shown[-1] == "dataloader-overlap:workers=4"

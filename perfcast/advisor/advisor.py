@@ -42,7 +42,7 @@ from perfcast.graph.model import GpuKind, Graph, NodeKind
 from perfcast.graph.phases import Phase, host_collective_mask
 from perfcast.real import Correction
 from perfcast.sim.timeline import Timeline, simulate
-from perfcast.whatif.registry import PLAN_ORDER, Spec
+from perfcast.whatif.registry import Spec
 from perfcast.whatif.runner import (
     apply_specs,
     lead_assumption,
@@ -985,12 +985,14 @@ def _plan(
 
 
 def _in_plan_order(suggestions: list[Suggestion]) -> list[Suggestion]:
-    # Code changes first, capture last (registry.PLAN_ORDER).
-    def key(s: Suggestion) -> int:
-        model = s.name.split(":")[0]
-        return PLAN_ORDER.index(model) if model in PLAN_ORDER else len(PLAN_ORDER)
+    """The suggestions in the order `whatif` applies them (registry.in_plan_order: code
+    changes first, capture last, dataloader-overlap after everything), so that the plan
+    shown is the plan predicted."""
+    from perfcast.whatif.registry import in_plan_order, parse_spec
 
-    return sorted(suggestions, key=key)
+    specs = [parse_spec(s.name) for s in suggestions]
+    where = {id(spec): i for i, spec in enumerate(specs)}
+    return [suggestions[where[id(spec)]] for spec in in_plan_order(specs)]
 
 
 def _predict_together(suggestions: list[Suggestion], world: RealWorld) -> float | None:
