@@ -87,3 +87,16 @@ def test_summary_steps_table_has_the_gpu_busy_time_its_json_has(capsys):
     assert list(steps["gpu_idle_ms"] + steps["gpu_busy_ms"]) == [
         pytest.approx(it["traced_ms"]) for it in its
     ]
+
+
+def test_replay_names_the_device_as_summary_does(capsys) -> None:
+    """replay's `device` was the device table's match ("A100-SXM4-40GB") where summary and
+    the report show the trace's own name ("NVIDIA A100-PG509-200"): one GPU, two names.
+    The match is `device_model` beside it."""
+    docs = {}
+    for command in ("summary", "replay"):
+        assert main([command, str(EXAMPLE), "--json", "-q"]) == 0
+        docs[command] = json.loads(capsys.readouterr().out)
+    summary, replay = docs["summary"], docs["replay"]
+    assert replay["ranks"][0]["device"] == summary["ranks"][0]["device"] == "NVIDIA A100-PG509-200"
+    assert replay["ranks"][0]["device_model"] == "A100-SXM4-40GB"

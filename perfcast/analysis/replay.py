@@ -9,6 +9,7 @@ from perfcast.analysis.critical_path import CriticalPath, critical_paths
 from perfcast.analysis.notes import input_notes
 from perfcast.analysis.real_step import RealWorld
 from perfcast.frames import Columns, Tables, dicts_to_columns, field_kinds
+from perfcast.graph.model import Graph
 from perfcast.real import Correction
 from perfcast.sim.timeline import Timeline
 
@@ -32,8 +33,11 @@ class IterationReplay:
 @dataclass
 class RankReplay:
     rank: int
-    device: str | None
+    device: str | None  # as the trace names it (summary's and the report's device)
     iterations: list[IterationReplay]
+    # The part of perfcast's device table the name was read as (its figures the models'),
+    # e.g. "A100-SXM4-40GB" for "NVIDIA A100-PG509-200"; None when unknown.
+    device_model: str | None = None
 
 
 @dataclass
@@ -122,7 +126,12 @@ def replay_result(
     paths: list[CriticalPath] = critical_paths(path_tl) if with_critical_path else []
     return ReplayResult(
         ranks=[
-            RankReplay(rank=r, device=g.device_names.get(r), iterations=its)
+            RankReplay(
+                rank=r,
+                device=_traced_device(g, r),
+                iterations=its,
+                device_model=g.device_names.get(r),
+            )
             for r, its in sorted(by_rank.items())
         ],
         unresolved_dependencies=int(sum(g.unresolved.values())),
@@ -139,3 +148,13 @@ def replay_result(
         assumptions=list(g.assumptions),
         notes=input_notes(g.table) if g.table is not None else [],
     )
+
+
+def _traced_device(graph: Graph, rank: int) -> str | None:
+    """The device name rank's trace records (what summary shows), or the table's match."""
+    table = graph.table
+    try:
+        name = table.rank_info(rank).device_name if table is not None else None
+    except KeyError:  # a rank the graph has and the table not: none so far
+        name = None
+    return name or graph.device_names.get(rank)
