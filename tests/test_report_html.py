@@ -466,6 +466,10 @@ def test_example_report_tables_fit_and_keep_one_font_per_column(tmp_path: Path) 
     page = load_page(out, window=(1400, 3000))
     root = browser_checks(page)
     assert not [t for t in page.probe["overflow"] if "optimization" in t], page.probe["overflow"]
+    # The example's collectives: the caption says why their simulated bars are shorter.
+    timeline = root.by_id("timeline")
+    assert timeline is not None
+    assert "the last rank reaches it" in timeline.text_content()
     # One font per column of the analyses' tables: per cell, "computation + communication"
     # (27 characters) came out monospace among plain "memory" and "computation".
     checked = 0

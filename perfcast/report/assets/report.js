@@ -586,10 +586,16 @@
       });
     }
     chart(root, "chart-timeline", traces, layout, height);
+    // A collective's measured bar holds its wait for the other ranks; the simulator makes
+    // that wait a dependency, so its bar starts later and is shorter, ending where it did.
+    var comm = cats.indexOf("communication");
+    var collectives = T.simulated && T.simulated.cat.indexOf(comm) >= 0;
     caption(root, "Drag to zoom, double-click to reset; hover a bar for its name. Both groups " +
       "start at their own step start. Measured CPU lanes show outermost record_function " +
       "annotations, ops two levels deep and runtime calls; simulated CPU lanes interleave op work and runtime calls " +
-      "as the simulator replays them.");
+      "as the simulator replays them." + (collectives ? " A collective's simulated bar starts " +
+      "when the last rank reaches it: the time its measured bar spent waiting for the other " +
+      "ranks is a dependency in the simulation, not part of the kernel." : ""));
   }
 
   // ---- top kernels and ops ---------------------------------------------------------------
