@@ -165,3 +165,20 @@ def test_deep_rows_keep_their_names_beside_wide_columns() -> None:
         )
         if r.parent >= 0:
             assert start[i] >= start[r.parent], (lines[i], lines[r.parent])
+
+
+def test_unknown_step_hint_lists_steps_in_trace_order(write_trace, capsys) -> None:
+    """The hint sorted step names as text: ProfilerStep#10 before ProfilerStep#9."""
+    from perfcast.cli.main import main
+
+    events = []
+    for i, n in enumerate((8, 9, 10, 11)):
+        t0 = 1000.0 * i
+        events.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{n}",
+                       "pid": 1, "tid": 1, "ts": t0, "dur": 900.0})  # fmt: skip
+        events.append({"ph": "X", "cat": "cpu_op", "name": "aten::add", "pid": 1, "tid": 1,
+                       "ts": t0 + 10, "dur": 100.0})  # fmt: skip
+    path = write_trace({"traceEvents": events})
+    assert main(["tree", str(path), "--step", "99", "-q"]) == 2
+    err = capsys.readouterr().err
+    assert "ProfilerStep#8', 'ProfilerStep#9', 'ProfilerStep#10', 'ProfilerStep#11'" in err, err

@@ -1019,7 +1019,8 @@ def select_rows(
             if str(step) in (table.iterations[i].name, table.iterations[i].name.removeprefix(_STEP))
         ]
         if not want:
-            names = sorted({table.iterations[i].name for i in its})
+            # In the trace's order: sorted as text, #10 came before #5.
+            names = list(dict.fromkeys(table.iterations[i].name for i in its))
             raise OptionError(f"no step {step!r} in {table.source()}", hint=f"steps: {names[:8]}")
         mask &= np.isin(table.iteration, want)
         sel["step"] = table.iterations[want[0]].name
