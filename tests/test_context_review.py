@@ -182,3 +182,13 @@ def test_unknown_step_hint_lists_steps_in_trace_order(write_trace, capsys) -> No
     assert main(["tree", str(path), "--step", "99", "-q"]) == 2
     err = capsys.readouterr().err
     assert "ProfilerStep#8', 'ProfilerStep#9', 'ProfilerStep#10', 'ProfilerStep#11'" in err, err
+
+
+def test_matmul_flops_with_a_vector_first() -> None:
+    """[k] @ [..., k, n] counted 0 FLOPs (only matrix @ vector was read)."""
+    from perfcast.analysis.context import op_flops
+
+    assert op_flops("aten::matmul", "[[64], [64, 32]]") == 2.0 * 64 * 32
+    assert op_flops("aten::matmul", "[[64], [3, 64, 32]]") == 2.0 * 3 * 64 * 32
+    assert op_flops("aten::matmul", "[[64, 32], [32]]") == 2.0 * 64 * 32
+    assert op_flops("aten::matmul", "[[63], [64, 32]]") == 0.0  # shapes that do not chain

@@ -862,6 +862,8 @@ def op_flops(op: str, shapes: str, concrete: str | None = None) -> float:
             return 2.0 * batch * a[-2] * a[-1] * b[-1]
         if len(a) >= 1 and len(b) == 1 and a[-1] == b[0]:
             return 2.0 * _prod(a)
+        if len(a) == 1 and len(b) >= 2 and a[0] == b[-2]:  # a vector times (a batch of) matrices
+            return 2.0 * _prod(b)
         return 0.0
     if f"aten::{name}" in FUSED_ATTENTION:
         return attention_flops(f"aten::{name}", dims) or 0.0
