@@ -192,3 +192,28 @@ def test_matmul_flops_with_a_vector_first() -> None:
     assert op_flops("aten::matmul", "[[64], [3, 64, 32]]") == 2.0 * 3 * 64 * 32
     assert op_flops("aten::matmul", "[[64, 32], [32]]") == 2.0 * 64 * 32
     assert op_flops("aten::matmul", "[[63], [64, 32]]") == 0.0  # shapes that do not chain
+
+
+def test_tree_and_roofline_count_matrix_products_with_one_formula() -> None:
+    """The tree's FLOPs (context.op_flops) and the roofline's (roofline.op_cost) were two
+    hand-written copies of the matrix-product formulas; they disagreed where one read a case
+    the other did not (batched matmul, _addmm_activation, shapes that do not chain)."""
+    from perfcast.analysis.context import op_flops
+    from perfcast.analysis.roofline import op_cost
+
+    cases = [
+        ("aten::mm", [[64, 256], [256, 128]]),
+        ("aten::addmm", [[128], [64, 256], [256, 128]]),
+        ("aten::_addmm_activation", [[128], [64, 256], [256, 128]]),
+        ("aten::bmm", [[8, 64, 32], [8, 32, 16]]),
+        ("aten::baddbmm", [[8, 64, 16], [8, 64, 32], [8, 32, 16]]),
+        ("aten::linear", [[4, 10, 256], [128, 256], [128]]),
+        ("aten::matmul", [[4, 8, 64, 32], [4, 8, 32, 16]]),
+        ("aten::matmul", [[64], [64, 32]]),
+        ("aten::mm", [[64, 255], [256, 128]]),  # does not chain: no FLOPs, no cost
+    ]
+    for name, dims in cases:
+        cost = op_cost(name, dims, 4)
+        assert op_flops(name, str(dims)) == (cost[0] if cost else 0.0), (name, dims)
+    assert op_cost("aten::mm", [[64, 255], [256, 128]], 4) is None
+    assert op_flops("aten::matmul", "[[4, 8, 64, 32], [4, 8, 32, 16]]") == 2.0 * 32 * 64 * 32 * 16

@@ -40,7 +40,12 @@ import numpy as np
 
 from perfcast.analysis.common import NO_LAUNCH, first_launch_correlation
 from perfcast.analysis.convolution import CONVOLUTION_OPS, conv_cost, parse_concrete
-from perfcast.analysis.roofline import FUSED_ATTENTION, attention_flops
+from perfcast.analysis.roofline import (
+    FUSED_ATTENTION,
+    MATRIX_PRODUCTS,
+    attention_flops,
+    matrix_product_cost,
+)
 from perfcast.arrays import combine_codes
 from perfcast.errors import OptionError
 from perfcast.events import NONE, EventTable, Kind
@@ -815,13 +820,6 @@ def build_index(table: EventTable) -> ContextIndex:
 # Metrics
 
 
-def _prod(xs: list[int]) -> int:
-    p = 1
-    for x in xs:
-        p *= x
-    return p
-
-
 def op_flops(op: str, shapes: str, concrete: str | None = None) -> float:
     """FLOPs of one op from its input shapes (multiply-add = 2), 0 when they do not tell.
 
@@ -836,35 +834,9 @@ def op_flops(op: str, shapes: str, concrete: str | None = None) -> float:
         cost = conv_cost(op, dims, parse_concrete(concrete), 1)
         return cost[0] if cost else 0.0
     name = op.removeprefix("aten::")
-
-    def arg(i: int) -> list[int]:
-        return dims[i] if i < len(dims) else []
-
-    if name in ("mm", "addmm"):
-        a, b = (arg(0), arg(1)) if name == "mm" else (arg(1), arg(2))
-        if len(a) == 2 and len(b) == 2 and a[1] == b[0]:
-            return 2.0 * a[0] * a[1] * b[1]
-        return 0.0
-    if name in ("bmm", "baddbmm"):
-        a, b = (arg(0), arg(1)) if name == "bmm" else (arg(1), arg(2))
-        if len(a) == 3 and len(b) == 3 and a[2] == b[1] and a[0] == b[0]:
-            return 2.0 * a[0] * a[1] * a[2] * b[2]
-        return 0.0
-    if name == "linear":
-        x, w = arg(0), arg(1)
-        if len(x) >= 1 and len(w) == 2 and x[-1] == w[1]:
-            return 2.0 * _prod(x[:-1]) * w[1] * w[0]
-        return 0.0
-    if name == "matmul":
-        a, b = arg(0), arg(1)
-        if len(a) >= 2 and len(b) >= 2 and a[-1] == b[-2]:
-            batch = max(_prod(a[:-2]), _prod(b[:-2]))
-            return 2.0 * batch * a[-2] * a[-1] * b[-1]
-        if len(a) >= 1 and len(b) == 1 and a[-1] == b[0]:
-            return 2.0 * _prod(a)
-        if len(a) == 1 and len(b) >= 2 and a[0] == b[-2]:  # a vector times (a batch of) matrices
-            return 2.0 * _prod(b)
-        return 0.0
+    if f"aten::{name}" in MATRIX_PRODUCTS:
+        cost = matrix_product_cost(f"aten::{name}", dims, 1)
+        return cost[0] if cost else 0.0
     if f"aten::{name}" in FUSED_ATTENTION:
         return attention_flops(f"aten::{name}", dims) or 0.0
     return 0.0

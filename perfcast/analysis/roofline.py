@@ -46,7 +46,7 @@ from perfcast.ingest.input_dims import parse_input_dims, row_input_dtype, tensor
 
 DTYPE_BYTES = {"fp64": 8, "fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 
-_MATMUL = {
+MATRIX_PRODUCTS = {
     "aten::mm",
     "aten::addmm",
     "aten::bmm",
@@ -145,8 +145,8 @@ def op_cost(name: str, shapes: list, b: int) -> tuple[float, float] | None:
         return math.prod(int(x) for x in s) if s else 0
 
     tensors = [d for d in dims if d]
-    if name in _MATMUL:
-        return _matmul(name, dims, b)
+    if name in MATRIX_PRODUCTS:
+        return matrix_product_cost(name, dims, b)
     if name in _SDPA:
         flops = attention_flops(name, dims)
         if flops is None:
@@ -187,33 +187,55 @@ def _trace_allows_tf32(table: EventTable) -> bool:
     return True
 
 
-def _matmul(name: str, dims: list[list], b: int) -> tuple[float, float] | None:
-    if name in ("aten::mm",) and len(dims) >= 2 and len(dims[0]) == 2 and len(dims[1]) == 2:
-        (m, k), (_, n) = dims[0], dims[1]
-        return 2.0 * m * k * n, float(m * k + k * n + m * n) * b
-    if name in ("aten::addmm", "aten::_addmm_activation") and len(dims) >= 3:
-        bias, a, w = dims[0], dims[1], dims[2]
-        if len(a) == 2 and len(w) == 2:
-            (m, k), (_, n) = a, w
+def matrix_product_cost(name: str, dims: list[list], b: int) -> tuple[float, float] | None:
+    """(FLOPs, bytes) of one matrix product from its input shapes (`b` bytes per element), or
+    None where the shapes do not chain (an inner dimension that differs). The one formula
+    for the roofline, the calling-context tree's FLOPs and the models that read them."""
+
+    def arg(i: int) -> list:
+        return dims[i] if i < len(dims) else []
+
+    if name == "aten::mm":
+        a, w = arg(0), arg(1)
+        if len(a) == 2 and len(w) == 2 and a[1] == w[0]:
+            (m, k), n = a, w[1]
+            return 2.0 * m * k * n, float(m * k + k * n + m * n) * b
+        return None
+    if name in ("aten::addmm", "aten::_addmm_activation"):
+        bias, a, w = arg(0), arg(1), arg(2)
+        if len(a) == 2 and len(w) == 2 and a[1] == w[0]:
+            (m, k), n = a, w[1]
             bias_n = math.prod(bias) if bias else 0
             return 2.0 * m * k * n, float(m * k + k * n + m * n + bias_n) * b
-    if name == "aten::bmm" and len(dims) >= 2 and len(dims[0]) == 3 and len(dims[1]) == 3:
-        (bt, m, k), (_, _, n) = dims[0], dims[1]
-        return 2.0 * bt * m * k * n, float(bt * (m * k + k * n + m * n)) * b
-    if name == "aten::baddbmm" and len(dims) >= 3 and len(dims[1]) == 3 and len(dims[2]) == 3:
-        (bt, m, k), (_, _, n) = dims[1], dims[2]
-        return 2.0 * bt * m * k * n, float(bt * (m * k + k * n + 2 * m * n)) * b
-    if name == "aten::linear" and len(dims) >= 2 and dims[0] and len(dims[1]) == 2:
-        rows = math.prod(dims[0][:-1]) if len(dims[0]) > 1 else 1
-        k = dims[0][-1]
-        n = dims[1][0]
-        bias_n = math.prod(dims[2]) if len(dims) > 2 and dims[2] else 0
-        return 2.0 * rows * k * n, float(rows * k + k * n + rows * n + bias_n) * b
-    if name == "aten::matmul" and len(dims) >= 2 and len(dims[0]) >= 2 and len(dims[1]) == 2:
-        rows = math.prod(dims[0][:-1])
-        k = dims[0][-1]
-        n = dims[1][1]
-        return 2.0 * rows * k * n, float(rows * k + k * n + rows * n) * b
+        return None
+    if name in ("aten::bmm", "aten::baddbmm"):
+        a, w = (arg(0), arg(1)) if name == "aten::bmm" else (arg(1), arg(2))
+        if len(a) == 3 and len(w) == 3 and a[0] == w[0] and a[2] == w[1]:
+            (bt, m, k), n = a, w[2]
+            out = 2 if name == "aten::baddbmm" else 1  # baddbmm reads its input too
+            return 2.0 * bt * m * k * n, float(bt * (m * k + k * n + out * m * n)) * b
+        return None
+    if name == "aten::linear":
+        x, w, bias = arg(0), arg(1), arg(2)
+        if len(x) >= 1 and len(w) == 2 and x[-1] == w[1]:
+            rows = math.prod(x[:-1]) if len(x) > 1 else 1
+            k, n = x[-1], w[0]
+            bias_n = math.prod(bias) if bias else 0
+            return 2.0 * rows * k * n, float(rows * k + k * n + rows * n + bias_n) * b
+        return None
+    if name == "aten::matmul":
+        x, w = arg(0), arg(1)
+        if len(x) >= 2 and len(w) >= 2 and x[-1] == w[-2]:
+            m, k, n = x[-2], x[-1], w[-1]
+            bx, bw = math.prod(x[:-2]), math.prod(w[:-2])
+            batch = max(bx, bw)  # one side broadcast over the other's batch
+            return 2.0 * batch * m * k * n, float(bx * m * k + bw * k * n + batch * m * n) * b
+        if len(x) >= 1 and len(w) == 1 and x[-1] == w[0]:  # (a batch of) matrices times a vector
+            return 2.0 * math.prod(x), float(math.prod(x) + w[0] + math.prod(x[:-1])) * b
+        if len(x) == 1 and len(w) >= 2 and x[0] == w[-2]:  # a vector times (a batch of) matrices
+            out = math.prod(w[:-2]) * w[-1]
+            return 2.0 * math.prod(w), float(x[0] + math.prod(w) + out) * b
+        return None
     return None
 
 
@@ -261,7 +283,7 @@ def roofline(table: EventTable, top: int = 30) -> Roofline:
     names = table.names
     formula = np.array(
         [
-            n in _MATMUL
+            n in MATRIX_PRODUCTS
             or n in _SDPA
             or n in CONVOLUTION_OPS
             or n.removeprefix("aten::") in _ELEMENTWISE
