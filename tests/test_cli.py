@@ -1202,3 +1202,12 @@ def test_advise_headline_groups_thousands_as_the_tables_do(tmp_path, capsys):
     assert main(["replay", str(trace), "-q"]) == 0
     out = capsys.readouterr().out
     assert "1,600.00" in out and "1600.00" not in out, out
+
+
+def test_summary_says_its_gpu_split_is_by_time(capsys):
+    """A step's GPU split counts the next step's work that starts before it ends (a trace's
+    last step has none after it, and its copies read about half the others' on HTA's 16-rank
+    A100 trace); the caption only said the columns add up to the step."""
+    assert main(["summary", str(H200_TRACE), "-q"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "split the step by time" in out and "next step that starts before this one ends" in out

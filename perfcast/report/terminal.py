@@ -50,7 +50,12 @@ def _mean(values: list[float]) -> float:
 
 
 # Under every table whose GPU columns split a step.
-_GPU_SPLIT = "GPU columns split the step: compute + comm + copies + idle = step"
+# The split is by time: GPU work of the next step that starts before this one ends counts
+# here (a trace's last step has none after it, so its copies and comm can read lower).
+_GPU_SPLIT = (
+    "GPU columns split the step by time: compute + comm + copies + idle = step (GPU work of the "
+    "next step that starts before this one ends counts here)"
+)
 
 
 def _step_label(name: str) -> Text:

@@ -462,7 +462,8 @@
       }), "ms");
       caption(root, "Compute: any non-communication kernel running. Communication and copies " +
         "count only where not hidden by compute. Idle: nothing on any stream. The four add up " +
-        "to the step time.");
+        "to the step time, split by time: GPU work of the next step that starts before a step " +
+        "ends counts in that step (the last step has none after it).");
     } else {
       caption(root, "No GPU work in this trace.", "empty");
     }
