@@ -233,10 +233,3 @@ def downsample_steps(t: np.ndarray, y: np.ndarray, points: int) -> tuple[np.ndar
     first_peak = np.minimum.reduceat(at, starts)
     keep = sorted_unique(np.r_[0, first_peak, starts + lengths - 1])
     return t[keep], y[keep]
-
-
-def largest_first(names: list[str], ids: np.ndarray, totals: np.ndarray, top: int) -> list[int]:
-    """Positions of the `top` largest `totals`, equal ones in the order of their names
-    (`names[ids[i]]`), not of the ids: those depend on the other ranks' files read in the same
-    table, and a rank's list then differed between its folder and its file alone."""
-    return sorted(range(len(ids)), key=lambda i: (-float(totals[i]), names[int(ids[i])]))[:top]

@@ -27,7 +27,6 @@ from perfcast.analysis.common import (
     NS_PER_MS,
     NS_PER_US,
     group_stats,
-    largest_first,
     launching_op,
     percentiles_by_group,
 )
@@ -236,7 +235,7 @@ def _groups(
     rows: list[LaunchGroup] = []
     for r in np.unique(r_of).tolist():
         sel = np.flatnonzero(r_of == r)
-        sel = sel[largest_first(table.names, n_of[sel], gg.sum[sel], top)]
+        sel = sel[np.argsort(-gg.sum[sel], kind="stable")[:top]]  # ties by name (sorted ids)
         for i in sel.tolist():
             rows.append(
                 LaunchGroup(

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, ClassVar
 import numpy as np
 
 from perfcast.analysis import intervals as iv
-from perfcast.analysis.common import copy_rows, largest_first, nearest_ancestor
+from perfcast.analysis.common import copy_rows, nearest_ancestor
 from perfcast.analysis.notes import rank_notes
 from perfcast.events import GPU_KINDS, NONE, EventTable, Kind
 from perfcast.frames import Columns, Tables, dicts_to_columns, field_kinds
@@ -403,7 +403,9 @@ def _top_by_name(table: EventTable, rows: np.ndarray, top: int) -> list[NamedTim
     totals = np.bincount(inv, weights=durs)
     counts = np.bincount(inv)
     grand = float(totals.sum()) or 1.0
-    order = largest_first(table.names, uniq, totals, top)
+    # Equal totals in name order: the loader numbers names in sorted order, and np.unique
+    # sorts the ids (a folder's other files no longer reorder a rank's ties).
+    order = np.argsort(-totals, kind="stable")[:top].tolist()
     return [
         NamedTime(
             name=table.names[int(uniq[i])],
@@ -434,5 +436,5 @@ def _top_by_scope(
             float(totals[i]) / NS_PER_MS,
             100.0 * float(totals[i]) / grand,
         )
-        for i in largest_first(table.names, uniq, totals, top)
+        for i in np.argsort(-totals, kind="stable")[:top].tolist()  # ties by name
     ]
