@@ -72,6 +72,12 @@ def test_the_same_modules_checkpointed_twice_are_refused(cnn: perfcast.EventTabl
         parse_spec("activation-checkpointing"),
     ]
     assert "all forward work" in (conflict(whole) or "")
+    # A pattern spelled "None" is a pattern, not the absent module=.
+    named = [
+        parse_spec("activation-checkpointing:module=None"),
+        parse_spec("activation-checkpointing:module=layer1"),
+    ]
+    assert conflict(named) is None
 
 
 def test_a_thread_whose_first_work_is_removed_still_waits_for_its_hand_off(

@@ -42,9 +42,10 @@ from perfcast.graph.model import GpuKind, Graph, NodeKind
 from perfcast.graph.phases import Phase, host_collective_mask
 from perfcast.real import Correction
 from perfcast.sim.timeline import Timeline, simulate
-from perfcast.whatif.registry import Spec
+from perfcast.whatif.registry import Spec, build_options, in_plan_order, parse_spec
 from perfcast.whatif.runner import (
     apply_specs,
+    conflict,
     lead_assumption,
     measured_share,
     predicted_profiled_ms,
@@ -345,7 +346,6 @@ def _band(spec: str, bands: dict[str, object]) -> tuple[float | None, int]:
     by_model = bands.get("by_model", {})
     overall = bands.get("all", {})
     from perfcast.whatif.models.amp import _DTYPE_ALIASES as ALIASES  # as amp reads them
-    from perfcast.whatif.registry import build_options, parse_spec
 
     parsed = parse_spec(spec)
     name = parsed.name
@@ -558,8 +558,6 @@ def advise(
 ) -> Advice:
     """Evaluate every candidate on the run without the profiler (unless `correct` is False);
     pass `graph`/`world` to reuse an existing build and replay."""
-    from perfcast.whatif.registry import parse_spec
-
     refuse_counter_trace(table, "advise")
     graph = graph if graph is not None else build_graph(table)
     world = world if world is not None else real_world(graph, correct=correct)
@@ -911,9 +909,6 @@ def _greedy_plan(
 
 
 def _compatible(s: Suggestion, chosen: list[Suggestion]) -> bool:
-    from perfcast.whatif.registry import parse_spec
-    from perfcast.whatif.runner import conflict
-
     model = s.name.split(":")[0]
     if model == "device" or any(c.name.split(":")[0] == model for c in chosen):
         return False  # one variant per model; a GPU change is a purchase, not a code change
@@ -988,8 +983,6 @@ def _in_plan_order(suggestions: list[Suggestion]) -> list[Suggestion]:
     """The suggestions in the order `whatif` applies them (registry.in_plan_order: code
     changes first, capture last, dataloader-overlap after everything), so that the plan
     shown is the plan predicted."""
-    from perfcast.whatif.registry import in_plan_order, parse_spec
-
     specs = [parse_spec(s.name) for s in suggestions]
     where = {id(spec): i for i, spec in enumerate(specs)}
     return [suggestions[where[id(spec)]] for spec in in_plan_order(specs)]
@@ -998,8 +991,6 @@ def _in_plan_order(suggestions: list[Suggestion]) -> list[Suggestion]:
 def _predict_together(suggestions: list[Suggestion], world: RealWorld) -> float | None:
     """The mean predicted step with all of them applied; None if one does not apply after
     the others."""
-    from perfcast.whatif.registry import parse_spec
-
     specs = [parse_spec(s.name) for s in _in_plan_order(suggestions)]
     try:
         new_graph, applied = apply_specs(world.graph, specs)
