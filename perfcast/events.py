@@ -11,11 +11,19 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
-from perfcast.frames import ArrowTable, PandasFrame, PolarsFrame
+if TYPE_CHECKING:
+    from pandas import DataFrame as PandasFrame
+    from polars import DataFrame as PolarsFrame
+    from pyarrow import Table as ArrowTable
+else:
+    # The DataFrame hand-offs' return types (here and in perfcast.frames): the optional
+    # libraries' own types for type checkers, Any at runtime, so that typing.get_type_hints
+    # resolves them without pandas installed and importing perfcast loads nothing more.
+    PandasFrame = PolarsFrame = ArrowTable = Any
 
 NONE = -1  # missing value in the integer id columns
 MEM_DEVICE_CPU = -2  # mem_device of a [memory] event on the CPU's allocator

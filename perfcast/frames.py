@@ -25,17 +25,10 @@ import numpy as np
 
 from perfcast.display import Displayed
 from perfcast.errors import NotApplicableError, OptionError, PerfcastError
+from perfcast.events import ArrowTable, PandasFrame, PolarsFrame
 
 if TYPE_CHECKING:
-    from pandas import DataFrame as PandasFrame
-    from polars import DataFrame as PolarsFrame
-    from pyarrow import Table as ArrowTable
-
     from perfcast.events import EventTable
-else:
-    # The hand-offs' return types: the optional libraries' own types for type checkers, Any
-    # at runtime, so that typing.get_type_hints resolves them without pandas installed.
-    PandasFrame = PolarsFrame = ArrowTable = Any
 
 Columns = dict[str, Any]  # column name -> NumPy array or list
 
