@@ -828,3 +828,34 @@ def test_other_text_encodings_are_named(tmp_path, encoding, says):
     path = tmp_path / "t.json"
     path.write_bytes(_small_trace_text().encode(encoding))
     assert_format_error(path, match=f"{says}.*save it as UTF-8")
+
+
+@pytest.mark.parametrize("schema", ["1.0.1", "1.1.0-chakra.0.0.4"])
+@pytest.mark.parametrize("gz", [False, True])
+def test_execution_trace_is_named(
+    tmp_path: Path, schema: str, gz: bool, capsys, write_trace
+) -> None:
+    """A PyTorch Execution Trace (written beside the Kineto trace by ExecutionTraceObserver)
+    is named as such, with what to pass instead; in a folder it is left out, said so."""
+    doc = {
+        "schema": schema,
+        "pid": 1,
+        "time": "2024-04-29 16:23:47",
+        "start_ts": 4071903410,
+        "nodes": [{"id": 2, "name": "[pytorch|profiler|execution_trace|thread]"}],
+    }
+    raw = json.dumps(doc, indent=2).encode()
+    p = tmp_path / ("et.json.gz" if gz else "et.json")
+    p.write_bytes(gzip.compress(raw) if gz else raw)
+    with pytest.raises(TraceFormatError, match=rf"Execution Trace \(schema {re.escape(schema)}\)"):
+        perfcast.load(p)
+    from perfcast.cli.main import main
+
+    rc = main(["summary", str(p)])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and "'traceEvents' list that" in err
+    write_trace({"traceEvents": [EVENT], "distributedInfo": {"rank": 0}}, "ranks/a.json")
+    (tmp_path / "ranks" / "et.json").write_bytes(raw)
+    t = perfcast.load(tmp_path / "ranks")
+    note = " ".join(t.ranks[0].folder_notes)
+    assert "et.json is a PyTorch Execution Trace" in note and "keep outputs" not in note

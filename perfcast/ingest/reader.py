@@ -71,6 +71,11 @@ _EVENT_GAP = re.compile(rb"\}\s*,\s*\{")
 # (Also a number spelled from one, "NaN2.6": a writer's bug as well, said the same way.)
 _NON_JSON_NUMBER = re.compile(rb":\s*-?(?:NaN|Infinity)[\w.+-]*\s*[,}\]]")
 _EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*')
+# A PyTorch Execution Trace (ExecutionTraceObserver, Chakra) starts with its schema, then
+# its op nodes; users hand it over by mistake since it is written beside the Kineto trace.
+_EXECUTION_TRACE = re.compile(
+    rb'^\s*\{\s*"schema"\s*:\s*"([^"\\]{0,64})"[^\[]{0,400}"nodes"\s*:\s*\['
+)
 _LEAD = re.compile(rb"[\s,]*")
 # How many cut points a damaged header is tried at (each a small decode).
 _MAX_HEADER_TRIES = 2_000
@@ -604,6 +609,8 @@ class TraceReader:
             if self._eof:
                 raise self._no_event_list()
             if len(self._buf) > MAX_HEADER_BYTES:
+                if (et := self._execution_trace()) is not None:
+                    raise et
                 raise NotATraceError(
                     f"has no 'traceEvents' list in its first {MAX_HEADER_BYTES >> 20} MiB",
                     path=self.path,
@@ -1365,8 +1372,24 @@ class TraceReader:
             hint="the file may be cut off before its first event, or not a trace",
         )
 
+    def _execution_trace(self) -> NotATraceError | None:
+        """The error for a PyTorch Execution Trace, read from the file's first bytes."""
+        m = _EXECUTION_TRACE.match(bytes(self._buf[:4096]))
+        if m is None:
+            return None
+        schema = m.group(1).decode("utf-8", "replace")
+        return NotATraceError(
+            f"is a PyTorch Execution Trace (schema {schema}), not a profiler trace",
+            path=self.path,
+            hint="pass the Kineto trace torch.profiler wrote in the same run: the JSON object "
+            "with a 'traceEvents' list that tensorboard_trace_handler or export_chrome_trace "
+            "writes",
+        )
+
     def _no_event_list(self) -> TraceFormatError:
         """The whole file is in the buffer and has no "traceEvents" key: why?"""
+        if (et := self._execution_trace()) is not None:
+            return et
         data = bytes(self._buf)
         try:
             doc = msgspec.json.decode(data)
