@@ -531,9 +531,11 @@ def test_damage_early_in_a_big_slice_costs_one_event_not_a_minute(tmp_path: Path
             "gzip inside gzip",
         ),
         (b"<html><body>404</body></html>", "HTML or XML"),
+        (b"SQLite format 3\x00\x10\x00", "an SQLite database, such as an Nsight Systems"),
+        (b"\x80\x04\x95\x10\x00", "a Python pickle"),
     ],
     # Named ids: bytes in an id would differ between xdist workers if they held a timestamp.
-    ids=["zip", "zlib", "gzip-in-gzip", "html"],
+    ids=["zip", "zlib", "gzip-in-gzip", "html", "sqlite", "pickle"],
 )
 def test_other_formats_are_named(tmp_path: Path, content: bytes, what: str):
     path = tmp_path / "trace.json.gz"

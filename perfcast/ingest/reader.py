@@ -99,6 +99,12 @@ _OTHER_FORMATS = (
     (b"\x78\x9c", "zlib data without a gzip header"),
     (b"\x78\xda", "zlib data without a gzip header"),
     (b"<", "HTML or XML (a download page saved instead of the file?)"),
+    (b"SQLite format 3\x00", "an SQLite database, such as an Nsight Systems export"),
+    # pickle protocols 2 to 5 (torch.save before 1.6, profiler objects saved whole)
+    (b"\x80\x02", "a Python pickle"),
+    (b"\x80\x03", "a Python pickle"),
+    (b"\x80\x04", "a Python pickle"),
+    (b"\x80\x05", "a Python pickle"),
     # Text in another encoding than UTF-8 (a trace saved by an editor or PowerShell): the
     # four-byte marks before the two-byte one they begin with.
     (b"\xff\xfe\x00\x00", "UTF-32 text: save it as UTF-8"),
