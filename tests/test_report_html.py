@@ -498,3 +498,20 @@ def test_every_critical_path_category_has_its_own_colour() -> None:
     assert not missing, missing
     used = [colours[c] for c in CATEGORIES]
     assert len(set(used)) == len(used), dict(zip(CATEGORIES, used))
+
+
+def test_timeline_cap_tells_gpu_lanes_by_kind_not_label(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The GPU streams' share of the cap is theirs whatever a thread is called: a CPU thread
+    named "GPU feeder" took half the GPU stream's bars when lanes were told by label."""
+    monkeypatch.setattr(report_html, "MAX_TIMELINE_BARS", 100)
+    labels = ["GPU feeder · ops", "main · ops", "GPU 0 stream 7"]
+    lane = np.repeat(np.arange(3), 300)
+    start = np.tile(np.arange(300, dtype=np.int64) * 1000, 3)
+    end = start + 500
+    cat = np.zeros(lane.size, dtype=np.int8)
+    g = report_html._group(
+        report_html._Names(), labels, [False, False, True], lane, start, end, cat,
+        ["x"] * lane.size, 0,
+    )  # fmt: skip
+    drawn = np.bincount(np.array(g["lane"]), minlength=3).tolist()
+    assert g["lanes"] == labels and drawn == [25, 25, 50]

@@ -266,6 +266,7 @@ class _Names:
 def _group(
     names: _Names,
     labels: list[str],
+    gpu_lanes: list[bool],
     lane: np.ndarray,
     start_ns: np.ndarray,
     end_ns: np.ndarray,
@@ -273,7 +274,8 @@ def _group(
     name_strs: list[str],
     origin: int,
 ) -> dict[str, Any]:
-    """One group of lanes: bars sorted by start, capped to MAX_TIMELINE_BARS (see _capped)."""
+    """One group of lanes: bars sorted by start, capped to MAX_TIMELINE_BARS (see _capped).
+    `gpu_lanes[i]`: lane i is a GPU stream (a thread's name can start with "GPU" too)."""
     dur = end_ns - start_ns
     total = int(dur.size)
     # Quotas per lane and kind of bar, GPU lanes apart from CPU lanes: the GPU work is the
@@ -282,7 +284,7 @@ def _group(
     # kernels and copies (a stream's 1.7 µs copies were dropped in one and drawn in the other).
     kinds = int(cat.max(initial=0)) + 1
     key = lane * kinds + cat
-    on_gpu = np.array([label.startswith("GPU ") for label in labels], dtype=bool)[lane]
+    on_gpu = np.array(gpu_lanes, dtype=bool)[lane]
     gpu, cpu = np.flatnonzero(on_gpu), np.flatnonzero(~on_gpu)
     gpu_cap = min(gpu.size, max(MAX_TIMELINE_BARS // 2, MAX_TIMELINE_BARS - cpu.size))
     keep = np.concatenate(
@@ -423,7 +425,8 @@ def _measured_group(
     lane = np.array([index[key] for key in keys], dtype=np.int64)
     start = np.maximum(ts[rows], lo)
     stop = np.minimum(end[rows], hi)
-    return _group(names, labels, lane, start, stop, cat, table.names_of(rows), lo)
+    gpu_lanes = [g for g, _, _, _ in order]
+    return _group(names, labels, gpu_lanes, lane, start, stop, cat, table.names_of(rows), lo)
 
 
 def _sim_window(tl: Timeline, span_pos: int) -> tuple[int, int]:
@@ -473,9 +476,10 @@ def _simulated_group(
     pos = np.zeros(len(g.lanes), dtype=np.int64)
     pos[lane_order] = np.arange(len(g.lanes))
     labels = [g.lanes[i].name for i in lane_order]
+    gpu_lanes = [g.lanes[i].is_gpu for i in lane_order]
     start = np.maximum(tl.start[nodes], begin)
     stop = np.minimum(tl.end[nodes], finish)
-    out = _group(names, labels, pos[lane], start, stop, cat, name_strs, begin)
+    out = _group(names, labels, gpu_lanes, pos[lane], start, stop, cat, name_strs, begin)
     out["window_ms"] = (finish - begin) / 1e6
     return out
 
