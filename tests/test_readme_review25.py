@@ -241,3 +241,62 @@ def test_rows_caps_every_table_in_the_terminal(capsys):
     assert main(["analyze", str(ROOT / EXAMPLE), "--only", "kernels", "--rows", "2", "-q"]) == 0
     out = capsys.readouterr().out
     assert "more rows (--json" in out  # the top kernels table, 10 rows, shows 2
+
+
+# The packages in the order the README's "How it works" says they import down.
+_LAYERS = {"ingest": 0, "graph": 1, "real": 2, "sim": 3, "analysis": 4, "whatif": 5}
+_LAYERS |= {"plan": 5, "memory_model": 5, "advisor": 6, "report": 7, "cli": 8, "api": 8}
+# Each import against that order, and the words the README names it with.
+_AGAINST = {
+    ("plan", "advisor"): "the advisor's error bands",
+    ("analysis", "memory_model"): "the memory model's trace facts",
+    ("analysis", "whatif"): "the what-if runner's",
+    ("real", "sim"): "with `sim`",
+}
+
+
+def _imports_against_the_layers() -> Iterator[tuple[str, str, int, bool]]:
+    """(package, package it imports, line, inside a function) for every runtime import of a
+    package further down the README's line (TYPE_CHECKING imports are no imports)."""
+    import ast
+
+    for path in sorted((ROOT / "perfcast").rglob("*.py")):
+        package = path.relative_to(ROOT / "perfcast").parts[0].removesuffix(".py")
+        if package not in _LAYERS:
+            continue
+        tree = ast.parse(path.read_text())
+        skip = {
+            id(n)
+            for node in ast.walk(tree)
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+            for n in ast.walk(node)
+        }
+        in_function = {
+            id(n)
+            for node in ast.walk(tree)
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            for n in ast.walk(node)
+        }
+        for node in ast.walk(tree):
+            if id(node) in skip:
+                continue
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                continue
+            for name in names:
+                parts = [*name.split("."), ""]
+                target = parts[1] if parts[0] == "perfcast" else ""
+                if target in _LAYERS and _LAYERS[target] > _LAYERS[package]:
+                    yield package, target, node.lineno, id(node) in in_function
+
+
+def test_imports_against_the_layers_are_the_ones_the_readme_names():
+    how = " ".join(README.split("## How it works", 1)[1].split("\n- ", 1)[0].split())
+    for package, target, line, lazy in _imports_against_the_layers():
+        where = f"perfcast/{package} imports perfcast.{target} (line {line})"
+        assert lazy, f"{where} at module level: the README says they import down"
+        words = _AGAINST.get((package, target))
+        assert words is not None and words in how, f"{where}: the README does not name it"
