@@ -300,3 +300,47 @@ def test_imports_against_the_layers_are_the_ones_the_readme_names():
         assert lazy, f"{where} at module level: the README says they import down"
         words = _AGAINST.get((package, target))
         assert words is not None and words in how, f"{where}: the README does not name it"
+
+
+def _handler_trace(path: Path) -> Path:
+    """A small trace of one process, no rank in it, under the name torch.profiler's
+    tensorboard_trace_handler gives it."""
+    from tests.tracegen import TraceBuilder
+
+    b = TraceBuilder()
+    for step in range(2):
+        t0 = step * 1000
+        b.step(step + 1, t0, 900)
+        b.op("aten::linear", t0 + 10, 300)
+        b.launch("volta_sgemm_128x64_nn", t0 + 20, 5, t0 + 30, 200, stream=7)
+    return b.write(path)
+
+
+def test_two_cycles_of_one_process_are_not_two_ranks(tmp_path: Path):
+    """The README's folder is one file per rank. torch.profiler's own recipe
+    (tensorboard_trace_handler with a repeating schedule) writes one file per cycle into one
+    folder, `host_pid.<ms>.pt.trace.json`: a single-process job's two cycles were read as
+    ranks 0 and 1, every figure a mean over two 'ranks'. Now refused, naming both files."""
+    import perfcast
+    from perfcast.errors import TraceFormatError
+
+    _handler_trace(tmp_path / "box_4242.1732900000123.pt.trace.json")
+    _handler_trace(tmp_path / "box_4242.1732900009876.pt.trace.json.gz")
+    with pytest.raises(TraceFormatError, match="second trace of the process that wrote box_4242"):
+        perfcast.load(tmp_path)
+    # Two processes (ranks of a job whose traces do not say their rank) stay two ranks.
+    (tmp_path / "box_4242.1732900009876.pt.trace.json.gz").rename(
+        tmp_path / "box_4243.1732900009876.pt.trace.json.gz"
+    )
+    assert sorted(r.rank for r in perfcast.load(tmp_path).ranks) == [0, 1]
+
+
+def test_every_link_within_the_readme_has_its_heading():
+    """`[...](#anchor)` links reach a heading, slugged as GitHub slugs them."""
+    slugs = set()
+    for heading in re.findall(r"^#+ (.+)$", README, flags=re.M):
+        text = re.sub(r"[`*]", "", heading).strip().lower()
+        slugs.add(re.sub(r"[^\w\- ]", "", text).replace(" ", "-"))
+    links = re.findall(r"\]\(#([^)]+)\)", README)
+    assert links
+    assert not [a for a in links if a not in slugs], sorted(slugs)

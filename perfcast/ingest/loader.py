@@ -83,6 +83,7 @@ def load(path: str | os.PathLike[str], progress: ProgressFn | None = None) -> Ev
     names = Interner()
     parts: list[tuple[RankInfo, RankColumns, dict[str, np.ndarray], list[Iteration]]] = []
     seen: dict[int, str] = {}
+    processes: dict[str, str] = {}  # host_pid of a handler-named file numbered by order -> file
     jobs = [(f, i if len(files) > 1 else None, in_folder) for i, f in enumerate(files)]
     not_traces: list[_NotATrace] = []
     for i, (f, loaded) in enumerate(
@@ -108,6 +109,21 @@ def load(path: str | os.PathLike[str], progress: ProgressFn | None = None) -> Ev
                 hint="put one trace per rank in the folder",
             )
         seen[info.rank] = f
+        # A file that says no rank is numbered by its place; but two files of one process
+        # (tensorboard_trace_handler writes one per profiling cycle into the same folder) are
+        # two windows of one rank, not two ranks.
+        handler = _HANDLER_NAME.fullmatch(os.path.basename(f)) if info.rank_by_order else None
+        if handler is not None:
+            first = processes.setdefault(handler.group(1), f)
+            if first != f:
+                raise TraceFormatError(
+                    f"is a second trace of the process that wrote {os.path.basename(first)} "
+                    f"(both named {handler.group(1)}.<time>.pt.trace.json, as torch.profiler's "
+                    "tensorboard_trace_handler names one process's files), not another rank",
+                    path=f,
+                    hint="a folder holds one trace per rank: pass one of the files, or put "
+                    "each profiling cycle's files in a folder of its own",
+                )
         _reintern(cols, local_names, names)
         parts.append((info, cols, derived, iterations))
     if progress:
@@ -425,8 +441,9 @@ _HASH_MULTIPLIERS = (
 )
 
 
-# torch.profiler.tensorboard_trace_handler names files "{host}_{pid}.{time}.pt.trace.json".
-_HANDLER_NAME = re.compile(r"(.+)_\d+\.\d{10,}\.pt\.trace\.json(?:\.gz)?")
+# torch.profiler.tensorboard_trace_handler names files "{host}_{pid}.{time}.pt.trace.json":
+# group 1 is the process (host_pid), group 2 the host.
+_HANDLER_NAME = re.compile(r"((.+)_\d+)\.\d{10,}\.pt\.trace\.json(?:\.gz)?")
 
 
 def _machine_of(raw: Any, path: str) -> dict[str, object] | None:
@@ -444,7 +461,7 @@ def _machine_of(raw: Any, path: str) -> dict[str, object] | None:
     m = _HANDLER_NAME.fullmatch(os.path.basename(path))
     if m:
         return {
-            "host_id": machine_id(m.group(1)),
+            "host_id": machine_id(m.group(2)),
             "from": "its file name (host_pid.time.pt.trace.json, as torch.profiler names it)",
         }
     return None
