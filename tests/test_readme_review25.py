@@ -344,3 +344,26 @@ def test_every_link_within_the_readme_has_its_heading():
     links = re.findall(r"\]\(#([^)]+)\)", README)
     assert links
     assert not [a for a in links if a not in slugs], sorted(slugs)
+
+
+def test_capture_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """The README's `perfcast.capture` block, with a loader and a step of a tiny model: it
+    writes its trace where the block says."""
+    torch = pytest.importorskip("torch")
+    blocks = re.findall(r"```python\n(.*?)```", README, flags=re.S)
+    (block,) = [b for b in blocks if "perfcast.capture.capture(" in b]
+    model = torch.nn.Linear(4, 4)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def train_step(batch: int) -> None:
+        model(torch.ones(2, 4)).sum().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+    monkeypatch.chdir(tmp_path)
+    # 12 steps: the default schedule's first trace with all its active steps (README).
+    exec(block, {"loader": range(12), "train_step": train_step})
+    import perfcast
+
+    trace = perfcast.summary(tmp_path / "traces" / "rank0.json.gz", correct=False)
+    assert len(trace.ranks[0].iterations) == 3
