@@ -279,7 +279,7 @@ class EventTable:
         )
 
     def to_pandas(self) -> PandasFrame:
-        """One row per event as a pandas DataFrame (`pip install 'perfcast[dataframe]'`).
+        """One row per event as a pandas DataFrame (needs pandas).
 
         Numeric columns are the table's own arrays; `kind` and the name columns are
         categoricals over the interned names. Times are integer ns on each rank's clock.

@@ -1,4 +1,4 @@
-"""Hand results and events to pandas, polars or Arrow (optional extras: `perfcast[dataframe]`).
+"""Hand results and events to pandas, polars or Arrow (optional extra `dataframe`).
 
 Every analysis result is a dataclass whose list-of-row fields are its tables (`Tables`):
 `result.table_names()` lists them, `result.to_pandas()` gives the first one as a DataFrame and
@@ -41,7 +41,9 @@ def _need(module: str, extra: str = "dataframe") -> Any:
     except ImportError:
         raise PerfcastError(
             f"this needs {module.split('.')[0]}, which is not installed",
-            hint=f"pip install 'perfcast[{extra}]'",
+            # The package's name: perfcast's extra is spelled from a checkout ('.[extra]').
+            hint=f"pip install {module.split('.')[0]} (or pip install '.[{extra}]' in "
+            "perfcast's checkout for all of that extra)",
         ) from None
 
 
@@ -278,7 +280,7 @@ class Tables(Displayed):
         return tables[name]
 
     def to_pandas(self, name: str | None = None) -> PandasFrame:
-        """One table as a pandas DataFrame (`pip install 'perfcast[dataframe]'`)."""
+        """One table as a pandas DataFrame (needs pandas)."""
         return columns_to_pandas(self.table(name))
 
     def to_polars(self, name: str | None = None) -> PolarsFrame:

@@ -4,10 +4,10 @@ Many-rank folders are loaded with a process pool (the standard library's
 concurrent.futures); one process per core at most, and only when the input
 is big enough for the pool's start-up to pay off.
 
-`ray_backend(address)` sends the same tasks to Ray instead (`pip install 'perfcast[ray]'`;
-`perfcast plan --ray [ADDRESS]`): the same function runs on the same items, results come
-back in input order, and nothing else in the code path changes. Ray is never imported
-unless asked for.
+`ray_backend(address)` sends the same tasks to Ray instead (`pip install 'ray>=2.9'`, or
+`'.[ray]'` in the checkout; `perfcast plan --ray [ADDRESS]`): the same function runs on the
+same items, results come back in input order, and nothing else in the code path changes.
+Ray is never imported unless asked for.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def ray_backend(address: str | None = None) -> Iterator[None]:
     except ImportError:
         from perfcast.errors import PerfcastError
 
-        raise PerfcastError("Ray is not installed", hint="pip install 'perfcast[ray]'") from None
+        raise PerfcastError("Ray is not installed", hint="pip install 'ray>=2.9'") from None
     started = False
     if not ray.is_initialized():
         kwargs: dict[str, Any] = {"ignore_reinit_error": True, "log_to_driver": False}

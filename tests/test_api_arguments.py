@@ -526,3 +526,25 @@ def test_dataframe_hand_offs_declare_their_types() -> None:
         }, (owner, hints)
         for m in hints:
             assert typing.get_type_hints(getattr(owner, m))["return"] is typing.Any
+
+
+def test_missing_optional_package_names_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The hint names the package, installable as it is: 'perfcast[dataframe]' and
+    'perfcast[report]' named a package index entry and an extra that do not exist."""
+    import importlib
+
+    from perfcast import frames
+    from perfcast.errors import PerfcastError
+
+    real = importlib.import_module
+
+    def without_polars(name: str, package: str | None = None) -> object:
+        if name.split(".")[0] == "polars":
+            raise ImportError(name)
+        return real(name, package)
+
+    monkeypatch.setattr(importlib, "import_module", without_polars)
+    with pytest.raises(PerfcastError) as err:
+        frames._need("polars")
+    assert err.value.hint is not None and err.value.hint.startswith("pip install polars ")
+    assert "perfcast[" not in err.value.hint

@@ -34,7 +34,7 @@ def test_local_pool_is_default() -> None:
 
 
 def test_ray_loads_256_ranks_like_the_local_path(tmp_path: Path) -> None:
-    pytest.importorskip("ray", reason="Ray is an optional extra: pip install 'perfcast[ray]'")
+    pytest.importorskip("ray", reason="Ray is an optional extra: pip install '.[ray]'")
     folder = _folder(tmp_path)
     local = perfcast.load(str(folder))
     with parallel.ray_backend():
@@ -79,7 +79,7 @@ def test_a_daemonic_process_loads_in_process(tmp_path: Path) -> None:
 
 def test_every_trace_command_loads_on_ray(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     """--ray was plan's alone; summary, analyze, tree and the rest take it too."""
-    pytest.importorskip("ray", reason="Ray is an optional extra: pip install 'perfcast[ray]'")
+    pytest.importorskip("ray", reason="Ray is an optional extra: pip install '.[ray]'")
     import json
 
     from perfcast.cli.main import main

@@ -535,9 +535,7 @@ def _plotly_js() -> str:
     try:
         from plotly.offline import get_plotlyjs
     except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise PerfcastError(
-            "the HTML report needs plotly", hint="pip install 'perfcast[report]'"
-        ) from exc
+        raise PerfcastError("the HTML report needs plotly", hint="pip install plotly") from exc
     return _script_safe(get_plotlyjs())
 
 
