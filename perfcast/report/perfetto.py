@@ -162,7 +162,9 @@ def _simulated_op_spans(
     time of its own (a wrapper its child fills) spans its children. An op with no node at all
     in the graph (one that took no time) sits where its traced time lands on the replay; one
     whose nodes a what-if removed is left out. An op whose pieces a what-if put on more than
-    one lane is drawn as its pieces."""
+    one lane is drawn as its pieces, and so is a piece a what-if placed outside its op's
+    traced run (activation-checkpointing's recomputed forward, in backward): spanning both,
+    its op's slice crossed everything between them."""
     g = tl.graph
     c = g.cols
     table = g.table
@@ -171,13 +173,14 @@ def _simulated_op_spans(
     parent = table.parent
     op = c["op"][pieces].astype(np.int64)
     lane = c["lane"][pieces].astype(np.int64)
+    moved = _moved_pieces(g, pieces)
     lane_lo = np.full(n, _NO_TIME, dtype=np.int64)
     lane_hi = np.full(n, -1, dtype=np.int64)
-    np.minimum.at(lane_lo, op, lane)
-    np.maximum.at(lane_hi, op, lane)
+    np.minimum.at(lane_lo, op[~moved], lane[~moved])
+    np.maximum.at(lane_hi, op[~moved], lane[~moved])
     # An op with no piece of its own (lane_hi -1) is not split: it takes its children's.
     split = (lane_hi >= 0) & (lane_lo != lane_hi)
-    one_lane = ~split[op]
+    one_lane = ~split[op] & ~moved
     lo = np.full(n, _NO_TIME, dtype=np.int64)
     hi = np.full(n, -_NO_TIME, dtype=np.int64)
     np.minimum.at(lo, op[one_lane], start[pieces][one_lane])
@@ -202,6 +205,18 @@ def _simulated_op_spans(
     _widen_frames(tl, lo, hi, lane_of, drawn)
     rows = np.flatnonzero(drawn)
     return rows, lane_of[rows], lo[rows], hi[rows], pieces[~one_lane]
+
+
+def _moved_pieces(g: Any, pieces: np.ndarray) -> np.ndarray:
+    """Which host pieces sit outside their op's traced run on their lane's order (a time on
+    the rank's clock, as the trace's): copies a what-if inserted elsewhere. The trace's own
+    pieces are all inside their op."""
+    c = g.cols
+    table = g.table
+    op = c["op"][pieces].astype(np.int64)
+    lo = table.ts[op].astype(np.int64) - _rank_origins(g)[c["lane"][pieces]]
+    at = c["order"][pieces]
+    return (at < lo) | (at > lo + table.dur[op].astype(np.int64))
 
 
 def _place_timeless_ops(

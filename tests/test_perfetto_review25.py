@@ -1,0 +1,59 @@
+"""Session-25 review of the Perfetto export: every export imports without a slice that
+crosses another on its track, with no time before 0, and its arrows on the slices they join
+(read with tests/perfetto_import.py, the model of Perfetto's JSON importer)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import perfcast
+from perfcast.analysis.real_step import real_world
+from perfcast.report import perfetto
+from perfcast.sim.timeline import Timeline, simulate
+from perfcast.whatif.registry import checked_specs
+from perfcast.whatif.runner import run_whatif
+from tests.perfetto_import import import_trace
+from tests.test_perfetto_export import _expected_arrows
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "perfcast" / "examples" / "ddp_a100_rank0.json.gz"
+
+
+def _events(tl: Timeline, notes: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    return list(perfetto.timeline_events(tl, "t", pid_base=1000, notes=notes))
+
+
+def _worlds(path: Path) -> dict[str, Timeline]:
+    tl = simulate(perfcast.dependency_graph(perfcast.load(path), correct=False))
+    return {"traced": tl, "real": real_world(tl.graph, correct=True, traced=tl).real}
+
+
+def _assert_imports_cleanly(tl: Timeline, events: list[dict[str, Any]]) -> None:
+    imported = import_trace(events)
+    assert not imported.errors, imported.examples
+    bound = {(a, b) for a, b, _ in imported.flows}
+    may, must = _expected_arrows(tl, events)
+    assert len(bound) == len(imported.flows)
+    assert bound <= may, sorted(bound - may)[:3]
+    assert must <= bound, sorted(must - bound)[:3]
+
+
+def test_recomputed_forward_work_is_drawn_where_it_runs() -> None:
+    """activation-checkpointing copies forward host work into the backward with its op: each
+    op's slice spanned its forward run and its recomputed copy, crossing everything between
+    them (3,396 slices Perfetto mis-nests on the example, aten::view 104 ms long). A copy is
+    drawn as its own slice in the backward now, named as its op; the op keeps its forward
+    extent."""
+    table = perfcast.load(EXAMPLE)
+    _, base, pred = run_whatif(table, checked_specs(["activation-checkpointing"]), correct=False)
+    events = _events(pred)
+    _assert_imports_cleanly(pred, events)
+    # The copies: CPU pieces drawn one by one (the example has no op split over threads).
+    copies = [e for e in events if e["ph"] == "X" and e["cat"] == "cpu"]
+    assert len(copies) > 1000 and "aten::view" in {e["name"] for e in copies}
+    # An op's slice is as long in the prediction as in the baseline, give or take the replay:
+    # no longer than its step.
+    step = max(e["dur"] for e in _events(base) if e["ph"] == "X" and e["cat"] == "step")
+    ops = [e for e in events if e["ph"] == "X" and e["cat"] == "cpu_op"]
+    forward = [e for e in ops if e["name"] == "aten::view"]
+    assert forward and max(e["dur"] for e in forward) < step / 10
