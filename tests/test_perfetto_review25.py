@@ -7,6 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 import perfcast
 from perfcast.analysis.real_step import real_world
 from perfcast.report import perfetto
@@ -15,6 +17,7 @@ from perfcast.whatif.registry import checked_specs
 from perfcast.whatif.runner import run_whatif
 from tests.perfetto_import import import_trace
 from tests.test_perfetto_export import _expected_arrows
+from tests.tracegen import TraceBuilder
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "perfcast" / "examples" / "ddp_a100_rank0.json.gz"
 
@@ -57,3 +60,28 @@ def test_recomputed_forward_work_is_drawn_where_it_runs() -> None:
     ops = [e for e in events if e["ph"] == "X" and e["cat"] == "cpu_op"]
     forward = [e for e in ops if e["name"] == "aten::view"]
     assert forward and max(e["dur"] for e in forward) < step / 10
+
+
+def test_no_time_before_zero(tmp_path: Path) -> None:
+    """The replay as traced drew the script's frames entered before the first profiled node
+    at negative times (BERT on H100: <string>(1): <module> at -320 µs), which Perfetto's
+    trace processor does not keep. They start at 0 now, their ends as traced."""
+    b = TraceBuilder()
+    b.op("<string>(1): <module>", -300, 2500, cat="python_function")
+    b.op("train.py(10): main", -200, 2300, cat="python_function")
+    for step in range(2):
+        t0 = step * 1000
+        b.step(step + 1, t0, 900)
+        b.op("aten::mm", t0 + 20, 180)
+        b.launch("volta_sgemm_128x64_nn", t0 + 30, 5, t0 + 40, 200, stream=7)
+    b.op("aten::empty", 2000, 10)  # the program goes on: its frames keep their traced ends
+    path = b.write(tmp_path / "t.json")
+    for world, tl in _worlds(path).items():
+        events = _events(tl)
+        assert min(e["ts"] for e in events if "ts" in e) >= 0, world
+        _assert_imports_cleanly(tl, events)
+        module = [e for e in events if e.get("name") == "<string>(1): <module>"]
+        assert module and module[0]["ts"] == 0, world
+    traced = [e for e in _events(_worlds(path)["traced"]) if e.get("cat") == "cpu_op"]
+    module = next(e for e in traced if e["name"] == "<string>(1): <module>")
+    assert module["ts"] + module["dur"] == pytest.approx(2200.0)

@@ -117,7 +117,9 @@ def _rank_origins(g: Any) -> np.ndarray:
 
 def _traced_op_spans(g: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Every op on a thread of the graph, and the frames and ranges around ops, with the
-    extents the trace gives them: (rows, lane, start, end) on the rank's replay clock."""
+    extents the trace gives them: (rows, lane, start, end) on the rank's replay clock. A frame
+    entered before the replay's first node (the script's own frames around the profiled
+    steps) starts at 0, as a replayed world draws it: Perfetto keeps no time before 0."""
     table = g.table
     ops = np.flatnonzero(table.kind_mask(_OP_KINDS))
     lane = g.cpu_lanes_of(table.rank[ops], table.pid[ops], table.tid[ops])
@@ -125,7 +127,7 @@ def _traced_op_spans(g: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.nda
     lane = g.cpu_lanes_of(table.rank[rows], table.pid[rows], table.tid[rows])
     rows, lane = rows[lane >= 0], lane[lane >= 0]
     lo = table.ts[rows].astype(np.int64) - _rank_origins(g)[lane]
-    return rows, lane, lo, lo + table.dur[rows].astype(np.int64)
+    return rows, lane, np.maximum(lo, 0), lo + table.dur[rows].astype(np.int64)
 
 
 def _warp(tl: Timeline, lanes: np.ndarray, t: np.ndarray) -> np.ndarray:
