@@ -323,6 +323,60 @@ def _gpu_overlap_tracks(
     return tid
 
 
+def _crossing_tracks(
+    cpu_lane: np.ndarray,
+    op_lane: np.ndarray,
+    op_lo: np.ndarray,
+    op_hi: np.ndarray,
+    node_tid: np.ndarray,
+    node_lo: np.ndarray,
+    node_hi: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """The tracks of the ops' slices and the nodes' (op slices first, as written), with each
+    slice on a thread (`cpu_lane`: per lane, whether it is one) that would cross one still
+    open there moved to an extra track of its thread (track k of lane l: tid k * lanes + l),
+    and how many were moved. Perfetto nests
+    a slice under the one open on its track and cannot end it after its parent: a wait the
+    replay counts as its op's time outlasting the Python frame it began in (the MI300X
+    trace), a frame the trace itself has straddling a step's end (the H100 BERT trace). The
+    slices are walked in Perfetto's read order with its stack rule (tests/perfetto_import.py);
+    GPU work has its own tracks already (_gpu_overlap_tracks)."""
+    tid = np.concatenate([op_lane, node_tid]).astype(np.int64)
+    start = np.concatenate([op_lo, node_lo]).astype(np.int64)
+    end = np.concatenate([op_hi, node_hi]).astype(np.int64)
+    n_lanes = cpu_lane.size
+    cpu = np.flatnonzero(tid < n_lanes)
+    cpu = cpu[cpu_lane[tid[cpu]]]
+    order = cpu[np.lexsort((cpu, start[cpu] - end[cpu], start[cpu], tid[cpu]))]
+    stack: list[tuple[int, int]] = []
+    track = -1
+    last_end: dict[tuple[int, int], int] = {}
+    moved = 0
+    for i, t, s, e in zip(
+        order.tolist(), tid[order].tolist(), start[order].tolist(), end[order].tolist(), strict=True
+    ):
+        if t != track:
+            stack, track = [], t
+        while stack:
+            s0, e0 = stack[-1]
+            # Perfetto closes a slice once one begins after its end (or at it, unless both
+            # are instants at one time).
+            if e0 < s or (e0 == s and not (e0 == s0 and e == s)):
+                stack.pop()
+                continue
+            break
+        if stack and s < stack[-1][1] < e:
+            k = 1
+            while last_end.get((t, k), s) > s:
+                k += 1
+            last_end[(t, k)] = e
+            tid[i] = k * n_lanes + t
+            moved += 1
+            continue
+        stack.append((s, e))
+    return tid[: op_lane.size], tid[op_lane.size :], moved
+
+
 def _collective_arrivals(g: Any) -> np.ndarray:
     """Per node, the collective transfer it is drawn inside (NONE for most): matched
     collectives are replayed as a zero-length arrival (and, on the last rank to arrive, a
@@ -529,20 +583,32 @@ def timeline_events(
     np.minimum.at(first_ns, into[marked], start_ns[marked])
     drawn = drawn[into[drawn] < 0]
     tid_of = _gpu_overlap_tracks(g, drawn[kind[drawn] == NodeKind.GPU], first_ns, end_ns)
-    extra_tids = np.unique(tid_of[drawn][tid_of[drawn] >= len(g.lanes)]).tolist()
-    for extra in extra_tids:
+    node_tid = tid_of[drawn]
+    cpu_lane = np.array([not ln.is_gpu for ln in g.lanes], dtype=bool)
+    op_tid, node_tid, moved = _crossing_tracks(
+        cpu_lane, op_lane, op_lo, op_hi, node_tid, first_ns[drawn], end_ns[drawn]
+    )
+    if moved and notes is not None:
+        notes.setdefault("slices moved to a track of their own", {})[label] = moved
+    extra_tids = np.unique(np.r_[op_tid, node_tid][np.r_[op_tid, node_tid] >= len(g.lanes)])
+    for extra in extra_tids.tolist():
         k, lane = divmod(extra, len(g.lanes))
         ln = g.lanes[lane]
+        why = (
+            "work overlapping its predecessor"
+            if ln.is_gpu
+            else "slices that cross the thread's others"
+        )
         yield {
             "ph": "M",
             "name": "thread_name",
             "pid": pid_of[ln.rank],
             "tid": extra,
-            "args": {"name": f"{ln.name} (work overlapping its predecessor, {k})"},
+            "args": {"name": f"{ln.name} ({why}, {k})"},
         }
     # Each rank's steps on a track of their own, above its threads.
     windows = tl.step_windows()
-    steps_tid = max([len(g.lanes), *[t + 1 for t in extra_tids]])
+    steps_tid = max([len(g.lanes), *[t + 1 for t in extra_tids.tolist()]])
     step_ranks = sorted({w.span.rank for w in windows if w.span.rank in pid_of})
     for r in step_ranks:
         yield {
@@ -568,9 +634,7 @@ def timeline_events(
     pid_by_rank[ranks] = [pid_of[r] for r in ranks]
     slices = _Slices(
         pid=pid_by_rank[np.concatenate([lane_rank[op_lane], c["rank"][drawn], step_rank])],
-        tid=np.concatenate([op_lane, tid_of[drawn], np.full(len(windows), steps_tid)]).astype(
-            np.int64
-        ),
+        tid=np.concatenate([op_tid, node_tid, np.full(len(windows), steps_tid)]).astype(np.int64),
         start=np.concatenate([op_lo, node_lo, step_lo]).astype(np.int64),
         end=np.concatenate([op_hi, end_ns[drawn], step_hi]).astype(np.int64),
     )
