@@ -125,15 +125,19 @@ def _expected_arrows(tl: Timeline, events: list[dict[str, Any]]) -> tuple[set[An
     """(every arrow the export may draw, those it must): from the launching call to the GPU
     work, and each stored dependency from its source's slice to its destination's (a CPU
     piece's slice is its op's); one that bounds the end of a destination that began before
-    its source may instead go to what ran next on that lane, or be left out."""
+    its source may instead go to what ran next on that lane, or be left out. A matched
+    collective's arrival and barrier are drawn inside its transfer's slice."""
     g = tl.graph
     c = g.cols
     by_node = {e["args"]["node"]: i for i, e in enumerate(events) if "node" in e.get("args", {})}
     by_op = {e["args"]["op"]: i for i, e in enumerate(events) if "op" in e.get("args", {})}
+    into = perfetto._collective_arrivals(g)
 
     def slice_of(n: int) -> int | None:
         if n in by_node:
             return by_node[n]
+        if into[n] >= 0:
+            return by_node.get(int(into[n]))
         if c["kind"][n] == NodeKind.CPU and c["op"][n] >= 0:
             return by_op.get(int(c["op"][n]))
         return None
