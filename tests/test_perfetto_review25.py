@@ -187,3 +187,13 @@ def test_arrows_across_ranks_bind_to_the_slices_they_join(name: str, shared_trac
             # (left out, and counted in otherData).
             waited = "waiting for the other ranks (µs)" in events[b]["args"]
             assert (b, a) in bound or (waited and events[b]["ts"] < events[a]["ts"]), (a, b)
+
+
+def test_a_wait_is_named_as_one(shared_traces: Path) -> None:
+    """A thread's wait on another (the main thread while autograd's runs the backward) was a
+    slice named by the op it falls in: MI300X's "ProfilerStep#15", 9.7 ms, beside the step's
+    own slice of that name. It reads "waiting (ProfilerStep#15)" now."""
+    tl = _worlds(shared_traces / "tracelens_mi300x_resnet_act_ckpt_rank0.json.gz")["traced"]
+    waits = [e for e in _events(tl) if e["ph"] == "X" and e["cat"] == "wait"]
+    assert waits and all(e["name"].startswith("waiting (") for e in waits)
+    assert "waiting (ProfilerStep#15)" in {e["name"] for e in waits}
