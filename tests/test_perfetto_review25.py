@@ -19,7 +19,7 @@ from perfcast.report import perfetto
 from perfcast.sim.timeline import Timeline, simulate
 from perfcast.whatif.registry import checked_specs
 from perfcast.whatif.runner import run_whatif
-from tests.perfetto_import import import_trace
+from tests.perfetto_import import import_trace, track
 from tests.test_perfetto_export import _expected_arrows
 from tests.tracegen import TraceBuilder
 
@@ -197,3 +197,24 @@ def test_a_wait_is_named_as_one(shared_traces: Path) -> None:
     waits = [e for e in _events(tl) if e["ph"] == "X" and e["cat"] == "wait"]
     assert waits and all(e["name"].startswith("waiting (") for e in waits)
     assert "waiting (ProfilerStep#15)" in {e["name"] for e in waits}
+
+
+def test_no_track_is_read_as_another(tmp_path: Path) -> None:
+    """Perfetto reads tid 0 as the process's own id: with 1,000 lanes rank 0's steps track
+    (tid 1000 in process 1000) and its first thread (tid 0) were one track, the step slices
+    nested under the ops and one of the two names lost. No track has tid 0 now."""
+    b = TraceBuilder()
+    for s in range(2):
+        b.step(s + 1, s * 1000, 900)
+        b.op("aten::mm", s * 1000 + 20, 180)
+        b.launch("volta_sgemm_128x64_nn", s * 1000 + 30, 5, s * 1000 + 40, 200)
+    for t in range(998):  # a thread each: 1,000 lanes with the main thread and the stream
+        b.op("aten::add", 100 + t, 1, tid=1000 + t)
+    tl = _worlds(b.write(tmp_path / "t.json"))["traced"]
+    assert len(tl.graph.lanes) == 1000
+    events = _events(tl)
+    named = [track(e) for e in events if e["ph"] == "M" and e["name"] == "thread_name"]
+    assert len(named) == len(set(named))
+    imported = import_trace(events)
+    steps = [i for i, e in enumerate(events) if e["ph"] == "X" and e["cat"] == "step"]
+    assert steps and all(imported.parent[i] == -1 for i in steps)

@@ -54,6 +54,9 @@ _NO_TIME = np.iinfo(np.int64).max
 # Flow v2 ids start here: Perfetto numbers v1 arrows (s/f events) from 0 in the same space.
 V2_FLOW_ID_BASE = 1 << 32
 STEPS_TRACK = "steps (as the replay times them)"
+# Tracks are numbered from 1: Perfetto reads tid 0 as the process's own id (json_trace_
+# tokenizer.cc), which with 1,000 lanes was rank 0's steps track, merging the two.
+TID_BASE = 1
 
 
 def _clock_shift(g: Any) -> dict[int, int]:
@@ -548,7 +551,7 @@ def timeline_events(
             "ph": "M",
             "name": "thread_name",
             "pid": pid_of[ln.rank],
-            "tid": i,
+            "tid": i + TID_BASE,
             "args": {"name": ln.name},
         }
     names = g.names
@@ -603,7 +606,7 @@ def timeline_events(
             "ph": "M",
             "name": "thread_name",
             "pid": pid_of[ln.rank],
-            "tid": extra,
+            "tid": extra + TID_BASE,
             "args": {"name": f"{ln.name} ({why}, {k})"},
         }
     # Each rank's steps on a track of their own, above its threads.
@@ -615,14 +618,14 @@ def timeline_events(
             "ph": "M",
             "name": "thread_name",
             "pid": pid_of[r],
-            "tid": steps_tid,
+            "tid": steps_tid + TID_BASE,
             "args": {"name": STEPS_TRACK},
         }
         yield {
             "ph": "M",
             "name": "thread_sort_index",
             "pid": pid_of[r],
-            "tid": steps_tid,
+            "tid": steps_tid + TID_BASE,
             "args": {"sort_index": -1},
         }
     windows = [w for w in windows if w.span.rank in pid_of]
@@ -634,7 +637,8 @@ def timeline_events(
     pid_by_rank[ranks] = [pid_of[r] for r in ranks]
     slices = _Slices(
         pid=pid_by_rank[np.concatenate([lane_rank[op_lane], c["rank"][drawn], step_rank])],
-        tid=np.concatenate([op_tid, node_tid, np.full(len(windows), steps_tid)]).astype(np.int64),
+        tid=np.concatenate([op_tid, node_tid, np.full(len(windows), steps_tid)]).astype(np.int64)
+        + TID_BASE,
         start=np.concatenate([op_lo, node_lo, step_lo]).astype(np.int64),
         end=np.concatenate([op_hi, end_ns[drawn], step_hi]).astype(np.int64),
     )
