@@ -296,3 +296,10 @@ def test_each_rank_has_its_steps_as_the_replay_times_them(
         if e["ph"] == "X" and e["cat"] == "step" and procs[e["pid"]].startswith("predicted")
     ]
     assert predicted == pytest.approx([it["predicted_ms"] for it in its], abs=1e-6)
+
+
+def test_export_name_ending_in_upper_case_gz_is_gzipped(tmp_path: Path) -> None:
+    """OUT.JSON.GZ is gzipped as out.json.gz is (it was written as plain JSON)."""
+    out = tmp_path / "OUT.JSON.GZ"
+    assert main(["replay", str(EXAMPLE), "--export-trace", str(out), "-q"]) == 0
+    assert out.read_bytes()[:2] == b"\x1f\x8b"

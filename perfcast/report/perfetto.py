@@ -907,7 +907,7 @@ def export_timelines(timelines: list[tuple[str, Timeline]], path: str) -> None:
         yield b'],"displayTimeUnit":"ms","otherData":' + other + b"}"
 
     chunks = document()
-    write_output(path, _gzipped(chunks) if path.endswith(".gz") else chunks)
+    write_output(path, _gzipped(chunks) if path.lower().endswith(".gz") else chunks)
 
 
 def _gzipped(chunks: Iterator[bytes]) -> Iterator[bytes]:
