@@ -392,7 +392,7 @@ _SLOWEST_RANK = "{n} ranks: each step counted at its slowest rank, as the job ru
 
 
 def render_whatif(result: WhatIfResult, console: Console) -> None:
-    from perfcast.whatif.runner import LEAD_ASSUMPTION
+    from perfcast.whatif.runner import LEAD_ASSUMPTION, MEAN_HEADLINE
 
     _render_notes(console, result.notes)
     applied = " + ".join(a.name for a in result.applied)
@@ -416,6 +416,9 @@ def render_whatif(result: WhatIfResult, console: Console) -> None:
         "trace",
         highlight=False,
     )
+    if result.headline and result.headline != MEAN_HEADLINE:
+        # The per-step rows (--json) average to another number: say which is the headline.
+        console.print(Text(f"  predicted step: {result.headline}"))
     if result.memory is not None:
         console.print(Text(_memory_line(result.memory, result.baseline_memory)))
         if result.memory.assumptions:

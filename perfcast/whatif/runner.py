@@ -76,6 +76,9 @@ class WhatIfResult(Tables):
     # The speedup as a profiled run would show it (traced_ms / predicted_traced_ms): a field,
     # so that --json carries it beside `speedup`.
     speedup_traced: float = field(init=False, default=0.0)
+    # How predicted_ms and predicted_traced_ms come from the steps: the mean of the per-step
+    # rows (the slowest rank setting each), or why not (`headline_note`).
+    headline: str = ""
 
     def __post_init__(self) -> None:
         p = self.predicted_traced_ms
@@ -426,6 +429,55 @@ def predicted_profiled_ms(
     return max(pt, predicted_ms), predicted_traced, pt
 
 
+MEAN_HEADLINE = "the mean of the per-step rows (the slowest rank setting each step)"
+
+
+def rows_mean_ms(rows: list[IterationPrediction], traced: bool = False) -> float:
+    """The mean of the per-step predicted rows, the slowest rank setting each step (as
+    step_ms has the baseline)."""
+    by_name: dict[str, float] = {}
+    for it in rows:
+        v = it.predicted_traced_ms if traced else it.predicted_ms
+        by_name[it.name] = max(by_name.get(it.name, v), v)
+    return float(np.mean(list(by_name.values()))) if by_name else 0.0
+
+
+def headline_note(
+    rows: list[IterationPrediction],
+    predicted_ms: float,
+    predicted_traced_ms: float,
+    steady: bool,
+    steady_traced: bool,
+    held: bool,
+) -> str:
+    """What the headline predictions are, given the per-step rows: their mean, or why they
+    average to another number: the baseline's mean scaled by the steady-state ratio
+    (`steady`, `steady_traced`: where `steady_ratio` applied; the rows keep the first
+    step's pipeline fill), or a profiled headline `held` at the unprofiled one."""
+    steady_why = (
+        "the baseline's mean step times the steady-state ratio (predicted over baseline "
+        "step, the steps after the first: the first has no step before it in the trace to "
+        "overlap with, and its row counts that pipeline fill)"
+    )
+    held_why = "held at predicted_ms (the profiler's cost cannot make a step shorter)"
+    # Each profiled row is held at its own unprofiled row, the mean at the unprofiled mean.
+    rows_held = "the mean step, held at predicted_ms, its rows each at their own unprofiled row"
+    parts = []
+    for label, head, mean, why in (
+        ("predicted_ms", predicted_ms, rows_mean_ms(rows), steady_why if steady else ""),
+        (
+            "predicted_traced_ms",
+            predicted_traced_ms,
+            rows_mean_ms(rows, traced=True),
+            held_why if held else steady_why if steady_traced else rows_held,
+        ),
+    ):
+        if abs(head - mean) < 0.0005:
+            continue
+        parts.append(f"{label} {head:,.3f} ms is {why}; its per-step rows average {mean:,.3f} ms")
+    return "; ".join(parts) if parts else MEAN_HEADLINE
+
+
 def _held_note(replayed_ms: float, predicted_ms: float) -> list[str]:
     """The assumption to state when the profiled prediction (`replayed_ms` as replayed) was
     held at the unprofiled one."""
@@ -484,6 +536,8 @@ def run_whatif(
             )
         )
     held = _held_note(replayed_traced, p)
+    steady = steady_state_applies(applied, predicted, world.real)
+    steady_traced = steady_state_applies(applied, predicted_traced, world.traced)
     result = WhatIfResult(
         baseline_ms=b,
         predicted_ms=p,
@@ -505,6 +559,7 @@ def run_whatif(
         notes=input_notes(table) + graph_notes(world.traced_graph, steps_ns(world.traced)),
         memory=memory,
         baseline_memory=baseline_memory,
+        headline=headline_note(iterations, p, pt, steady, steady_traced, bool(held)),
     )
     factor = 1.0
     for a in applied:
