@@ -26,7 +26,12 @@ import numpy as np
 from perfcast.analysis.common import NO_LAUNCH, first_launch_correlation
 from perfcast.analysis.context_gain import CallSite, SiteFinder
 from perfcast.analysis.critical_path import GPU, HOST, critical_paths
-from perfcast.analysis.notes import graph_notes, input_notes, refuse_counter_trace
+from perfcast.analysis.notes import (
+    first_step_note,
+    graph_notes,
+    input_notes,
+    refuse_counter_trace,
+)
 from perfcast.analysis.optimizers import (
     FUSED_OPTIMIZERS,
     TORCH_OPTIMIZERS,
@@ -644,7 +649,9 @@ def advise(
         plan=_plan(ranked, world, baseline_ms, traits, unranked=uncertain),
         not_applicable=skipped,
         facts=facts,
-        notes=input_notes(table) + graph_notes(world.traced_graph, steps_ns(world.traced)),
+        notes=input_notes(table)
+        + graph_notes(world.traced_graph, steps_ns(world.traced))
+        + first_step_note(world.steps),
         measured_real_ms=world.measured_real_ms,
         findings=(
             _communication_findings(table, facts)

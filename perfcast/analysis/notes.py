@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from perfcast.events import EventTable, Kind, RankInfo
 from perfcast.graph.model import Graph, NodeKind
+
+if TYPE_CHECKING:
+    from perfcast.real import StepEstimate
 
 # A runtime call or launch whose own host time reaches this is not per-kernel dispatch cost
 # but work a steady-state step does not repeat, or not per kernel: lazy CUDA initialization
@@ -118,6 +123,39 @@ def graph_notes(graph: Graph, step_ns: float) -> list[str]:
         "or pageable copies, not per-step launch cost; if these are a job's first steps, "
         "profile after a warm-up (torch.profiler.schedule(wait=1, warmup=1, active=3)) for "
         "steady-state predictions"
+    ]
+
+
+# The first step is said to stand out when it is this much above or below the others' median.
+FIRST_STEP_OFF = 0.15
+
+
+def first_step_note(steps: list[StepEstimate]) -> list[str]:
+    """Say so when the trace's first step (the slowest rank setting each step, as the mean
+    has it) stands out from the others: it pays what ran before the trace (a warm-up, GPU
+    work still queued from an untraced step), and the mean step every what-if scales
+    includes it. The traced figures are given beside: the same gap as traced says the run
+    was slow there, not the estimate without the profiler."""
+    real: dict[str, float] = {}
+    traced: dict[str, float] = {}
+    for e in steps:
+        real[e.name] = max(real.get(e.name, e.real_ms), e.real_ms)
+        traced[e.name] = max(traced.get(e.name, e.traced_ms), e.traced_ms)
+    if len(real) < 2:
+        return []
+    names = list(real)
+    first, others = real[names[0]], [real[n] for n in names[1:]]
+    median = float(np.median(others))
+    if median <= 0 or abs(first - median) < FIRST_STEP_OFF * median:
+        return []
+    traced_median = float(np.median([traced[n] for n in names[1:]]))
+    return [
+        f"the first step ({names[0]}) took {first:,.2f} ms without the profiler against a "
+        f"median {median:,.2f} ms for the other {len(others)} ({traced[names[0]]:,.2f} "
+        f"against {traced_median:,.2f} ms as traced): a trace's first step pays what ran "
+        "before it (a warm-up, GPU work still queued); the mean step, which the what-ifs "
+        f"scale, includes it ({float(np.mean([first, *others])):,.2f} ms; "
+        f"{float(np.mean(others)):,.2f} over the others)"
     ]
 
 

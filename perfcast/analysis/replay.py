@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from perfcast.analysis.critical_path import CriticalPath, critical_paths
-from perfcast.analysis.notes import input_notes
+from perfcast.analysis.notes import first_step_note, input_notes
 from perfcast.analysis.real_step import RealWorld
 from perfcast.frames import Columns, Tables, dicts_to_columns, field_kinds
 from perfcast.graph.model import Graph
@@ -146,7 +146,8 @@ def replay_result(
         ],
         correction=world.correction if world is not None else None,
         assumptions=list(g.assumptions),
-        notes=input_notes(g.table) if g.table is not None else [],
+        notes=(input_notes(g.table) if g.table is not None else [])
+        + (first_step_note(world.steps) if world is not None else []),
     )
 
 

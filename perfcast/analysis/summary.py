@@ -15,7 +15,7 @@ import numpy as np
 
 from perfcast.analysis import intervals as iv
 from perfcast.analysis.common import copy_rows, nearest_ancestor
-from perfcast.analysis.notes import rank_notes
+from perfcast.analysis.notes import first_step_note, rank_notes
 from perfcast.events import GPU_KINDS, NONE, EventTable, Kind
 from perfcast.frames import Columns, Tables, dicts_to_columns, field_kinds
 from perfcast.graph.phases import (
@@ -205,6 +205,7 @@ def add_real_steps(out: Summary, world: RealWorld) -> None:
                     est.source,
                 )
     out.correction = world.correction
+    out.notes.extend(first_step_note(world.steps))
 
 
 def _graph_replay_note(table: EventTable, phases: np.ndarray, gpu_rows: np.ndarray) -> str:

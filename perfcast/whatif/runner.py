@@ -10,7 +10,12 @@ from typing import Any, ClassVar
 import numpy as np
 
 from perfcast.analysis.critical_path import critical_paths
-from perfcast.analysis.notes import graph_notes, input_notes, refuse_counter_trace
+from perfcast.analysis.notes import (
+    first_step_note,
+    graph_notes,
+    input_notes,
+    refuse_counter_trace,
+)
 from perfcast.analysis.real_step import RealWorld, real_world
 from perfcast.errors import OptionError, OptionValueError
 from perfcast.events import EventTable
@@ -556,7 +561,9 @@ def run_whatif(
             if a
         ]
         + held,
-        notes=input_notes(table) + graph_notes(world.traced_graph, steps_ns(world.traced)),
+        notes=input_notes(table)
+        + graph_notes(world.traced_graph, steps_ns(world.traced))
+        + first_step_note(world.steps),
         memory=memory,
         baseline_memory=baseline_memory,
         headline=headline_note(iterations, p, pt, steady, steady_traced, bool(held)),
