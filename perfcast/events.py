@@ -66,9 +66,11 @@ class Iteration:
 
     A step is complete when its CPU range has ended and all GPU work it
     launched has finished. Its time is measured from the previous step's
-    completion (its own start for the first step) to its own completion, so
-    consecutive steps tile the timeline and their times add up to the total,
-    however far the CPU runs ahead of the GPU.
+    completion to its own completion, so consecutive steps tile the timeline
+    and their times add up to the total, however far the CPU runs ahead of the
+    GPU. The first step's predecessor is not in the trace: its time runs from
+    its own start, or from when the GPU work queued before the trace is done
+    if that is later.
     """
 
     rank: int
@@ -76,7 +78,7 @@ class Iteration:
     start_ns: int  # the ProfilerStep range's start on the CPU
     end_ns: int  # completion: CPU range end or end of its GPU work, whichever is later
     cpu_end_ns: int = 0
-    window_start_ns: int = 0  # previous step's completion (or start_ns)
+    window_start_ns: int = 0  # previous step's completion (first step: see above)
 
     @property
     def dur_ns(self) -> int:
