@@ -1,0 +1,66 @@
+"""Command-line review (session 25): options given twice, flag names, help defaults, checks
+before loading, per-step JSON in advise, Ray start-up failures, and 80-column output."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from perfcast.cli.main import build_parser, main
+
+# No trace is read where this is given: every such case fails or prints before loading one.
+MISSING = "/nonexistent/trace.json"
+EXAMPLE = Path(__file__).resolve().parents[1] / "perfcast" / "examples" / "ddp_a100_rank0.json.gz"
+
+
+def _help(capsys, *argv: str) -> str:
+    with pytest.raises(SystemExit):
+        main([*argv, "--help"])
+    return " ".join(capsys.readouterr().out.split())
+
+
+def _small_trace(path: Path) -> Path:
+    from tests.tracegen import TraceBuilder
+
+    b = TraceBuilder()
+    for step in range(3):
+        t0 = step * 1000
+        b.step(step + 1, t0, 900)
+        b.op("aten::linear", t0 + 10, 300, **{"Input Dims": [[8, 64], [32, 64], [32]]})
+        b.launch("volta_sgemm_128x64_nn", t0 + 20, 5, t0 + 30, 200, stream=7)
+        b.op("Optimizer.step#SGD.step", t0 + 820, 60)
+    return b.write(path)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["summary", MISSING, "--top", "3", "--top", "5"],
+        ["analyze", MISSING, "--only", "kernels", "--only", "idle"],
+        ["tree", MISSING, "--to", "3", "--top=4"],  # an abbreviation and the = form
+        ["plan", MISSING, "--gpus", "8", "--gpus", "16"],
+    ],
+)
+def test_an_option_given_twice_with_two_values_is_refused(capsys, argv):
+    # argparse kept the last value silently: `--top 3 --top 5` listed 5 rows.
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1
+    assert "given twice" in err and "give it once" in err
+    assert f"perfcast {argv[0]} --help" in err
+
+
+def test_the_same_value_twice_is_accepted_and_leaves_no_trace_in_the_arguments(capsys):
+    # Same value: harmless. The load fails next, so parsing went through.
+    assert main(["summary", MISSING, "--top", "3", "--top", "3"]) == 2
+    assert "no such file" in capsys.readouterr().err
+    args = build_parser().parse_args(["summary", MISSING, "--top", "3"])
+    assert args.top == 3 and not any(k.startswith("_") for k in vars(args))
+
+
+def test_repeatable_options_still_repeat():
+    args = build_parser().parse_args(["whatif", MISSING, "--apply", "amp", "--apply", "zero"])
+    assert args.apply == ["amp", "zero"]
