@@ -186,7 +186,7 @@ def active() -> Calibration | None:
         if os.environ.get(ENV, "").strip():
             raise PerfcastError(
                 f"calibration file not found ({ENV} names it); run "
-                f"'perfcast calibrate --out {path}' or set {ENV}=off",
+                f"'perfcast calibrate -o {path}' or set {ENV}=off",
                 path=str(path),
             ) from None
         return None

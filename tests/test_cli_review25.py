@@ -64,3 +64,40 @@ def test_the_same_value_twice_is_accepted_and_leaves_no_trace_in_the_arguments(c
 def test_repeatable_options_still_repeat():
     args = build_parser().parse_args(["whatif", MISSING, "--apply", "amp", "--apply", "zero"])
     assert args.apply == ["amp", "zero"]
+
+
+def test_output_files_take_one_flag_name(capsys):
+    # report said -o/--output, calibrate and profile -o/--out: the same concept, two flags.
+    assert "-o FILE, --output FILE" in _help(capsys, "report")
+    assert "-o FILE, --output FILE" in _help(capsys, "calibrate")
+    # --out still reads as --output (an abbreviation), as it did before.
+    assert build_parser().parse_args(["calibrate", "--out", "c.json"]).out == "c.json"
+    assert build_parser().parse_args(["report", MISSING, "--out", "r.html"]).output == "r.html"
+
+
+def test_profile_help_names_its_flag_and_default():
+    from perfcast.capture.profiler import _build_parser
+
+    parser = _build_parser()
+    text = " ".join(parser.format_help().split())
+    assert "-o OUT, --output OUT" in text and "(default ./perfcast-traces)" in text
+    assert parser.parse_args(["--out", "t"]).out == "t"
+
+
+def test_advise_takes_gpu_as_plan_does():
+    assert build_parser().parse_args(["advise", MISSING, "--gpu", "h100"]).device == "h100"
+    assert build_parser().parse_args(["advise", MISSING, "--device", "h100"]).device == "h100"
+
+
+@pytest.mark.parametrize(
+    ("command", "said"),
+    [
+        ("summary", "to list (default 10)"),
+        ("analyze", "in the terminal (default 12)"),
+        ("calibrate", "to measure with (default 2,"),
+        # diff's tables, not analyze's names (its help gave analyze's as the example)
+        ("diff", "(ops.csv, kernels.csv, phases.csv, predicted.csv)"),
+    ],
+)
+def test_help_states_the_defaults(capsys, command, said):
+    assert said in _help(capsys, command)

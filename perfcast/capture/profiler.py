@@ -676,7 +676,15 @@ def _build_parser() -> argparse.ArgumentParser:
         usage="perfcast profile [options] -- python train.py [args...]\n"
         "       perfcast profile [options] -- torchrun [torchrun options] train.py [args...]",
     )
-    parser.add_argument("-o", "--out", default="./perfcast-traces", help="trace folder")
+    # --output, as report's and calibrate's (--out still reads as it).
+    parser.add_argument(
+        "-o",
+        "--output",
+        dest="out",
+        metavar="OUT",
+        default="./perfcast-traces",
+        help="trace folder (default ./perfcast-traces)",
+    )
     parser.add_argument("--wait", type=int, default=1, help="steps skipped per cycle (default 1)")
     parser.add_argument("--warmup", type=int, default=1, help="profiler warm-up steps (default 1)")
     parser.add_argument(

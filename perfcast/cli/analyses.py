@@ -23,8 +23,10 @@ def register(sub: Any, add_common: Callable[[Any], None], table: dict[str, Any])
     p.add_argument("path", help="trace file (.json/.json.gz) or folder of rank files")
     p.add_argument("--only", metavar="NAME,...", help=f"run only these ({', '.join(TITLES)})")
     p.add_argument("--top", type=int, default=10, help="rows per ranked table (default 10)")
-    p.add_argument("--rows", type=int, default=12, help="rows shown per table in the terminal")
-    _add_exports(p)
+    p.add_argument(
+        "--rows", type=int, default=12, help="rows shown per table in the terminal (default 12)"
+    )
+    _add_exports(p, "ANALYSIS.TABLE.csv, e.g. idle.by_stream.csv")
     add_common(p)
     table["analyze"] = cmd_analyze
 
@@ -46,17 +48,18 @@ def register(sub: Any, add_common: Callable[[Any], None], table: dict[str, Any])
         "--list`)",
     )
     p.add_argument("--top", type=int, default=20, help="rows per table (default 20)")
-    _add_exports(p)
+    # diff's own names: analyze's "ANALYSIS.TABLE.csv" example read as diff's.
+    _add_exports(p, "ops.csv, kernels.csv, phases.csv, predicted.csv")
     add_common(p)
     table["diff"] = cmd_diff
 
 
-def _add_exports(p: argparse.ArgumentParser) -> None:
+def _add_exports(p: argparse.ArgumentParser, names: str) -> None:
     p.add_argument(
         "--csv",
         metavar="DIR",
-        help="also write every table as a CSV file in DIR, one per table, named as the result "
-        "names it (analyze: ANALYSIS.TABLE.csv, e.g. idle.by_stream.csv)",
+        help=f"also write every table as a CSV file in DIR, one per table, named as the result "
+        f"names it ({names})",
     )
     p.add_argument(
         "--parquet",

@@ -71,7 +71,14 @@ def register(sub: Any, add_common: Callable[[Any], None], table: dict[str, Any])
 
     p = sub.add_parser("advise", help="rank every applicable optimization by predicted gain")
     p.add_argument("path", help="trace file or folder of rank files")
-    p.add_argument("--device", help="also evaluate moving to this GPU (e.g. h100)")
+    # --gpu as plan names the same thing (--device kept: README and scripts use it).
+    p.add_argument(
+        "--device",
+        "--gpu",
+        dest="device",
+        metavar="GPU",
+        help="also evaluate moving to this GPU (e.g. h100)",
+    )
     add_correction_option(p)
     add_common(p)
     table["advise"] = cmd_advise
@@ -87,7 +94,7 @@ def register(sub: Any, add_common: Callable[[Any], None], table: dict[str, Any])
 
     p = sub.add_parser("report", help="write a self-contained HTML report")
     p.add_argument("path", help="trace file or folder of rank files")
-    p.add_argument("-o", "--output", required=True, help="HTML file to write")
+    p.add_argument("-o", "--output", required=True, metavar="FILE", help="HTML file to write")
     add_correction_option(p)
     add_common(p)
     table["report"] = cmd_report
@@ -97,13 +104,21 @@ def register(sub: Any, add_common: Callable[[Any], None], table: dict[str, Any])
         help="measure this machine's profiler cost per event, host speed, DataLoader hand-off "
         "and checkpoint costs for the models",
     )
+    # --output, as report's: the same concept, the same flag (--out still reads as it).
     p.add_argument(
         "-o",
-        "--out",
+        "--output",
+        dest="out",
+        metavar="FILE",
         help="file to write (default: $PERFCAST_CALIBRATION, else "
         "~/.cache/perfcast/calibration.json, which the models read)",
     )
-    p.add_argument("--workers", type=int, default=2, help="DataLoader workers to measure with")
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=2,
+        help=f"DataLoader workers to measure with (default 2, at most {MAX_CALIBRATION_WORKERS})",
+    )
     p.add_argument(
         "--worker-cpus",
         metavar="LIST",

@@ -220,7 +220,9 @@ def build_parser() -> _Parser:
 
     p = sub.add_parser("summary", help="where the time of each step goes, per rank")
     p.add_argument("path", help="trace file (.json/.json.gz) or folder of rank files")
-    p.add_argument("--top", type=int, default=10, help="how many top kernels/ops to list")
+    p.add_argument(
+        "--top", type=int, default=10, help="how many top kernels/ops to list (default 10)"
+    )
     p.add_argument(
         "--keep-profiler-cost",
         dest="correct",
