@@ -3,6 +3,7 @@ before loading, per-step JSON in advise, Ray start-up failures, and 80-column ou
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -101,3 +102,18 @@ def test_advise_takes_gpu_as_plan_does():
 )
 def test_help_states_the_defaults(capsys, command, said):
     assert said in _help(capsys, command)
+
+
+def test_tree_top_without_bottom_up_is_refused_before_loading(capsys):
+    # It listed nothing more or less, text or --json: the hot spots are --bottom-up's.
+    assert main(["tree", MISSING, "--top", "3"]) == 2
+    err = capsys.readouterr().err
+    assert err == "perfcast: error: --top counts the hot spots of --bottom-up: add --bottom-up\n"
+    assert "(each) listed by --bottom-up (default 10)" in _help(capsys, "tree")
+
+
+def test_tree_top_with_bottom_up_lists_that_many(tmp_path, capsys):
+    trace = str(_small_trace(tmp_path / "t.json"))
+    assert main(["tree", trace, "--bottom-up", "--top", "1", "--json", "-q"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert sorted(h["kind"] for h in doc["bottom_up"]) == ["kernel", "op"]  # one of each

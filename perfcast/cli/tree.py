@@ -39,7 +39,9 @@ def register(sub: Any, add_common: Callable[[Any], None], table: dict[str, Any])
         action="store_true",
         help="also list the hot kernels and ops with the call paths that reach them",
     )
-    p.add_argument("--top", type=int, default=10, help="hot spots listed by --bottom-up")
+    p.add_argument(
+        "--top", type=int, help="kernels and ops (each) listed by --bottom-up (default 10)"
+    )
     p.add_argument(
         "--instances",
         action="store_true",
@@ -100,6 +102,9 @@ def cmd_tree(args: argparse.Namespace, ui: Any) -> int:
     from perfcast.cli.commands import _check_output, writing
 
     check_focus(args)
+    if args.top is not None and not args.bottom_up:
+        # It did nothing without --bottom-up, text or --json: said, as whatif says --focus.
+        raise OptionError("--top counts the hot spots of --bottom-up: add --bottom-up")
     for out in (args.speedscope, args.folded):
         _check_output(out, args.path)
     if (
@@ -138,7 +143,7 @@ def cmd_tree(args: argparse.Namespace, ui: Any) -> int:
         focus_re=args.focus,
         all_frames=args.all_frames,
         bottom_up=args.bottom_up,
-        top=args.top,
+        top=10 if args.top is None else args.top,
         fold=not args.instances,
     )
     if args.json:
