@@ -117,3 +117,32 @@ def test_tree_top_with_bottom_up_lists_that_many(tmp_path, capsys):
     assert main(["tree", trace, "--bottom-up", "--top", "1", "--json", "-q"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert sorted(h["kind"] for h in doc["bottom_up"]) == ["kernel", "op"]  # one of each
+
+
+@pytest.mark.parametrize(
+    ("option", "said"),
+    [
+        (["--gpu", "z9000"], "unknown GPU 'z9000'"),
+        (["--link", "foo"], "unknown link 'foo'"),
+        (["--inter", "foo"], "unknown link 'foo'"),
+        (["--link", "ib-ndr"], "'ib-ndr' is a link between nodes"),
+        (["--inter", "nvlink4"], "'nvlink4' joins the GPUs of a node"),
+    ],
+)
+def test_plan_checks_hardware_names_before_loading_the_trace(capsys, option, said):
+    # They were checked after the load: a typo cost the load of a large trace first (here
+    # the trace is missing, so a name checked after it would never be reached).
+    assert main(["plan", MISSING, "--gpus", "8", *option]) == 2
+    assert said in capsys.readouterr().err
+
+
+def test_plan_refuses_batch_with_a_model(capsys):
+    # --batch sizes a trace without shapes; with --model it was silently ignored.
+    assert main(["plan", "--model", "llama3-8b", "--gpus", "8", "--batch", "4"]) == 2
+    assert "with --model, give --global-batch" in capsys.readouterr().err
+
+
+def test_plan_help_states_the_defaults(capsys):
+    text = _help(capsys, "plan")
+    assert "plans to list (default 10)" in text
+    assert "--gpus-per-node GPUS_PER_NODE GPUs per node (default 8)" in text

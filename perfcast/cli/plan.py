@@ -25,7 +25,12 @@ def register(sub: Any, add_common: Callable[[Any], None], table: dict[str, Any])
     )
     p.add_argument("--inter", help="inter-node link per GPU: ib-hdr, ib-ndr, 400gbe, ...")
     p.add_argument("--memory-gb", type=float, help="GPU memory to plan within (default: the GPU's)")
-    p.add_argument("--gpus-per-node", type=int, default=8)
+    p.add_argument(
+        "--gpus-per-node",
+        type=int,
+        default=8,
+        help="GPUs per node (default 8): --link joins them, --inter the nodes",
+    )
     p.add_argument(
         "--nics-per-node",
         type=int,
@@ -49,7 +54,7 @@ def register(sub: Any, add_common: Callable[[Any], None], table: dict[str, Any])
         help="with --model: host (CPU) time per kernel launched, in us (default 26, the "
         "median of eager PyTorch steps on H100/H200 hosts; heavier frameworks cost more)",
     )
-    p.add_argument("--top", type=int, default=10, help="how many plans to list")
+    p.add_argument("--top", type=int, default=10, help="how many plans to list (default 10)")
     from perfcast.cli.commands import add_correction_option
 
     add_correction_option(p)
@@ -58,6 +63,7 @@ def register(sub: Any, add_common: Callable[[Any], None], table: dict[str, Any])
 
 
 def cmd_plan(args: argparse.Namespace, ui: Any) -> int:
+    from perfcast.hardware.network import check_names
     from perfcast.plan import plan_model, plan_trace
 
     if args.model and args.path:
@@ -66,10 +72,18 @@ def cmd_plan(args: argparse.Namespace, ui: Any) -> int:
         raise PerfcastError(
             "--host-us-per-kernel applies to --model only: a trace's own host time is measured"
         )
+    if args.batch is not None and args.model:
+        # It was ignored: a described model has no traced batch to size.
+        raise PerfcastError(
+            "--batch is a trace's per-GPU batch (when it has no shapes): with --model, give "
+            "--global-batch"
+        )
     if args.model and args.ray:
         raise PerfcastError(
             "--ray loads rank traces on a Ray cluster; a --model description loads none"
         )
+    # Before the trace is loaded (minutes for a large one): a typo in a name failed after.
+    check_names(args.gpu, args.link, args.inter)
     if args.model:
         host = (
             {}

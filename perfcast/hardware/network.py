@@ -93,22 +93,11 @@ def make_cluster(
     four NICs)."""
     from perfcast.errors import OptionError
 
-    if isinstance(device, str) and not device.strip():
-        raise OptionError("no GPU named (an empty name)", hint="e.g. h100, a100-80gb, mi300x")
-    found = lookup_or_nearest(device) if isinstance(device, str) else (device, None)
-    if found is None:
-        raise OptionError(f"unknown GPU '{device}'", hint="e.g. h100, a100-80gb, mi300x")
+    found = _named_device(device) if isinstance(device, str) else (device, None)
     spec, why = found
     note = f"{why}; taken as {spec.name}" if why else ""
     named = named or (device if isinstance(device, str) else None)
-    link_in = lookup_link(intra) if intra else default_intra_node_link(spec, named)
-    if link_in is None:
-        raise OptionError(f"unknown link '{intra}'", hint="e.g. nvlink4, pcie5")
-    if is_network_link(link_in):
-        raise OptionError(
-            f"'{intra}' is a link between nodes, not between the GPUs of a node",
-            hint="inside a node: nvlink2-5, pcie3-6, infinity-fabric-*; between nodes: --inter",
-        )
+    link_in = _intra_link(intra) if intra else default_intra_node_link(spec, named)
     foreign = {"amd": "nvlink", "nvidia": "infinity-fabric"}.get(spec.vendor.lower())
     if foreign and link_in.name.startswith(foreign):
         raise OptionError(
@@ -117,14 +106,7 @@ def make_cluster(
             hint="name the node's link for this GPU, or leave it out for its usual one",
         )
     hopper = any(k in spec.name for k in ("H100", "H200", "B200", "MI300"))
-    link_out = lookup_link(inter) if inter else lookup_link("ib-ndr" if hopper else "ib-hdr")
-    if link_out is None:
-        raise OptionError(f"unknown link '{inter}'", hint="e.g. ib-ndr, ib-hdr, 400gbe")
-    if not is_network_link(link_out):
-        raise OptionError(
-            f"'{inter}' joins the GPUs of a node, not nodes",
-            hint="between nodes: ib-edr, ib-hdr, ib-ndr, ib-xdr, 100gbe, 200gbe, 400gbe",
-        )
+    link_out = _inter_link(inter or ("ib-ndr" if hopper else "ib-hdr"))
     if nics_per_node is not None and nics_per_node < 1:
         raise OptionError(
             f"NICs per node must be at least 1, not {nics_per_node}",
@@ -146,6 +128,56 @@ def make_cluster(
         nvls=bool(nvls),
         device_note=note,
     )
+
+
+def check_names(device: str | None, intra: str | None, inter: str | None) -> None:
+    """Refuse an unknown GPU or link name, or a link of the wrong kind, as make_cluster
+    would: `perfcast plan` checks them before loading the trace (a typo cost a load)."""
+    if device is not None:
+        _named_device(device)
+    if intra:
+        _intra_link(intra)
+    if inter:
+        _inter_link(inter)
+
+
+def _named_device(device: str) -> tuple[DeviceSpec, str | None]:
+    from perfcast.errors import OptionError
+
+    if not device.strip():
+        raise OptionError("no GPU named (an empty name)", hint="e.g. h100, a100-80gb, mi300x")
+    found = lookup_or_nearest(device)
+    if found is None:
+        raise OptionError(f"unknown GPU '{device}'", hint="e.g. h100, a100-80gb, mi300x")
+    return found
+
+
+def _intra_link(name: str) -> LinkSpec:
+    from perfcast.errors import OptionError
+
+    link = lookup_link(name)
+    if link is None:
+        raise OptionError(f"unknown link '{name}'", hint="e.g. nvlink4, pcie5")
+    if is_network_link(link):
+        raise OptionError(
+            f"'{name}' is a link between nodes, not between the GPUs of a node",
+            hint="inside a node: nvlink2-5, pcie3-6, infinity-fabric-*; between nodes: --inter",
+        )
+    return link
+
+
+def _inter_link(name: str) -> LinkSpec:
+    from perfcast.errors import OptionError
+
+    link = lookup_link(name)
+    if link is None:
+        raise OptionError(f"unknown link '{name}'", hint="e.g. ib-ndr, ib-hdr, 400gbe")
+    if not is_network_link(link):
+        raise OptionError(
+            f"'{name}' joins the GPUs of a node, not nodes",
+            hint="between nodes: ib-edr, ib-hdr, ib-ndr, ib-xdr, 100gbe, 200gbe, 400gbe",
+        )
+    return link
 
 
 def calibrated_from(cluster: Cluster, busbw_gbs: float, what: str) -> Cluster:
