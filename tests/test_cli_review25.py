@@ -146,3 +146,20 @@ def test_plan_help_states_the_defaults(capsys):
     text = _help(capsys, "plan")
     assert "plans to list (default 10)" in text
     assert "--gpus-per-node GPUS_PER_NODE GPUs per node (default 8)" in text
+
+
+def test_advise_json_carries_each_step_as_the_other_commands_do(tmp_path, capsys):
+    # README: results carry, per step, traced_ms, real_ms, measured_real_ms and the
+    # correction's source; advise gave only the means.
+    trace = str(_small_trace(tmp_path / "t.json"))
+    assert main(["replay", trace, "--json", "-q"]) == 0
+    replayed = json.loads(capsys.readouterr().out)["ranks"][0]["iterations"]
+    assert main(["advise", trace, "--json", "-q"]) == 0
+    saved = capsys.readouterr().out
+    steps = json.loads(saved)["iterations"]
+    keys = ("name", "traced_ms", "real_ms", "measured_real_ms", "source")
+    assert [{k: s[k] for k in keys} for s in steps] == [{k: s[k] for k in keys} for s in replayed]
+    assert [s["rank"] for s in steps] == [0, 0, 0]
+    # A saved advice still renders.
+    (tmp_path / "advice.json").write_text(saved)
+    assert main(["show", str(tmp_path / "advice.json")]) == 0

@@ -45,7 +45,7 @@ from perfcast.frames import Tables, TypedColumns, field_kinds, rows_to_columns
 from perfcast.graph.build import build_graph
 from perfcast.graph.model import GpuKind, Graph, NodeKind
 from perfcast.graph.phases import Phase, host_collective_mask
-from perfcast.real import Correction
+from perfcast.real import Correction, StepEstimate
 from perfcast.sim.timeline import Timeline, simulate
 from perfcast.whatif.registry import Spec, build_options, in_plan_order, parse_spec
 from perfcast.whatif.runner import (
@@ -144,6 +144,9 @@ class Advice(Tables):
     measured_real_ms: float | None = None  # mean unprofiled step the trace carries, if any
     # What the trace shows that limits the step and no modelled optimization addresses.
     findings: list[str] = field(default_factory=list)
+    # Per rank and step: traced_ms, real_ms, measured_real_ms and the correction's source,
+    # under the keys summary, replay and whatif give them (the means alone were here).
+    iterations: list[StepEstimate] = field(default_factory=list)
 
     def _tables(self) -> dict[str, Any]:
         """ "suggestions": one row per predicted optimization, ranked ones first (status
@@ -658,6 +661,7 @@ def advise(
             + _waiting_findings(table, facts)
             + _idle_findings(world.traced_graph, facts)
         ),
+        iterations=list(world.steps),
     )
 
 
