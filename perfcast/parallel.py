@@ -67,7 +67,19 @@ def ray_backend(address: str | None = None) -> Iterator[None]:
             kwargs["address"] = address
         else:
             kwargs["include_dashboard"] = False
-        ray.init(**kwargs)
+        try:
+            ray.init(**kwargs)
+        except Exception as exc:  # ConnectionError, TimeoutError, or Ray's bare Exception
+            from perfcast.errors import PerfcastError
+
+            # The cluster, the address or this machine's resources are at fault, not
+            # perfcast: it read as an internal error asking for a bug report (exit 3).
+            where = f"connect to the Ray cluster at {address}" if address else "start Ray here"
+            raise PerfcastError(
+                f"could not {where} ({type(exc).__name__}: {exc})",
+                hint="check the address and the cluster, or leave out --ray to load the "
+                "rank files with this machine's processes",
+            ) from None
         started = True
     previous, _RAY = _RAY, {"address": address}
     try:

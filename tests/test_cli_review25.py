@@ -4,6 +4,7 @@ before loading, per-step JSON in advise, Ray start-up failures, and 80-column ou
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -163,3 +164,24 @@ def test_advise_json_carries_each_step_as_the_other_commands_do(tmp_path, capsys
     # A saved advice still renders.
     (tmp_path / "advice.json").write_text(saved)
     assert main(["show", str(tmp_path / "advice.json")]) == 0
+
+
+def test_a_ray_cluster_that_does_not_start_is_a_user_error(tmp_path, capsys, monkeypatch):
+    # A local Ray instance timing out on a loaded machine ended as "internal error ...
+    # please report it" (exit 3): the cluster or the address is at fault, not perfcast.
+    import types
+
+    def init(**kwargs):
+        raise ConnectionError("could not reach the head node\nat 10.0.0.1:6379")
+
+    fake = types.SimpleNamespace(is_initialized=lambda: False, init=init, shutdown=lambda: None)
+    monkeypatch.setitem(sys.modules, "ray", fake)
+    trace = str(_small_trace(tmp_path / "t.json"))
+    assert main(["summary", trace, "--ray", "ray://10.0.0.1:10001"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1
+    assert err.startswith("perfcast: error: ") and (
+        "could not connect to the Ray cluster at ray://10.0.0.1:10001 "
+        "(ConnectionError: could not reach the head node at 10.0.0.1:6379)" in err
+    )
+    assert "leave out --ray" in err
