@@ -185,3 +185,15 @@ def test_a_ray_cluster_that_does_not_start_is_a_user_error(tmp_path, capsys, mon
         "(ConnectionError: could not reach the head node at 10.0.0.1:6379)" in err
     )
     assert "leave out --ray" in err
+
+
+def test_diff_prints_the_ops_legend_next_to_the_tables(tmp_path, capsys):
+    # The legend of the ops table came before the prediction's lines, far from its table.
+    trace = str(_small_trace(tmp_path / "t.json"))
+    spec = "faster-op:pattern=sgemm,factor=2"
+    assert main(["diff", trace, trace, "--apply", spec, "-q"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    legend = next(i for i, ln in enumerate(lines) if ln.startswith("ops: CPU time per step"))
+    prediction = next(i for i, ln in enumerate(lines) if ln.startswith("predicted from A"))
+    first_table = next(i for i, ln in enumerate(lines) if ln.startswith("ops "))
+    assert prediction < legend < first_table

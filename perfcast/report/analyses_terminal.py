@@ -188,13 +188,6 @@ def render_diff(result: TraceDiff, console: Console, rows: int = 15) -> None:
                 style="bold",
             )
         )
-    console.print(
-        Text(
-            "ops: CPU time per step of each op, nested ops each counted in full (an op's time "
-            "holds its children's, so shares overlap); share_pct: of the step's change",
-            style="dim",
-        )
-    )
     if result.prediction is not None:
         p = result.prediction
         console.print(
@@ -244,6 +237,15 @@ def render_diff(result: TraceDiff, console: Console, rows: int = 15) -> None:
                     f"ms per step (speedup {p.real_speedup:.3f}×){against}"
                 )
             )
+    # The tables' legend just above them, after the prediction's lines (it was between
+    # the step times and the prediction, far from the ops table it explains).
+    console.print(
+        Text(
+            "ops: CPU time per step of each op, nested ops each counted in full (an op's time "
+            "holds its children's, so shares overlap); share_pct: of the step's change",
+            style="dim",
+        )
+    )
     for tname, cols in result_tables(result).items():
         # The predicted table holds the top kernels and then the top ops: both shown.
         render_table(console, tname, cols, None, 2 * rows if tname == "predicted" else rows)
