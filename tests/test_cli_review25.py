@@ -4,6 +4,7 @@ before loading, per-step JSON in advise, Ray start-up failures, and 80-column ou
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -197,3 +198,16 @@ def test_diff_prints_the_ops_legend_next_to_the_tables(tmp_path, capsys):
     prediction = next(i for i, ln in enumerate(lines) if ln.startswith("predicted from A"))
     first_table = next(i for i, ln in enumerate(lines) if ln.startswith("ops "))
     assert prediction < legend < first_table
+
+
+def test_tree_says_how_much_it_hides_within_80_columns(capsys, monkeypatch):
+    # "… 5 more below 1% or deeper than " was cropped at the edge: the hidden time, at the
+    # end of the line, was lost and the phrase ended mid-word.
+    monkeypatch.setenv("COLUMNS", "80")
+    assert main(["tree", str(EXAMPLE), "--depth", "3", "-q"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    more = [ln for ln in lines if "more (" in ln]
+    assert more and all(len(ln) <= 80 for ln in lines)
+    for ln in more:
+        assert re.search(r"… \d+ more \([\d,.]+ ms\) ", ln), ln
+        assert ln.endswith(("…", "deeper than 3")), ln

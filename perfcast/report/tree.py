@@ -119,9 +119,11 @@ def _render_rows(
             emit(ci, below, k == len(mine) - 1 and not r.hidden, False)
         if r.hidden:
             blank = " ".join(" " * c.width for c in columns)
-            note = f"… {r.hidden:,} more {more_what} ({more_value(r.hidden_value)})"
+            # Their time first, and an ellipsis where the line ends: cropped at 80 columns,
+            # "… 5 more below 1% or deeper than " lost the time and ended mid-phrase.
+            note = f"… {r.hidden:,} more ({more_value(r.hidden_value)}) {more_what}"
             text = Text(f"{blank}  {guide(below, True)}")
-            text.append(note, style="dim")
+            text.append(shorten(note, width - len(text)), style="dim")
             console.print(text, no_wrap=True, overflow="crop")
 
     emit(0, (), True, True)
