@@ -364,8 +364,13 @@ def test_a_loop_that_ends_before_the_window_after_the_trace_still_writes_it(
 ) -> None:
     import perfcast
 
-    with capture(tmp_path, wait=0, warmup=1, active=2, unprofiled=2, unprofiled_after=3) as cap:
+    late = r"ended 4 step\(s\) after the trace, before the 3 "
+    with (
+        pytest.warns(UserWarning, match=late),
+        capture(tmp_path, wait=0, warmup=1, active=2, unprofiled=2, unprofiled_after=3) as cap,
+    ):
         _train(3 + 3 + 4)  # the window after the trace needs 3 + 3 steps; only 4 run
+    assert cap.untimed_after and "only the 2 timed before it" in cap.untimed_after
     assert cap.finished and len(cap.trace_paths) == 1 and not cap.unprofiled_after_step_ms
     assert "perfcast_unprofiled_after_step_ms" not in _load(cap.trace_paths[0])
     assert len(perfcast.load(cap.trace_paths[0]).iterations) == 2
@@ -651,3 +656,32 @@ def test_a_cycle_stopped_before_its_active_steps_is_not_called_a_partial_trace(
     err = capsys.readouterr().err
     assert rc == 0
     assert "1 of 2 cycle(s) written" in err and "partial" not in err, err
+
+
+def test_run_profile_says_when_the_script_ended_before_the_steps_after_the_trace(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The defaults need 18 steps: 12 write the trace, the 6 after it time the unprofiled
+    window; a 14-step script got its trace and no word that the window was never timed."""
+    script = tmp_path / "train.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import torch
+
+            model = torch.nn.Linear(8, 1)
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            for _ in range(14):
+                loss = model(torch.randn(4, 8)).pow(2).mean()
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+            """
+        )
+    )
+    out = tmp_path / "traces"
+    assert run_profile(["-o", str(out), "--", "python", str(script)]) == 0
+    err = capsys.readouterr().err
+    assert "warning: the script ended 2 step(s) after the trace, before the 3 unprofiled" in err
+    assert "it carries only the 6 timed before it" in err
+    assert (out / "rank0.json.gz").exists()

@@ -347,6 +347,8 @@ class Capture:
             # The script ended before the window after the trace was timed: the trace goes
             # out without it.
             self._release_held()
+        if exc_type is None and not self.from_cli and (why := self.untimed_after):
+            warnings.warn(f"perfcast.capture: {why}", stacklevel=2)
         if exc_type is None and not self.trace_paths and not self.from_cli:
             # In a notebook nothing else would say so (perfcast profile says it itself).
             warnings.warn(
@@ -355,6 +357,23 @@ class Capture:
                 "wait or warmup need fewer)",
                 stacklevel=2,
             )
+
+    @property
+    def untimed_after(self) -> str | None:
+        """Why the trace lacks the unprofiled steps after it, when every trace was written
+        but the script ended before they were timed; else None."""
+        if not (self.unprofiled_after and self.finished) or self.unprofiled_after_step_ms:
+            return None
+        return (
+            f"the script ended {self._after_seen} step(s) after the trace, before the "
+            f"{self.unprofiled_after} unprofiled steps after it were timed (they need "
+            f"{self.post_steps} steps after the trace): "
+            + (
+                f"it carries only the {self.unprofiled} timed before it"
+                if self.unprofiled
+                else "it carries no unprofiled step"
+            )
+        )
 
     @property
     def steps_for_a_trace(self) -> int:
@@ -949,6 +968,8 @@ def run_profile(argv: list[str]) -> int:
             "(--run-to-end lets it finish)",
             file=sys.stderr,
         )
+    if rc == 0 and (why := cap.untimed_after):
+        print(f"perfcast: warning: {why}", file=sys.stderr)
     if cap.schedule_steps is not None and not cap.finished:
         what = (
             "the last trace is partial"
