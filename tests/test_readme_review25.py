@@ -8,6 +8,7 @@ import argparse
 import importlib
 import re
 import shlex
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -361,8 +362,11 @@ def test_capture_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
         optimizer.zero_grad()
 
     monkeypatch.chdir(tmp_path)
-    # 12 steps: the default schedule's first trace with all its active steps (README).
-    exec(block, {"loader": range(12), "train_step": train_step})
+    # 18 steps: the default schedule's trace with all its active steps and the unprofiled
+    # steps after it (README; with 12 the trace is written and a warning says they were not).
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        exec(block, {"loader": range(18), "train_step": train_step})
     import perfcast
 
     trace = perfcast.summary(tmp_path / "traces" / "rank0.json.gz", correct=False)
