@@ -861,3 +861,10 @@ def test_execution_trace_is_named(
     t = perfcast.load(tmp_path / "ranks")
     note = " ".join(t.ranks[0].folder_notes)
     assert "et.json is a PyTorch Execution Trace" in note and "keep outputs" not in note
+
+
+def test_a_dash_is_not_read_as_standard_input(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(TraceFormatError, match=r"'-' \(standard input\) is not read") as info:
+        perfcast.load("-")
+    assert info.value.hint and "save the trace to a file" in info.value.hint

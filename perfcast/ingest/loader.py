@@ -47,6 +47,12 @@ def load(path: str | os.PathLike[str], progress: ProgressFn | None = None) -> Ev
     try:
         os.stat(path)
     except (FileNotFoundError, ValueError):  # ValueError: a NUL in the path
+        if path == "-":
+            # The Unix habit for standard input: say it is not one, not "no such file".
+            raise TraceFormatError(
+                "'-' (standard input) is not read: a trace is read from a file",
+                hint="save the trace to a file and pass its path",
+            ) from None
         raise TraceFormatError("no such file or folder", path=path) from None
     except OSError as exc:  # os.path.exists says False here too, which reads as "no file"
         raise TraceFormatError(
