@@ -548,3 +548,12 @@ def test_missing_optional_package_names_what_to_install(monkeypatch: pytest.Monk
         frames._need("polars")
     assert err.value.hint is not None and err.value.hint.startswith("pip install polars ")
     assert "perfcast[" not in err.value.hint
+
+
+def test_diff_names_each_traces_correction_source() -> None:
+    """diff's step carried B's source alone (b_real_source) and A's only inside the combined
+    'A: ..., B: ...' string: --json readers had to parse it."""
+    example = Path(__file__).parents[1] / "perfcast" / "examples" / "ddp_a100_rank0.json.gz"
+    step = perfcast.diff(example, example).step
+    assert (step.a_real_source, step.b_real_source) == ("default", "default")
+    assert step.real_source == "A: default, B: default"

@@ -45,7 +45,9 @@ class StepDelta:
     b_real_ms: float | None = None
     real_speedup: float | None = None
     real_source: str | None = None  # "A: default, B: fit"
-    b_real_source: str | None = None  # B's alone: "measured" (steps it carries) or a correction
+    # Each trace's alone: "measured" (unprofiled steps it carries) or a correction's source.
+    a_real_source: str | None = None
+    b_real_source: str | None = None
 
 
 @dataclass
@@ -364,7 +366,7 @@ def diff(a: EventTable, b: EventTable, top: int = 20, real: bool = True) -> Trac
             st.a_real_ms, st.b_real_ms = a_real, b_real
             st.real_speedup = a_real / b_real
             st.real_source = f"A: {a_src}, B: {b_src}"
-            st.b_real_source = b_src
+            st.a_real_source, st.b_real_source = a_src, b_src
     return plain(out)
 
 
