@@ -20,7 +20,7 @@ class IterationReplay:
     measured_ms: float  # as traced
     simulated_ms: float  # the replay of the trace
     error_pct: float
-    real_ms: float | None = None  # estimated without the profiler
+    real_ms: float | None = None  # estimated without the profiler (None: correction off)
     measured_real_ms: float | None = None  # measured without the profiler, if the trace says
     source: str | None = None  # where the profiler-cost correction came from
     # The same as measured_ms, under the name every --json result uses for the traced step.
@@ -116,11 +116,10 @@ def replay_result(
         worst = max(worst, abs(err))
         it = IterationReplay(name, measured / 1e6, sim / 1e6, err)
         if est is not None:
-            it.real_ms, it.measured_real_ms, it.source = (
-                est.real_ms,
-                est.measured_real_ms,
-                est.source,
-            )
+            it.measured_real_ms, it.source = est.measured_real_ms, est.source
+            # With the correction off the "estimate" is the traced step: none, as summary,
+            # diff and the report give none (the JSON and DataFrames read it as one).
+            it.real_ms = None if world is not None and world.cost.is_off else est.real_ms
         by_rank.setdefault(rank, []).append(it)
     path_tl = world.real if world is not None else tl
     paths: list[CriticalPath] = critical_paths(path_tl) if with_critical_path else []

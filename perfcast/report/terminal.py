@@ -334,8 +334,8 @@ def _render_notes(console: Console, notes: list[str]) -> None:
 def render_replay(result: ReplayResult, console: Console) -> None:
     _render_notes(console, result.notes)
     t = Table(title="replay: traced vs simulated step time", title_justify="left")
-    # --keep-profiler-cost: each step's real_ms is its traced time, not one without the
-    # profiler; no column says otherwise (summary and the report show none either).
+    # --keep-profiler-cost: no step has an estimate without the profiler, and no column
+    # says otherwise (summary and the report show none either).
     kept = result.correction is not None and result.correction.source == "off"
     cols = ["rank", "step", "traced ms", "simulated ms", "error"]
     if not kept:

@@ -1,0 +1,40 @@
+"""Session 25's review of the Python API as a notebook uses it: each test names the fault."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import perfcast
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "perfcast" / "examples" / "ddp_a100_rank0.json.gz"
+
+
+def test_replay_without_the_correction_has_no_step_without_the_profiler() -> None:
+    """replay(correct=False) gave each step a real_ms ("estimated without the profiler")
+    equal to its traced time (222.44 ms on the example), in the API, its DataFrame and
+    --json, while its docstring says none and summary and diff leave it None."""
+    table = perfcast.load(EXAMPLE)
+    kept = perfcast.replay(table, correct=False)
+    steps = kept.ranks[0].iterations
+    assert steps and all(it.real_ms is None for it in steps)
+    assert all(it.source == "off" for it in steps)  # still says how it was run
+    assert kept.to_pandas("steps")["real_ms"].isna().all()
+    assert all(
+        it.real_ms is None for it in perfcast.summary(table, correct=False).ranks[0].iterations
+    )
+    # With the correction the estimate is there, below the traced step.
+    corrected = perfcast.replay(table).ranks[0].iterations[0]
+    assert corrected.real_ms is not None and corrected.real_ms < corrected.traced_ms
+
+
+def test_replay_json_keeping_the_profiler_cost_has_no_real_ms(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from perfcast.cli.main import main
+
+    assert main(["replay", str(EXAMPLE), "--keep-profiler-cost", "-q", "--json"]) == 0
+    steps = json.loads(capsys.readouterr().out)["ranks"][0]["iterations"]
+    assert [it["real_ms"] for it in steps] == [None] * 3
