@@ -38,3 +38,13 @@ def test_replay_json_keeping_the_profiler_cost_has_no_real_ms(
     assert main(["replay", str(EXAMPLE), "--keep-profiler-cost", "-q", "--json"]) == 0
     steps = json.loads(capsys.readouterr().out)["ranks"][0]["iterations"]
     assert [it["real_ms"] for it in steps] == [None] * 3
+
+
+def test_plan_of_an_empty_trace_says_it_is_empty(tmp_path: Path) -> None:
+    """perfcast.plan on a trace with no events said "the trace has no GPU work (CPU-only)";
+    `perfcast plan` and every other API function say it holds no events."""
+    path = tmp_path / "empty.json"
+    path.write_text('{"traceEvents": []}')
+    for trace in (str(path), perfcast.load(path)):
+        with pytest.raises(perfcast.TraceFormatError, match="holds no complete events"):
+            perfcast.plan(trace, gpus=8)

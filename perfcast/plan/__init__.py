@@ -246,6 +246,9 @@ def plan_trace(
             "plan_trace: the trace is a path (str or pathlib.Path) or a loaded EventTable, "
             f"not {type(table).__name__}"
         )
+    # As every other API function and `perfcast plan`: an empty trace is said to be one,
+    # not "CPU-only".
+    table = table.require_events()
     refuse_counter_trace(table, "plan")
     if gpu is None and not table.is_gpu().any():
         raise NotApplicableError(f"{no_gpu_work(table)}: there is nothing to plan over GPUs")
