@@ -202,6 +202,12 @@ class EventTable:
     def __len__(self) -> int:
         return int(self.kind.shape[0])
 
+    def __eq__(self, other: object) -> bool:
+        # The generated one compared arrays into arrays: `a == b` raised ValueError.
+        from perfcast.arrays import same_value
+
+        return same_value(self, other)
+
     def _derived(self, key: Any, cols: tuple[np.ndarray, ...], make: Any) -> np.ndarray:
         """`make()` once per table, recomputed if one of `cols` was replaced since. Read-only:
         the graph builder asks per rank, and a thousand ranks made whole-table masks and

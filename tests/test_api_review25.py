@@ -48,3 +48,23 @@ def test_plan_of_an_empty_trace_says_it_is_empty(tmp_path: Path) -> None:
     for trace in (str(path), perfcast.load(path)):
         with pytest.raises(perfcast.TraceFormatError, match="holds no complete events"):
             perfcast.plan(trace, gpus=8)
+
+
+def test_tables_trees_and_graphs_compare_with_equals() -> None:
+    """`perfcast.load(p) == perfcast.load(p)`, two trees or two graphs compared with == raised
+    ValueError ("the truth value of an array ... is ambiguous"): the dataclasses' generated
+    __eq__ compared their NumPy columns into arrays. Checking that the same call twice gives
+    the same result is what a notebook does."""
+    a, b = perfcast.load(EXAMPLE), perfcast.load(EXAMPLE)
+    assert a == b
+    assert perfcast.tree(a) == perfcast.tree(b)
+    assert perfcast.tree(a) != perfcast.tree(a, phase="backward")
+    ga, gb = (
+        perfcast.dependency_graph(a, correct=False),
+        perfcast.dependency_graph(b, correct=False),
+    )
+    assert ga == gb
+    gb.cols["dur"][0] += 1
+    assert ga != gb
+    b.dur[0] += 1
+    assert a != b and a != "not a table"

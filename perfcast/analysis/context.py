@@ -381,6 +381,12 @@ class ContextIndex:
     def __len__(self) -> int:
         return int(self.parent.shape[0])
 
+    def __eq__(self, other: object) -> bool:
+        # The generated one compared arrays into arrays: `a == b` raised ValueError.
+        from perfcast.arrays import same_value
+
+        return same_value(self, other)
+
     def __repr__(self) -> str:  # the dataclass's would print every array and the table
         return f"ContextIndex({len(self):,} nodes, level={self.level!r})"
 
@@ -930,6 +936,12 @@ class ContextTree(Tables):
 
     def __len__(self) -> int:
         return len(self.index)
+
+    def __eq__(self, other: object) -> bool:
+        # The generated one compared arrays into arrays: `a == b` raised ValueError.
+        from perfcast.arrays import same_value
+
+        return same_value(self, other)
 
     @property
     def level(self) -> str:

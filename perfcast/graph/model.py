@@ -172,6 +172,12 @@ class Graph:
     def __len__(self) -> int:
         return int(self.cols["kind"].shape[0])
 
+    def __eq__(self, other: object) -> bool:
+        # The generated one compared arrays into arrays: `a == b` raised ValueError.
+        from perfcast.arrays import same_value
+
+        return same_value(self, other)
+
     def __repr__(self) -> str:
         # The generated repr printed every column (50k characters for a 27k-event trace).
         ranks = sorted({ln.rank for ln in self.lanes})
