@@ -69,6 +69,10 @@ from perfcast.errors import OptionValueError, PerfcastError
 
 @dataclass
 class Suggestion:
+    """One optimization: its predicted step (ms, without the profiler), speedup (x) and gain
+    (ms) with the model's measured error band, why and where it gains, the code change and
+    what it assumes; `uncertain` says why it is not ranked."""
+
     name: str  # the spec, e.g. "fused-optimizer:kind=fused"
     predicted_ms: float
     speedup: float
@@ -105,6 +109,8 @@ class Suggestion:
 
 @dataclass
 class NotApplicable:
+    """An optimization that does not apply to this trace, and why."""
+
     name: str
     reason: str
 

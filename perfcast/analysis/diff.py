@@ -32,6 +32,10 @@ if TYPE_CHECKING:
 
 @dataclass
 class StepDelta:
+    """The mean step of A and B, ms as traced, their difference (ms and % of A) and speedup
+    A / B; the same steps without the profiler (`a_real_ms`, `b_real_ms`, `real_speedup`;
+    None with `correct=False`)."""
+
     a_ms: float
     b_ms: float
     delta_ms: float
@@ -52,6 +56,9 @@ class StepDelta:
 
 @dataclass
 class DeltaRow:
+    """An op, kernel or phase in A and B: count and ms per step, the change in ms and its
+    share of the step's change in %."""
+
     kind: str  # "op" (CPU time of the op), "kernel", "phase"
     name: str
     a_count: float | None  # per step; None for phases (a phase is no count of things)
@@ -64,6 +71,9 @@ class DeltaRow:
 
 @dataclass
 class PredictedRow:
+    """A kernel or op's GPU ms per step: measured in A, predicted from A after the what-ifs,
+    measured in B, and the prediction's error (predicted - B, ms)."""
+
     kind: str  # "kernel" or "op" (GPU time launched by the op)
     name: str
     a_ms: float  # measured in A, per step

@@ -16,6 +16,9 @@ from perfcast.sim.timeline import Timeline
 
 @dataclass
 class IterationReplay:
+    """One step of one rank: as traced and as replayed (ms), their difference in % of the
+    traced step, and the step without the profiler (ms; None with `correct=False`)."""
+
     name: str
     measured_ms: float  # as traced
     simulated_ms: float  # the replay of the trace
@@ -32,6 +35,8 @@ class IterationReplay:
 
 @dataclass
 class RankReplay:
+    """One rank's replayed steps, and its device as the trace names it."""
+
     rank: int
     device: str | None  # as the trace names it (summary's and the report's device)
     iterations: list[IterationReplay]
@@ -42,6 +47,9 @@ class RankReplay:
 
 @dataclass
 class CriticalPathSummary:
+    """A step's critical path: its length and ms per category (cpu, launch, gpu compute,
+    ...), its longest items (category, name, ms) and the bottleneck they name."""
+
     rank: int
     iteration: str
     total_ms: float

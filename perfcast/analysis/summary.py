@@ -35,6 +35,10 @@ NS_PER_MS = 1e6
 
 @dataclass
 class GpuBreakdown:
+    """A step's GPU time, ms, split by time: compute_ms + communication_exposed_ms +
+    memcpy_exposed_ms + idle_ms is the step; communication_ms counts it all, hidden or not,
+    and busy_ms the time any GPU work ran."""
+
     compute_ms: float
     communication_exposed_ms: float
     memcpy_exposed_ms: float
@@ -46,6 +50,9 @@ class GpuBreakdown:
 
 @dataclass
 class CpuBreakdown:
+    """A step's CPU time by phase, ms as traced (the profiler's cost in), summed over the
+    host threads (can exceed the step): each stretch of a thread goes to its innermost event."""
+
     dataloader_ms: float
     forward_ms: float
     backward_ms: float
@@ -55,6 +62,10 @@ class CpuBreakdown:
 
 @dataclass
 class IterationSummary:
+    """One step of one rank: its time as traced (`measured_ms`, also `traced_ms`), its start
+    on the rank's clock, GPU and CPU breakdowns and kernels launched, and the step without
+    the profiler (`real_ms`, estimated; None with `correct=False`), all in ms."""
+
     name: str
     measured_ms: float  # as traced
     start_ms: float
@@ -73,6 +84,10 @@ class IterationSummary:
 
 @dataclass
 class NamedTime:
+    """A top-list row: a kernel, op or scope by name, its count, total ms and share of its
+    list's whole in % (kernels: of kernel time; ops: of outermost ops' CPU time; scopes: of
+    the GPU time)."""
+
     name: str
     count: int
     total_ms: float
@@ -81,6 +96,9 @@ class NamedTime:
 
 @dataclass
 class RankSummary:
+    """One rank: its device as the trace names it, file, steps and top lists (`summary(top=N)`
+    long), GPU ms by phase over all steps, and notes about its input."""
+
     rank: int
     device: str | None
     path: str

@@ -39,6 +39,9 @@ from perfcast.whatif.registry import Spec, build_options, get_model, in_plan_ord
 
 @dataclass
 class AppliedModel:
+    """One optimization model applied: its name, the options it ran with (defaults filled
+    in) and what its prediction assumes."""
+
     name: str
     options: dict[str, object]
     assumptions: list[str]
@@ -46,6 +49,10 @@ class AppliedModel:
 
 @dataclass
 class IterationPrediction:
+    """One step of one rank, ms: as traced, without the profiler (estimated, and measured
+    when the trace carries unprofiled steps), and predicted after the optimizations, without
+    and with the profiler's cost."""
+
     rank: int
     name: str
     traced_ms: float  # the step as traced
