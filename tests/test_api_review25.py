@@ -68,3 +68,13 @@ def test_tables_trees_and_graphs_compare_with_equals() -> None:
     assert ga != gb
     b.dur[0] += 1
     assert a != b and a != "not a table"
+
+
+def test_the_same_plan_twice_compares_equal() -> None:
+    """Two perfcast.plan calls with the same arguments compared unequal: the result holds
+    the time its search took (search_ms), which differs from run to run."""
+    table = perfcast.load(EXAMPLE)
+    first, second = perfcast.plan(table, gpus=8), perfcast.plan(table, gpus=8)
+    second.search_ms = first.search_ms + 5.0
+    assert first == second
+    assert first != perfcast.plan(table, gpus=16)

@@ -60,7 +60,8 @@ class PlanResult(Tables):
     capacity_gib: float
     evaluated: int
     fitting: int
-    search_ms: float
+    # How long the search took: not part of the answer (two equal plans compare equal).
+    search_ms: float = field(compare=False)
     best: list[PlanRow]
     baseline: PlanRow | None = None  # the trace's own configuration, when planning a trace
     assumptions: list[str] = field(default_factory=list)
