@@ -289,8 +289,8 @@ class EventTable:
     def to_pandas(self) -> PandasFrame:
         """One row per event as a pandas DataFrame (needs pandas).
 
-        Numeric columns are the table's own arrays; `kind` and the name columns are
-        categoricals over the interned names. Times are integer ns on each rank's clock.
+        A copy: editing the frame leaves the table unchanged. `kind` and the name columns
+        are categoricals over the interned names. Times are integer ns on each rank's clock.
 
         >>> perfcast.load("trace.json.gz").to_pandas().groupby("name").dur.sum()  # doctest: +SKIP
         """

@@ -76,6 +76,9 @@ def dtype_bytes(name: str | None) -> int | None:
 
 @dataclass
 class CollectiveGroup:
+    """Calls of one collective op, size and algorithm on a rank: time (ms, µs per call),
+    algorithm and bus bandwidth (GB/s) and % of the link's peak."""
+
     rank: int
     op: str  # allreduce, allgather, reducescatter, broadcast, alltoall, sendrecv, ...
     algorithm: str  # RING / TREE / ... from the kernel name ("" if it does not say)
@@ -97,6 +100,8 @@ class CollectiveGroup:
 
 @dataclass
 class CollectiveSummary:
+    """One collective op on a rank: calls, total ms and MB, bus bandwidth in GB/s."""
+
     rank: int
     op: str
     count: int

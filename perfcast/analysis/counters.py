@@ -42,6 +42,9 @@ _PRECISION = {"d": "fp64", "f": "fp32", "h": "fp16"}
 
 @dataclass
 class CounterKernel:
+    """One profiled kernel: its order on the rank, launching op and FLOPs per precision
+    from its counters."""
+
     rank: int
     index: int  # order on the rank (the order CUPTI profiled the kernels in)
     kernel: str
@@ -63,6 +66,9 @@ class CounterValue:
 
 @dataclass
 class CounterOp:
+    """Counter FLOPs per precision summed over the kernels one op launched (None: not
+    recorded)."""
+
     rank: int
     op: str
     kernels: int
@@ -73,6 +79,9 @@ class CounterOp:
 
 @dataclass
 class CounterMetric:
+    """One counter metric on a rank: its total over the kernels, and how many report it and
+    how many are nonzero."""
+
     rank: int
     metric: str
     total: float

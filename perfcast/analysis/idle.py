@@ -36,6 +36,9 @@ CATEGORIES = ("host wait", "kernel wait", "other")
 
 @dataclass
 class StreamIdle:
+    """One GPU stream's span, busy and idle time (ms), idle split into host wait, kernel
+    wait and other, and idle % of the span."""
+
     rank: int
     device: int
     stream: int
@@ -51,6 +54,9 @@ class StreamIdle:
 
 @dataclass
 class IdleIntervals:
+    """Statistics of one stream's idle intervals of one category: count, total ms and
+    durations in µs."""
+
     rank: int
     device: int
     stream: int

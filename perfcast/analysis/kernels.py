@@ -20,6 +20,9 @@ from perfcast.frames import Tables, plain
 
 @dataclass
 class KindTime:
+    """GPU time of one kind of kernel (computation, communication, memory) on a rank:
+    count, summed ms and % of the rank's summed GPU time."""
+
     rank: int
     kind: str
     count: int
@@ -29,6 +32,9 @@ class KindTime:
 
 @dataclass
 class OverlapTime:
+    """Wall time (ms, and % of the busy GPU time) during which exactly this mix of kernel
+    kinds ran on a rank."""
+
     rank: int
     kinds: str  # e.g. "computation", "computation + communication"
     time_ms: float  # wall time during which exactly these kinds ran
@@ -37,6 +43,9 @@ class OverlapTime:
 
 @dataclass
 class KernelStats:
+    """One of a rank's top kernels of a kind: count, total ms, duration statistics in µs,
+    and % of the rank's time in kernels of that kind."""
+
     rank: int
     kind: str
     name: str
@@ -51,6 +60,9 @@ class KernelStats:
 
 @dataclass
 class KernelAcrossRanks:
+    """One kernel's GPU ms on every rank: total, min / median / max per rank, the busiest
+    rank and the spread in %."""
+
     kind: str
     name: str
     ranks: int  # ranks that ran it

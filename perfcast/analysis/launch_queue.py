@@ -60,6 +60,9 @@ SERIES_POINTS = 400
 
 @dataclass
 class StreamQueue:
+    """One stream's launch queue: length statistics (time-weighted), time at the limit (ms)
+    and launch calls blocked on a full queue."""
+
     rank: int
     device: int
     stream: int
@@ -76,6 +79,9 @@ class StreamQueue:
 
 @dataclass
 class QueuePoint:
+    """A point of a stream's queue-length step function: time in ms from the rank's first
+    event, and the length."""
+
     rank: int
     device: int
     stream: int

@@ -37,6 +37,9 @@ from perfcast.frames import Tables, plain
 
 @dataclass
 class LaunchSummary:
+    """A rank's kernel launches: count, CPU and GPU time (ms, means in µs), launch delay
+    statistics (µs) and outlier counts."""
+
     rank: int
     launches: int
     cpu_ms: float  # summed CPU time of the launch calls
@@ -54,6 +57,9 @@ class LaunchSummary:
 
 @dataclass
 class LaunchGroup:
+    """Launches of one kernel, op or runtime call: count, CPU and GPU ms, means and launch
+    delay in µs, outlier counts."""
+
     rank: int
     name: str  # kernel, op or runtime call name, as the table says
     launches: int
@@ -70,6 +76,9 @@ class LaunchGroup:
 
 @dataclass
 class LaunchOutlier:
+    """One launch past a cutoff (runtime or launch delay): its kernel, op and call, GPU
+    start (ms), CPU, GPU and delay µs and flags."""
+
     rank: int
     kernel: str
     op: str

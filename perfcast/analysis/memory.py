@@ -44,6 +44,9 @@ BANDWIDTH_BINS = 100
 
 @dataclass
 class Allocator:
+    """One allocator of a rank (named by its device): event count and levels in MB (peak,
+    min, first, last; allocated and freed sums)."""
+
     rank: int
     allocator: int  # 0 = the timeline's: the GPU's with the largest peak, else the largest
     device: str  # "GPU 0", "CPU", or "not recorded" (traces before the Device Type field)
@@ -61,6 +64,8 @@ class Allocator:
 
 @dataclass
 class MemoryPoint:
+    """A point of the allocation timeline: ms from the rank's first event, allocated MB."""
+
     rank: int
     t_ms: float  # from the rank's first event
     allocated_mb: float  # the bin's maximum when downsampled
@@ -68,6 +73,9 @@ class MemoryPoint:
 
 @dataclass
 class StepMemory:
+    """A step's allocated memory in MB: at its start, peak and end, allocated and freed,
+    and the allocation count."""
+
     rank: int
     step: str
     start_mb: float
@@ -80,6 +88,9 @@ class StepMemory:
 
 @dataclass
 class PhaseMemory:
+    """A phase's allocated memory in MB: peak, allocated, freed and net, and the allocation
+    count."""
+
     rank: int
     phase: str
     peak_mb: float  # highest total reached during the phase
@@ -91,6 +102,9 @@ class PhaseMemory:
 
 @dataclass
 class CopyStats:
+    """One kind of memcpy / memset on a rank: count, MB, time (ms) and bandwidth in
+    GB/s."""
+
     rank: int
     kind: str  # Memcpy HtoD / DtoH / DtoD / PtoP / Memset
     count: int
@@ -105,6 +119,9 @@ class CopyStats:
 
 @dataclass
 class BandwidthPoint:
+    """Copy bandwidth of one kind in one time bin: bin start in ms from the rank's first
+    event, GB/s."""
+
     rank: int
     kind: str
     t_ms: float  # bin start, from the rank's first event

@@ -25,6 +25,9 @@ from perfcast.frames import Tables, plain
 
 @dataclass
 class OpKernels:
+    """GPU work by one launching op on a rank: calls, kernels, GPU ms and the op-to-launch
+    and launch-to-kernel delays in µs."""
+
     rank: int
     op: str
     calls: int  # calls that launched GPU work
@@ -40,6 +43,8 @@ class OpKernels:
 
 @dataclass
 class KernelSequence:
+    """A kernel sequence one op launches, how often, and its mean delays in µs."""
+
     rank: int
     op: str
     sequence: str  # kernel names in launch order, " -> " joined

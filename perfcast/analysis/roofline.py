@@ -241,6 +241,9 @@ def matrix_product_cost(name: str, dims: list[list], b: int) -> tuple[float, flo
 
 @dataclass
 class OpRoofline:
+    """One op and its shapes on a rank: calls, GPU ms, GFLOP and MB per call, achieved
+    TFLOP/s and GB/s, % of the device's peaks and which bound it is."""
+
     rank: int
     op: str
     shapes: str

@@ -25,6 +25,9 @@ MODULE_PREFIX = "nn.Module: "
 
 @dataclass
 class ScopeTime:
+    """One annotation, module or GPU annotation name on a rank: count, durations (ms total,
+    µs statistics), CPU and GPU ms and kernels."""
+
     rank: int
     kind: str  # "annotation" (record_function), "module", "gpu annotation"
     name: str

@@ -38,6 +38,9 @@ from perfcast.hardware.classify import COLLECTIVE_KIND
 
 @dataclass
 class RankLateness:
+    """How late a rank arrives at collectives: times last, mean lateness (µs), the others'
+    wait it caused (ms) and its clock offset."""
+
     rank: int
     collectives: int  # matched collectives it took part in
     times_last: int
@@ -50,6 +53,9 @@ class RankLateness:
 
 @dataclass
 class LateCollective:
+    """One collective with a long wait: the last rank, its wait (µs, last less first
+    arrival) and the wait it caused (ms)."""
+
     nth_of_kind: int  # its place (from 0) among the matched collectives of its kind and group
     kind: str
     group: str  # the process group's ranks as the trace names them; "(default)" if unnamed
