@@ -557,3 +557,16 @@ def test_diff_names_each_traces_correction_source() -> None:
     step = perfcast.diff(example, example).step
     assert (step.a_real_source, step.b_real_source) == ("default", "default")
     assert step.real_source == "A: default, B: default"
+
+
+def test_plan_takes_correct_as_the_other_api_functions_do() -> None:
+    """perfcast.plan(t, gpus=8, correct=False) raised TypeError: plan spelled it
+    keep_profiler_cost only, every other function correct=."""
+    example = Path(__file__).parents[1] / "perfcast" / "examples" / "ddp_a100_rank0.json.gz"
+    table = perfcast.load(example)
+    kept = perfcast.plan(table, gpus=8, keep_profiler_cost=True, top=1)
+    assert perfcast.plan(table, gpus=8, correct=False, top=1) == kept
+    with pytest.raises(perfcast.OptionError, match="say opposite things"):
+        perfcast.plan(table, gpus=8, correct=True, keep_profiler_cost=True)
+    with pytest.raises(perfcast.OptionError, match="correct must be True or False"):
+        perfcast.plan(table, gpus=8, correct="no")  # type: ignore[arg-type]

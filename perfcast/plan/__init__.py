@@ -221,10 +221,20 @@ def plan_trace(
     top: int = 10,
     rank: int | None = None,
     keep_profiler_cost: bool = False,
+    correct: bool | None = None,
 ) -> PlanResult:
     """Best plans for running the traced step on `gpus` GPUs (default: weak scaling, the
     trace's per-GPU batch on every GPU). The trace's step and host time are taken without
-    the profiler's own cost, as `whatif` takes them, unless `keep_profiler_cost`."""
+    the profiler's own cost, as `whatif` takes them, unless `keep_profiler_cost` (or
+    `correct=False`, as the other API functions spell it)."""
+    if correct is not None:
+        if not isinstance(correct, (bool, np.bool_)):
+            raise OptionError(f"plan_trace: correct must be True or False, not {correct!r}")
+        if keep_profiler_cost is True and correct:
+            raise OptionError(
+                "plan_trace: correct=True and keep_profiler_cost=True say opposite things: give one"
+            )
+        keep_profiler_cost = not correct
     _check_counts(gpus, global_batch, top, gpus_per_node, memory_gb)
     _check_arguments(
         {"gpu": gpu, "link": link, "inter": inter},
