@@ -232,9 +232,17 @@ def match_collectives(graph: Graph) -> dict[tuple[str, str, int], dict[int, int]
     return out
 
 
-def add_collective_waits(graph: Graph) -> int:
-    """Split matched collectives into arrival + transfer with cross-rank edges."""
-    matches = match_collectives(graph)
+# The node columns add_collective_waits overwrites on the matched nodes (the matches'
+# values); beside them it only appends nodes and edges, and redirects stored edges' ends.
+COLLECTIVE_WRITES = ("launch", "release", "dur", "dur_measured", "start_measured", "stream_w")
+
+
+def add_collective_waits(
+    graph: Graph, matches: dict[tuple[str, str, int], dict[int, int]] | None = None
+) -> int:
+    """Split matched collectives (`match_collectives`' unless given) into arrival + transfer
+    with cross-rank edges."""
+    matches = match_collectives(graph) if matches is None else matches
     if not matches:
         return 0
     c = graph.cols
