@@ -163,21 +163,21 @@ def critical_paths(tl: Timeline, top: int = 8, keep_steps: bool = True) -> list[
     paths' categories add up to the step times.
     """
     g = tl.graph
-    low = tl.lowered
+    nodes = tl.nodes
     compact = np.full(len(g), -1, dtype=np.int64)
-    compact[low.nodes] = np.arange(low.n)
+    compact[nodes] = np.arange(nodes.size)
     cats = _node_categories(tl)
     out = []
     c = g.cols
     # Replayed times of every rank on one clock (ranks' clocks differ by the offsets that
     # aligned their collectives), so a path that crosses ranks tiles time.
     shift = g.rank_clock_ns
-    node_shift = np.zeros(low.n, np.int64)
+    node_shift = np.zeros(nodes.size, np.int64)
     if shift:
         per_rank = np.zeros(int(c["rank"].max()) + 1, np.int64)
         for r, x in shift.items():
             per_rank[r] = x
-        node_shift = per_rank[c["rank"][low.nodes]]
+        node_shift = per_rank[c["rank"][nodes]]
     clock = (tl.replay.start + node_shift, tl.replay.end + node_shift)
     for w in tl.step_windows():
         lo = w.begin + shift.get(w.span.rank, 0)
@@ -203,9 +203,9 @@ def _walk(
 ) -> CriticalPath:
     g = tl.graph
     rep = tl.replay
-    nodes = tl.lowered.nodes
+    nodes = tl.nodes
     v = int(compact[end_node])
-    cap = 3 * tl.lowered.n + 3
+    cap = 3 * nodes.size + 3
     out_node = np.empty(cap, np.int64)
     out_s = np.empty(cap, np.int64)
     out_e = np.empty(cap, np.int64)
