@@ -255,3 +255,33 @@ def test_a_thread_woken_late_still_waited_for_the_hand_off(tmp_path):
         P.scale(g, P.select(g, name="ones_like"), 0.5)
 
     assert _steps_us(path, faster_forward) == pytest.approx([1550.0])
+
+
+@pytest.mark.parametrize("later", [False, True])
+def test_removed_sources_go_to_the_nearest_live_node_of_their_lane(later: bool) -> None:
+    """lower._redirect_removed against a plain per-node search, on many lanes with ties in
+    order (a searched lane at a time rescanned every removed node per lane)."""
+    from types import SimpleNamespace
+
+    from perfcast.graph.lower import _redirect_removed
+
+    rng = np.random.default_rng(7)
+    n = 3000
+    lane = rng.integers(0, 200, n).astype(np.int32)
+    order = rng.integers(0, 40, n).astype(np.float64) / 2  # ties within a lane
+    alive = rng.random(n) < 0.6
+    alive[lane == 5] = False  # a lane with no live node: -1
+    src = rng.integers(0, n, 5000)
+    graph = SimpleNamespace(cols={"lane": lane, "order": order})
+    got = _redirect_removed(graph, src, alive, later=later)  # type: ignore[arg-type]
+    for s, g in zip(src.tolist(), got.tolist(), strict=True):
+        if alive[s]:
+            assert g == s
+            continue
+        same = np.flatnonzero(alive & (lane == lane[s]))
+        near = same[order[same] > order[s]] if later else same[order[same] < order[s]]
+        if near.size == 0:
+            assert g == -1
+        else:
+            best = order[near].min() if later else order[near].max()
+            assert g in near and order[g] == best

@@ -164,22 +164,35 @@ def _redirect_removed(
         return src
     c = graph.cols
     live = np.flatnonzero(alive)
+    if live.size == 0:
+        return np.where(dead, -1, src)
     # Live nodes sorted by (lane, order): a dead node's replacement is the live entry just
     # before where it would sort, if that entry is on the same lane.
     o = live[np.lexsort((c["order"][live], c["lane"][live]))]
     keys_lane = c["lane"][o]
     keys = c["order"][o]
     d = src[dead]
-    pos = np.zeros(d.size, dtype=np.int64)
-    for lane in np.unique(c["lane"][d]).tolist():
-        lo, hi = np.searchsorted(keys_lane, [lane, lane + 1])
-        sel = c["lane"][d] == lane
-        if later:
-            pos[sel] = lo + np.searchsorted(keys[lo:hi], c["order"][d[sel]], side="right")
-            pos[sel & (pos >= hi)] = -1
-        else:
-            pos[sel] = lo + np.searchsorted(keys[lo:hi], c["order"][d[sel]], side="left") - 1
-            pos[sel & (pos < lo)] = -1
+    d_lane = c["lane"][d]
+    x = c["order"][d]
+    # Each dead node's lane is the run [lo, hi) of `o`; a binary search inside every run at
+    # once, halving all intervals per round (a loop over lanes rescanned every dead node per
+    # lane: 15 of advise's 113 s on 1,024 ranks).
+    lo = np.searchsorted(keys_lane, d_lane, side="left")
+    hi = np.searchsorted(keys_lane, d_lane, side="right")
+    a, b = lo.copy(), hi.copy()
+    last = max(keys.size - 1, 0)
+    while True:
+        open_ = a < b
+        if not open_.any():
+            break
+        mid = (a + b) // 2
+        km = keys[np.minimum(mid, last)]  # closed intervals may sit at the end
+        # The first position whose key is > x (later) or >= x (earlier).
+        right = open_ & ((km <= x) if later else (km < x))
+        left = open_ & ~right
+        a = np.where(right, mid + 1, a)
+        b = np.where(left, mid, b)
+    pos = np.where(a < hi, a, -1) if later else np.where(a > lo, a - 1, -1)
     out = src.copy()
     out[np.flatnonzero(dead)] = np.where(pos >= 0, o[np.maximum(pos, 0)], -1)
     return out

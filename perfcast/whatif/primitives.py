@@ -289,9 +289,7 @@ def set_duration(
 
 def protected(graph: Graph) -> np.ndarray:
     """Nodes that mark where steps start and end: zeroed, never removed."""
-    ids = [s.start_node for s in graph.iterations if s.start_node >= 0]
-    ids += [s.end_node for s in graph.iterations if s.end_node >= 0]
-    return np.array(ids, dtype=np.int64)
+    return graph.step_boundaries()
 
 
 def remove(graph: Graph, nodes: np.ndarray) -> None:
