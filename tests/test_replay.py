@@ -285,3 +285,22 @@ def test_removed_sources_go_to_the_nearest_live_node_of_their_lane(later: bool) 
         else:
             best = order[near].min() if later else order[near].max()
             assert g in near and order[g] == best
+
+
+def test_step_boundaries_follow_the_graphs_own_iterations() -> None:
+    """Graph.step_boundaries is cached per iterations list: a copy with other steps, or a
+    list that grew, gets its own."""
+    import dataclasses
+
+    import perfcast
+
+    example = Path(__file__).parents[1] / "perfcast" / "examples" / "ddp_a100_rank0.json.gz"
+    g = build_graph(perfcast.load(example))
+    ids = {s.start_node for s in g.iterations} | {s.end_node for s in g.iterations}
+    assert g.step_boundaries().tolist() == sorted(i for i in ids if i >= 0)
+    h = g.copy()
+    h.iterations = h.iterations[:1]
+    first = h.iterations[0]
+    assert h.step_boundaries().tolist() == sorted({first.start_node, first.end_node})
+    h.iterations.append(dataclasses.replace(g.iterations[1]))
+    assert h.step_boundaries().size == 4 and g.step_boundaries().tolist() == sorted(ids)
