@@ -813,3 +813,14 @@ def test_plan_says_what_the_input_notes_say(tmp_path: Path, shared_traces: Path)
     assert notes[0].startswith("1 file of the folder") and not notes[0].startswith("rank 0:")
     plan = perfcast.plan(table, gpus=8)
     assert any("7 of the job's 8 ranks" in n for n in plan.notes)
+
+
+def test_an_unknown_gpu_lists_the_known_ones() -> None:
+    """plan's hint gave three examples where the device what-if lists every part."""
+    from perfcast.errors import OptionError
+    from perfcast.hardware.network import check_names
+
+    with pytest.raises(OptionError) as err:
+        check_names("z9000", None, None)
+    assert err.value.hint is not None
+    assert "H200-SXM-141GB" in err.value.hint and "MI300X" in err.value.hint

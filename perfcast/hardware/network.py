@@ -30,7 +30,12 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from perfcast.hardware.devices import DeviceSpec, lookup_device, lookup_or_nearest
+from perfcast.hardware.devices import (
+    DeviceSpec,
+    list_devices,
+    lookup_device,
+    lookup_or_nearest,
+)
 from perfcast.hardware.interconnects import (
     LinkSpec,
     default_intra_node_link,
@@ -141,14 +146,20 @@ def check_names(device: str | None, intra: str | None, inter: str | None) -> Non
         _inter_link(inter)
 
 
+def _known_gpus() -> str:
+    """Every part --gpu takes, as the device what-if's error lists them."""
+    names = ", ".join(d.name for d in list_devices())
+    return f"known: {names}; or a short name such as h100, a100-80gb, mi300x"
+
+
 def _named_device(device: str) -> tuple[DeviceSpec, str | None]:
     from perfcast.errors import OptionError
 
     if not device.strip():
-        raise OptionError("no GPU named (an empty name)", hint="e.g. h100, a100-80gb, mi300x")
+        raise OptionError("no GPU named (an empty name)", hint=_known_gpus())
     found = lookup_or_nearest(device)
     if found is None:
-        raise OptionError(f"unknown GPU '{device}'", hint="e.g. h100, a100-80gb, mi300x")
+        raise OptionError(f"unknown GPU '{device}'", hint=_known_gpus())
     return found
 
 
