@@ -550,3 +550,8 @@ def lookup_device_properties(props: Mapping[str, object]) -> DeviceSpec | None:
 def list_devices() -> list[DeviceSpec]:
     """All known devices, in table order (oldest NVIDIA first, AMD last)."""
     return list(_DEVICES)
+
+
+def known_devices_text() -> str:
+    """The GPUs a device option accepts, for an error's hint."""
+    return "known: " + ", ".join(d.name for d in _DEVICES)

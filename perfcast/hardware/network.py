@@ -32,7 +32,7 @@ import numpy as np
 
 from perfcast.hardware.devices import (
     DeviceSpec,
-    list_devices,
+    known_devices_text,
     lookup_device,
     lookup_or_nearest,
 )
@@ -147,9 +147,8 @@ def check_names(device: str | None, intra: str | None, inter: str | None) -> Non
 
 
 def _known_gpus() -> str:
-    """Every part --gpu takes, as the device what-if's error lists them."""
-    names = ", ".join(d.name for d in list_devices())
-    return f"known: {names}; or a short name such as h100, a100-80gb, mi300x"
+    """Every part --gpu takes, as the device what-if's error lists them, and short names."""
+    return f"{known_devices_text()}; or a short name such as h100, a100-80gb, mi300x"
 
 
 def _named_device(device: str) -> tuple[DeviceSpec, str | None]:

@@ -22,10 +22,10 @@ from perfcast.hardware import (
     KernelClass,
     dtype_from_kernel_name,
     is_compute_bound_class,
-    list_devices,
     lookup_device,
     nearest_device,
 )
+from perfcast.hardware.devices import known_devices_text
 from perfcast.ingest.input_dims import row_input_dims
 from perfcast.whatif import primitives as P
 
@@ -40,11 +40,6 @@ _LIBRARY_HELPER = re.compile(r"splitkreduce|reducesplitk|reduce_wgrad|computeoff
 _FP32_FMA = re.compile(r"sgemm|scudnn|simt|ffma")
 # Kernels that the amp model converted carry their new dtype in front of their name.
 AUTOCAST_PREFIX = re.compile(r"^autocast\[(bf16|fp16)\] ")
-
-
-def known_devices_text() -> str:
-    """The GPUs a device option accepts, for an error's hint."""
-    return "known: " + ", ".join(d.name for d in list_devices())
 
 
 def fixed_cost_text(fixed_ns: int) -> str:

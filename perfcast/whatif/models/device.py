@@ -72,13 +72,13 @@ import numpy as np
 from perfcast.errors import OptionValueError, PerfcastError
 from perfcast.graph.model import GpuKind, Graph, NodeKind
 from perfcast.hardware import DeviceSpec, KernelClass, convs_in_tf32
+from perfcast.hardware.devices import known_devices_text
 from perfcast.hardware.interconnects import known_intra_node_link
 from perfcast.hardware.measured import achieved_gemm, achieved_gemm_or_stand_in, measured_ratio
 from perfcast.whatif import primitives as P
 from perfcast.whatif.kernels import (
     is_compute_kernel,
     kernel_fixed_cost_ns,
-    known_devices_text,
     node_dtype,
     rank_devices,
     require_gpu,
