@@ -287,18 +287,14 @@ def set_duration(
     c["source"][nodes] = np.maximum(c["source"][nodes], int(source))
 
 
-def protected(graph: Graph) -> np.ndarray:
-    """Nodes that mark where steps start and end: zeroed, never removed."""
-    return graph.step_boundaries()
-
-
 def remove(graph: Graph, nodes: np.ndarray) -> None:
     """Take nodes out of the graph. Their lanes close up; edges from them pass to
     their lane predecessor. Step boundary nodes keep their place with zero time."""
     nodes = node_ids(nodes, graph)
     if nodes.size == 0:
         return
-    keep = np.isin(nodes, protected(graph))
+    # Nodes that mark where steps start and end are zeroed, never removed.
+    keep = np.isin(nodes, graph.step_boundaries())
     if keep.any():
         set_duration(graph, nodes[keep], 0, Source.MODELLED)
         graph.cols["sync_kind"][nodes[keep]] = NONE
