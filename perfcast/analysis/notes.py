@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -130,17 +131,23 @@ def graph_notes(graph: Graph, step_ns: float) -> list[str]:
 FIRST_STEP_OFF = 0.15
 
 
+def slowest_per_step(values: Iterable[tuple[str, float]]) -> dict[str, float]:
+    """Per step name, in first-seen order, the largest of its ranks' values: the slowest
+    rank sets each step, as the mean step has it."""
+    out: dict[str, float] = {}
+    for name, v in values:
+        out[name] = max(out.get(name, v), v)
+    return out
+
+
 def first_step_note(steps: list[StepEstimate]) -> list[str]:
     """Say so when the trace's first step (the slowest rank setting each step, as the mean
     has it) stands out from the others: it pays what ran before the trace (a warm-up, GPU
     work still queued from an untraced step), and the mean step every what-if scales
     includes it. The traced figures are given beside: the same gap as traced says the run
     was slow there, not the estimate without the profiler."""
-    real: dict[str, float] = {}
-    traced: dict[str, float] = {}
-    for e in steps:
-        real[e.name] = max(real.get(e.name, e.real_ms), e.real_ms)
-        traced[e.name] = max(traced.get(e.name, e.traced_ms), e.traced_ms)
+    real = slowest_per_step((e.name, e.real_ms) for e in steps)
+    traced = slowest_per_step((e.name, e.traced_ms) for e in steps)
     if len(real) < 2:
         return []
     names = list(real)

@@ -16,6 +16,7 @@ from perfcast.analysis.notes import (
     graph_notes,
     input_notes,
     refuse_counter_trace,
+    slowest_per_step,
 )
 from perfcast.analysis.real_step import RealWorld, real_world
 from perfcast.errors import OptionError, OptionValueError
@@ -454,10 +455,9 @@ MEAN_HEADLINE = "the mean of the per-step rows (the slowest rank setting each st
 def rows_mean_ms(rows: list[IterationPrediction], traced: bool = False) -> float:
     """The mean of the per-step predicted rows, the slowest rank setting each step (as
     step_ms has the baseline)."""
-    by_name: dict[str, float] = {}
-    for it in rows:
-        v = it.predicted_traced_ms if traced else it.predicted_ms
-        by_name[it.name] = max(by_name.get(it.name, v), v)
+    by_name = slowest_per_step(
+        (it.name, it.predicted_traced_ms if traced else it.predicted_ms) for it in rows
+    )
     return float(np.mean(list(by_name.values()))) if by_name else 0.0
 
 
@@ -511,11 +511,8 @@ def first_row_note(
     the headline."""
     if steady:
         return []
-    pred: dict[str, float] = {}
-    real: dict[str, float] = {}
-    for it in rows:
-        pred[it.name] = max(pred.get(it.name, it.predicted_ms), it.predicted_ms)
-        real[it.name] = max(real.get(it.name, it.real_ms), it.real_ms)
+    pred = slowest_per_step((it.name, it.predicted_ms) for it in rows)
+    real = slowest_per_step((it.name, it.real_ms) for it in rows)
     names = list(pred)
     if len(names) < 2:
         return []
