@@ -24,16 +24,9 @@ def _help(capsys, *argv: str) -> str:
 
 
 def _small_trace(path: Path) -> Path:
-    from tests.tracegen import TraceBuilder
+    from tests.tracegen import linear_steps
 
-    b = TraceBuilder()
-    for step in range(3):
-        t0 = step * 1000
-        b.step(step + 1, t0, 900)
-        b.op("aten::linear", t0 + 10, 300, **{"Input Dims": [[8, 64], [32, 64], [32]]})
-        b.launch("volta_sgemm_128x64_nn", t0 + 20, 5, t0 + 30, 200, stream=7)
-        b.op("Optimizer.step#SGD.step", t0 + 820, 60)
-    return b.write(path)
+    return linear_steps(3, shapes=True, optimizer=True).write(path)
 
 
 @pytest.mark.parametrize(

@@ -738,15 +738,9 @@ def test_a_cut_inside_an_event_after_its_nested_object_is_the_unfinished_event(
 
 
 def _small_trace_text() -> str:
-    from tests.tracegen import TraceBuilder
+    from tests.tracegen import linear_steps
 
-    b = TraceBuilder()
-    for step in range(2):
-        t0 = step * 1000
-        b.step(step + 1, t0, 900)
-        b.op("aten::linear", t0 + 10, 300)
-        b.launch("volta_sgemm_128x64_nn", t0 + 20, 5, t0 + 30, 200, stream=7)
-    return json.dumps(b.doc())
+    return json.dumps(linear_steps().doc())
 
 
 @pytest.mark.parametrize(

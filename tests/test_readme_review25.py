@@ -306,15 +306,9 @@ def test_imports_against_the_layers_are_the_ones_the_readme_names():
 def _handler_trace(path: Path) -> Path:
     """A small trace of one process, no rank in it, under the name torch.profiler's
     tensorboard_trace_handler gives it."""
-    from tests.tracegen import TraceBuilder
+    from tests.tracegen import linear_steps
 
-    b = TraceBuilder()
-    for step in range(2):
-        t0 = step * 1000
-        b.step(step + 1, t0, 900)
-        b.op("aten::linear", t0 + 10, 300)
-        b.launch("volta_sgemm_128x64_nn", t0 + 20, 5, t0 + 30, 200, stream=7)
-    return b.write(path)
+    return linear_steps().write(path)
 
 
 def test_two_cycles_of_one_process_are_not_two_ranks(tmp_path: Path):

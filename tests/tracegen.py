@@ -124,3 +124,18 @@ class TraceBuilder:
         else:
             path.write_bytes(data)
         return path
+
+
+def linear_steps(steps: int = 2, *, shapes: bool = False, optimizer: bool = False) -> TraceBuilder:
+    """The smallest training-like trace: each 900 µs step one `aten::linear` (with its
+    input shapes if `shapes`) launching one GEMM on stream 7, and an SGD step if asked."""
+    b = TraceBuilder()
+    dims = {"Input Dims": [[8, 64], [32, 64], [32]]} if shapes else {}
+    for step in range(steps):
+        t0 = step * 1000
+        b.step(step + 1, t0, 900)
+        b.op("aten::linear", t0 + 10, 300, **dims)
+        b.launch("volta_sgemm_128x64_nn", t0 + 20, 5, t0 + 30, 200, stream=7)
+        if optimizer:
+            b.op("Optimizer.step#SGD.step", t0 + 820, 60)
+    return b
