@@ -593,7 +593,8 @@ def timeline_events(
     )
     if moved and notes is not None:
         notes.setdefault("slices moved to a track of their own", {})[label] = moved
-    extra_tids = np.unique(np.r_[op_tid, node_tid][np.r_[op_tid, node_tid] >= len(g.lanes)])
+    all_tids = np.r_[op_tid, node_tid]
+    extra_tids = np.unique(all_tids[all_tids >= len(g.lanes)])
     for extra in extra_tids.tolist():
         k, lane = divmod(extra, len(g.lanes))
         ln = g.lanes[lane]
