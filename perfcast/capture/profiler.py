@@ -30,6 +30,7 @@ from perfcast.capture.launch import (
     run_launcher,
     worker_command,
 )
+from perfcast.cli.options import OnceParser
 from perfcast.ingest.reader import CYCLE_FOLDER
 from perfcast.paths import native_stderr_to, unwritable_folder
 
@@ -679,8 +680,9 @@ def _parse_target(cmd: Sequence[str]) -> tuple[str, str, list[str]]:
     return "path", args[0], args[1:]
 
 
-class _OneLineParser(argparse.ArgumentParser):
-    """Errors in one line, as every other command gives them, not the usage block."""
+class _OneLineParser(OnceParser):
+    """Errors in one line, as every other command gives them, not the usage block; an
+    option given twice with two values refused, as every other command refuses it."""
 
     def error(self, message: str) -> Any:
         self.exit(2, f"perfcast profile: error: {message} (see `perfcast profile --help`)\n")
@@ -985,11 +987,39 @@ def run_profile(argv: list[str]) -> int:
     return rc
 
 
+def _drop_options(argv: list[str], dests: set[str]) -> list[str]:
+    """`argv` without the options whose destinations are `dests`, their values included,
+    however the user spelled them (`-o X`, `-oX`, `--output=X`, an abbreviation such as
+    `--overw`): the workers get the folder as an absolute path, and `-o` given twice with
+    two values is refused."""
+    actions = _build_parser()._option_string_actions
+    out: list[str] = []
+    skip_value = False
+    for arg in argv:
+        if skip_value:
+            skip_value = False
+            continue
+        name, eq, _ = arg.partition("=")
+        if arg.startswith("--"):
+            # argparse's abbreviations: an exact name, else the one long option it begins.
+            hits = [name] if name in actions else [o for o in actions if o.startswith(name)]
+            action = actions[hits[0]] if len(hits) == 1 else None
+        elif arg.startswith("-") and len(arg) > 1:
+            action, eq = actions.get(arg[:2]), ("=" if len(arg) > 2 else "")
+        else:
+            action = None
+        if action is not None and action.dest in dests:
+            skip_value = action.nargs != 0 and not eq
+            continue
+        out.append(arg)
+    return out
+
+
 def _profile_through_launcher(launcher: list[str], opt_argv: list[str], ns: Any) -> int:
     """Run torchrun with `perfcast profile` as every worker; report the traces they wrote."""
     out = Path(ns.out)
     # The workers take the same options; the parent alone prepares the folder and reports.
-    passed = [a for a in opt_argv if a not in ("--json", "--overwrite")]
+    passed = _drop_options(opt_argv, {"json", "overwrite", "out"})
     try:
         command = worker_command(launcher, [*passed, "-o", str(out.resolve())])
     except ValueError as exc:

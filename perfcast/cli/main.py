@@ -13,6 +13,7 @@ import msgspec
 from rich.console import Console
 
 from perfcast import __version__
+from perfcast.cli.options import OnceParser
 from perfcast.errors import (
     InternalError,
     OptionError,
@@ -156,50 +157,12 @@ _DEBUG_HELP = "show the full traceback of an error (for bug reports)"
 COMMANDS: dict[str, Callable[[argparse.Namespace, UI], int]] = {"summary": cmd_summary}
 
 
-# Where _StoreOnce records the options given so far (_Parser removes it after parsing).
-_GIVEN = "_perfcast_given"
-
-
-class _StoreOnce(argparse._StoreAction):
-    """An option's value, refused when the option comes again with another one: argparse
-    kept the last silently (`--top 3 ... --top 5` listed 5), and the user who wrote both
-    meant one of them. The same value twice is harmless and accepted."""
-
-    def __call__(
-        self,
-        parser: argparse.ArgumentParser,
-        namespace: argparse.Namespace,
-        values: Any,
-        option_string: str | None = None,
-    ) -> None:
-        given: dict[str, Any] = namespace.__dict__.setdefault(_GIVEN, {})
-        if self.dest in given and given[self.dest] != values:
-            raise argparse.ArgumentError(
-                self, f"given twice ({given[self.dest]!r}, then {values!r}): give it once"
-            )
-        given[self.dest] = values
-        super().__call__(parser, namespace, values, option_string)
-
-
-class _Parser(argparse.ArgumentParser):
+class _Parser(OnceParser):
     """argparse with one-line errors: the message and where to look, not the usage block."""
 
     # The command the arguments name, for errors the top-level parser reports about a
     # command's options (unrecognized arguments): its help is the one to read.
     command: str | None = None
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        # Every value option of every command (subparsers are built with this class).
-        self.register("action", None, _StoreOnce)
-        self.register("action", "store", _StoreOnce)
-
-    def parse_known_args(  # type: ignore[override]
-        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
-    ) -> tuple[argparse.Namespace, list[str]]:
-        parsed, rest = super().parse_known_args(args, namespace)
-        vars(parsed).pop(_GIVEN, None)  # _StoreOnce's record, not an argument
-        return parsed, rest
 
     def error(self, message: str) -> NoReturn:
         where = (
