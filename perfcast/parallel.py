@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import logging
 import multiprocessing
 import os
+import socket
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any, TypeVar
@@ -62,7 +64,15 @@ def ray_backend(address: str | None = None) -> Iterator[None]:
         raise PerfcastError("Ray is not installed", hint="pip install 'ray>=2.9'") from None
     started = False
     if not ray.is_initialized():
-        kwargs: dict[str, Any] = {"ignore_reinit_error": True, "log_to_driver": False}
+        if address:
+            _check_reachable(address)
+        # Ray's INFO lines ("Connecting to existing Ray cluster ...") are not the user's
+        # business: perfcast says what it loads; warnings and errors still show.
+        kwargs: dict[str, Any] = {
+            "ignore_reinit_error": True,
+            "log_to_driver": False,
+            "logging_level": logging.WARNING,
+        }
         if address:
             kwargs["address"] = address
         else:
@@ -88,6 +98,26 @@ def ray_backend(address: str | None = None) -> Iterator[None]:
         _RAY = previous
         if started:
             ray.shutdown()
+
+
+def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """Refuse at once an address where nothing listens: Ray retried for minutes, printing
+    its own connection warnings, before it gave up (`--ray 10.0.0.9:6379` with no cluster)."""
+    host_port = address.removeprefix("ray://")
+    host, sep, port = host_port.rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        return  # "auto", or a form Ray resolves itself
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
+            pass
+    except OSError as exc:
+        from perfcast.errors import PerfcastError
+
+        raise PerfcastError(
+            f"no Ray cluster answers at {address} ({exc.strerror or type(exc).__name__})",
+            hint="start the cluster (ray start --head) or check the address, or leave out "
+            "--ray to load the rank files with this machine's processes",
+        ) from None
 
 
 def backend() -> str:

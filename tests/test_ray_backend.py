@@ -98,3 +98,34 @@ def test_every_trace_command_loads_on_ray(tmp_path: Path, capsys: pytest.Capture
         main(["show", str(folder), "--ray"])
     assert exc.value.code == 2
     assert "unrecognized arguments: --ray" in capsys.readouterr().err
+
+
+def test_an_address_where_nothing_listens_is_refused_at_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Ray retried for minutes, printing its own connection warnings, before it gave up; no
+    # Ray is needed to be told that nothing answers at the address.
+    import socket
+    import sys
+    import types
+
+    from perfcast.cli.main import main
+
+    def init(**kwargs: object) -> None:
+        raise AssertionError("ray.init must not be reached")
+
+    fake = types.SimpleNamespace(is_initialized=lambda: False, init=init, shutdown=lambda: None)
+    monkeypatch.setitem(sys.modules, "ray", fake)
+    with socket.socket() as s:  # a port that was free a moment ago: nothing listens there
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    folder = tmp_path / "ranks"
+    folder.mkdir()
+    b = TraceBuilder()
+    b.step(1, 0, 200)
+    b.launch("sm80_xmma_gemm_f32f32", 12, 3, 40, 10)
+    b.write(folder / "rank-0.json.gz")
+    assert main(["summary", str(folder), "--ray", f"127.0.0.1:{port}", "-q"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1
+    assert f"no Ray cluster answers at 127.0.0.1:{port}" in err and "leave out --ray" in err
