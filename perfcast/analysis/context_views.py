@@ -231,27 +231,9 @@ class CallPath:
 class HotSpot:
     name: str
     kind: str  # "kernel", "copy", "op"
-    value: float  # of the metric, over every path (a recursive op counted once per path)
+    value: float  # of the metric, over every path (an op's less the ops listed inside it)
     calls: int
     paths: list[CallPath]
-
-
-def _same_label_above(index: ContextIndex) -> np.ndarray:
-    """Nodes with an ancestor of the same label and kind (recursion, re-entered ops)."""
-    out = np.zeros(len(index), dtype=bool)
-    nodes = np.arange(len(index))
-    cur = index.parent.astype(np.int64).copy()
-    key = index.label.astype(np.int64) * len(CtxKind) + index.kind
-    live = cur > 0
-    for _ in range(len(index.level_start)):
-        idx = np.flatnonzero(live)
-        if idx.size == 0:
-            break
-        a = cur[idx]
-        out[nodes[idx]] |= key[a] == key[idx]
-        cur[idx] = index.parent[a]
-        live = cur > 0
-    return out
 
 
 def site_parts(index: ContextIndex, node: int) -> tuple[str | None, str | None, str | None]:
@@ -366,32 +348,38 @@ def hot_spots(
 ) -> list[HotSpot]:
     """Bottom-up: the kernels (and copies) and the ops called from a line of code (the
     outermost op below a frame or scope) with the most `metric`, each with the `paths`
-    call sites that reach it the most."""
+    call sites that reach it the most. Each list adds up to at most the root's `metric`."""
     index = tree.index
     kind = index.kind
     incl = tree.incl[metric].astype(np.float64)
-    recursive = _same_label_above(index)
-    called = index.first_op == np.arange(len(index))
+    called = (kind == CtxKind.OP) & (index.first_op == np.arange(len(index)))
+    # An op called from a line inside another one (a custom op's Python body, the ops of a
+    # compiled region, a recursive call) keeps its own time; the outer op keeps the rest,
+    # so no time is listed twice and the ops add up to at most the root's time.
+    outer = _propagate_down(index.parent, index.level_start, called)[np.maximum(index.parent, 0)]
+    nested = np.flatnonzero(called & (index.parent >= 0) & (outer >= 0))
+    op_value = incl.copy()
+    np.subtract.at(op_value, outer[nested], incl[nested])
     out: list[HotSpot] = []
     groups = (
-        ("kernel", np.isin(kind, [CtxKind.KERNEL, CtxKind.COPY])),
-        ("op", (kind == CtxKind.OP) & called & ~recursive),
+        ("kernel", np.isin(kind, [CtxKind.KERNEL, CtxKind.COPY]), incl),
+        ("op", called, op_value),
     )
-    for kname, mask in groups:
-        nodes = np.flatnonzero(mask & (incl > 0))
+    for kname, mask, value in groups:
+        nodes = np.flatnonzero(mask & (value > 0))
         if nodes.size == 0:
             continue
         key = index.label[nodes].astype(np.int64) * len(CtxKind) + kind[nodes]
         uniq, inv = np.unique(key, return_inverse=True)
         inv = inv.reshape(-1)
-        tot = np.bincount(inv, weights=incl[nodes])
+        tot = np.bincount(inv, weights=value[nodes])
         cnt = np.bincount(inv, weights=tree.excl["calls"][nodes].astype(np.float64))
         for i in np.argsort(-tot, kind="stable")[:top].tolist():
             members = nodes[inv == i]
             w = np.zeros(len(index), dtype=np.float64)
             # A kernel's place is its parent's (the op that launched it), not the kernel.
             at = index.parent[members] if kname == "kernel" else members
-            np.add.at(w, at, incl[members])
+            np.add.at(w, at, value[members])
             lab = int(uniq[i]) // len(CtxKind)
             k = CtxKind(int(uniq[i]) % len(CtxKind))
             out.append(
