@@ -46,7 +46,7 @@ from perfcast.analysis.roofline import (
     attention_flops,
     matrix_product_cost,
 )
-from perfcast.arrays import combine_codes
+from perfcast.arrays import combine_codes, split_by
 from perfcast.errors import OptionError
 from perfcast.events import NONE, EventTable, Kind
 from perfcast.frames import Tables
@@ -490,6 +490,98 @@ def _attach_to_caller(
     return moved
 
 
+def _hand_to_stack_caller(
+    table: EventTable,
+    kind: np.ndarray,
+    row_parent: np.ndarray,
+    rows: np.ndarray,
+    pos: np.ndarray,
+    item_parent: np.ndarray,
+    item_label: np.ndarray,
+    item_kind: np.ndarray,
+    labels: list[str],
+) -> int:
+    """`_attach_to_caller` for 2021-era traces, whose frames come from "Call stack"
+    arguments: no event spans the backward() call, only the ops it ran first on the calling
+    thread (`_make_grads`) carry it in their stack, and autograd's thread runs no
+    evaluate_function wrapper. Top-level work of the threads that run backward ops
+    (gradient accumulation, AccumulateGrad) moves under the innermost backward-call frame
+    of the last such op of its rank before it, while that op's thread has not moved on
+    (blocked in backward(), it records nothing until the call returns). Changes
+    `item_parent` (the first `rows.size` items are `rows`); returns how many items moved."""
+    bwd = pos[table.fwd_bwd[:, 1]] if table.fwd_bwd.size else np.zeros(0, np.int64)
+    bwd = bwd[bwd >= 0]
+    if bwd.size == 0:
+        return 0
+    thread, _ = combine_codes(table.rank[rows], table.pid[rows], table.tid[rows])
+    on_engine = np.isin(thread, thread[bwd])
+    r_parent = row_parent[rows]
+    r_kind = kind[rows]
+    orphan = np.flatnonzero(
+        (r_parent < 0)
+        & (item_parent[: rows.size] < 0)
+        & on_engine
+        & np.isin(r_kind, [CtxKind.OP, CtxKind.ANNOTATION, CtxKind.RUNTIME])
+    )
+    stack = table.stack[rows]
+    cand = np.flatnonzero((stack >= 0) & ~on_engine & (r_kind == CtxKind.OP))
+    if orphan.size == 0 or cand.size == 0:
+        return 0
+    # Only the ops whose own stack holds a backward call (a few per step) are looked up.
+    ids = np.unique(stack[cand])
+    in_call = [
+        any(_BACKWARD_CALL.match(_stack_label(x)) for x in table.names[i].split(";"))
+        for i in ids.tolist()
+    ]
+    cand = cand[np.isin(stack[cand], ids[np.array(in_call, dtype=bool)])]
+    is_call = np.fromiter(
+        (bool(_BACKWARD_CALL.match(s)) for s in labels), dtype=bool, count=len(labels)
+    )
+    # Their innermost backward-call frame on the tree.
+    callers: list[int] = []
+    frames: list[int] = []
+    for c in cand.tolist():
+        up = int(item_parent[c])
+        for _ in range(4096):
+            if up < 0 or (item_kind[up] == CtxKind.FRAME and is_call[item_label[up]]):
+                break
+            up = int(item_parent[up])
+        if up >= 0:
+            callers.append(c)
+            frames.append(up)
+    if not callers:
+        return 0
+    call = np.array(callers, dtype=np.int64)
+    call_frame = np.array(frames, dtype=np.int64)
+    ts = table.ts[rows]
+    end = ts + table.dur[rows]
+    # Until the calling thread's next top-level event after the op.
+    until = np.full(call.size, np.iinfo(np.int64).max, dtype=np.int64)
+    tops = np.flatnonzero(r_parent < 0)
+    for code, members in split_by(thread[tops], ts[tops]):
+        mine = np.flatnonzero(thread[call] == code)
+        if mine.size == 0:
+            continue
+        t_ts = ts[tops[members]]
+        nxt = np.searchsorted(t_ts, end[call[mine]], side="left")
+        ok = nxt < t_ts.size
+        until[mine[ok]] = t_ts[nxt[ok]]
+    moved = 0
+    rank = table.rank[rows]
+    for r in np.unique(rank[orphan]).tolist():
+        mine = np.flatnonzero(rank[call] == r)
+        if mine.size == 0:
+            continue
+        mine = mine[np.argsort(ts[call[mine]], kind="stable")]
+        orr = orphan[rank[orphan] == r]
+        at = np.searchsorted(ts[call[mine]], ts[orr], side="right") - 1
+        pick = mine[np.maximum(at, 0)]
+        hit = (at >= 0) & (ts[orr] < until[pick])
+        item_parent[orr[hit]] = call_frame[pick[hit]]
+        moved += int(hit.sum())
+    return moved
+
+
 CPU_KINDS_ARR = np.array(
     [Kind.CPU_OP, Kind.USER_ANNOTATION, Kind.PYTHON_FUNCTION, Kind.RUNTIME, Kind.DRIVER],
     dtype=np.int8,
@@ -499,6 +591,11 @@ CPU_KINDS_ARR = np.array(
 # Where 2021-era stacks name a file by its absolute path, the part later PyTorch versions
 # leave out of python_function names (they write "torch/nn/modules/module.py(1051): ...").
 _INSTALL_PREFIX = re.compile(r"^.*/(?:site-packages|dist-packages|lib/python\d[\d.]*)/")
+
+
+def _stack_label(frame: str) -> str:
+    """A frame of a "Call stack" argument as the tree names it."""
+    return normalize_label(_INSTALL_PREFIX.sub("", frame.strip()))
 
 
 def _call_stack_items(
@@ -544,11 +641,7 @@ def _call_stack_items(
         f = frames_of.get(s)
         if f is None:
             text = table.names[s].split(";")
-            f = frames_of[s] = [
-                intern(normalize_label(_INSTALL_PREFIX.sub("", x.strip())))
-                for x in reversed(text)
-                if x.strip()
-            ]
+            f = frames_of[s] = [intern(_stack_label(x)) for x in reversed(text) if x.strip()]
         return f
 
     new_parent = np.full(uniq.shape[0], NONE, dtype=np.int64)
@@ -752,6 +845,9 @@ def build_index(table: EventTable) -> ContextIndex:
         item_kind = np.concatenate([item_kind, np.full(frames[0].size, int(CtxKind.FRAME))])
         item_rank = np.concatenate([item_rank, frames[2]])
         stack_frames = int(frames[0].size)
+        handed += _hand_to_stack_caller(
+            table, kind, row_parent, rows, pos, item_parent, item_label, item_kind, labels
+        )
     if no_launch.size:
         g = rows[no_launch]
         first = first_launch_correlation(table)[table.rank[g]]
