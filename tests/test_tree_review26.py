@@ -84,3 +84,36 @@ def test_2021_gradient_accumulation_goes_under_the_backward_call(tmp_path: Path)
 
 def _node(t: ContextTree, label: str) -> int:
     return next(n for n in range(len(t.index)) if t.index.name(n) == label)
+
+
+def test_bottom_up_says_the_time_top_and_paths_left_out(tmp_path: Path, capsys) -> None:
+    """`--bottom-up --top N` listed N kernels and N ops and each with its three busiest call
+    sites, and said nothing of the rest: the tree's rows say "… 5 more (x ms)", the hot
+    spots dropped their time silently (the example's top 2 kernels showed 59.38 of its
+    165.19 ms). Each list now ends with what --top left out, and each spot with the time
+    of its other call paths; --json holds the lists' rest as `bottom_up_more`."""
+    import json
+
+    from perfcast.cli.main import main
+
+    b = TraceBuilder()
+    for i, op in enumerate(("aten::mm", "aten::bmm", "aten::addmm", "aten::matmul")):
+        t0 = 1000.0 * i
+        b.op(op, t0, 100)
+        b.launch("gemm", t0 + 10, 5, t0 + 20, 400 - 100 * i)
+    b.op("aten::add", 5000, 100)
+    b.launch("add_kernel", 5010, 5, 5020, 80)
+    path = b.write(tmp_path / "spots.json")
+    assert main(["tree", str(path), "--bottom-up", "--top", "1", "-q"]) == 0
+    out = capsys.readouterr().out
+    assert "0.10 ms    ◂ … other call paths" in out  # aten::matmul's 100 µs of gemm
+    assert "0.08 ms  … 1 more kernels and copies (--top)" in out  # add_kernel's
+    assert "0.68 ms  … 4 more ops (--top)" in out  # those of bmm, addmm, matmul, add
+    assert main(["tree", str(path), "--bottom-up", "--top", "1", "-q", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["bottom_up_more"] == [
+        {"kind": "kernel", "count": 1, "value": 80 * US},
+        {"kind": "op", "count": 4, "value": (300 + 200 + 100 + 80) * US},
+    ]
+    listed = sum(h["value"] for h in doc["bottom_up"] if h["kind"] != "op")
+    assert listed + 80 * US == doc["rows"][0]["incl"]["gpu_ns"]

@@ -4,7 +4,7 @@ module / source line / op that name where a node sits."""
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -343,12 +343,29 @@ def sites(
     return out
 
 
+@dataclass
+class MoreSpots:
+    """What a bottom-up list left out past its `top`: how many kernels (and copies) or
+    ops, and their time."""
+
+    kind: str  # "kernel" (kernels and copies) or "op"
+    count: int
+    value: float
+
+
 def hot_spots(
     tree: ContextTree, metric: str = "gpu_ns", top: int = 10, paths: int = 3
 ) -> list[HotSpot]:
     """Bottom-up: the kernels (and copies) and the ops called from a line of code (the
     outermost op below a frame or scope) with the most `metric`, each with the `paths`
     call sites that reach it the most. Each list adds up to at most the root's `metric`."""
+    return _hot_spots(tree, metric, top, paths)[0]
+
+
+def _hot_spots(
+    tree: ContextTree, metric: str, top: int, paths: int
+) -> tuple[list[HotSpot], list[MoreSpots]]:
+    """`hot_spots`, and per list what `top` left out."""
     index = tree.index
     kind = index.kind
     incl = tree.incl[metric].astype(np.float64)
@@ -361,6 +378,7 @@ def hot_spots(
     op_value = incl.copy()
     np.subtract.at(op_value, outer[nested], incl[nested])
     out: list[HotSpot] = []
+    more: list[MoreSpots] = []
     groups = (
         ("kernel", np.isin(kind, [CtxKind.KERNEL, CtxKind.COPY]), incl),
         ("op", called, op_value),
@@ -374,7 +392,11 @@ def hot_spots(
         inv = inv.reshape(-1)
         tot = np.bincount(inv, weights=value[nodes])
         cnt = np.bincount(inv, weights=tree.excl["calls"][nodes].astype(np.float64))
-        for i in np.argsort(-tot, kind="stable")[:top].tolist():
+        ranked = np.argsort(-tot, kind="stable")
+        if ranked.size > top:
+            rest = ranked[max(top, 0) :]
+            more.append(MoreSpots(kname, int(rest.size), float(tot[rest].sum())))
+        for i in ranked[:top].tolist():
             members = nodes[inv == i]
             w = np.zeros(len(index), dtype=np.float64)
             # A kernel's place is its parent's (the op that launched it), not the kernel.
@@ -394,7 +416,7 @@ def hot_spots(
                     ],
                 )
             )
-    return out
+    return out, more
 
 
 # ---------------------------------------------------------------------------------------------
@@ -500,6 +522,7 @@ class TreeResult:
     rows: list[TreeRow]
     bottom_up: list[HotSpot] | None = None
     instances_folded: int = 0  # module instances folded by class (fold_repeated)
+    bottom_up_more: list[MoreSpots] = field(default_factory=list)  # past --top, per list
 
 
 # The tree attributes the trace's own times: its CPU column is the profiled run's.
@@ -538,6 +561,7 @@ def tree_result(
         if hidden:
             tree = project(tree, ~lib)
     rows = tree_rows(tree, metric, depth=depth, min_pct=min_pct)
+    spots, more = _hot_spots(tree, metric, top, 3) if bottom_up else (None, [])
     cov = tree.coverage
     return TreeResult(
         paths=sorted({info.path for info in tree.index.table.ranks}),
@@ -555,6 +579,7 @@ def tree_result(
         compiled=tree.compiled,
         notes=[*tree.notes, CPU_AS_TRACED],
         rows=rows,
-        bottom_up=hot_spots(tree, metric=metric, top=top) if bottom_up else None,
+        bottom_up=spots,
         instances_folded=folded,
+        bottom_up_more=more,
     )

@@ -17,7 +17,7 @@ from perfcast.report import display_name, shorten
 if TYPE_CHECKING:
     from perfcast.analysis.context import ContextTree
     from perfcast.analysis.context_gain import CallSite, GainAttribution
-    from perfcast.analysis.context_views import HotSpot, TreeResult, TreeRow
+    from perfcast.analysis.context_views import HotSpot, MoreSpots, TreeResult, TreeRow
 
 _KIND_STYLE = {
     "frame": "",
@@ -263,20 +263,27 @@ def render_tree(result: TreeResult, console: Console) -> None:
         + (f" or deeper than {result.depth}" if result.depth is not None else ""),
     )
     if result.bottom_up is not None:
-        render_hot_spots(result.bottom_up, result.metric, console)
+        render_hot_spots(result.bottom_up, result.metric, console, result.bottom_up_more)
 
 
 def _ms_text(ns: float) -> str:
     return f"{ns / 1e6:,.2f} ms"
 
 
-def render_hot_spots(spots: Sequence[HotSpot], metric: str, console: Console) -> None:
-    """Bottom-up: each hot kernel or op, then the call paths that reach it."""
+def render_hot_spots(
+    spots: Sequence[HotSpot],
+    metric: str,
+    console: Console,
+    more: Sequence[MoreSpots] = (),
+) -> None:
+    """Bottom-up: each hot kernel or op, then the call paths that reach it; after each
+    list, the time of what --top left out, and after each spot, that of its other paths."""
     what = "GPU" if metric == "gpu_ns" else "CPU"
     console.print()
     console.print(Text(f"bottom-up: hot kernels and ops by {what} time", style="bold"))
     width = max(console.width, 80)
-    for s in spots:
+    left_out = {m.kind: m for m in more}
+    for i, s in enumerate(spots):
         line = Text(f"{s.value / 1e6:10,.2f} ms  {s.kind:<6} {s.calls:>8,}×  ")
         line.append(
             shorten(display_name(s.name), width - len(line)), style=_KIND_STYLE.get(s.kind, "")
@@ -286,6 +293,26 @@ def render_hot_spots(spots: Sequence[HotSpot], metric: str, console: Console) ->
             text = Text(f"{p.value / 1e6:10,.2f} ms    ◂ ", style="dim")
             text.append(shorten(p.path, width - len(text)))
             console.print(text, no_wrap=True, overflow="crop")
+        other = s.value - sum(p.value for p in s.paths)
+        if other >= 500:  # half a microsecond: the paths' rounding is no path
+            console.print(
+                Text(f"{other / 1e6:10,.2f} ms    ◂ … other call paths", style="dim"),
+                no_wrap=True,
+                overflow="crop",
+            )
+        group = "kernel" if s.kind == "copy" else s.kind
+        last = i == len(spots) - 1 or (spots[i + 1].kind == "op") != (group == "op")
+        m = left_out.get(group)
+        if last and m is not None:
+            what_more = "kernels and copies" if group == "kernel" else "ops"
+            console.print(
+                Text(
+                    f"{m.value / 1e6:10,.2f} ms  … {m.count:,} more {what_more} (--top)",
+                    style="dim",
+                ),
+                no_wrap=True,
+                overflow="crop",
+            )
 
 
 def _site_text(site: CallSite) -> str:
