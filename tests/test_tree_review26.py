@@ -117,3 +117,21 @@ def test_bottom_up_says_the_time_top_and_paths_left_out(tmp_path: Path, capsys) 
     ]
     listed = sum(h["value"] for h in doc["bottom_up"] if h["kind"] != "op")
     assert listed + 80 * US == doc["rows"][0]["incl"]["gpu_ns"]
+
+
+def test_an_export_whose_focus_matches_nothing_is_refused(tmp_path: Path, capsys) -> None:
+    """`tree --focus NOMATCH --speedscope F` wrote a speedscope file with no profiles (which
+    speedscope cannot open) and said "wrote F": now a one-line error and no file."""
+    from perfcast.cli.main import main
+
+    trace = str(_op_inside_op(tmp_path))
+    out = tmp_path / "nm.speedscope.json"
+    folded = tmp_path / "nm.folded"
+    argv = ["tree", trace, "--focus", "nomatch", "--speedscope", str(out), "--folded", str(folded)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "matches no call path" in err
+    assert not out.exists() and not folded.exists()
+    # A pattern that matches still writes both.
+    assert main([*argv[:3], "alltoall", *argv[4:]]) == 0
+    assert out.exists() and folded.read_text().strip()

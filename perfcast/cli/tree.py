@@ -98,7 +98,13 @@ def widen_when_piped(ui: Any) -> None:
 
 def cmd_tree(args: argparse.Namespace, ui: Any) -> int:
     from perfcast.analysis.context import context_tree
-    from perfcast.analysis.context_views import focus, library_frames, project, tree_result
+    from perfcast.analysis.context_views import (
+        focus,
+        library_frames,
+        matching,
+        project,
+        tree_result,
+    )
     from perfcast.cli.commands import _check_output, writing
 
     check_focus(args)
@@ -123,6 +129,14 @@ def cmd_tree(args: argparse.Namespace, ui: Any) -> int:
     if args.speedscope or args.folded:
         from perfcast.report.speedscope import write_folded, write_speedscope
 
+        if args.focus and not matching(tree.index, args.focus).any():
+            # An export of nothing: speedscope refuses a file without profiles, and an
+            # empty folded file reads as a tool that failed.
+            raise OptionError(
+                f"--focus {args.focus!r} matches no call path of this trace: nothing to write",
+                hint="check the pattern against `perfcast tree` (it searches frame, module, "
+                "op and kernel names, case-sensitive)",
+            )
         shown = focus(tree, args.focus) if args.focus else tree
         if not args.all_frames:
             shown = project(shown, ~library_frames(shown.index))
