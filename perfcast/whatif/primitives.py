@@ -75,15 +75,17 @@ def split_list(value: str) -> list[str]:
     return [p.strip() for p in re.split(r"[+,]", value) if p.strip()]
 
 
-def check_pattern(pattern: str | None) -> re.Pattern[str] | None:
-    """An option's regular expression, compiled; refused in one line when it is not one."""
+def check_pattern(pattern: str | None, option: str = "") -> re.Pattern[str] | None:
+    """An option's regular expression, compiled; refused in one line when it is not one,
+    naming the what-if and option it was given to (`option`, e.g. "faster-op: pattern")."""
     if pattern is None:
         return None
     try:
         return re.compile(pattern)
     except (re.error, TypeError) as exc:
+        given = f"{option}={pattern!r}" if option else repr(pattern)
         raise OptionValueError(
-            f"{pattern!r} is not a valid regular expression ({exc})",
+            f"{given} is not a valid regular expression ({exc})",
             hint=f"to match it as written, escape it: {re.escape(pattern)}",
         ) from None
 

@@ -79,7 +79,7 @@ def check_options(options: Options) -> None:
     """Values the model cannot take (the registry calls this when it builds the options)."""
     if options.regions < 1:
         raise OptionValueError("activation-checkpointing: regions must be at least 1")
-    P.check_pattern(options.module)
+    P.check_pattern(options.module, "activation-checkpointing: module")
 
 
 def apply(graph: Graph, options: Options) -> Graph:

@@ -38,8 +38,8 @@ def check_options(options: Options) -> None:
             f"faster-op: where={options.where} is not gpu, cpu or all",
             hint="where=gpu matches kernels, where=cpu CPU ops, where=all both",
         )
-    P.check_pattern(options.pattern)
-    P.check_pattern(options.module)
+    P.check_pattern(options.pattern, "faster-op: pattern")
+    P.check_pattern(options.module, "faster-op: module")
 
 
 def apply(graph: Graph, options: Options) -> Graph:

@@ -77,7 +77,7 @@ class Options:
 
 def check_options(options: Options) -> None:
     """Values the model cannot take (the registry calls this when it builds the options)."""
-    P.check_pattern(options.op)
+    P.check_pattern(options.op, "remove-host-sync: op")
 
 
 def classify_syncs(graph: Graph, syncs: np.ndarray) -> np.ndarray:
