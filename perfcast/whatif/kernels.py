@@ -138,8 +138,10 @@ def rank_devices(
     graph: Graph, ranks: np.ndarray, override: str | None, model: str
 ) -> dict[int, DeviceSpec]:
     """rank -> DeviceSpec of the trace's GPU (the override wins); refuse unknown devices."""
+    # The option that names the trace's GPU: device's own `device=` names its target.
+    option = "source" if model == "device" else "device"
     if override:
-        forced = resolve_device(override, model, "device option", graph)
+        forced = resolve_device(override, model, f"{option} option", graph)
         return {int(r): forced for r in np.unique(ranks).tolist()}
     out: dict[int, DeviceSpec] = {}
     for r in np.unique(ranks).tolist():
@@ -156,8 +158,7 @@ def rank_devices(
             shown = f"'{name}'" if name else "not recorded"
             raise NotApplicableError(
                 f"{model}: the trace's device ({shown}, rank {r}) is unknown",
-                hint=f"name it with {'source' if model == 'device' else 'device'}=NAME, "
-                "e.g. a100-80gb",
+                hint=f"name it with {option}=NAME, e.g. a100-80gb",
             )
         out[int(r)] = spec
     return out

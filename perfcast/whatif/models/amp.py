@@ -129,6 +129,7 @@ from perfcast.whatif.kernels import (
     rank_devices,
     refuse_graph_replays,
     require_gpu,
+    resolve_device,
     scale_variable,
 )
 
@@ -490,6 +491,8 @@ def check_options(options: Options) -> None:
     """Values the model cannot take (the registry calls this when it builds the options)."""
     if _DTYPE_ALIASES.get(options.dtype.lower()) is None:
         raise OptionValueError(f"amp: dtype must be bf16 or fp16, not '{options.dtype}'")
+    if options.device:  # an unknown GPU, refused before a trace is read
+        resolve_device(options.device, "amp", "device option")
 
 
 def apply(graph: Graph, options: Options) -> Graph:

@@ -253,6 +253,11 @@ def check_options(options: Options) -> None:
         )
     if _host_speed(options.host) is None:  # a file: it must exist (its contents: at apply)
         _host_file(options.host)
+    # Unknown GPU names, refused before a trace is read (apply resolves them again, noting
+    # a stand-in variant in the graph's assumptions).
+    resolve_device(options.target, "device", "target")
+    if options.source:
+        resolve_device(options.source, "device", "source option")
 
 
 def apply(graph: Graph, options: Options) -> Graph:
