@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from perfcast.errors import OptionError
+import perfcast
+from perfcast.errors import NotApplicableError, OptionError
 from perfcast.whatif.registry import build_options, checked_specs
 
 MLP = Path(__file__).parents[1] / "benchmarks/accuracy/recorded/traces/h100/mlp_base.json.gz"
@@ -55,3 +56,25 @@ def test_a_known_variant_still_stands_in_for_its_part() -> None:
     """The early check refuses only what apply would refuse: H800 and A800 still pass."""
     assert build_options("device", {"target": "h800", "source": "a800"}).target == "h800"
     assert build_options("amp", {"device": "a800"}).device == "a800"
+
+
+@pytest.mark.parametrize("params", ["0", "1"])
+def test_fused_optimizer_refuses_fewer_than_two_parameters(params: str) -> None:
+    """params=0 read as not given (the model's `if options.params:`) and was silently
+    replaced by the trace's count; params=1 was refused as "found no per-parameter optimizer
+    kernels", which the trace has."""
+    with pytest.raises(
+        OptionError, match=rf"fused-optimizer: params must be at least 2 \(got {params}\)"
+    ):
+        checked_specs([f"fused-optimizer:params={params}"])
+
+
+def test_fused_optimizer_says_when_the_params_given_leave_nothing_to_fuse() -> None:
+    """More parameters than the trace has optimizer kernels was refused as "found no
+    per-parameter optimizer kernels", though there are 462 per step."""
+    if not MLP.exists():
+        pytest.skip("the recorded H100 traces are not in this checkout")
+    table = perfcast.load(str(MLP))
+    with pytest.raises(NotApplicableError, match=r"params=1,000,000 leaves nothing to fuse"):
+        perfcast.predict(table, "fused-optimizer:params=1000000")
+    assert perfcast.predict(table, "fused-optimizer:params=10").speedup > 1.0

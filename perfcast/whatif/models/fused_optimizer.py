@@ -87,6 +87,13 @@ def check_options(options: Options) -> None:
     """Values the model cannot take (the registry calls this when it builds the options)."""
     if options.kind not in TENSORS_PER_LAUNCH:
         raise OptionValueError("fused-optimizer: kind must be foreach or fused")
+    # `if options.params:` below reads 0 as not given: refused here, not silently estimated.
+    if options.params is not None and options.params < 2:
+        raise OptionValueError(
+            f"fused-optimizer: params must be at least 2 (got {options.params}): the parameter "
+            "tensors the optimizer updates, which one multi-tensor launch takes together",
+            hint="leave params out to count them from the trace",
+        )
 
 
 def apply(graph: Graph, options: Options) -> Graph:
@@ -150,6 +157,7 @@ def _apply_gpu(graph: Graph, gpu: np.ndarray, options: Options) -> None:
     total_before = total_after = 0
     fixed_seen: list[int] = []
     k_seen: list[int] = []
+    most = 0  # the most optimizer kernels of one (rank, step)
     # Grouped by (rank, step) with one sort, and the dropped kernels removed once at the
     # end: a mask and a removal per group cost O(groups x nodes) on long traces.
     host_all = P.select(graph, kind="host", phase="optimizer")
@@ -170,6 +178,7 @@ def _apply_gpu(graph: Graph, gpu: np.ndarray, options: Options) -> None:
         rank, it = int(keys[code, 0]), int(keys[code, 1])
         group = gpu[pos]
         n = group.size
+        most = max(most, n)
         params, k = params_estimate(graph, group)
         if options.params:
             params = options.params
@@ -207,6 +216,13 @@ def _apply_gpu(graph: Graph, gpu: np.ndarray, options: Options) -> None:
     for host, factor in host_scales:
         P.scale(graph, host[graph.alive[host]], factor)
     if total_before == 0:
+        if options.params:  # the kernels are there: the count given leaves none to fuse
+            raise NotApplicableError(
+                f"fused-optimizer: params={options.params:,} leaves nothing to fuse: at "
+                f"{per_launch} tensors per multi-tensor launch, that many parameters take no "
+                f"fewer launches than the trace's optimizer kernels per step (at most {most:,})",
+                hint="leave params out to count them from the trace",
+            )
         raise NotApplicableError(
             "fused-optimizer: found no per-parameter optimizer kernels (at least 4 kernels "
             "and 2 parameters per step in the optimizer phase) to fuse"
