@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import perfcast
-from perfcast.errors import NotApplicableError, OptionError
+from perfcast.errors import NotApplicableError, OptionError, PerfcastError
 from perfcast.whatif.registry import build_options, checked_specs
 
 MLP = Path(__file__).parents[1] / "benchmarks/accuracy/recorded/traces/h100/mlp_base.json.gz"
@@ -78,3 +78,25 @@ def test_fused_optimizer_says_when_the_params_given_leave_nothing_to_fuse() -> N
     with pytest.raises(NotApplicableError, match=r"params=1,000,000 leaves nothing to fuse"):
         perfcast.predict(table, "fused-optimizer:params=1000000")
     assert perfcast.predict(table, "fused-optimizer:params=10").speedup > 1.0
+
+
+@pytest.mark.parametrize(("text", "value"), [("1e3", 1000), ("8.0", 8), ("16", 16)])
+def test_a_whole_number_written_with_an_exponent_is_whole(text: str, value: int) -> None:
+    """`workers=1e3` was refused as "is not a whole number"."""
+    workers = build_options("dataloader-overlap", {"workers": text}).workers
+    assert workers == value and isinstance(workers, int)
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("2.5", "is not a whole number"),
+        ("inf", "is out of range"),
+        ("nan", "is out of range"),
+        ("1e7", "is out of range"),
+        ("abc", "is not a number"),
+    ],
+)
+def test_an_integer_option_still_refuses_what_is_not_whole(text: str, says: str) -> None:
+    with pytest.raises(PerfcastError, match=says):
+        build_options("dataloader-overlap", {"workers": text})

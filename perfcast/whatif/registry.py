@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import math
 import re
 import types
 from typing import Any, get_type_hints
@@ -317,12 +318,16 @@ def _convert(model: str, key: str, value: Any, hint: Any) -> Any:
     except ValueError:
         raise OptionError(f"option {key}={value} of '{model}' is not a number") from None
     _check_number(model, key, value, number)
-    return number
+    return int(number) if kind == "int" else number
 
 
-def _whole(model: str, key: str, value: str) -> int:
+def _whole(model: str, key: str, value: str) -> int | float:
     try:
         return int(value)
     except ValueError:
-        float(value)  # not a number at all: the caller says so
-        raise OptionError(f"option {key}={value} of '{model}' is not a whole number") from None
+        number = float(value)  # not a number at all: the caller says so
+    if number.is_integer():  # 1e3, 8.0: whole, written another way
+        return number  # the caller bounds it, then makes it an int
+    if not math.isfinite(number):  # inf, nan: the caller's bounds say so
+        return number
+    raise OptionError(f"option {key}={value} of '{model}' is not a whole number")
