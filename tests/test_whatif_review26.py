@@ -100,3 +100,37 @@ def test_a_whole_number_written_with_an_exponent_is_whole(text: str, value: int)
 def test_an_integer_option_still_refuses_what_is_not_whole(text: str, says: str) -> None:
     with pytest.raises(PerfcastError, match=says):
         build_options("dataloader-overlap", {"workers": text})
+
+
+def _assumption(table: perfcast.EventTable, spec: str, holds: str) -> str:
+    applied = perfcast.predict(table, spec).applied
+    found = [a for model in applied for a in model.assumptions if holds in a]
+    assert len(found) == 1, (spec, holds)
+    return found[0]
+
+
+@pytest.fixture(scope="module")
+def mlp() -> perfcast.EventTable:
+    if not MLP.exists():
+        pytest.skip("the recorded H100 traces are not in this checkout")
+    return perfcast.load(str(MLP))
+
+
+def test_torch_compile_credits_tritonbench_only_with_its_measured_values(mlp) -> None:
+    """launch_us=1,graph_call_us=100 was said "measured by tritonbench on a GB200 host"."""
+    tritonbench = "measured by tritonbench on a GB200 host"
+    assert tritonbench in _assumption(mlp, "torch-compile", "host path")
+    both = _assumption(mlp, "torch-compile:launch_us=1,graph_call_us=100", "host path")
+    assert "1 µs per generated kernel and 100 µs per graph call" in both
+    assert "both given" in both and tritonbench not in both
+    one = _assumption(mlp, "torch-compile:launch_us=1", "host path")
+    assert f"launch_us=1 given, the other {tritonbench}" in one
+
+
+def test_cuda_graphs_gives_the_source_of_its_graph_launch_time(mlp) -> None:
+    """The 2.5 µs graph launch was stated without where it comes from."""
+    default = _assumption(mlp, "cuda-graphs", "CUDA graph launch")
+    assert "graph launch 2.5 µs (a few µs, about constant for straight-line graphs" in default
+    assert "graph launch 7 µs (given)" in _assumption(
+        mlp, "cuda-graphs:graph_launch_us=7", "CUDA graph launch"
+    )

@@ -514,12 +514,27 @@ def _compile(graph: Graph, options: Options) -> Graph:
         f"ops, {count(working_ops.size)} ops doing work: over {WORK_NS / 1000:.0f} µs of own "
         "host time)"
     )
+    # The defaults are tritonbench's measurements; a value given in their place is not.
+    given = [
+        f"{key}={value:g}"
+        for key, value, default in (
+            ("launch_us", options.launch_us, TRITON_LAUNCH_NS),
+            ("graph_call_us", options.graph_call_us, GRAPH_CALL_NS),
+        )
+        if value * 1000 != default
+    ]
+    measured = "measured by tritonbench on a GB200 host (pull request #1017)"
+    if len(given) == 2:
+        source = "both given"
+    elif given:
+        source = f"{given[0]} given, the other {measured}"
+    else:
+        source = measured
     graph.assumptions.append(
         f"torch-compile host path: {options.launch_us:g} µs per generated kernel and "
         f"{options.graph_call_us:g} µs per graph call ({count(n_calls)} calls x "
-        f"{options.graphs} graph(s) {per_what}), measured by tritonbench on a GB200 host "
-        "(pull request #1017); compile time, recompilation and Inductor's layout changes not "
-        "modelled"
+        f"{options.graphs} graph(s) {per_what}), {source}; compile time, recompilation and "
+        "Inductor's layout changes not modelled"
     )
     n_bn = _batch_norm_kernels(graph, region_gpu[generated])
     if n_bn:
