@@ -134,3 +134,12 @@ def test_cuda_graphs_gives_the_source_of_its_graph_launch_time(mlp) -> None:
     assert "graph launch 7 µs (given)" in _assumption(
         mlp, "cuda-graphs:graph_launch_us=7", "CUDA graph launch"
     )
+
+
+def test_activation_checkpointing_says_its_counts_are_per_rank(shared_traces) -> None:
+    """On the 8-rank DLRM folder the counts were the mean over rank-steps but read "per
+    step", as if the job's; and 952.9 host nodes printed as 953."""
+    table = perfcast.load(str(shared_traces / "dlrm_v100_8rank"))
+    text = _assumption(table, "activation-checkpointing", "recomputed")
+    assert "71 GPU tasks (0.32 ms) and 952.9 host nodes (3.63 ms) per step and rank " in text
+    assert "(mean of 8 ranks, 8 rank-steps) recomputed" in text

@@ -125,11 +125,13 @@ def apply(graph: Graph, options: Options) -> Graph:
         raise NotApplicableError(
             "activation-checkpointing: no step has both the selected forward work and a backward"
         )
-    steps = max(len(keys), 1)
+    # Per step and rank, as every count perfcast prints, and said so on a multi-rank trace.
+    steps, per_what = P.rank_steps(graph, fwd)
     graph.assumptions.append(
         f"activation checkpointing of {options.module or 'all forward work'}: "
-        f"{n_gpu / steps:.0f} GPU tasks ({gpu_ns / steps / 1e6:.2f} ms) and "
-        f"{n_host / steps:.0f} host nodes ({host_ns / steps / 1e6:.2f} ms) per step recomputed "
+        f"{P.per_count(n_gpu, steps)} GPU tasks ({gpu_ns / steps / 1e6:.2f} ms) and "
+        f"{P.per_count(n_host, steps)} host nodes ({host_ns / steps / 1e6:.2f} ms) {per_what} "
+        "recomputed "
         "with their measured durations (launches at most the median launch), placed as one "
         "block at the start of backward: torch.utils.checkpoint recomputes each segment just "
         "before its own backward, the same time in total but not the same overlap with other "
@@ -137,7 +139,7 @@ def apply(graph: Graph, options: Options) -> Graph:
     )
     if ck is not None and costs is not None:
         graph.assumptions.append(
-            f"checkpoint bookkeeping {book_ns / steps / 1e6:.2f} ms per step = "
+            f"checkpoint bookkeeping {book_ns / steps / 1e6:.2f} ms {per_what} = "
             f"{options.regions} region(s) x {ck.region_ms:g} ms + recomputed ops x "
             f"{ck.op_ms:g} ms ({fit})"
         )
