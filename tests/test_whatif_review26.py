@@ -143,3 +143,11 @@ def test_activation_checkpointing_says_its_counts_are_per_rank(shared_traces) ->
     text = _assumption(table, "activation-checkpointing", "recomputed")
     assert "71 GPU tasks (0.32 ms) and 952.9 host nodes (3.63 ms) per step and rank " in text
     assert "(mean of 8 ranks, 8 rank-steps) recomputed" in text
+
+
+def test_pipeline_parallel_refuses_too_few_micro_batches_before_the_trace_is_read() -> None:
+    """microbatches=1 with pp=2 was refused only once a trace was read and its graph built,
+    though the two values alone say it."""
+    with pytest.raises(OptionError, match=r"microbatches=1 is fewer than pp=2 stages"):
+        checked_specs(["pipeline-parallel:pp=2,microbatches=1"])
+    assert build_options("pipeline-parallel", {"pp": "4"}).microbatches == 0  # 4 x pp

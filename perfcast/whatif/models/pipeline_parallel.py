@@ -63,6 +63,14 @@ def check_options(o: Options) -> None:
     m = o.microbatches or PP_MICROBATCHES_PER_STAGE * o.pp
     if m < 1 or o.virtual < 1:
         raise OptionValueError("pipeline-parallel: microbatches and virtual must be >= 1")
+    if m < o.pp:
+        # 1F1B keeps every stage busy only with at least one micro-batch per stage; fewer
+        # leaves stages idle beyond the bubble this model counts. The values alone say so:
+        # refused before a trace is read.
+        raise OptionValueError(
+            f"pipeline-parallel: microbatches={m} is fewer than pp={o.pp} stages",
+            hint=f"use microbatches >= {o.pp} (the default is 4 x pp)",
+        )
     C.check_link("pipeline-parallel", o.link)
 
 
@@ -70,13 +78,6 @@ def apply(graph: Graph, options: Options) -> Graph:
     K.refuse_graph_replays(graph, "pipeline-parallel")
     o = options
     m = o.microbatches or PP_MICROBATCHES_PER_STAGE * o.pp
-    if m < o.pp:
-        # 1F1B keeps every stage busy only with at least one micro-batch per stage; fewer
-        # leaves stages idle beyond the bubble this model counts.
-        raise NotApplicableError(
-            f"pipeline-parallel: microbatches={m} is fewer than pp={o.pp} stages",
-            hint=f"use microbatches >= {o.pp} (the default is 4 x pp)",
-        )
     C.require_gpu_steps(graph, "pipeline-parallel")
     fixed = K.kernel_fixed_cost_ns(graph)
     act_bytes = _act_bytes(graph, o, m)
