@@ -92,7 +92,7 @@ def test_advise_takes_gpu_as_plan_does():
         ("analyze", "in the terminal (default 12)"),
         ("calibrate", "to measure with (default 2,"),
         # diff's tables, not analyze's names (its help gave analyze's as the example)
-        ("diff", "(ops.csv, kernels.csv, phases.csv, predicted.csv)"),
+        ("diff", "(ops.csv, kernels.csv, phases.csv, predicted.csv, steps.csv)"),
     ],
 )
 def test_help_states_the_defaults(capsys, command, said):

@@ -70,6 +70,22 @@ class DeltaRow:
 
 
 @dataclass
+class StepRow:
+    """One step of one rank of A or B (`trace`), under the names `summary`'s steps table
+    uses: ms as traced, and without the profiler (`real_ms` estimated, `measured_real_ms`
+    from unprofiled steps the trace carries; None with `correct=False`). `StepDelta`'s
+    means are read from these rows: per step name the slowest rank, then the mean."""
+
+    trace: str  # "A" or "B"
+    rank: int
+    step: str
+    traced_ms: float
+    real_ms: float | None
+    measured_real_ms: float | None
+    source: str | None
+
+
+@dataclass
 class PredictedRow:
     """A kernel or op's GPU ms per step: measured in A, predicted from A after the what-ifs,
     measured in B, and the prediction's error (predicted - B, ms)."""
@@ -109,7 +125,8 @@ class Prediction:
 
 @dataclass(repr=False)
 class TraceDiff(Tables):
-    """Result of `diff`; tables: ops, kernels, phases, predicted (with `apply`)."""
+    """Result of `diff`; tables: ops, kernels, phases, steps (each step of each rank of A
+    and B), predicted (with `apply`)."""
 
     RENDERER: ClassVar[tuple[str, str]] = ("perfcast.report.analyses_terminal", "render_diff")
 
@@ -119,6 +136,7 @@ class TraceDiff(Tables):
     phases: list[DeltaRow]
     predicted: list[PredictedRow] = field(default_factory=list)
     prediction: Prediction | None = None
+    steps: list[StepRow] = field(default_factory=list)
     a_files: list[str] = field(default_factory=list)
     b_files: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -131,6 +149,7 @@ class TraceDiff(Tables):
         "kernels": DeltaRow,
         "phases": DeltaRow,
         "predicted": PredictedRow,
+        "steps": StepRow,
     }
 
 
@@ -185,6 +204,23 @@ def real_step_time_ms(summary: Summary) -> tuple[float | None, str]:
     if not by_name:
         return None, ""
     return float(np.mean(list(by_name.values()))), "/".join(sorted(sources))
+
+
+def _step_rows(trace: str, summary: Summary) -> list[StepRow]:
+    """Each step of each rank in `summary`, as `TraceDiff.steps` holds it."""
+    return [
+        StepRow(
+            trace,
+            rs.rank,
+            it.name,
+            it.traced_ms,
+            it.real_ms,
+            it.measured_real_ms,
+            it.source,
+        )
+        for rs in summary.ranks
+        for it in rs.iterations
+    ]
 
 
 def _in_steps(table: EventTable) -> np.ndarray:
@@ -348,6 +384,7 @@ def diff(a: EventTable, b: EventTable, top: int = 20, real: bool = True) -> Trac
             "kernel", pa.kernel_count, pa.kernel_ms, pb.kernel_count, pb.kernel_ms, delta, top
         ),
         phases=_rows("phase", None, pa.phase_ms, None, pb.phase_ms, delta, top),
+        steps=_step_rows("A", sa) + _step_rows("B", sb),
         a_files=[r.path for r in a.ranks],
         b_files=[r.path for r in b.ranks],
         notes=[f"A: {n}" for n in input_notes(a)] + [f"B: {n}" for n in input_notes(b)],

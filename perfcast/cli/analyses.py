@@ -49,7 +49,7 @@ def register(sub: Any, add_common: Callable[[Any], None], table: dict[str, Any])
     )
     p.add_argument("--top", type=int, default=20, help="rows per table (default 20)")
     # diff's own names: analyze's "ANALYSIS.TABLE.csv" example read as diff's.
-    _add_exports(p, "ops.csv, kernels.csv, phases.csv, predicted.csv")
+    _add_exports(p, "ops.csv, kernels.csv, phases.csv, predicted.csv, steps.csv")
     add_common(p)
     table["diff"] = cmd_diff
 

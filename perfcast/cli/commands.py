@@ -267,7 +267,9 @@ def _output(result: Any, render: str, args: argparse.Namespace, ui: Any) -> int:
         from perfcast.report.analyses_terminal import render_diff
 
         # Every row the saved diff holds (`diff` shows its --top, which it saved).
-        longest = max(len(result.ops), len(result.kernels), len(result.phases), 1)
+        longest = max(
+            len(result.ops), len(result.kernels), len(result.phases), len(result.steps), 1
+        )
         render_diff(result, ui.out, rows=longest)
         return 0
     if render == "render_tree":

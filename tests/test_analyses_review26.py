@@ -1,0 +1,64 @@
+"""Session-26 review of the trace analyses: figures checked against the raw events and across
+the terminal, --json and the API."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+import perfcast
+from perfcast.cli.main import main
+from tests.tracegen import linear_steps
+
+STEP_KEYS = {"trace", "rank", "step", "traced_ms", "real_ms", "measured_real_ms", "source"}
+
+
+def _slowest_mean(rows: list[dict], trace: str) -> float:
+    by: dict[str, float] = {}
+    for r in rows:
+        if r["trace"] == trace:
+            by[r["step"]] = max(by.get(r["step"], 0.0), r["traced_ms"])
+    return float(np.mean(list(by.values())))
+
+
+def test_diff_json_has_each_step_of_each_trace(tmp_path, capsys):
+    # `diff --json` gave the steps' mean only; summary gives each step. Its rows now carry
+    # each step of A and B under the names summary's steps table uses.
+    a = linear_steps(2).write(tmp_path / "a.json")
+    b = linear_steps(3).write(tmp_path / "b.json")
+    assert main(["diff", str(a), str(b), "--json", "-q"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    steps = doc["steps"]
+    assert [(r["trace"], r["step"]) for r in steps] == [
+        ("A", "ProfilerStep#1"),
+        ("A", "ProfilerStep#2"),
+        ("B", "ProfilerStep#1"),
+        ("B", "ProfilerStep#2"),
+        ("B", "ProfilerStep#3"),
+    ]
+    assert all(set(r) == STEP_KEYS for r in steps)
+    assert all(r["real_ms"] is not None for r in steps)
+    # The step means are these rows' (per step name the slowest rank, then the mean).
+    assert abs(doc["step"]["a_ms"] - _slowest_mean(steps, "A")) < 1e-9
+    assert abs(doc["step"]["b_ms"] - _slowest_mean(steps, "B")) < 1e-9
+    # The same rows as summary's.
+    assert main(["summary", str(b), "--json", "-q"]) == 0
+    summ = json.loads(capsys.readouterr().out)
+    its = summ["ranks"][0]["iterations"]
+    assert [r["traced_ms"] for r in steps if r["trace"] == "B"] == [i["traced_ms"] for i in its]
+    assert [r["real_ms"] for r in steps if r["trace"] == "B"] == [i["real_ms"] for i in its]
+
+
+def test_diff_steps_table_in_python_and_saved_result(tmp_path, capsys):
+    a = linear_steps(2).write(tmp_path / "a.json")
+    d = perfcast.diff(str(a), str(a), correct=False)
+    cols = d.table("steps")
+    assert cols["trace"] == ["A", "A", "B", "B"]
+    assert cols["real_ms"] == [None] * 4  # no estimate asked for
+    # An empty steps table keeps its columns, and a saved diff shows its steps again.
+    assert main(["diff", str(a), str(a), "--json", "-q"]) == 0
+    saved = tmp_path / "d.json"
+    saved.write_text(capsys.readouterr().out)
+    assert main(["show", str(saved)]) == 0
+    assert "ProfilerStep#2" in capsys.readouterr().out
