@@ -4,8 +4,10 @@ the terminal, --json and the API."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
+import pytest
 
 import perfcast
 from perfcast.cli.main import main
@@ -62,3 +64,38 @@ def test_diff_steps_table_in_python_and_saved_result(tmp_path, capsys):
     saved.write_text(capsys.readouterr().out)
     assert main(["show", str(saved)]) == 0
     assert "ProfilerStep#2" in capsys.readouterr().out
+
+
+MLP_GRAPH = Path(__file__).parents[1] / "benchmarks/accuracy/recorded/traces/h100/mlp_graph.json.gz"
+
+
+def test_launch_delays_are_the_calls_not_a_graphs_other_kernels():
+    # Three cudaGraphLaunch calls replay 4,722 kernels; only each call's first has a launch
+    # delay. Counting the others as delays of 0 put the mean launch delay at 1.5 µs and its
+    # median at 0; over the trace's 6 launch calls they are 1,202 and 1,196 µs.
+    from perfcast.analysis.launches import launch_stats
+
+    table = perfcast.load(str(MLP_GRAPH))
+    gpu = np.flatnonzero(table.is_gpu() & (table.launch >= 0))
+    first: dict[int, int] = {}
+    for row in gpu.tolist():
+        call = int(table.launch[row])
+        if call not in first or table.ts[row] < table.ts[first[call]]:
+            first[call] = row
+    delays = (
+        np.array(
+            [max(int(table.ts[r]) - int(table.ts[c] + table.dur[c]), 0) for c, r in first.items()]
+        )
+        / 1e3
+    )
+    r = launch_stats(table)
+    s = r.summary[0]
+    assert len(first) == 6 and s.launches == gpu.size  # GPU operations, as before
+    assert s.mean_delay_us == pytest.approx(delays.mean())
+    assert s.p50_delay_us == pytest.approx(np.percentile(delays, 50))
+    assert s.p95_delay_us == pytest.approx(np.percentile(delays, 95))
+    # A kernel the graph runs after its first has no launch delay: None, not 0.
+    inner = [g for g in r.by_kernel if g.name.startswith("void at::native::vectorized")]
+    assert inner and all(g.mean_delay_us is None and g.max_delay_us is None for g in inner)
+    runtime = {g.name: g for g in r.by_runtime}
+    assert runtime["cudaMemcpyAsync"].mean_delay_us == pytest.approx(delays[delays > 0].mean())
