@@ -99,3 +99,28 @@ def test_launch_delays_are_the_calls_not_a_graphs_other_kernels():
     assert inner and all(g.mean_delay_us is None and g.max_delay_us is None for g in inner)
     runtime = {g.name: g for g in r.by_runtime}
     assert runtime["cudaMemcpyAsync"].mean_delay_us == pytest.approx(delays[delays > 0].mean())
+
+
+def test_a_graph_launch_is_one_queue_entry():
+    # The queue counted each of a CUDA graph's kernels as a pending launch: 1,574 on a trace
+    # whose 3 graph launches (and 3 copies) never had more than 2 pending, and a note blamed
+    # a deeper queue on the device. The graph builder counts one entry per launch call.
+    from perfcast.analysis.launch_queue import launch_queue
+
+    r = launch_queue(perfcast.load(str(MLP_GRAPH)))
+    (s,) = r.by_stream
+    assert s.launches == 6 and s.max_length == 2
+    assert r.depth_source == "HTA's default" and not r.notes
+
+
+def test_queue_depth_is_the_graph_builders(shared_traces):
+    # "read the way the graph builder reads it": on a trace with graph launches the analysis
+    # said 962 pending launches where the replay's graph blocks at 908.
+    from perfcast.analysis.launch_queue import launch_queue
+    from perfcast.graph import build_graph
+    from perfcast.graph.launches import queue_depth
+
+    table = perfcast.load(shared_traces / "hta_a100_rank0_of16.json.gz")
+    r = launch_queue(table)
+    assert r.depth_source == "measured on this trace"
+    assert (r.max_depth, True) == queue_depth(build_graph(table))

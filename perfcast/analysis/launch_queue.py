@@ -1,8 +1,12 @@
 """Launch-queue length per stream over time, and the time the CPU was blocked on a full queue.
 
-Queue length on a stream = GPU operations launched but not yet finished: +1 when the runtime
-call that enqueues one starts, −1 when the operation ends (HTA's definition,
-`get_queue_length_time_series`). CUDA blocks a launch call while the queue is full (about
+Queue length on a stream = launches enqueued but not yet finished: +1 when the runtime call
+that enqueues one starts, −1 when its work on the stream ends (HTA's definition,
+`get_queue_length_time_series`). A call that enqueues several operations on a stream (a
+`cudaGraphLaunch` replaying a CUDA graph) is one entry, freed when the last of them ends, as
+the graph builder counts entries (`perfcast.graph.launches`): counting each of a graph's
+kernels put 1,574 launches in the queue of a trace whose 3 graph launches never had more than
+one pending. CUDA blocks a launch call while the queue is full (about
 1,024 pending launches per stream, HTA's `CUDA_MAX_LAUNCH_QUEUE_PER_STREAM`): such a call
 returns only when an operation on the stream ends and frees a slot. A CPU blocked there is
 waiting on the GPU, not working. Two measures of it:
@@ -66,7 +70,7 @@ class StreamQueue:
     rank: int
     device: int
     stream: int
-    launches: int
+    launches: int  # launch calls with work on the stream (a graph launch counts once)
     max_length: int
     mean_length: float  # time-weighted, over the stream's first launch to last end
     p95_length: float  # time-weighted
@@ -118,9 +122,15 @@ def _streams(table: EventTable) -> list[_Stream]:
         return []
     call = table.launch[gpu].astype(np.int64)
     lane, lanes = combine_codes(table.rank[gpu].astype(np.int64), table.pid[gpu], table.tid[gpu])
-    n = gpu.size
-    # Events: launch (+1 at the call's start) and finish (−1 at the operation's end).
-    t = np.r_[table.ts[call], table.ts[gpu] + table.dur[gpu]]
+    # One entry per launch call and stream, finishing with the last of its operations there.
+    entry = lane.astype(np.int64) * (len(table) + 1) + call
+    _, first, inv = np.unique(entry, return_index=True, return_inverse=True)
+    finish = np.full(first.size, np.iinfo(np.int64).min, dtype=np.int64)
+    np.maximum.at(finish, inv.reshape(-1), table.ts[gpu] + table.dur[gpu])
+    call, lane = call[first], lane[first]
+    n = first.size
+    # Events: launch (+1 at the call's start) and finish (−1 at the end of its work).
+    t = np.r_[table.ts[call], finish]
     d = np.r_[np.ones(n, np.int64), -np.ones(n, np.int64)]
     ln = np.r_[lane, lane]
     call_end = np.r_[table.ts[call] + table.dur[call], np.zeros(n, np.int64)]
