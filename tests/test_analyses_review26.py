@@ -124,3 +124,21 @@ def test_queue_depth_is_the_graph_builders(shared_traces):
     r = launch_queue(table)
     assert r.depth_source == "measured on this trace"
     assert (r.max_depth, True) == queue_depth(build_graph(table))
+
+
+def test_summary_says_what_an_overlap_of_dash_means(tmp_path, capsys):
+    # A step without communication shows "-" for its overlap (not 0%), and the table's
+    # legend now says why; a CPU-only rank's "-" is no GPU work, and the legend says nothing.
+    from tests.tracegen import TraceBuilder
+
+    path = linear_steps(2).write(tmp_path / "t.json")
+    assert main(["summary", str(path), "-q", "--keep-profiler-cost"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "- : the step has no communication, nothing to overlap" in out
+    cpu = TraceBuilder(device=None)
+    cpu.step(1, 0, 900)
+    cpu.op("aten::mm", 10, 300)
+    path = cpu.write(tmp_path / "cpu.json")
+    assert main(["summary", str(path), "-q", "--keep-profiler-cost"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "split the step by time" in out and "nothing to overlap" not in out

@@ -56,6 +56,12 @@ _GPU_SPLIT = (
     "GPU columns split the step by time: compute + comm + copies + idle = step (GPU work of the "
     "next step that starts before this one ends counts here)"
 )
+# The per-rank table's overlap column: "-" where a step has no communication (not 0%: there
+# was nothing to hide).
+_OVERLAP = (
+    "overlap: the share of the step's communication that compute hid (- : the step has no "
+    "communication, nothing to overlap)"
+)
 
 
 def _step_label(name: str) -> Text:
@@ -211,7 +217,9 @@ def render_summary(summary: Summary, console: Console, top: int = 5) -> None:
         # Titles and captions are lines of their own: inside a table they wrap to its width.
         console.print(Text(title, style="bold"))
         console.print(_figures_table(cols, rows))
-        console.print(Text(_GPU_SPLIT, style="dim"))
+        # A CPU-only rank's "-" says no GPU work, not no communication (gloo's is on the host).
+        on_gpu = any(it.gpu for it in rs.iterations)
+        console.print(Text(f"{_GPU_SPLIT}; {_OVERLAP}" if on_gpu else _GPU_SPLIT, style="dim"))
         _render_measured(console, [it.measured_real_ms for it in rs.iterations])
         if real and correction is not None and not several:
             console.print(Text(correction.assumption()))
