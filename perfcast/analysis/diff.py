@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, ClassVar
 import numpy as np
 
 from perfcast.analysis.common import NS_PER_MS, launching_op
-from perfcast.analysis.notes import input_notes
+from perfcast.analysis.notes import input_notes, slowest_per_step
 from perfcast.events import NONE, EventTable, Kind
 from perfcast.frames import Tables, plain
 
@@ -155,9 +155,7 @@ class TraceDiff(Tables):
 
 def step_time_ms(table: EventTable) -> tuple[float, int]:
     """(mean step time in ms, steps): per step name the slowest rank, then the mean."""
-    by_name: dict[str, int] = {}
-    for it in table.iterations:
-        by_name[it.name] = max(by_name.get(it.name, 0), it.dur_ns)
+    by_name = slowest_per_step((it.name, it.dur_ns) for it in table.iterations)
     if not by_name:
         return 0.0, 0
     return float(np.mean(list(by_name.values()))) / NS_PER_MS, len(by_name)
@@ -192,15 +190,16 @@ def real_step_time_ms(summary: Summary) -> tuple[float | None, str]:
     """(mean step time without the profiler in ms, where the correction came from), from a
     summary made with `real=True`, taken per step name as the slowest rank, like
     `step_time_ms`; measured unprofiled steps the trace carries win over the estimate."""
-    by_name: dict[str, float] = {}
+    values: list[tuple[str, float]] = []
     sources: set[str] = set()
     for rs in summary.ranks:
         for it in rs.iterations:
             ms = it.measured_real_ms if it.measured_real_ms is not None else it.real_ms
             if ms is None:
                 continue
-            by_name[it.name] = max(by_name.get(it.name, 0.0), ms)
+            values.append((it.name, ms))
             sources.add("measured" if it.measured_real_ms is not None else it.source or "?")
+    by_name = slowest_per_step(values)
     if not by_name:
         return None, ""
     return float(np.mean(list(by_name.values()))), "/".join(sorted(sources))
