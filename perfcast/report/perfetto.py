@@ -836,9 +836,10 @@ def _queue_counters(
     end_ns: np.ndarray,
     into: np.ndarray,
 ) -> list[dict[str, Any]]:
-    """A counter track per GPU stream: GPU operations launched and not yet finished, as the
-    timeline has them (HTA's queue length: +1 when the launch call starts, -1 when the
-    operation ends), cut to at most QUEUE_COUNTER_POINTS samples (fewer when many streams share
+    """A counter track per GPU stream: launches enqueued and not yet finished, as the
+    timeline has them (HTA's queue length: +1 when the launch call starts, -1 when its work
+    on the stream ends; one entry per call, as perfcast.analysis.launch_queue counts), cut
+    to at most QUEUE_COUNTER_POINTS samples (fewer when many streams share
     QUEUE_COUNTER_BUDGET) keeping each bin's peak. A matched collective's launch is its
     arrival's; it finishes when its transfer does (`into`)."""
     from perfcast.analysis.common import downsample_steps
@@ -853,9 +854,14 @@ def _queue_counters(
     # Many ranks: the tracks share a budget, so the counters never outweigh the timeline.
     points = max(50, min(QUEUE_COUNTER_POINTS, QUEUE_COUNTER_BUDGET // max(len(per_lane), 1)))
     for lane, pos in per_lane:
-        on = gpu[pos]
-        t = np.r_[start_ns[c["launch"][on]], finish[pos]]
-        d = np.r_[np.ones(on.size, np.int64), -np.ones(on.size, np.int64)]
+        # One entry per launch call (a CUDA graph's launch is one, however many kernels it
+        # replays), freed when the last of its operations on the stream ends: counting each
+        # kernel showed 1,574 pending on a trace that never had more than two.
+        calls, inv = np.unique(c["launch"][gpu[pos]], return_inverse=True)
+        done = np.full(calls.size, np.iinfo(np.int64).min, dtype=np.int64)
+        np.maximum.at(done, inv.reshape(-1), finish[pos].astype(np.int64))
+        t = np.r_[start_ns[calls], done]
+        d = np.r_[np.ones(calls.size, np.int64), -np.ones(calls.size, np.int64)]
         order = np.lexsort((d, t))  # at equal times the slot frees first
         t, q = t[order], np.cumsum(d[order])
         t, q = downsample_steps(t, q, points)
