@@ -151,3 +151,13 @@ def test_pipeline_parallel_refuses_too_few_micro_batches_before_the_trace_is_rea
     with pytest.raises(OptionError, match=r"microbatches=1 is fewer than pp=2 stages"):
         checked_specs(["pipeline-parallel:pp=2,microbatches=1"])
     assert build_options("pipeline-parallel", {"pp": "4"}).microbatches == 0  # 4 x pp
+
+
+@pytest.mark.parametrize("spec", ["", ":", ":factor=2", "  "])
+def test_a_spec_that_names_no_optimization_says_so(spec: str) -> None:
+    # "unknown optimization ''" read as if '' were a name perfcast did not know.
+    from perfcast.whatif.registry import parse_spec
+
+    with pytest.raises(OptionError, match="names no optimization") as exc:
+        parse_spec(spec)
+    assert "fused-optimizer" in (exc.value.hint or "")

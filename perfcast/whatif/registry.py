@@ -176,6 +176,13 @@ def parse_spec(text: str) -> Spec:
     A value may hold commas inside brackets (`pattern=x{2,3}`) or quotes
     (`pattern='gemm,conv'`)."""
     name, _, rest = text.partition(":")
+    if not name.strip():
+        # `--apply ''` or `:x=1` read as "unknown optimization ''", as if '' were a name.
+        known = ", ".join(sorted(MODEL_MODULES))
+        raise OptionError(
+            f"the what-if '{text}' names no optimization",
+            hint=f"write NAME or NAME:key=value, NAME one of: {known}",
+        )
     options: dict[str, str] = {}
     for part in filter(None, (p.strip() for p in _split_options(rest, strict=True))):
         key, eq, value = part.partition("=")
