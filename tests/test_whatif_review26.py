@@ -161,3 +161,16 @@ def test_a_spec_that_names_no_optimization_says_so(spec: str) -> None:
     with pytest.raises(OptionError, match="names no optimization") as exc:
         parse_spec(spec)
     assert "fused-optimizer" in (exc.value.hint or "")
+
+
+def test_ddp_says_where_its_bucket_sizes_come_from() -> None:
+    # Every constant a model uses is measured, cited or given: the buckets were neither.
+    example = Path(__file__).resolve().parents[1] / "perfcast/examples/ddp_a100_rank0.json.gz"
+    table = perfcast.load(str(example))
+
+    def said(spec: str) -> str:
+        return " ".join(a for m in perfcast.predict(table, spec).applied for a in m.assumptions)
+
+    default, given = said("ddp:gpus=16"), said("ddp:gpus=16,bucket_mb=50")
+    assert "PyTorch DDP's defaults" in default and "bucket_cap_mb" in default
+    assert "1 then 50 MiB in gradient-ready order, as given" in given

@@ -237,7 +237,8 @@ def apply(graph: Graph, options: Options) -> Graph:
     graph.assumptions.append(
         f"ddp on {options.gpus} GPUs: {n_buckets / n_steps:.1f} buckets per step "
         f"({total_bytes / n_steps / MIB:.1f} MiB of gradients, {size_note}; buckets "
-        f"{options.first_bucket_mb:g} then {options.bucket_mb:g} MiB in gradient-ready order), "
+        f"{options.first_bucket_mb:g} then {options.bucket_mb:g} MiB in gradient-ready order"
+        f"{_bucket_source(options)}), "
         f"{options.algorithm} all-reduce {_FORMULA[options.algorithm]} over "
         f"{comm.describe(options.gpus)}: {total_ns / n_steps / 1e6:.2f} ms of all-reduce per "
         "step, modelled; "
@@ -250,6 +251,16 @@ def apply(graph: Graph, options: Options) -> Graph:
             f"({replaced_ms / n_steps:.2f} ms per step) were replaced by the modelled ones"
         )
     return graph
+
+
+def _bucket_source(options: Options) -> str:
+    """Where the bucket sizes come from: PyTorch's defaults, or the user's options."""
+    if (options.first_bucket_mb, options.bucket_mb) == (DEFAULT_FIRST_BUCKET_MB, DEFAULT_BUCKET_MB):
+        return (
+            ", PyTorch DDP's defaults (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES, "
+            "bucket_cap_mb)"
+        )
+    return ", as given"
 
 
 def check_options(options: Options) -> None:
