@@ -284,8 +284,10 @@ def search(
         )
     if not ranked.size:
         smallest = int(np.argmin(costs.peak_b))
+        # The usable share is named: "the smallest needs 19.3 GiB" read as fitting in 20.
         result.notes.append(
-            f"no plan fits in {cap_gib:g} GiB: the smallest needs "
+            f"no plan fits in {cap_gib:g} GiB ({USABLE:.0%} of it usable, "
+            f"{cap / GIB:.3g} GiB): the smallest needs "
             f"{costs.peak_b[smallest] / GIB:.3g} GiB ({describe(plans.row(smallest))})"
         )
     if half_gpus_note and rows and gpus >= 2:
