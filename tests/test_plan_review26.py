@@ -21,3 +21,16 @@ def test_no_plan_fits_note_names_the_usable_memory() -> None:
     assert note.startswith("no plan fits in 20 GiB (92% of it usable, 18.4 GiB)")
     needs = float(note.split("the smallest needs ")[1].split(" GiB")[0])
     assert 18.4 < needs < 20
+
+
+def test_tensor_parallel_degrees_the_heads_refuse_are_said() -> None:
+    r = plan_model(SIX_HEADS, 8, memory_gb=80)
+    assert {row.plan["tp"] for row in r.best} <= {1, 2}
+    said = [a for a in r.assumptions if a.startswith("tensor parallelism tp")]
+    assert said == ["tensor parallelism tp 4, 8 not offered: tp must divide the 6 attention heads"]
+    gqa = '{"layers": 4, "hidden": 1536, "heads": 12, "kv_heads": 3, "seq": 2048, "vocab": 32000}'
+    said = [a for a in plan_model(gqa, 8).assumptions if a.startswith("tensor parallelism tp")]
+    assert said and "the 3 KV heads" in said[0] and "tp 2, 4, 8" in said[0]
+    # A preset every degree splits says nothing.
+    preset = plan_model("gpt-22b", 8).assumptions
+    assert not any(a.startswith("tensor parallelism tp") for a in preset)

@@ -279,6 +279,22 @@ class AnalyticWorkload:
                 ),
             ]
         )
+        # The search skips a tensor-parallel degree the heads do not split into; said, or a
+        # model of 6 heads on 8-GPU nodes was planned without tp 4 or 8 and no reason.
+        tried = [1 << i for i in range(self.cluster.gpus_per_node.bit_length())]
+        ok = self.tp_ok(np.array(tried)) & (np.array(tried) <= self.tp_max)
+        refused = [t for t, good in zip(tried, ok.tolist()) if not good]
+        if refused:
+            kv = self.desc.kv_heads or self.desc.heads
+            self.assumptions.append(
+                f"tensor parallelism tp {', '.join(map(str, refused))} not offered: tp must "
+                f"divide the {self.desc.heads} attention heads"
+                + (
+                    f" and divide or be a multiple of the {kv} KV heads"
+                    if kv != self.desc.heads
+                    else ""
+                )
+            )
 
     # -- what the cost model asks --------------------------------------------------------
     @property
