@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
+from perfcast.memory_model import MemoryInputs, predict_peak_memory
 from perfcast.plan import plan_model
 
 RECORDED = Path(__file__).parents[1] / "benchmarks" / "accuracy" / "recorded" / "traces" / "h100"
@@ -34,3 +37,11 @@ def test_tensor_parallel_degrees_the_heads_refuse_are_said() -> None:
     # A preset every degree splits says nothing.
     preset = plan_model("gpt-22b", 8).assumptions
     assert not any(a.startswith("tensor parallelism tp") for a in preset)
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_zero_memory_note_names_fsdp_only_for_stage_3(stage: int) -> None:
+    inp = MemoryInputs(param_numels=[1_000_000], saved_bytes=[1 << 20])
+    est = predict_peak_memory(inp, [f"zero:stage={stage},gpus=8"])
+    note = est.assumptions[-1]
+    assert note.startswith(f"ZeRO-{stage} over 8 GPUs" if stage < 3 else "ZeRO-3 / FSDP over 8")

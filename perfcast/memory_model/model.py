@@ -628,8 +628,10 @@ def _zero(inp: MemoryInputs, o: Mapping[str, Any]) -> MemoryInputs:
         live = min(prefetch + 1, units)
         per_unit = inp.params / units * inp.param_bytes
         extra = int(live * per_unit)
+    # FSDP is stage 3 (FULL_SHARD); naming it beside ZeRO-1 said it shards parameters.
+    name = f"ZeRO-{stage}" + (" / FSDP" if stage >= 3 else "")
     note = (
-        f"ZeRO-{stage} / FSDP over {n} GPUs: optimizer state"
+        f"{name} over {n} GPUs: optimizer state"
         f"{', gradients' if stage >= 2 else ''}{', parameters' if stage >= 3 else ''} sharded "
         f"1/{n}"
         + (
