@@ -84,3 +84,27 @@ def test_the_traced_configuration_is_not_checked_against_another_gpus_step() -> 
     other = plan_trace(table, 1, top=1, gpu="a100-80gb")
     assert other.baseline is not None and other.baseline.step_ms > 60
     assert not checked(other)
+
+
+@pytest.mark.parametrize(
+    ("extra", "named"),
+    [
+        ('"norm": "batchnorm"', "norm must be 'layernorm' or 'rmsnorm', not 'batchnorm'"),
+        ('"kv_heads": 3', "kv_heads=3 must divide heads=4"),
+        ('"kv_heads": 8', "kv_heads=8 must divide heads=4"),
+    ],
+)
+def test_a_description_with_a_bad_norm_or_kv_heads_is_refused(
+    extra: str, named: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from perfcast.cli.main import main
+
+    base = '{"layers": 2, "hidden": 64, "heads": 4, "seq": 16, "vocab": 10, '
+    desc = tmp_path / "model.json"
+    desc.write_text(base + extra + "}")
+    assert main(["plan", "--model", str(desc), "--gpus", "2", "-q"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and named in err
+    # Valid ones still plan: grouped-query attention with 2 or 1 KV heads, RMSNorm.
+    for ok in ('"kv_heads": 2', '"kv_heads": 1, "norm": "rmsnorm"'):
+        assert plan_model(base + ok + "}", 2).best

@@ -84,6 +84,18 @@ class ModelDesc:
                 raise PerfcastError(f"model description {self.name!r}: {name} must be positive")
         if self.hidden % self.heads:
             raise PerfcastError(f"model description {self.name!r}: hidden % heads != 0")
+        # Both were taken silently: an unknown norm counted as RMSNorm's parameters and as
+        # LayerNorm's kernels; 3 KV heads for 4 query heads (or 8 for 4) is no model.
+        if self.norm not in ("layernorm", "rmsnorm"):
+            raise PerfcastError(
+                f"model description {self.name!r}: norm must be 'layernorm' or 'rmsnorm', "
+                f"not {self.norm!r}"
+            )
+        if self.kv_heads and self.heads % self.kv_heads:
+            raise PerfcastError(
+                f"model description {self.name!r}: kv_heads={self.kv_heads} must divide "
+                f"heads={self.heads} (each KV head serves a whole group of query heads)"
+            )
         if self.kernels not in ("fused", "eager"):
             raise PerfcastError(
                 f"model description {self.name!r}: kernels must be 'fused' or 'eager', "
