@@ -108,3 +108,14 @@ def test_a_description_with_a_bad_norm_or_kv_heads_is_refused(
     # Valid ones still plan: grouped-query attention with 2 or 1 KV heads, RMSNorm.
     for ok in ('"kv_heads": 2', '"kv_heads": 1, "norm": "rmsnorm"'):
         assert plan_model(base + ok + "}", 2).best
+
+
+def test_fsdp_gathered_units_are_held_at_the_gathered_precision() -> None:
+    # zero:param_bytes=2 (FSDP's bf16 param_dtype) all-gathers 2 bytes per parameter; the
+    # memory held 4 bytes per gathered parameter whatever it said.
+    inp = MemoryInputs(param_numels=[16_000_000], saved_bytes=[1 << 20])
+    base = predict_peak_memory(inp, ["zero:stage=3,gpus=8,units=16"])
+    half = predict_peak_memory(inp, ["zero:stage=3,gpus=8,units=16,param_bytes=2"])
+    # Two of 16 units live: 2 x 1 M parameters, at 4 then 2 bytes.
+    assert base.peak_bytes - half.peak_bytes == 2 * 1_000_000 * 2
+    assert "+8 MiB" in base.assumptions[-1] and "+4 MiB" in half.assumptions[-1]

@@ -626,7 +626,10 @@ def _zero(inp: MemoryInputs, o: Mapping[str, Any]) -> MemoryInputs:
     if stage >= 3 and inp.param_numels:
         # The unit running and those prefetched hold their full parameters at once.
         live = min(prefetch + 1, units)
-        per_unit = inp.params / units * inp.param_bytes
+        # Gathered at the what-if's param_bytes (2: FSDP's bf16 param_dtype), not the
+        # stored fp32 parameters' 4: the time model all-gathers that many bytes.
+        gathered = int(_opt(o, "param_bytes", inp.param_bytes, int))
+        per_unit = inp.params / units * gathered
         extra = int(live * per_unit)
     # FSDP is stage 3 (FULL_SHARD); naming it beside ZeRO-1 said it shards parameters.
     name = f"ZeRO-{stage}" + (" / FSDP" if stage >= 3 else "")
