@@ -30,6 +30,7 @@ Memory per GPU, on the worst stage:
     + the working set of the layer being run backward (and the logits on the last stage)
     + two gathered units with ZeRO-3 (the one computing and the one prefetched; a unit is
       one of the stage's layers)
+    + PyTorch DDP's gradient buckets (a trace's plans: a copy of the gradients)
 
 Data-parallel ranks are laid out next to the tensor-parallel ones (Megatron's order: tp
 innermost, then dp, then pp), which decides whether a group stays inside a node.
@@ -182,6 +183,11 @@ def evaluate(
         worst_act = np.where(p.pp > 1, np.maximum(first, last), first)
         trans = worst_act - a_mem
     gathered = np.where(z == 3, 2 * gather / units, 0.0)
+    # PyTorch DDP's gradient buckets, a second copy of the gradients by default
+    # (gradient_as_bucket_view=False), as `whatif ddp`'s memory counts them; Megatron's DDP
+    # reduces in its own gradient buffer (a model description: 0 bytes).
+    buckets = np.where((z == 0) & (p.dp > 1), params * getattr(w, "ddp_bucket_bytes", 0), 0.0)
+    gathered = gathered + buckets
     peak = w_mem + g_mem + o_mem + a_mem + trans + gathered + getattr(w, "fixed_bytes", 0.0)
     batch = p.batch.astype(np.float64)
     return PlanCosts(

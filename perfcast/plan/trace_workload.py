@@ -112,6 +112,7 @@ class TraceWorkload:
     # saved tensors.
     peak_work_bytes: float | None = None
     autocast_copy_bytes: float = 0.0
+    ddp_bucket_bytes: int = 4  # per parameter: DDP's fp32 gradient buckets
     source: str = "trace"
     assumptions: list[str] = field(default_factory=list)
 
