@@ -51,6 +51,24 @@ def test_the_plan_composes_different_models(mlp_advice) -> None:
     assert any("fused=True" in line for line in plan.code)
 
 
+def test_the_plan_states_what_its_prediction_assumed(mlp_advice) -> None:
+    # Every prediction states what it assumed; the composed plan's stated nothing.
+    plan = mlp_advice.plan
+    assert plan is not None and plan.assumptions
+    said = " ".join(plan.assumptions)
+    assert "optimizer kernels fused" in said  # fused-optimizer's, as applied in the plan
+    assert ("CUDA graph" in said) or ("torch-compile" in said)
+    from perfcast.whatif.runner import run_whatif
+
+    table = perfcast.load(str(MLP))
+    from perfcast.whatif.registry import parse_spec
+
+    applied = run_whatif(table, [parse_spec(x) for x in plan.specs])[0].applied
+    assert [a for m in applied for a in m.assumptions] == plan.assumptions[
+        : sum(len(m.assumptions) for m in applied)
+    ]
+
+
 def test_code_lines_name_the_traces_own_optimizer(mlp_advice) -> None:
     # The MLP trace's optimizer ranges read "Optimizer.step#Adam.step".
     fused = next(s for s in mlp_advice.suggestions if s.name == "fused-optimizer:kind=fused")
@@ -128,14 +146,18 @@ def test_every_plan_member_earns_its_place(mlp_advice) -> None:
     before = ranked[members[0]].predicted_ms
     chosen = [ranked[members[0]]]
     for name in members[1:]:
-        now = adv._predict_together([*chosen, ranked[name]], world)
-        assert now is not None and now < before * 0.99, [*chosen, name]
+        together = adv._predict_together([*chosen, ranked[name]], world)
+        assert together is not None
+        now = together[0]
+        assert now < before * 0.99, [*chosen, name]
         chosen, before = [*chosen, ranked[name]], now
     for name in plan.enablers:
         assert name not in ranked
         enabler = dataclasses.replace(chosen[0], name=name)
-        now = adv._predict_together([*chosen, enabler], world)
-        assert now is not None and now < before * 0.99, name
+        together = adv._predict_together([*chosen, enabler], world)
+        assert together is not None
+        now = together[0]
+        assert now < before * 0.99, name
         chosen, before = [*chosen, enabler], now
     assert plan.predicted_ms == pytest.approx(before)
     assert set(plan.left_out) <= set(ranked) - set(plan.specs)

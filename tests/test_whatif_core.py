@@ -309,9 +309,12 @@ def test_the_plan_takes_an_enabler_that_gains_only_with_others(monkeypatch):
         ("cuda-graphs", "fused-optimizer:kind=fused", "remove-host-sync:reads=true"): 1.5,
         ("cuda-graphs", "fused-optimizer:kind=fused", "torch-compile"): 1.0,
     }
-    monkeypatch.setattr(
-        adv, "_predict_together", lambda ss, world: together.get(tuple(sorted(s.name for s in ss)))
-    )
+
+    def predict(ss: list[Any], world: Any) -> tuple[float, list[str]] | None:
+        ms = together.get(tuple(sorted(s.name for s in ss)))
+        return None if ms is None else (ms, [f"assumed for {len(ss)}"])
+
+    monkeypatch.setattr(adv, "_predict_together", predict)
     traits = adv.TraceTraits(optimizer="Adam")
     plan = adv._plan([graphs, fused], None, 10.0, traits, unranked=[compile_, no_sync])
     assert plan is not None
@@ -321,6 +324,7 @@ def test_the_plan_takes_an_enabler_that_gains_only_with_others(monkeypatch):
         "cuda-graphs",
     ]
     assert plan.enablers == ["remove-host-sync:reads=true"] and plan.predicted_ms == 1.5
+    assert plan.assumptions == ["assumed for 3"]  # the plan's own prediction's, not a member's
 
 
 @pytest.mark.parametrize(

@@ -127,6 +127,9 @@ class Plan:
     # Not ranked by themselves (no gain alone), but the plan gains from them: removing a
     # host sync lets a CUDA graph capture the whole step instead of the stretches between.
     enablers: list[str] = field(default_factory=list)
+    # What the composed prediction assumed, as every suggestion states its own: the models'
+    # assumptions with the plan's options, applied together.
+    assumptions: list[str] = field(default_factory=list)
 
 
 @dataclass(repr=False)
@@ -905,24 +908,24 @@ _PLAN_SEEDS = 3
 
 def _greedy_plan(
     order: list[Suggestion], world: RealWorld
-) -> tuple[list[Suggestion], float, list[str]]:
+) -> tuple[list[Suggestion], float, list[str], list[str]]:
     """The greedy plan over `order`: (its suggestions, its predicted step, the compatible
-    ones left out for gaining under 1% with the others)."""
+    ones left out for gaining under 1% with the others, the prediction's assumptions)."""
     chosen: list[Suggestion] = []
     for s in order:
         if _compatible(s, chosen):
             chosen.append(s)
     if not chosen:  # only a device move ranked: no code change to plan
-        return [], math.inf, []
-    plan, best = [chosen[0]], chosen[0].predicted_ms
+        return [], math.inf, [], []
+    plan, best, assumed = [chosen[0]], chosen[0].predicted_ms, chosen[0].assumptions
     left_out: list[str] = []
     for s in chosen[1:]:
-        predicted = _predict_together([*plan, s], world)
-        if predicted is not None and predicted < best * 0.99:
-            plan, best = [*plan, s], predicted
+        together = _predict_together([*plan, s], world)
+        if together is not None and together[0] < best * 0.99:
+            plan, (best, assumed) = [*plan, s], together
         else:
             left_out.append(s.name)
-    return plan, best, left_out
+    return plan, best, left_out, assumed
 
 
 def _compatible(s: Suggestion, chosen: list[Suggestion]) -> bool:
@@ -966,12 +969,13 @@ def _plan(
     plan: list[Suggestion] = []
     best = math.inf
     left_out: list[str] = []
+    assumed: list[str] = []
     for seed in seeds:
         order = [seed, *(s for s in ranked if s is not seed)]
-        got, got_ms, got_left = _greedy_plan(order, world)
+        got, got_ms, got_left, got_assumed = _greedy_plan(order, world)
         # Another seed's plan wins by 1% or more, as every change in a plan must.
         if not plan or got_ms < best * 0.99:
-            plan, best, left_out = got, got_ms, got_left
+            plan, best, left_out, assumed = got, got_ms, got_left, got_assumed
     enablers: list[str] = []
     for s in unranked or []:
         if s.name.split(":")[0] not in _ENABLERS or s.speedup < 0.99:
@@ -979,9 +983,9 @@ def _plan(
         s = replace(s, name=_ENABLERS[s.name.split(":")[0]])
         if not _compatible(s, plan):
             continue
-        predicted = _predict_together([*plan, s], world)
-        if predicted is not None and predicted < best * 0.99:
-            plan, best = [*plan, s], predicted
+        together = _predict_together([*plan, s], world)
+        if together is not None and together[0] < best * 0.99:
+            plan, (best, assumed) = [*plan, s], together
             enablers.append(s.name)
     if len(plan) < 2:
         return None
@@ -993,6 +997,7 @@ def _plan(
         code=[c for c in (_code(n, traits) for n in names) if c],
         left_out=left_out,
         enablers=enablers,
+        assumptions=list(assumed),
     )
 
 
@@ -1005,12 +1010,17 @@ def _in_plan_order(suggestions: list[Suggestion]) -> list[Suggestion]:
     return [suggestions[where[id(spec)]] for spec in in_plan_order(specs)]
 
 
-def _predict_together(suggestions: list[Suggestion], world: RealWorld) -> float | None:
-    """The mean predicted step with all of them applied; None if one does not apply after
-    the others."""
+def _predict_together(
+    suggestions: list[Suggestion], world: RealWorld
+) -> tuple[float, list[str]] | None:
+    """The mean predicted step with all of them applied, and what that prediction assumed
+    (as a suggestion lists it); None if one does not apply after the others."""
     specs = [parse_spec(s.name) for s in _in_plan_order(suggestions)]
     try:
         new_graph, applied = apply_specs(world.graph, specs)
     except PerfcastError:
         return None
-    return float(predicted_step_ms(world.real, simulate(new_graph), applied))
+    tl = simulate(new_graph)
+    assumed = [a for ap in applied for a in ap.assumptions]
+    lead = lead_assumption(world.real, tl, applied)
+    return float(predicted_step_ms(world.real, tl, applied)), assumed + ([lead] if lead else [])
