@@ -174,3 +174,27 @@ def test_ddp_says_where_its_bucket_sizes_come_from() -> None:
     default, given = said("ddp:gpus=16"), said("ddp:gpus=16,bucket_mb=50")
     assert "PyTorch DDP's defaults" in default and "bucket_cap_mb" in default
     assert "1 then 50 MiB in gradient-ready order, as given" in given
+
+
+def test_scale_out_figures_on_several_ranks_say_they_are_per_rank(tmp_path: Path) -> None:
+    """ddp, zero, tensor-parallel and pipeline-parallel give means over (rank, step) pairs;
+    on a rank folder "5.0 buckets per step" read as the whole job's step. The example as
+    two ranks: each now says "per step and rank (mean of 2 ranks, 6 rank-steps)" (the
+    example has no linear layers for tensor-parallel, which says it the same way)."""
+    import gzip
+    import json
+
+    example = Path(__file__).resolve().parents[1] / "perfcast/examples/ddp_a100_rank0.json.gz"
+    doc = json.loads(gzip.decompress(example.read_bytes()))
+    for rank in range(2):
+        doc.setdefault("distributedInfo", {}).update(rank=rank, world_size=2)
+        (tmp_path / f"rank{rank}.json").write_text(json.dumps(doc))
+    table = perfcast.load(str(tmp_path))
+    per = "per step and rank (mean of 2 ranks, 6 rank-steps)"
+    for spec, head in [
+        ("ddp:gpus=16", "buckets " + per),
+        ("zero:stage=2,gpus=16", "16 units; " + per),
+        ("pipeline-parallel:pp=2", "ms " + per),
+    ]:
+        first = perfcast.predict(table, spec).applied[0].assumptions[0]
+        assert head in first, (spec, first)

@@ -57,10 +57,19 @@ def rank_steps(graph: Graph, nodes: np.ndarray) -> tuple[int, str]:
     pairs = np.unique(c["rank"][nodes].astype(np.int64) << 32 | c["iteration"][nodes])
     ranks = np.unique(c["rank"][nodes]).size
     if ranks > 1:
-        return pairs.size, f"per step and rank (mean of {ranks:,} ranks, {pairs.size:,} rank-steps)"
+        return pairs.size, per_step_of(ranks, pairs.size)
     if pairs.size > 1:
         return pairs.size, f"per step (mean of {pairs.size} steps)"
     return 1, "in the step"
+
+
+def per_step_of(ranks: int, rank_steps: int) -> str:
+    """How a mean over `rank_steps` (rank, step) pairs of `ranks` ranks reads: "per step" on
+    one rank, and on several, that it is per rank too (a reader took "per step" for the
+    whole job's step)."""
+    if ranks > 1:
+        return f"per step and rank (mean of {ranks:,} ranks, {rank_steps:,} rank-steps)"
+    return "per step"
 
 
 def per_count(n: float, per: int) -> str:

@@ -235,7 +235,8 @@ def apply(graph: Graph, options: Options) -> Graph:
     n_steps = max(len(by_group), 1)
     comm = comms[ranks[0]]
     graph.assumptions.append(
-        f"ddp on {options.gpus} GPUs: {n_buckets / n_steps:.1f} buckets per step "
+        f"ddp on {options.gpus} GPUs: {n_buckets / n_steps:.1f} buckets "
+        f"{P.per_step_of(len({r for r, _ in by_group}), n_steps)} "
         f"({total_bytes / n_steps / MIB:.1f} MiB of gradients, {size_note}; buckets "
         f"{options.first_bucket_mb:g} then {options.bucket_mb:g} MiB in gradient-ready order"
         f"{_bucket_source(options)}), "

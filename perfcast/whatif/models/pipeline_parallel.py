@@ -82,6 +82,7 @@ def apply(graph: Graph, options: Options) -> Graph:
     fixed = K.kernel_fixed_cost_ns(graph)
     act_bytes = _act_bytes(graph, o, m)
     n_steps = 0
+    ranks: set[int] = set()
     bubble_ns = p2p_ns = 0
     share = 1.0
     note = ""
@@ -98,6 +99,7 @@ def apply(graph: Graph, options: Options) -> Graph:
                 hint=f"use pp x virtual <= {fwd.size:,} (a stage is normally several layers)",
             )
         n_steps += 1
+        ranks.add(rank)
         comm = C.comm_model(graph, rank, o.link, "pipeline-parallel", cache=cache)
         note = comm.describe(2)
         c = graph.cols
@@ -161,7 +163,8 @@ def apply(graph: Graph, options: Options) -> Graph:
     graph.assumptions.append(
         f"pipeline x{o.pp}, {m} micro-batches"
         f"{f', interleaved x{o.virtual}' if o.virtual > 1 else ' (1F1B)'}: slowest stage "
-        f"{share:.0%} of the forward work; bubble {bubble_ns / n_steps / 1e6:.2f} ms per step "
+        f"{share:.0%} of the forward work; bubble {bubble_ns / n_steps / 1e6:.2f} ms "
+        f"{P.per_step_of(len(ranks), n_steps)} "
         f"({frac:.0%}: (pp-1)/v of m + (pp-1)/v slots); {p2p_text}; host work repeated per "
         "micro-batch; the optimizer's GPU and host work 1/pp (a stage's tensors); kernels "
         "pay their fixed cost once per micro-batch: " + K.fixed_cost_text(fixed)

@@ -79,6 +79,7 @@ def apply(graph: Graph, options: Options) -> Graph:
     comm_ns = 0
     split_ns = 0
     n_steps = 0
+    ranks: set[int] = set()
     note = ""
     n_grouped = 0  # forward units whose column group holds more than one layer
     cache: dict[str | None, C.CommModel] = {}
@@ -104,6 +105,7 @@ def apply(graph: Graph, options: Options) -> Graph:
                 continue
             if phase == Phase.FORWARD:
                 n_steps += 1
+                ranks.add(rank)
             else:
                 backward = True
             before = sum(int(graph.cols["dur"][n].sum()) for n, _ in layers)
@@ -176,7 +178,8 @@ def apply(graph: Graph, options: Options) -> Graph:
     steps = max(n_steps, 1)
     where = "forward and backward" if backward else "forward (the trace has no backward)"
     graph.assumptions.append(
-        f"tensor parallel x{t}: {n_pairs / steps:g} units of linear layers per step (column "
+        f"tensor parallel x{t}: {n_pairs / steps:g} units of linear layers "
+        f"{P.per_step_of(len(ranks), n_steps)} (column "
         f"layers, then a row layer; {n_grouped / steps:g} with several column layers) split "
         f"1/{t} ({split_ns / steps / 1e6:.2f} ms of GEMM time saved), "
         f"{'all-gather + reduce-scatter' if options.sequence_parallel else 'all-reduce'} of "

@@ -39,6 +39,7 @@ from perfcast.graph.model import Graph
 from perfcast.graph.phases import Phase
 from perfcast.memory_model.model import ZERO_UNITS
 from perfcast.whatif import kernels as K
+from perfcast.whatif import primitives as P
 from perfcast.whatif.models import _parallel_common as C
 
 SUMMARY = (
@@ -91,6 +92,7 @@ def apply(graph: Graph, options: Options) -> Graph:
     fixed = K.kernel_fixed_cost_ns(graph)
     total_rs = total_ag = 0.0
     n_steps = 0
+    ranks: set[int] = set()
     comm: C.CommModel | None = None
     cache: dict[str | None, C.CommModel] = {}
     for rank, it in C.groups(graph):
@@ -100,6 +102,7 @@ def apply(graph: Graph, options: Options) -> Graph:
         if bwd.size == 0:
             continue
         n_steps += 1
+        ranks.add(rank)
         comm = C.comm_model(graph, rank, o.link, "zero", o.gpus_per_node, cache, o.nics_per_node)
         link = comm.cluster.intra
         lane = C.comm_lane(graph, rank, f"modelled ZeRO-{o.stage} collectives")
@@ -159,7 +162,8 @@ def apply(graph: Graph, options: Options) -> Graph:
         raise NotApplicableError("zero: no backward GPU work in the trace's steps (inference?)")
     graph.assumptions.append(
         f"ZeRO-{o.stage} over {o.gpus} GPUs: {params / 1e6:.1f} M parameters in "
-        f"{o.units} units; per step {total_rs / n_steps / 1e3:.2f} ms of reduce-scatter "
+        f"{o.units} units; {P.per_step_of(len(ranks), n_steps)} "
+        f"{total_rs / n_steps / 1e3:.2f} ms of reduce-scatter "
         f"({o.grad_bytes} B/element) and {total_ag / n_steps / 1e3:.2f} ms of all-gather "
         f"({o.param_bytes} B/element), ring, modelled over {comm.describe(o.gpus)}; "
         f"optimizer GPU kernels at 1/{o.gpus} of their work, {K.fixed_cost_text(fixed)}"
