@@ -221,9 +221,11 @@ def load(path: str | Path) -> Calibration:
         )
         _check_values(cal)
         return cal
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
+        # RecursionError: json nested past the interpreter's limit, a damaged file too.
+        why = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
         raise PerfcastError(
-            f"not a perfcast calibration file ({exc}); run 'perfcast calibrate' again "
+            f"not a perfcast calibration file ({why}); run 'perfcast calibrate' again "
             f"or set {ENV}=off",
             path=str(p),
         ) from None
