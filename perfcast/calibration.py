@@ -132,6 +132,28 @@ class ProfilerCosts:
     # written before it was measured (the project's constant is used then).
     work_share: float | None = None
 
+    def noisy(self) -> str:
+        """Why the per-op costs cannot both be right ("" when they can): record_shapes records
+        all an op without it does and more, so an op costs no less with it; and on the
+        machines measured so far it cost 1-2x as much (8 calibrations; 4x in the oldest), so
+        far more means the rounds were disturbed (a busy machine)."""
+        with_shapes = self.op_ns + self.input_ns  # the one-input op timed with record_shapes
+        plain = self.op_no_shapes_ns
+        if plain <= 0:
+            return ""
+        ratio = with_shapes / plain
+        if ratio < _MIN_SHAPES_RATIO:
+            return f"an op measured cheaper with record_shapes than without ({ratio:.2f}x)"
+        if ratio > _MAX_SHAPES_RATIO:
+            return f"an op measured {ratio:.0f}x as costly with record_shapes as without"
+        return ""
+
+
+# Bounds of an op's profiler cost with record_shapes over without, beyond which a calibration
+# says it was disturbed (timer noise on a 1.8 µs cost: 10% below; the highest seen: 4x).
+_MIN_SHAPES_RATIO = 0.9
+_MAX_SHAPES_RATIO = 8.0
+
 
 @dataclass(frozen=True)
 class Calibration:

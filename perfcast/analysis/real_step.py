@@ -139,6 +139,7 @@ def calibrated_cost(table: object, settings: ProfilerSettings) -> tuple[Profiler
         uncertainty=0.2,
         note=sentence
         + ("" if p.runtime_ns is not None else "; runtime calls at the default (no GPU then)")
+        + (f"; its costs look disturbed ({p.noisy()}: a busy machine?)" if p.noisy() else "")
         + f"; the ops' own work {100 * share:.1f}% slower traced, measured "
         + (
             "by calibrate on a reference training step"

@@ -647,6 +647,15 @@ def calibration(cal: Calibration, console: Console) -> None:
             f"{pr.python_ns:g} per Python frame, {pr.memory_ns:g} per memory event, "
             f"runtime call {rt}"
         )
+        why = pr.noisy()
+        if why:
+            console.print(
+                Text(
+                    f"  {why}: the machine was busy; run perfcast calibrate again when it is "
+                    "idle (these costs are used as they are)",
+                    style="yellow",
+                )
+            )
         if pr.work_share is not None:
             console.print(
                 f"and the ops' own work runs {100 * pr.work_share:.1f}% longer in a profiled "
