@@ -78,3 +78,31 @@ def test_calibrate_and_the_correction_say_the_costs_look_disturbed(
     cost, _ = calibrated_cost(object(), ProfilerSettings(True, False, False, False))
     assert cost is not None and cost.op_ns == pytest.approx(10466.7)  # used as measured
     assert "look disturbed" in cost.note
+
+
+@pytest.mark.parametrize("before", [[0.0], [-1.0], ["x"], [1e30]])
+def test_unreadable_unprofiled_steps_are_said_once_naming_the_field(
+    tmp_path: Path, before: list
+) -> None:
+    """A step time that is not one (0, negative, text, 1e30) is not fitted to, and the note
+    says which field; an empty list of steps after the trace (none timed) is no fault: it
+    was reported as unreadable too, so the note came twice. (NaN is not JSON: the capture
+    never writes it.)"""
+    import json
+
+    import perfcast
+    from tests.tracegen import TraceBuilder
+
+    b = TraceBuilder()
+    b.step(1, 0, 200)
+    b.launch("sm80_xmma_gemm_f32f32", 12, 3, 40, 10)
+    doc = b.doc()
+    doc["perfcast_unprofiled_step_ms"] = before
+    doc["perfcast_unprofiled_after_step_ms"] = []
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(doc))
+    notes = [n for n in perfcast.predict(str(path), []).notes if "unreadable" in n]
+    assert len(notes) == 1 and "perfcast_unprofiled_step_ms" in notes[0]
+    doc["perfcast_unprofiled_step_ms"] = [1.0]
+    path.write_text(json.dumps(doc))
+    assert not [n for n in perfcast.predict(str(path), []).notes if "unreadable" in n]

@@ -343,9 +343,11 @@ def _load_one(path: str, names: Interner, rank_hint: int | None) -> tuple[RankIn
     ok = _int_or_none(schema) is not None or isinstance(schema, str)
     info.schema_version = schema if ok else None
     info.machine = _machine_of(raw, path)
-    info.unprofiled_step_ms = _read_unprofiled_steps(raw.perfcast_unprofiled_step_ms, info)
+    info.unprofiled_step_ms = _read_unprofiled_steps(
+        raw.perfcast_unprofiled_step_ms, info, "perfcast_unprofiled_step_ms"
+    )
     info.unprofiled_after_step_ms = _read_unprofiled_steps(
-        raw.perfcast_unprofiled_after_step_ms, info
+        raw.perfcast_unprofiled_after_step_ms, info, "perfcast_unprofiled_after_step_ms"
     )
     info.last_step_open = raw.perfcast_last_step_open is True
     info.truncated = decoded.truncated
@@ -979,9 +981,9 @@ def _note_step_at_the_cut(
 _MAX_UNPROFILED_STEPS = 10_000
 
 
-def _read_unprofiled_steps(value: object, info: RankInfo) -> list[float]:
+def _read_unprofiled_steps(value: object, info: RankInfo, key: str) -> list[float]:
     """Steps perfcast's capture timed without the profiler (a JSON list of ms, or its text);
-    kept only when every value is a plausible step time."""
+    kept only when every value is a plausible step time. An empty list is none timed."""
     if isinstance(value, str) and len(value) < 1_000_000:
         import json
 
@@ -989,9 +991,9 @@ def _read_unprofiled_steps(value: object, info: RankInfo) -> list[float]:
             value = json.loads(value)
         except ValueError:
             value = None
-    if value is None:
+    if value is None or value == []:
         return []
-    if isinstance(value, list) and 0 < len(value) <= _MAX_UNPROFILED_STEPS:
+    if isinstance(value, list) and len(value) <= _MAX_UNPROFILED_STEPS:
         good = [
             float(x)
             for x in value
@@ -999,7 +1001,10 @@ def _read_unprofiled_steps(value: object, info: RankInfo) -> list[float]:
         ]
         if len(good) == len(value):
             return good
-    info.warnings.append("the trace's unprofiled step times (perfcast metadata) are unreadable")
+    info.warnings.append(
+        f"the trace's unprofiled step times ({key}) are unreadable (each must be a step time "
+        "in ms, above 0): not used, so the profiler's cost is not fitted to them"
+    )
     return []
 
 
