@@ -106,3 +106,22 @@ def test_unreadable_unprofiled_steps_are_said_once_naming_the_field(
     doc["perfcast_unprofiled_step_ms"] = [1.0]
     path.write_text(json.dumps(doc))
     assert not [n for n in perfcast.predict(str(path), []).notes if "unreadable" in n]
+
+
+def test_a_cpu_only_trace_lists_no_runtime_call_costs(tmp_path: Path) -> None:
+    """A CPU-only trace has no runtime calls: its correction's note listed "18.69 µs per
+    runtime call, 4.78 µs per GPU task ..." (the fitted scale of the defaults) as if they had
+    been taken out. A trace with launches still lists them."""
+    import perfcast
+    from tests.tracegen import TraceBuilder
+
+    cpu = TraceBuilder()
+    cpu.step(1, 0, 300)
+    cpu.op("aten::mm", 10, 100)
+    gpu = TraceBuilder()
+    gpu.step(1, 0, 300)
+    gpu.launch("sm80_xmma_gemm_f32f32", 12, 3, 40, 10)
+    said_cpu = perfcast.predict(cpu.write(tmp_path / "c.json"), []).correction.assumption()
+    said_gpu = perfcast.predict(gpu.write(tmp_path / "g.json"), []).correction.assumption()
+    assert "per runtime call" not in said_cpu and "no runtime calls in the trace" in said_cpu
+    assert "per runtime call" in said_gpu and "per GPU task" in said_gpu

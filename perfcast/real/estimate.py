@@ -104,6 +104,9 @@ class Correction:
     work_pct: float  # the ops' own work lengthened by this much under the profiler
     removed_ms_per_step: float  # host time taken out, per step (not all of it was critical)
     note: str
+    # Whether the trace has runtime calls (CUDA/HIP API) for the per-call costs to apply to:
+    # a CPU-only trace's note listed them, fitted, as if they had been taken out.
+    runtime_calls: bool = True
 
     @classmethod
     def of(cls, cost: ProfilerCost, settings: ProfilerSettings, removed: Removed, steps: int):
@@ -120,6 +123,8 @@ class Correction:
             uncertainty_pct=100.0 * cost.uncertainty,
             removed_ms_per_step=removed.total_ns / 1e6 / max(steps, 1),
             note=cost.note,
+            runtime_calls="runtime calls" in removed.per_kind_ns
+            or not (cost.runtime_ns or cost.task_ns),
         )
 
     def assumption(self) -> str:
@@ -128,7 +133,10 @@ class Correction:
         extra = "".join(
             f", {us:.2f} µs {what}"
             for us, what in (
-                (self.task_us, "per GPU task a runtime call launches beyond its first"),
+                (
+                    self.task_us if self.runtime_calls else 0.0,
+                    "per GPU task a runtime call launches beyond its first",
+                ),
                 (self.python_us, "per Python frame"),
                 (self.memory_us, "per [memory] event"),
             )
@@ -140,10 +148,16 @@ class Correction:
             f"the profiler's own host cost is taken out ({self.source}: {self.op_us:.2f} µs per "
             f"op"
             + (f" + {self.input_us:.2f} µs per recorded input" if self.input_us >= 0.005 else "")
-            + f", {self.runtime_us:.2f} µs per runtime "
-            f"call{extra}, ±{self.uncertainty_pct:.0f}%; {self.note}; an op's cost taken "
+            + (f", {self.runtime_us:.2f} µs per runtime call" if self.runtime_calls else "")
+            + f"{extra}, ±{self.uncertainty_pct:.0f}%; {self.note}; an op's cost taken "
             f"{ENTER_SHARE:.0%} from the CPU time before it and the rest after, never more than "
-            f"that time, a runtime call keeping at least {MIN_RUNTIME_NS / 1e3:g} µs; "
+            "that time"
+            + (
+                f", a runtime call keeping at least {MIN_RUNTIME_NS / 1e3:g} µs"
+                if self.runtime_calls
+                else "; no runtime calls in the trace"
+            )
+            + "; "
             f"{self.removed_ms_per_step:.2f} ms of host time per step): predictions are for the "
             "run without the profiler"
         )
