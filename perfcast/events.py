@@ -110,6 +110,8 @@ class RankInfo:
     # or "damaged"; and with tail_lost, where and why reading stopped ("the file is cut off").
     damage: str | None = None
     tail_stop: str | None = None
+    # With tail_lost: the step the cut fell in and those after it (their ends may be lost).
+    cut_steps: list[str] = field(default_factory=list)
     n_events: int = 0
     warnings: list[str] = field(default_factory=list)
     # From the `perfcast` object perfcast's capture writes into the trace: steps timed without

@@ -663,7 +663,7 @@ def advise(
         facts=facts,
         notes=input_notes(table)
         + graph_notes(world.traced_graph, steps_ns(world.traced))
-        + first_step_note(world.steps),
+        + first_step_note(world.steps, world.traced_graph.table),
         measured_real_ms=world.measured_real_ms,
         findings=(
             _communication_findings(table, facts)

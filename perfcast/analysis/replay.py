@@ -154,7 +154,7 @@ def replay_result(
         correction=world.correction if world is not None else None,
         assumptions=list(g.assumptions),
         notes=(input_notes(g.table) if g.table is not None else [])
-        + (first_step_note(world.steps) if world is not None else []),
+        + (first_step_note(world.steps, g.table) if world is not None else []),
     )
 
 

@@ -223,7 +223,7 @@ def add_real_steps(out: Summary, world: RealWorld) -> None:
                     est.source,
                 )
     out.correction = world.correction
-    out.notes.extend(first_step_note(world.steps))
+    out.notes.extend(first_step_note(world.steps, world.traced_graph.table))
 
 
 def _graph_replay_note(table: EventTable, phases: np.ndarray, gpu_rows: np.ndarray) -> str:

@@ -822,9 +822,15 @@ def _derive(
                 before = _launched_work_end(c, launch, it.start_ns)
                 it.window_start_ns = min(max(prev.end_ns, it.start_ns, before), it.end_ns)
         if early:
+            # In a salvaged file the usual cause is the GPU side the damage took, not the clocks.
+            why = (
+                f"{_LOSS_WORDS.get(info.damage or 'damaged', _LOSS_WORDS['damaged'])[0]} "
+                "lost their GPU work"
+                if info.truncated
+                else "GPU times out of order with their launches"
+            )
             info.warnings.append(
-                f"{early} step(s) completed before the step before them (GPU times out of "
-                "order with their launches?): counted as 0 ms"
+                f"{early} step(s) completed before the step before them ({why}?): counted as 0 ms"
             )
     _note_unlaunched(c, names, launch, iteration, info)
     if info.truncated:
@@ -969,12 +975,13 @@ def _note_step_at_the_cut(
     later = len(iterations) - 1 - k
     name = iterations[k].name
     after = f" and the {later:,} step{'s' * (later != 1)} after it" if later else ""
+    info.cut_steps = [it.name for it in iterations[k:]]
     stop = info.tail_stop or "the file is cut off"
     point = "the cut" if stop == "the file is cut off" else "that point"
     info.warnings.append(
         f"{stop} while {name}'s events were being written (the last event read belongs to "
-        f"{name}): {name}{after} may be missing events written after {point}, so their GPU "
-        "time and predictions from them may read low"
+        f"{name}): {name}{after} may be missing events written after {point}, so their step "
+        "time, GPU time and predictions from them may read low"
     )
 
 

@@ -653,7 +653,7 @@ def run_whatif(
         + held,
         notes=input_notes(table)
         + graph_notes(world.traced_graph, steps_ns(world.traced))
-        + first_step_note(world.steps)
+        + first_step_note(world.steps, world.traced_graph.table)
         + first_row_note(iterations, world.real, predicted, steady),
         memory=memory,
         baseline_memory=baseline_memory,
