@@ -74,3 +74,33 @@ def test_steps_at_the_cut_do_not_make_the_first_step_stand_out(tmp_path: Path) -
     whole = perfcast.load(whole_path)
     assert whole.ranks[0].cut_steps == []
     assert first_step_note(steps, whole)
+
+
+def _three_steps(extra: Any) -> TraceBuilder:
+    b = TraceBuilder()
+    for n, t0 in ((1, 0), (2, 1000), (3, 2000)):
+        b.step(n, t0, 1000 if n != 1 else extra)
+        b.launch("sm80_xmma_gemm_f32f32", t0 + 10, 5, t0 + 20, 300)
+    return b
+
+
+def test_a_step_range_that_runs_into_the_next_is_cut_there_and_said(tmp_path: Path) -> None:
+    # ProfilerStep#1 lengthened by 500 us into #2 (an edited or merged trace): it read
+    # 1,500 us with no word.
+    table = perfcast.load(_three_steps(1500).write(tmp_path / "t.json"))
+    its = [(it.name, (it.end_ns - it.start_ns) / 1000) for it in table.iterations]
+    assert its[0] == ("ProfilerStep#1", 1000.0)
+    notes = [w for info in table.ranks for w in info.warnings]
+    assert any("ProfilerStep#1 runs 0.50 ms into ProfilerStep#2" in w for w in notes)
+
+
+def test_a_step_range_inside_a_step_is_no_step(tmp_path: Path) -> None:
+    # A ProfilerStep#99 inside #2 split it (#2 read short with no kernels) and the note
+    # blamed the clocks.
+    b = _three_steps(1000)
+    b.step(99, 1100, 500)
+    table = perfcast.load(b.write(tmp_path / "t.json"))
+    assert [it.name for it in table.iterations] == [f"ProfilerStep#{n}" for n in (1, 2, 3)]
+    notes = [w for info in table.ranks for w in info.warnings]
+    assert any("ProfilerStep#99 (0.50 ms) lies inside ProfilerStep#2" in w for w in notes)
+    assert not any("out of order" in w for w in notes)

@@ -518,6 +518,39 @@ _WENT_ON_KINDS = np.array([Kind.CPU_OP, Kind.USER_ANNOTATION, Kind.DRIVER], dtyp
 _STOP_HELD_NS = 100_000
 
 
+# Step ranges may touch or overlap by clock rounding; past this they overlap for real.
+_STEP_OVERLAP_TOL_NS = 1_000
+
+
+def _disentangle_steps(
+    ordered: list[tuple[str, int]], ts: np.ndarray, dur: np.ndarray, info: RankInfo
+) -> list[tuple[str, int]]:
+    """Steps one after another, as a training loop runs them: a step range inside another
+    (an edited or merged trace) is no step and is left out; one that runs into the next is
+    cut where the next begins. Both said. Overlapping ranges gave steps of wrong lengths
+    (ProfilerStep#4 lengthened by 100 ms read 322 ms where it ran 222) with no word, and a
+    range nested in a step split it and blamed the clocks."""
+    kept: list[tuple[str, int]] = []
+    for nm, i in ordered:
+        if kept:
+            prev_nm, p = kept[-1]
+            prev_end, start, end = int(ts[p] + dur[p]), int(ts[i]), int(ts[i] + dur[i])
+            if end <= prev_end and prev_end - start > _STEP_OVERLAP_TOL_NS:
+                info.warnings.append(
+                    f"{nm} ({dur[i] / 1e6:,.2f} ms) lies inside {prev_nm}: a step range within "
+                    "a step (an edited or merged trace?) is not counted as a step"
+                )
+                continue
+            if prev_end - start > _STEP_OVERLAP_TOL_NS:
+                info.warnings.append(
+                    f"{prev_nm} runs {(prev_end - start) / 1e6:,.2f} ms into {nm} (overlapping "
+                    f"step ranges: an edited or merged trace?): it is cut where {nm} begins"
+                )
+                dur[p] = start - int(ts[p])
+        kept.append((nm, i))
+    return kept
+
+
 def _step_rows(c: dict[str, np.ndarray], names: Interner) -> np.ndarray:
     """The rows of the ProfilerStep ranges (CPU ops or user annotations), by start time; a
     range recorded as both at one time lists its user annotation first."""
@@ -748,6 +781,7 @@ def _derive(
                 "ended (perfcast profile stopped mid-window): it holds what ran after the "
                 "training loop, not a training step; profile more steps for a whole one"
             )
+        ordered = _disentangle_steps(ordered, ts, dur, info)
         window_end = rc.window_end_ns
         # A step after one left out starts its window at its own start, not at the end of
         # the step before the gap (it would take in the unknown step's time).
