@@ -13,9 +13,10 @@ from typing import Any
 import numpy as np
 
 from perfcast.analysis.context import KIND_NAMES, LEVEL_TEXT, ContextTree, CtxKind, context_tree
-from perfcast.analysis.context_views import library_frames, project
+from perfcast.analysis.context_views import CPU_AS_TRACED, library_frames, project
 from perfcast.events import EventTable
 from perfcast.report import shorten
+from perfcast.report.tree import coverage_text
 
 MIN_SHARE = 1e-5  # of the total GPU (or CPU) time: smaller paths fold into their parent
 MAX_NAME_CHARS = 400
@@ -67,6 +68,10 @@ def flame_data(table: EventTable) -> dict[str, Any] | None:
         "library_frames_hidden": int(library_frames(full.index).sum()),
         "gpu_total_ns": cov.gpu_ns,
         "unattributed_pct": cov.unattributed_pct,
+        # What `perfcast tree` says: "no Python frames recorded" where none were.
+        "coverage_text": coverage_text(cov, index.level) if cov.gpu_ns else None,
         "no_launch_pct": 100.0 * cov.no_launch_ns / cov.gpu_ns if cov.gpu_ns else 0.0,
-        "notes": list(full.notes),
+        # The icicle's CPU times are the profiled run's, as the tree's; the page's other
+        # figures are without the profiler: say so, as `perfcast tree` does.
+        "notes": [*full.notes, CPU_AS_TRACED],
     }

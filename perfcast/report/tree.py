@@ -15,7 +15,7 @@ from rich.text import Text
 from perfcast.report import display_name, shorten
 
 if TYPE_CHECKING:
-    from perfcast.analysis.context import ContextTree
+    from perfcast.analysis.context import ContextTree, Coverage
     from perfcast.analysis.context_gain import CallSite, GainAttribution
     from perfcast.analysis.context_views import HotSpot, MoreSpots, TreeResult, TreeRow
 
@@ -167,6 +167,19 @@ def _tree_columns(result: TreeResult) -> list[Column]:
     return cols
 
 
+def coverage_text(cov: Coverage, level: str) -> str:
+    """The GPU time the tree covers and how much of it no Python frame explains (the HTML
+    report's icicle says the same): without Python frames every path lacks one, and "100%
+    not attributed" read as a failure to attribute rather than as frames never recorded."""
+    text = (
+        f"GPU time {cov.gpu_ns / 1e6:,.2f} ms (kernels, copies, memsets); root "
+        f"{cov.root_gpu_ns / 1e6:,.2f} ms; "
+    )
+    if level == "python":
+        return text + f"not attributed to a Python frame: {cov.unattributed_pct:.2f}%"
+    return text + "no Python frames recorded"
+
+
 def render_tree(result: TreeResult, console: Console) -> None:
     """`perfcast tree`: header, coverage, the top-down tree, and the bottom-up hot spots."""
     sel = result.selection
@@ -183,15 +196,7 @@ def render_tree(result: TreeResult, console: Console) -> None:
     console.print(Text(f"context from {result.level_text}"))
     cov = result.coverage
     if cov.gpu_ns:
-        text = (
-            f"GPU time {cov.gpu_ns / 1e6:,.2f} ms (kernels, copies, memsets); root "
-            f"{cov.root_gpu_ns / 1e6:,.2f} ms; "
-        )
-        if result.level == "python":
-            text += f"not attributed to a Python frame: {result.unattributed_pct:.2f}%"
-        else:
-            text += "no Python frames recorded"
-        console.print(Text(text))
+        console.print(Text(coverage_text(cov, result.level)))
     if (
         not cov.gpu_ns
         and result.metric == "gpu_ns"

@@ -1030,11 +1030,10 @@
     (C.notes || []).slice(1).forEach(function (note) {  // the first repeats the level
       root.appendChild(el("p", { "class": "caption" }, note));
     });
-    if (C.gpu_total_ns > 0) {
-      root.appendChild(el("p", { "class": "caption" },
-        "GPU time not attributed to a Python frame: " + C.unattributed_pct.toFixed(2) + "%" +
-        (C.no_launch_pct > 0 ? " (" + C.no_launch_pct.toFixed(2) + "% has no launching call " +
-          "in the trace)" : "") + "."));
+    if (C.coverage_text) {  // as `perfcast tree` says it
+      root.appendChild(el("p", { "class": "caption" }, C.coverage_text +
+        (C.no_launch_pct > 0 ? " (" + C.no_launch_pct.toFixed(2) + "% of the GPU time has no " +
+          "launching call in the trace)" : "") + "."));
     }
     var bar = root.appendChild(el("div", { "class": "flame-controls" }));
     var metric = bar.appendChild(el("select", { id: "flame-metric", "aria-label": "metric" }));
