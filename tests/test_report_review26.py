@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+
+import pytest
 
 import perfcast
 from perfcast.analysis.context_views import CPU_AS_TRACED
+from perfcast.cli.main import main as cli_main
 from perfcast.report.flame import flame_data
 from tests.tracegen import TraceBuilder, linear_steps
 
@@ -45,3 +49,19 @@ def test_page_draws_the_coverage_caption_from_the_data() -> None:
     js = _page_js()
     assert "C.coverage_text" in js
     assert "GPU time not attributed to a Python frame" not in js
+
+
+def test_report_json_carries_the_caveats_the_notes_say(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # `report -q --json` printed only the output path: the caveats the page's first card
+    # shows (here: no ProfilerStep, the whole trace is one window) reached no one.
+    b = TraceBuilder()
+    b.op("aten::mm", 10, 100)
+    b.launch("volta_sgemm_128x64_nn", 20, 5, 30, 50, stream=7)
+    trace = b.write(tmp_path / "nostep.json")
+    out = tmp_path / "r.html"
+    assert cli_main(["report", "-q", "--json", str(trace), "-o", str(out)]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["output"] == str(out)
+    assert any("no ProfilerStep" in c for c in doc["caveats"]), doc

@@ -509,7 +509,9 @@ def cmd_report(args: argparse.Namespace, ui: Any) -> int:
         ui.note(f"note: {caveat}")
     ui.note(f"wrote {args.output}")
     if args.json:
-        ui.emit_json({"output": args.output})
+        # The caveats too: with -q the notes above are not printed, and a script reading
+        # the JSON would take a damaged or warm-up-only trace's page at its word.
+        ui.emit_json({"output": args.output, "caveats": caveats})
     return 0
 
 
