@@ -65,3 +65,14 @@ def test_report_json_carries_the_caveats_the_notes_say(
     doc = json.loads(capsys.readouterr().out)
     assert doc["output"] == str(out)
     assert any("no ProfilerStep" in c for c in doc["caveats"]), doc
+
+
+def test_page_says_its_cpu_times_are_as_traced() -> None:
+    # The CPU-by-phase chart and the top CPU ops are the profiled run's times, as `perfcast
+    # summary` notes ("ms as traced, the profiler's own cost included"); the page, whose
+    # step figures are without the profiler, did not say so.
+    from perfcast.report.html import _page_js
+
+    js = _page_js()
+    assert js.count("the profiler's own cost is included") == 1
+    assert "% of their CPU time, as traced" in js

@@ -476,8 +476,10 @@
     stackedStepChart(root, "chart-breakdown-cpu", x, Object.keys(cpu).map(function (k) {
       return stepBars(k, x, cpu[k], ccol[k]);
     }), "CPU ms (summed over threads)");
+    // As the terminal's summary says: these are the profiled run's times, while the step
+    // figures above and the predictions are without the profiler.
     caption(root, "CPU time of the outermost events of each phase, per thread: two threads " +
-      "busy at once count twice.");
+      "busy at once count twice. As traced: the profiler's own cost is included.");
   }
 
   // ---- timeline --------------------------------------------------------------------------
@@ -619,7 +621,8 @@
   function renderTop() {
     var root = body("top");
     caption(root, "Summed over the steps. Kernels: % of all kernel time. Ops: outermost CPU " +
-      "ops only, so nested calls are not counted twice.");
+      "ops only, so nested calls are not counted twice; % of their CPU time, as traced (the " +
+      "profiler's own cost included).");
     RANKS.forEach(function (rs, i) {
       var parent = root;
       if (MULTI) {
