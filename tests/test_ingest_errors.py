@@ -52,7 +52,7 @@ def assert_format_error(path: Path, match: str | None = None) -> TraceFormatErro
         (b"[1, 2, 3]", "not a Kineto trace"),
         (b'[["ph", "X"]]', "not a Kineto trace"),
         (b'{"traceEvents": [{"ph": "X", "ts": 1e999}]}', "not a Kineto trace"),
-        (b"{", "nothing could be salvaged"),
+        (b"{", "ends inside its header, before its event list began"),
         (b'{"traceEvents": [', "nothing could be salvaged"),
         (b'{"traceEvents": [{"ph": "X", "ts"', "nothing could be salvaged"),
         (b'{"traceEvents": [{"ph": "X"} {"ph": "X"}]}', "nothing could be salvaged"),

@@ -104,3 +104,23 @@ def test_a_step_range_inside_a_step_is_no_step(tmp_path: Path) -> None:
     notes = [w for info in table.ranks for w in info.warnings]
     assert any("ProfilerStep#99 (0.50 ms) lies inside ProfilerStep#2" in w for w in notes)
     assert not any("out of order" in w for w in notes)
+
+
+def test_a_file_cut_inside_its_header_says_so(tmp_path: Path) -> None:
+    # "is not valid JSON and nothing could be salvaged (Input data was truncated)": the
+    # parser's words, neither where the file ends nor why.
+    import gzip
+
+    import pytest
+
+    from perfcast.errors import PerfcastError
+
+    whole = _three_steps(1000).write(tmp_path / "t.json").read_bytes()
+    head = whole[: whole.index(b'"traceEvents"') - 5]
+    for name, data in (("cut.json", head), ("cut.json.gz", gzip.compress(head))):
+        (tmp_path / name).write_bytes(data)
+        with pytest.raises(PerfcastError) as exc:
+            perfcast.load(str(tmp_path / name))
+        text = str(exc.value)
+        assert "ends inside its header, before its event list began" in text, text
+        assert f"{len(head):,} bytes of JSON" in text and "killed job" in text

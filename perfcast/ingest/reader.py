@@ -1402,6 +1402,15 @@ class TraceReader:
         except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError) as exc:
             if self._src.problem:
                 return self._nothing(self._src.problem)
+            if "truncated" in str(exc).lower() and data.lstrip().startswith(b"{"):
+                # The parser's own words named neither where nor why (a killed job's file).
+                return UnreadableTraceError(
+                    f"ends inside its header, before its event list began ({self._src.produced:,} "
+                    "bytes of JSON): there is no event to salvage",
+                    path=self.path,
+                    hint="the file was cut off while being written, by a killed job perhaps: "
+                    "take the trace again, or copy it once torch.profiler has finished writing it",
+                )
             return self._nothing(str(exc))
         except RecursionError:
             return TraceFormatError(
