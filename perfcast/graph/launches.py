@@ -229,7 +229,7 @@ def _infer_cross_stream(
                 unresolved["cross_stream_inferred"] = unresolved.get("cross_stream_inferred", 0) + 1
 
 
-def _queue_entries(graph: Graph) -> tuple[np.ndarray, ...]:
+def queue_entries(graph: Graph) -> tuple[np.ndarray, ...]:
     """Launch queue entries of every stream, in enqueue order within each stream.
 
     An entry is one launch call's work on one stream (a kernel, a copy, or all kernels of a
@@ -259,7 +259,7 @@ def launch_queue_pairs(graph: Graph, depth: int) -> tuple[np.ndarray, np.ndarray
     stream's queue is full. Derived from the graph as it is, so a what-if that adds or removes
     GPU work changes who waits for whom.
     """
-    _, launch, last_task, pos = _queue_entries(graph)
+    _, launch, last_task, pos = queue_entries(graph)
     sel = (pos >= depth) & (launch >= 0)
     sel[sel] = graph.alive[launch[sel]]
     idx = np.flatnonzero(sel)
@@ -299,7 +299,7 @@ def queue_depth(graph: Graph) -> tuple[int, bool]:
     finishing was blocked on a full queue; the occupancy most of them saw is the depth.
     """
     c = graph.cols
-    lane, launch, last_task, _ = _queue_entries(graph)
+    lane, launch, last_task, _ = queue_entries(graph)
     start = c["start_measured"]
     seen: list[np.ndarray] = []
     for _, on in split_by(lane):

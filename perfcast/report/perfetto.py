@@ -843,25 +843,24 @@ def _queue_counters(
     QUEUE_COUNTER_BUDGET) keeping each bin's peak. A matched collective's launch is its
     arrival's; it finishes when its transfer does (`into`)."""
     from perfcast.analysis.common import downsample_steps
+    from perfcast.graph.launches import queue_entries
 
     g = tl.graph
-    c = g.cols
-    gpu = np.flatnonzero((c["kind"] == NodeKind.GPU) & g.alive & (c["launch"] >= 0))
-    gpu = gpu[g.alive[c["launch"][gpu]]]
-    finish = np.where(into[gpu] >= 0, end_ns[np.maximum(into[gpu], 0)], end_ns[gpu])
+    # One entry per launch call and stream (a CUDA graph's launch is one, however many
+    # kernels it replays), freed when its last task there ends: the replay's own queue
+    # entries. Counting each kernel showed 1,574 pending where there were never over two.
+    lanes, launch, last, _ = queue_entries(g)
+    keep = launch >= 0
+    keep[keep] = g.alive[launch[keep]]
+    lanes, launch, last = lanes[keep], launch[keep], last[keep]
+    finish = np.where(into[last] >= 0, end_ns[np.maximum(into[last], 0)], end_ns[last])
     out: list[dict[str, Any]] = []
-    per_lane = split_by(c["lane"][gpu])
+    per_lane = split_by(lanes)
     # Many ranks: the tracks share a budget, so the counters never outweigh the timeline.
     points = max(50, min(QUEUE_COUNTER_POINTS, QUEUE_COUNTER_BUDGET // max(len(per_lane), 1)))
     for lane, pos in per_lane:
-        # One entry per launch call (a CUDA graph's launch is one, however many kernels it
-        # replays), freed when the last of its operations on the stream ends: counting each
-        # kernel showed 1,574 pending on a trace that never had more than two.
-        calls, inv = np.unique(c["launch"][gpu[pos]], return_inverse=True)
-        done = np.full(calls.size, np.iinfo(np.int64).min, dtype=np.int64)
-        np.maximum.at(done, inv.reshape(-1), finish[pos].astype(np.int64))
-        t = np.r_[start_ns[calls], done]
-        d = np.r_[np.ones(calls.size, np.int64), -np.ones(calls.size, np.int64)]
+        t = np.r_[start_ns[launch[pos]], finish[pos]]
+        d = np.r_[np.ones(pos.size, np.int64), -np.ones(pos.size, np.int64)]
         order = np.lexsort((d, t))  # at equal times the slot frees first
         t, q = t[order], np.cumsum(d[order])
         t, q = downsample_steps(t, q, points)
